@@ -1,0 +1,1 @@
+//! Identities, locations and records shared by every role.
