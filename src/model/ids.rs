@@ -1,0 +1,69 @@
+//! Typed identifiers. Each is a plain integer newtype so that a pool id can never be
+//! passed where a replica id is expected; none of them carries meaning beyond identity.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident($inner:ty)) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub struct $name(pub $inner);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(formatter, "{}", self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A node (one per host), assigned by the directory on the node's first `open` and
+    /// stable for its name for the directory's lifetime.
+    NodeId(u32)
+);
+id_type!(
+    /// A pool (CPU DRAM of one node, a shared CXL pool, an SSD store), assigned at registration.
+    PoolId(u32)
+);
+id_type!(
+    /// A sharing domain: the set of nodes that map the same CXL memory.
+    DomainId(u32)
+);
+id_type!(
+    /// A replica record in the directory. Encodes a slot and the slot's reuse count, so an
+    /// id kept after its replica was freed never names the slot's next occupant.
+    ReplicaId(u64)
+);
+id_type!(
+    /// A session: one node's connection to the directory under one epoch.
+    SessionId(u64)
+);
+id_type!(
+    /// A read lease on one replica, held by one session until released or expired.
+    LeaseId(u64)
+);
+id_type!(
+    /// A task (reclaim, replicate, demote) queued by the directory for a node.
+    TaskId(u64)
+);
+id_type!(
+    /// A node's incarnation counter. A new `open` by the same node gets a larger epoch,
+    /// which fences every request of the previous one.
+    Epoch(u64)
+);
+id_type!(
+    /// An allocation inside a pool, assigned by the pool's allocator.
+    AllocationId(u64)
+);
+id_type!(
+    /// How many times an allocation slot was handed out. A location that carries an
+    /// older generation than the allocator's current one names storage that was reused.
+    Generation(u64)
+);
+id_type!(
+    /// A session-scoped operation sequence number, chosen by the node. The directory
+    /// answers a repeated operation id with the first outcome, so retries are idempotent.
+    OperationId(u64)
+);
