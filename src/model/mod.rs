@@ -1,8 +1,16 @@
 //! Identities, locations and records shared by every role.
 
 pub mod ids;
+pub mod namespace;
+pub mod object;
+pub mod pool;
+pub mod time;
 
 pub use ids::{
     AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId, ReplicaId,
     SessionId, TaskId,
 };
+pub use namespace::{KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId};
+pub use object::{Location, ObjectId, PrefixDigest};
+pub use pool::{Medium, PoolSpec, PoolUsage, Scope, Tier};
+pub use time::{Clock, Timestamp};

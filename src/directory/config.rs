@@ -1,0 +1,75 @@
+//! The directory's limits and timings. Every table of the directory has a bound here;
+//! when a bound is reached the operation that would grow the table gets a typed `Full`
+//! error, and nothing already admitted is dropped.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Limits and timings of one directory. The defaults size a directory for a few hundred
+/// nodes and tens of millions of cached chunks on one host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DirectoryConfig {
+    /// Replica records (one per cached copy, any state). At ~120 bytes of directory memory
+    /// each, the default is about 8 GiB of metadata: far above what the pools of a
+    /// directory's nodes hold at 256 KiB chunks.
+    pub replicas_max: u32,
+    /// Live leases over all sessions: readers in flight at once.
+    pub leases_max: u32,
+    /// Live leases of one session: keeps one runaway engine from taking every lease.
+    pub leases_per_session_max: u32,
+    /// Node names ever seen; node ids are never reused while the directory runs.
+    pub nodes_max: u32,
+    /// Live and suspect sessions (about one per node).
+    pub sessions_max: u32,
+    /// Fenced or closed sessions kept so `resolve` can answer for their operations.
+    pub retired_sessions_max: u32,
+    /// Registered pools over all nodes and domains.
+    pub pools_max: u32,
+    /// Registered namespaces (model revisions × layouts in service).
+    pub namespaces_max: u32,
+    /// Unacknowledged operation outcomes kept per session: the node's window of
+    /// operations in flight. Full means the node must acknowledge before sending more.
+    pub ledger_entries_per_session_max: u32,
+    /// Items in one batched probe, acquire or release.
+    pub batch_items_max: u32,
+    /// Tasks handed out by one `poll_tasks`.
+    pub tasks_per_poll_max: u32,
+    /// Reservations one session holds at once (stores in flight).
+    pub reservations_per_session_max: u32,
+    /// How long a lease protects a replica without being released.
+    pub lease_duration: Duration,
+    /// How long a reservation waits for its commit before its bytes are returned.
+    pub reservation_duration: Duration,
+    /// Silence after which a session is suspect: its host replicas are hidden.
+    pub suspect_after: Duration,
+    /// Silence after which a suspect session is fenced: its epoch ends and its host
+    /// pools are dropped.
+    pub fence_after: Duration,
+    /// Seed of the object index's hash function (from configuration, so runs replay).
+    pub hash_seed: u64,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            replicas_max: 64 << 20,
+            leases_max: 1 << 20,
+            leases_per_session_max: 1 << 18,
+            nodes_max: 4096,
+            sessions_max: 4096,
+            retired_sessions_max: 4096,
+            pools_max: 16384,
+            namespaces_max: 1024,
+            ledger_entries_per_session_max: 1 << 16,
+            batch_items_max: 4096,
+            tasks_per_poll_max: 1024,
+            reservations_per_session_max: 1 << 16,
+            lease_duration: Duration::from_secs(30),
+            reservation_duration: Duration::from_secs(30),
+            suspect_after: Duration::from_secs(3),
+            fence_after: Duration::from_secs(15),
+            hash_seed: 0x6b76_7469_6572,
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Whole-state invariant checks, run after every step of the property and simulation
+//! tests and available to operators as a self-check. Each failure is a bug: it panics
+//! with the broken invariant.
+
+use super::replicas::ReplicaState;
+use super::sessions::SessionState;
+use super::Directory;
+use crate::model::Scope;
+use std::collections::HashMap;
+
+impl Directory {
+    /// Checks every cross-record invariant in O(records). Panics on the first violation.
+    pub fn check_invariants(&self) {
+        let mut per_pool: HashMap<u32, [u64; 4]> = HashMap::new();
+        let mut leases_per_replica: HashMap<u64, u32> = HashMap::new();
+        let mut leases_per_session: HashMap<u64, u32> = HashMap::new();
+        for (_, lease) in self.leases.iter() {
+            let replica = self
+                .replicas
+                .get(lease.replica)
+                .unwrap_or_else(|| panic!("lease on a missing replica {:?}", lease.replica));
+            assert!(
+                matches!(replica.state, ReplicaState::Ready | ReplicaState::Retiring),
+                "lease on a {} replica",
+                replica.state.name()
+            );
+            let session = self.sessions.get(&lease.session).expect("lease of a forgotten session");
+            assert!(session.is_open(), "lease of an ended session");
+            *leases_per_replica.entry(lease.replica.0).or_default() += 1;
+            *leases_per_session.entry(lease.session.0).or_default() += 1;
+        }
+        for (id, replica) in self.replicas.iter() {
+            let counters = per_pool.entry(replica.pool.0).or_default();
+            let slot = match replica.state {
+                ReplicaState::Reserved => 0,
+                ReplicaState::Ready => 1,
+                ReplicaState::Retiring => 2,
+                ReplicaState::Free => unreachable!("iter yields live replicas"),
+            };
+            counters[slot] += replica.allocated_bytes;
+            if replica.lease_count > 0 {
+                counters[3] += replica.allocated_bytes;
+            }
+            assert_eq!(
+                leases_per_replica.get(&id.0).copied().unwrap_or(0),
+                replica.lease_count,
+                "lease count of {id:?}"
+            );
+            assert!(
+                self.replicas.of_object(&replica.object).any(|(other, _)| other == id),
+                "replica {id:?} not reachable from its object"
+            );
+            let pool = &self.pools[replica.pool.0 as usize];
+            if let Scope::Host(node) = pool.spec.scope {
+                assert_eq!(node, replica.owner, "host replica owned by another node");
+                assert!(pool.owner_session.is_some(), "replica in a dropped host pool");
+            }
+            if replica.state == ReplicaState::Reserved {
+                let owner_session = self.nodes[replica.owner.0 as usize]
+                    .session
+                    .and_then(|session| self.sessions.get(&session));
+                assert!(
+                    owner_session.is_some_and(|session| session.is_open() && session.reservations.contains(&id)),
+                    "reservation {id:?} without an open owner session"
+                );
+            }
+        }
+        for (index, pool) in self.pools.iter().enumerate() {
+            let [reserved, ready, retiring, pinned] = per_pool.get(&(index as u32)).copied().unwrap_or_default();
+            assert_eq!(pool.reserved_bytes, reserved, "reserved bytes of pool {index}");
+            assert_eq!(pool.ready_bytes, ready, "ready bytes of pool {index}");
+            assert_eq!(pool.retiring_bytes, retiring, "retiring bytes of pool {index}");
+            assert_eq!(pool.pinned_bytes, pinned, "pinned bytes of pool {index}");
+            assert!(reserved + ready + retiring <= pool.spec.capacity_bytes, "pool {index} over capacity");
+        }
+        let mut open_per_node: HashMap<u32, u32> = HashMap::new();
+        for (id, session) in &self.sessions {
+            let leases = leases_per_session.get(&id.0).copied().unwrap_or(0);
+            assert_eq!(session.leases, leases, "lease count of session {id:?}");
+            if session.is_open() {
+                *open_per_node.entry(session.node.0).or_default() += 1;
+            } else {
+                assert!(session.reservations.is_empty() && session.leases == 0, "ended session holds state");
+                assert!(matches!(session.state, SessionState::Fenced | SessionState::Closed));
+            }
+        }
+        assert!(open_per_node.values().all(|&count| count <= 1), "two open sessions of one node");
+        assert!(self.replicas.len() <= self.config.replicas_max);
+        assert!(self.leases.len() <= self.config.leases_max);
+    }
+}

@@ -1,0 +1,140 @@
+//! The lease table: a slab of leases with ids that go stale on reuse, and a deadline queue.
+//! All leases have the same duration, so the queue is in deadline order; released leases
+//! leave dead entries that are skipped on expiry and compacted when they outnumber the
+//! live ones, which bounds the queue at twice the live leases.
+
+use crate::model::{LeaseId, ReplicaId, SessionId, Timestamp};
+use std::collections::VecDeque;
+
+const NONE: u32 = u32::MAX;
+
+/// A live lease.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseRecord {
+    pub replica: ReplicaId,
+    pub session: SessionId,
+    pub deadline: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    lease: Option<LeaseRecord>,
+    generation: u32,
+    next_free: u32,
+}
+
+/// Leases by id, bounded by `leases_max`.
+pub struct LeaseTable {
+    slots: Vec<Slot>,
+    free_head: u32,
+    live: u32,
+    leases_max: u32,
+    deadlines: VecDeque<(Timestamp, LeaseId)>,
+}
+
+fn split(id: LeaseId) -> (usize, u32) {
+    ((id.0 & u64::from(u32::MAX)) as usize, (id.0 >> 32) as u32)
+}
+
+impl LeaseTable {
+    /// An empty table holding at most `leases_max` live leases.
+    pub fn new(leases_max: u32) -> LeaseTable {
+        LeaseTable {
+            slots: Vec::new(),
+            free_head: NONE,
+            live: 0,
+            leases_max: leases_max.min(NONE - 1),
+            deadlines: VecDeque::new(),
+        }
+    }
+
+    /// Live leases.
+    pub fn len(&self) -> u32 {
+        self.live
+    }
+
+    /// Whether `count` more leases fit.
+    pub fn has_room(&self, count: u32) -> bool {
+        self.live.saturating_add(count) <= self.leases_max
+    }
+
+    /// Grants a lease; the caller checked [`LeaseTable::has_room`] and that deadlines are
+    /// granted in non-decreasing order.
+    pub fn insert(&mut self, record: LeaseRecord) -> LeaseId {
+        assert!(self.has_room(1), "lease table over its bound");
+        let slot = if self.free_head != NONE {
+            let slot = self.free_head as usize;
+            self.free_head = self.slots[slot].next_free;
+            self.slots[slot].lease = Some(record);
+            slot
+        } else {
+            self.slots.push(Slot {
+                lease: Some(record),
+                generation: 0,
+                next_free: NONE,
+            });
+            self.slots.len() - 1
+        };
+        self.live += 1;
+        let id = LeaseId(u64::from(self.slots[slot].generation) << 32 | slot as u64);
+        self.deadlines.push_back((record.deadline, id));
+        id
+    }
+
+    /// The live lease named by `id`.
+    pub fn get(&self, id: LeaseId) -> Option<&LeaseRecord> {
+        let (slot, generation) = split(id);
+        self.slots
+            .get(slot)
+            .filter(|slot| slot.generation == generation)
+            .and_then(|slot| slot.lease.as_ref())
+    }
+
+    /// Removes a live lease; its id goes stale.
+    pub fn remove(&mut self, id: LeaseId) -> Option<LeaseRecord> {
+        self.get(id)?;
+        let (index, _) = split(id);
+        let slot = &mut self.slots[index];
+        let record = slot.lease.take();
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.next_free = self.free_head;
+        self.free_head = index as u32;
+        self.live -= 1;
+        if self.deadlines.len() > 2 * self.live as usize + 1024 {
+            let slots = &self.slots;
+            self.deadlines.retain(|(_, id)| {
+                let (slot, generation) = split(*id);
+                slots[slot].generation == generation && slots[slot].lease.is_some()
+            });
+        }
+        record
+    }
+
+    /// Removes and returns one lease whose deadline is at or before `now`, if any.
+    pub fn pop_expired(&mut self, now: Timestamp) -> Option<(LeaseId, LeaseRecord)> {
+        while let Some(&(deadline, id)) = self.deadlines.front() {
+            if deadline > now {
+                return None;
+            }
+            self.deadlines.pop_front();
+            if let Some(record) = self.remove(id) {
+                return Some((id, record));
+            }
+        }
+        None
+    }
+
+    /// The earliest deadline of a live lease (or of a dead queue entry, which is earlier).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.deadlines.front().map(|(deadline, _)| *deadline)
+    }
+
+    /// Every live lease.
+    pub fn iter(&self) -> impl Iterator<Item = (LeaseId, &LeaseRecord)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(index, slot)| {
+            slot.lease
+                .as_ref()
+                .map(|lease| (LeaseId(u64::from(slot.generation) << 32 | index as u64), lease))
+        })
+    }
+}

@@ -1,0 +1,173 @@
+//! Requests and outcomes of the directory's operations. They are serializable because the
+//! wire carries them unchanged; the directory core is their only interpreter.
+
+use crate::model::{
+    DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, OperationId,
+    PoolId, ReplicaId, SessionId, TaskId, Timestamp,
+};
+use serde::{Deserialize, Serialize};
+
+/// Which namespaces a node may use; decided by the operator's configuration, not by the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NamespaceAccess {
+    /// Every registered namespace.
+    Any,
+    /// Only these models (by model name).
+    Models(Vec<String>),
+}
+
+/// What a node declares when it opens a session. `domains` and `namespaces` come from the
+/// directory's configuration for the authenticated node name, never from the node itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenRequest {
+    pub node_name: String,
+    /// The node's store placement order over media, e.g. `[Cpu, Cxl]`.
+    pub write_order: Vec<Medium>,
+    /// The node's read preference over media, cheapest first.
+    pub read_order: Vec<Medium>,
+    /// Sharing domains whose pools this node maps.
+    pub domains: Vec<DomainId>,
+    pub namespaces: NamespaceAccess,
+}
+
+/// The directory's answer to `open`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenReply {
+    pub session: SessionId,
+    pub node: NodeId,
+    /// Larger than every earlier epoch of this node; the earlier session is fenced.
+    pub epoch: Epoch,
+    /// The session the new one fenced, so the node can resolve that session's operations.
+    pub fenced_session: Option<SessionId>,
+    pub lease_duration_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+/// One object to store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveItem {
+    pub object: ObjectId,
+    pub length_bytes: u64,
+}
+
+/// The outcome of `reserve`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReserveOutcome {
+    /// Write `allocated_bytes` into `pool`, then commit `replica`.
+    Granted {
+        replica: ReplicaId,
+        pool: PoolId,
+        medium: Medium,
+        allocated_bytes: u64,
+    },
+    /// A replica this node can read is already READY: nothing to store.
+    AlreadyPresent,
+    /// A replica this node can read is being written by someone: nothing to store.
+    Pending,
+    /// No pool in the node's write order has room: the store is skipped, existing hits stay.
+    Skip,
+}
+
+/// The outcome of `commit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommitOutcome {
+    /// The replica is READY.
+    Committed,
+    /// Another READY replica in the same placement scope won the race; this reservation
+    /// was aborted and the writer frees its pages.
+    AlreadyPresent,
+}
+
+/// The answer of `resolve` about an operation whose reply was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolveOutcome {
+    /// It was applied; here is its outcome.
+    Reserved(ReserveOutcome),
+    Committed(CommitOutcome),
+    /// It was not applied and never will be: the session is fenced, or the operation id
+    /// is now burnt so a late arrival is refused.
+    NotApplied,
+    /// The directory no longer knows (acknowledged or forgotten). The node must not
+    /// reuse the storage on that basis; it asks the replica's state or retires it.
+    Unknown,
+}
+
+/// The outcome of probing one object for one requester.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProbeOutcome {
+    /// A READY replica the requester can map exists (its cheapest medium).
+    Hit { medium: Medium, length_bytes: u64 },
+    /// A replica the requester could map is being written.
+    Pending,
+    Miss,
+}
+
+/// All-or-nothing or per item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireMode {
+    /// Lease every available item.
+    Each,
+    /// The items are parts of one manifest: lease all or none.
+    Manifest,
+}
+
+/// A read lease: the replica stays READY (or RETIRING) and its storage is not reused
+/// until the lease is released or its deadline passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub lease: LeaseId,
+    pub replica: ReplicaId,
+    pub medium: Medium,
+    pub location: Location,
+    pub deadline: Timestamp,
+}
+
+/// The outcome of acquiring one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireOutcome {
+    Leased(Lease),
+    /// No READY replica this requester can map.
+    Miss,
+    /// Available, but not leased because another part of the manifest missed.
+    Withheld,
+}
+
+/// The outcome of releasing one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseOutcome {
+    Released,
+    /// Not held by this session (expired, already released, or never granted).
+    Unknown,
+}
+
+/// The outcome of `retire`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RetireOutcome {
+    /// No reader holds it: a reclaim task is queued for its owner.
+    Reclaimable,
+    /// Readers hold it; the reclaim is queued when the last one releases.
+    AwaitingReaders { leases: u32 },
+}
+
+/// Work the directory asks a node to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// Free the replica's storage (bump the allocation's generation), then `reclaim_ack`.
+    Reclaim { replica: ReplicaId, location: Location },
+}
+
+/// A queued task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub kind: TaskKind,
+}
+
+/// The outcome of `reclaim_ack`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReclaimOutcome {
+    /// The replica is freed and its bytes count as free.
+    Freed,
+    /// Unknown or already freed: nothing to do (acks are idempotent).
+    Unknown,
+}

@@ -1,0 +1,289 @@
+//! The replica table: a slab of compact replica records plus an index from object id to
+//! the object's first replica. An object's replicas form an intrusive list through their
+//! records, so a single-replica object costs one slab record and one 4-byte index entry.
+//! Replica ids carry the slot's reuse count, so an id kept after its replica was freed
+//! never names the slot's next occupant.
+
+use crate::model::{
+    AllocationId, Generation, Location, NodeId, ObjectId, PoolId, ReplicaId, Timestamp,
+};
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
+
+/// The end of an intrusive list.
+const NONE: u32 = u32::MAX;
+
+/// A replica's publication state. `Reserved -> Ready -> Retiring -> (freed)`; a reservation
+/// that is abandoned, expires or loses its owner is aborted, which frees it at once because
+/// no reader could have seen it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaState {
+    /// Capacity granted to a writer; no reader may see it.
+    Reserved,
+    /// Written and committed; immutable; readable by every node that maps its pool.
+    Ready,
+    /// Blocks new acquires; freed once the last lease is released and the owner
+    /// acknowledges the reclaim.
+    Retiring,
+    /// The slot is on the free list.
+    Free,
+}
+
+impl ReplicaState {
+    /// The state's name in errors and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplicaState::Reserved => "reserved",
+            ReplicaState::Ready => "ready",
+            ReplicaState::Retiring => "retiring",
+            ReplicaState::Free => "free",
+        }
+    }
+}
+
+/// One replica record. Kept compact (about 112 bytes): the directory holds tens of
+/// millions of them.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    pub object: ObjectId,
+    pub pool: PoolId,
+    /// The node that wrote the replica and reclaims its storage.
+    pub owner: NodeId,
+    pub state: ReplicaState,
+    pub lease_count: u32,
+    /// Saturating count of acquires.
+    pub access_count: u16,
+    /// Last acquire; while reserved, the reservation deadline.
+    pub last_access: Timestamp,
+    /// Logical length in bytes.
+    pub length_bytes: u64,
+    /// Bytes held in the pool (page-rounded).
+    pub allocated_bytes: u64,
+    /// Set at commit; meaningless while reserved.
+    pub allocation: AllocationId,
+    pub generation: Generation,
+    pub offset_bytes: u64,
+    slot_generation: u32,
+    /// Next replica of the same object, or next free slot.
+    next: u32,
+}
+
+impl Replica {
+    /// The replica's location (meaningful once committed).
+    pub fn location(&self) -> Location {
+        Location {
+            pool: self.pool,
+            allocation: self.allocation,
+            generation: self.generation,
+            offset_bytes: self.offset_bytes,
+            length_bytes: self.length_bytes,
+        }
+    }
+}
+
+/// The fields of a new reservation.
+pub struct NewReplica {
+    pub object: ObjectId,
+    pub pool: PoolId,
+    pub owner: NodeId,
+    pub length_bytes: u64,
+    pub allocated_bytes: u64,
+    pub deadline: Timestamp,
+}
+
+/// The slab and the object index. Grows by a quarter at a time (not doubling) so that
+/// slack stays under 25% of the records at tens of millions of replicas.
+pub struct ReplicaTable {
+    slots: Vec<Replica>,
+    free_head: u32,
+    live: u32,
+    index: HashTable<u32>,
+    hasher: foldhash::fast::FixedState,
+    replicas_max: u32,
+}
+
+fn split(id: ReplicaId) -> (u32, u32) {
+    ((id.0 & u64::from(u32::MAX)) as u32, (id.0 >> 32) as u32)
+}
+
+impl ReplicaTable {
+    /// An empty table holding at most `replicas_max` live replicas.
+    pub fn new(replicas_max: u32, hash_seed: u64) -> ReplicaTable {
+        ReplicaTable {
+            slots: Vec::new(),
+            free_head: NONE,
+            live: 0,
+            index: HashTable::new(),
+            hasher: foldhash::fast::FixedState::with_seed(hash_seed),
+            replicas_max: replicas_max.min(NONE - 1),
+        }
+    }
+
+    /// Live replicas.
+    pub fn len(&self) -> u32 {
+        self.live
+    }
+
+    /// Distinct objects with at least one replica.
+    pub fn object_count(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether another replica fits under `replicas_max`.
+    pub fn has_room(&self) -> bool {
+        self.live < self.replicas_max
+    }
+
+    fn hash(&self, object: &ObjectId) -> u64 {
+        self.hasher.hash_one(object)
+    }
+
+    /// The replica named by `id`, if it is live and the id is current.
+    pub fn get(&self, id: ReplicaId) -> Option<&Replica> {
+        let (slot, generation) = split(id);
+        self.slots
+            .get(slot as usize)
+            .filter(|replica| replica.slot_generation == generation && replica.state != ReplicaState::Free)
+    }
+
+    /// Mutable access to the replica named by `id`, if it is live and the id is current.
+    pub fn get_mut(&mut self, id: ReplicaId) -> Option<&mut Replica> {
+        let (slot, generation) = split(id);
+        self.slots
+            .get_mut(slot as usize)
+            .filter(|replica| replica.slot_generation == generation && replica.state != ReplicaState::Free)
+    }
+
+    fn id_of(&self, slot: u32) -> ReplicaId {
+        ReplicaId(u64::from(self.slots[slot as usize].slot_generation) << 32 | u64::from(slot))
+    }
+
+    fn head(&self, object: &ObjectId) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(self.hash(object), |&slot| slots[slot as usize].object == *object)
+            .copied()
+    }
+
+    /// The replicas of `object`, newest first.
+    pub fn of_object<'a>(&'a self, object: &ObjectId) -> impl Iterator<Item = (ReplicaId, &'a Replica)> + 'a {
+        let mut cursor = self.head(object).unwrap_or(NONE);
+        std::iter::from_fn(move || {
+            if cursor == NONE {
+                return None;
+            }
+            let slot = cursor;
+            let replica = &self.slots[slot as usize];
+            cursor = replica.next;
+            Some((self.id_of(slot), replica))
+        })
+    }
+
+    /// Inserts a reserved replica. The caller checked [`ReplicaTable::has_room`].
+    pub fn insert(&mut self, new: NewReplica) -> ReplicaId {
+        assert!(self.has_room(), "replica table over its bound");
+        let head = self.head(&new.object);
+        let record = Replica {
+            object: new.object,
+            pool: new.pool,
+            owner: new.owner,
+            state: ReplicaState::Reserved,
+            lease_count: 0,
+            access_count: 0,
+            last_access: new.deadline,
+            length_bytes: new.length_bytes,
+            allocated_bytes: new.allocated_bytes,
+            allocation: AllocationId(0),
+            generation: Generation(0),
+            offset_bytes: 0,
+            slot_generation: 0,
+            next: head.unwrap_or(NONE),
+        };
+        let slot = if self.free_head != NONE {
+            let slot = self.free_head;
+            let entry = &mut self.slots[slot as usize];
+            self.free_head = entry.next;
+            let slot_generation = entry.slot_generation;
+            *entry = Replica { slot_generation, ..record };
+            slot
+        } else {
+            if self.slots.len() == self.slots.capacity() {
+                self.slots.reserve_exact(self.slots.len() / 4 + 1024);
+            }
+            self.slots.push(record);
+            (self.slots.len() - 1) as u32
+        };
+        self.live += 1;
+        let hash = self.hash(&new.object);
+        match head {
+            Some(old_head) => {
+                let slots = &self.slots;
+                if let Ok(mut entry) = self.index.find_entry(hash, |&candidate| {
+                    candidate == old_head && slots[candidate as usize].object == new.object
+                }) {
+                    *entry.get_mut() = slot;
+                }
+            }
+            None => {
+                let slots = &self.slots;
+                let hasher = &self.hasher;
+                self.index
+                    .insert_unique(hash, slot, |&existing| hasher.hash_one(slots[existing as usize].object));
+            }
+        }
+        self.id_of(slot)
+    }
+
+    /// Removes a live replica, unlinking it from its object and bumping its slot's
+    /// generation so the id goes stale. Returns the removed record.
+    pub fn remove(&mut self, id: ReplicaId) -> Option<Replica> {
+        let removed = self.get(id)?.clone();
+        let (slot, _) = split(id);
+        let hash = self.hash(&removed.object);
+        let head = self.head(&removed.object).unwrap_or(NONE);
+        if head == slot {
+            let slots = &self.slots;
+            if let Ok(entry) = self
+                .index
+                .find_entry(hash, |&candidate| candidate == slot && slots[candidate as usize].object == removed.object)
+            {
+                if removed.next == NONE {
+                    entry.remove();
+                } else {
+                    *entry.into_mut() = removed.next;
+                }
+            }
+        } else {
+            let mut cursor = head;
+            while cursor != NONE {
+                let next = self.slots[cursor as usize].next;
+                if next == slot {
+                    self.slots[cursor as usize].next = removed.next;
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        let entry = &mut self.slots[slot as usize];
+        entry.state = ReplicaState::Free;
+        entry.slot_generation = entry.slot_generation.wrapping_add(1);
+        entry.next = self.free_head;
+        entry.lease_count = 0;
+        self.free_head = slot;
+        self.live -= 1;
+        Some(removed)
+    }
+
+    /// Every live replica, in slot order (for invariant checks and bulk decisions).
+    pub fn iter(&self) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
+        (0..self.slots.len() as u32)
+            .filter(|&slot| self.slots[slot as usize].state != ReplicaState::Free)
+            .map(|slot| (self.id_of(slot), &self.slots[slot as usize]))
+    }
+
+    /// Bytes of memory the table's arrays hold (slab and index), for capacity planning.
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Replica>()
+            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+    }
+}

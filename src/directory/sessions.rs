@@ -1,0 +1,76 @@
+//! Nodes and their sessions. A node is a name with a stable id and an epoch counter; a
+//! session is one epoch of one node. Opening a new session fences the node's previous one.
+
+use super::ledger::Ledger;
+use super::ops::{NamespaceAccess, Task};
+use crate::model::{DomainId, Epoch, Medium, NodeId, ReplicaId, SessionId, Timestamp};
+use std::collections::{HashSet, VecDeque};
+
+/// A session's liveness, driven by heartbeats and `tick`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SessionState {
+    /// Heartbeats arrive.
+    Live,
+    /// Heartbeats stopped: its host replicas are hidden, nothing it may touch is freed.
+    Suspect,
+    /// Its epoch ended (a newer epoch opened, or it stayed silent past `fence_after`):
+    /// it can change nothing; its host pools and reservations were dropped.
+    Fenced,
+    /// Closed after draining.
+    Closed,
+}
+
+impl SessionState {
+    /// The state's name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionState::Live => "live",
+            SessionState::Suspect => "suspect",
+            SessionState::Fenced => "fenced",
+            SessionState::Closed => "closed",
+        }
+    }
+}
+
+/// One session.
+#[derive(Debug)]
+pub struct Session {
+    pub node: NodeId,
+    pub epoch: Epoch,
+    pub state: SessionState,
+    pub last_heartbeat: Timestamp,
+    pub write_order: Vec<Medium>,
+    pub read_order: Vec<Medium>,
+    pub domains: Vec<DomainId>,
+    pub namespaces: NamespaceAccess,
+    pub ledger: Ledger,
+    /// Leases this session holds.
+    pub leases: u32,
+    /// Reservations this session holds (bounded by `reservations_per_session_max`).
+    pub reservations: HashSet<ReplicaId>,
+}
+
+impl Session {
+    /// Whether the session may still change state.
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, SessionState::Live | SessionState::Suspect)
+    }
+
+    /// The rank of `medium` in the read order (lower is cheaper); unknown media rank last.
+    pub fn read_rank(&self, medium: Medium) -> usize {
+        self.read_order
+            .iter()
+            .position(|candidate| *candidate == medium)
+            .unwrap_or(self.read_order.len())
+    }
+}
+
+/// A node: its epoch counter, its current session and its pending tasks.
+#[derive(Debug)]
+pub struct NodeRecord {
+    pub epoch: Epoch,
+    pub session: Option<SessionId>,
+    /// Reclaim tasks for replicas this node owns. Each replica enters at most once, so the
+    /// queue is bounded by the replica table.
+    pub tasks: VecDeque<Task>,
+}

@@ -1,0 +1,96 @@
+//! Pool descriptions: what medium a pool is, which tier it serves and who can map it.
+
+use super::ids::{DomainId, NodeId};
+use serde::{Deserialize, Serialize};
+
+/// The physical medium behind a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Medium {
+    /// Host DRAM in a shared mapping.
+    Cpu,
+    /// CXL-attached memory (a DAX device or, emulated, a shared file).
+    Cxl,
+    /// An SSD store (staged: bytes are read into memory before use).
+    Ssd,
+}
+
+impl Medium {
+    /// The lower-case name used in configuration and metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Medium::Cpu => "cpu",
+            Medium::Cxl => "cxl",
+            Medium::Ssd => "ssd",
+        }
+    }
+
+    /// The tier this medium serves: byte-addressable media are L1, staged media L2.
+    pub fn tier(self) -> Tier {
+        match self {
+            Medium::Cpu | Medium::Cxl => Tier::L1,
+            Medium::Ssd => Tier::L2,
+        }
+    }
+}
+
+/// L1 is read in place; L2 is staged into L1 or the GPU before use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Tier {
+    L1,
+    L2,
+}
+
+/// Who can map a pool's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Scope {
+    /// Only the owning node and its local clients (a CPU pool, a local SSD).
+    Host(NodeId),
+    /// Every node of a sharing domain (a CXL pool).
+    Domain(DomainId),
+}
+
+/// A pool as registered with the directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSpec {
+    /// Operator-facing name, unique per scope; used as a metrics label.
+    pub name: String,
+    pub medium: Medium,
+    pub scope: Scope,
+    pub capacity_bytes: u64,
+    /// Allocation granularity; every replica occupies a whole number of pages.
+    pub page_bytes: u64,
+}
+
+impl PoolSpec {
+    /// The bytes a replica of `length_bytes` occupies in this pool.
+    pub fn rounded_bytes(&self, length_bytes: u64) -> u64 {
+        length_bytes.div_ceil(self.page_bytes).saturating_mul(self.page_bytes)
+    }
+}
+
+/// A pool's bytes by state. `ready` and `retiring` are parts of `allocated`, never added
+/// to it again; `pinned` (leased) and `quarantined` (owner unreachable) are parts of `ready`
+/// plus `retiring`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolUsage {
+    pub capacity_bytes: u64,
+    /// Granted to writers, not yet committed.
+    pub reserved_bytes: u64,
+    /// Holding committed bytes (READY or RETIRING).
+    pub allocated_bytes: u64,
+    pub ready_bytes: u64,
+    pub retiring_bytes: u64,
+    /// Held by replicas whose owner is suspect or fenced: hidden, not yet reclaimable.
+    pub quarantined_bytes: u64,
+    /// Held by replicas with at least one live lease.
+    pub pinned_bytes: u64,
+}
+
+impl PoolUsage {
+    /// Bytes neither reserved nor allocated.
+    pub fn free_bytes(&self) -> u64 {
+        self.capacity_bytes
+            .saturating_sub(self.reserved_bytes)
+            .saturating_sub(self.allocated_bytes)
+    }
+}
