@@ -6,5 +6,5 @@
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,
 //! and `client` the engine-side API.
 
-pub mod model;
 pub mod directory;
+pub mod model;

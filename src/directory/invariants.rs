@@ -24,7 +24,10 @@ impl Directory {
                 "lease on a {} replica",
                 replica.state.name()
             );
-            let session = self.sessions.get(&lease.session).expect("lease of a forgotten session");
+            let session = self
+                .sessions
+                .get(&lease.session)
+                .expect("lease of a forgotten session");
             assert!(session.is_open(), "lease of an ended session");
             *leases_per_replica.entry(lease.replica.0).or_default() += 1;
             *leases_per_session.entry(lease.session.0).or_default() += 1;
@@ -47,31 +50,48 @@ impl Directory {
                 "lease count of {id:?}"
             );
             assert!(
-                self.replicas.of_object(&replica.object).any(|(other, _)| other == id),
+                self.replicas
+                    .of_object(&replica.object)
+                    .any(|(other, _)| other == id),
                 "replica {id:?} not reachable from its object"
             );
             let pool = &self.pools[replica.pool.0 as usize];
             if let Scope::Host(node) = pool.spec.scope {
                 assert_eq!(node, replica.owner, "host replica owned by another node");
-                assert!(pool.owner_session.is_some(), "replica in a dropped host pool");
+                assert!(
+                    pool.owner_session.is_some(),
+                    "replica in a dropped host pool"
+                );
             }
             if replica.state == ReplicaState::Reserved {
                 let owner_session = self.nodes[replica.owner.0 as usize]
                     .session
                     .and_then(|session| self.sessions.get(&session));
                 assert!(
-                    owner_session.is_some_and(|session| session.is_open() && session.reservations.contains(&id)),
+                    owner_session.is_some_and(
+                        |session| session.is_open() && session.reservations.contains(&id)
+                    ),
                     "reservation {id:?} without an open owner session"
                 );
             }
         }
         for (index, pool) in self.pools.iter().enumerate() {
-            let [reserved, ready, retiring, pinned] = per_pool.get(&(index as u32)).copied().unwrap_or_default();
-            assert_eq!(pool.reserved_bytes, reserved, "reserved bytes of pool {index}");
+            let [reserved, ready, retiring, pinned] =
+                per_pool.get(&(index as u32)).copied().unwrap_or_default();
+            assert_eq!(
+                pool.reserved_bytes, reserved,
+                "reserved bytes of pool {index}"
+            );
             assert_eq!(pool.ready_bytes, ready, "ready bytes of pool {index}");
-            assert_eq!(pool.retiring_bytes, retiring, "retiring bytes of pool {index}");
+            assert_eq!(
+                pool.retiring_bytes, retiring,
+                "retiring bytes of pool {index}"
+            );
             assert_eq!(pool.pinned_bytes, pinned, "pinned bytes of pool {index}");
-            assert!(reserved + ready + retiring <= pool.spec.capacity_bytes, "pool {index} over capacity");
+            assert!(
+                reserved + ready + retiring <= pool.spec.capacity_bytes,
+                "pool {index} over capacity"
+            );
         }
         let mut open_per_node: HashMap<u32, u32> = HashMap::new();
         for (id, session) in &self.sessions {
@@ -80,11 +100,20 @@ impl Directory {
             if session.is_open() {
                 *open_per_node.entry(session.node.0).or_default() += 1;
             } else {
-                assert!(session.reservations.is_empty() && session.leases == 0, "ended session holds state");
-                assert!(matches!(session.state, SessionState::Fenced | SessionState::Closed));
+                assert!(
+                    session.reservations.is_empty() && session.leases == 0,
+                    "ended session holds state"
+                );
+                assert!(matches!(
+                    session.state,
+                    SessionState::Fenced | SessionState::Closed
+                ));
             }
         }
-        assert!(open_per_node.values().all(|&count| count <= 1), "two open sessions of one node");
+        assert!(
+            open_per_node.values().all(|&count| count <= 1),
+            "two open sessions of one node"
+        );
         assert!(self.replicas.len() <= self.config.replicas_max);
         assert!(self.leases.len() <= self.config.leases_max);
     }

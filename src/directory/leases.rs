@@ -132,9 +132,12 @@ impl LeaseTable {
     /// Every live lease.
     pub fn iter(&self) -> impl Iterator<Item = (LeaseId, &LeaseRecord)> + '_ {
         self.slots.iter().enumerate().filter_map(|(index, slot)| {
-            slot.lease
-                .as_ref()
-                .map(|lease| (LeaseId(u64::from(slot.generation) << 32 | index as u64), lease))
+            slot.lease.as_ref().map(|lease| {
+                (
+                    LeaseId(u64::from(slot.generation) << 32 | index as u64),
+                    lease,
+                )
+            })
         })
     }
 }

@@ -50,7 +50,10 @@ impl Ledger {
 
     /// What to do with `operation`.
     pub fn check(&self, operation: OperationId) -> LedgerCheck {
-        if self.acknowledged_through.is_some_and(|through| operation.0 <= through) {
+        if self
+            .acknowledged_through
+            .is_some_and(|through| operation.0 <= through)
+        {
             return LedgerCheck::Acknowledged;
         }
         match self.entries.get(&operation.0) {
@@ -62,7 +65,10 @@ impl Ledger {
 
     /// Records the outcome of a `New` operation.
     pub fn record(&mut self, operation: OperationId, entry: LedgerEntry) {
-        assert!(self.entries.len() < self.entries_max, "ledger over its bound");
+        assert!(
+            self.entries.len() < self.entries_max,
+            "ledger over its bound"
+        );
         self.entries.insert(operation.0, entry);
     }
 
@@ -73,13 +79,17 @@ impl Ledger {
 
     /// Whether `operation` is at or below the acknowledged point.
     pub fn is_acknowledged(&self, operation: OperationId) -> bool {
-        self.acknowledged_through.is_some_and(|through| operation.0 <= through)
+        self.acknowledged_through
+            .is_some_and(|through| operation.0 <= through)
     }
 
     /// The node received every reply up to and including `through`: forget those entries.
     /// Acknowledgements never move backwards.
     pub fn acknowledge(&mut self, through: OperationId) {
-        if self.acknowledged_through.is_some_and(|current| through.0 <= current) {
+        if self
+            .acknowledged_through
+            .is_some_and(|current| through.0 <= current)
+        {
             return;
         }
         self.acknowledged_through = Some(through.0);
@@ -116,6 +126,9 @@ mod tests {
         assert_eq!(ledger.len(), 1);
         assert_eq!(ledger.check(OperationId(3)), LedgerCheck::New);
         ledger.acknowledge(OperationId(0));
-        assert!(ledger.is_acknowledged(first), "acknowledgement never moves back");
+        assert!(
+            ledger.is_acknowledged(first),
+            "acknowledgement never moves back"
+        );
     }
 }

@@ -16,8 +16,8 @@
 pub mod config;
 pub mod error;
 mod invariants;
-pub mod ledger;
 mod leases;
+pub mod ledger;
 pub mod ops;
 mod pools;
 mod replicas;
@@ -30,12 +30,11 @@ pub use replicas::ReplicaState;
 pub use sessions::SessionState;
 
 use crate::model::{
-    DomainId, Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId,
-    ObjectId, OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId,
-    Timestamp,
+    DomainId, Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
+    OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId, Timestamp,
 };
-use ledger::{Ledger, LedgerCheck, LedgerEntry};
 use leases::{LeaseRecord, LeaseTable};
+use ledger::{Ledger, LedgerCheck, LedgerEntry};
 use pools::PoolRecord;
 use replicas::{NewReplica, ReplicaTable};
 use sessions::{NodeRecord, Session};
@@ -132,11 +131,19 @@ impl Directory {
     /// Opens a session for a node. A node opening again gets a larger epoch and its
     /// previous session is fenced (its host pools dropped, its leases and reservations
     /// void), so nothing the old incarnation sends can change state any more.
-    pub fn open(&mut self, now: Timestamp, request: OpenRequest) -> Result<OpenReply, DirectoryError> {
+    pub fn open(
+        &mut self,
+        now: Timestamp,
+        request: OpenRequest,
+    ) -> Result<OpenReply, DirectoryError> {
         if request.node_name.is_empty() || request.node_name.len() > NAME_BYTES_MAX {
             return Err(DirectoryError::InvalidPool("node name empty or too long"));
         }
-        let open_sessions = self.sessions.values().filter(|session| session.is_open()).count();
+        let open_sessions = self
+            .sessions
+            .values()
+            .filter(|session| session.is_open())
+            .count();
         let node = match self.node_ids.get(&request.node_name) {
             Some(node) => *node,
             None => {
@@ -154,7 +161,8 @@ impl Directory {
             }
         };
         let previous = self.nodes[node.0 as usize].session;
-        let replaces_open = previous.is_some_and(|id| self.sessions.get(&id).is_some_and(Session::is_open));
+        let replaces_open =
+            previous.is_some_and(|id| self.sessions.get(&id).is_some_and(Session::is_open));
         if !replaces_open && open_sessions >= self.config.sessions_max as usize {
             return Err(DirectoryError::Full(Table::Sessions));
         }
@@ -227,7 +235,9 @@ impl Directory {
     fn open_session(&self, session: SessionId) -> Result<&Session, DirectoryError> {
         match self.sessions.get(&session) {
             None => Err(DirectoryError::UnknownSession),
-            Some(record) if !record.is_open() => Err(DirectoryError::Fenced { epoch: record.epoch }),
+            Some(record) if !record.is_open() => Err(DirectoryError::Fenced {
+                epoch: record.epoch,
+            }),
             Some(record) => Ok(record),
         }
     }
@@ -235,7 +245,9 @@ impl Directory {
     fn open_session_mut(&mut self, session: SessionId) -> Result<&mut Session, DirectoryError> {
         match self.sessions.get_mut(&session) {
             None => Err(DirectoryError::UnknownSession),
-            Some(record) if !record.is_open() => Err(DirectoryError::Fenced { epoch: record.epoch }),
+            Some(record) if !record.is_open() => Err(DirectoryError::Fenced {
+                epoch: record.epoch,
+            }),
             Some(record) => Ok(record),
         }
     }
@@ -303,12 +315,18 @@ impl Directory {
     /// Registers a pool. A host pool must belong to the session's node; a node
     /// re-registering the same pool name after a restart gets the same pool id back.
     /// A shared (domain) pool is registered by the directory itself with `session = None`.
-    pub fn register_pool(&mut self, session: Option<SessionId>, spec: PoolSpec) -> Result<PoolId, DirectoryError> {
+    pub fn register_pool(
+        &mut self,
+        session: Option<SessionId>,
+        spec: PoolSpec,
+    ) -> Result<PoolId, DirectoryError> {
         if spec.capacity_bytes == 0 {
             return Err(DirectoryError::InvalidPool("zero capacity"));
         }
         if !spec.page_bytes.is_power_of_two() || spec.page_bytes > spec.capacity_bytes {
-            return Err(DirectoryError::InvalidPool("page size must be a power of two within capacity"));
+            return Err(DirectoryError::InvalidPool(
+                "page size must be a power of two within capacity",
+            ));
         }
         if spec.name.is_empty() || spec.name.len() > NAME_BYTES_MAX {
             return Err(DirectoryError::InvalidPool("pool name empty or too long"));
@@ -320,16 +338,24 @@ impl Directory {
                 }
             }
             (None, Scope::Domain(_)) => {}
-            _ => return Err(DirectoryError::InvalidPool("host pools come from their node, shared pools from the directory")),
+            _ => {
+                return Err(DirectoryError::InvalidPool(
+                    "host pools come from their node, shared pools from the directory",
+                ))
+            }
         }
         let key = (spec.scope, spec.name.clone());
         if let Some(&pool) = self.pool_ids.get(&key) {
             let record = &mut self.pools[pool.0 as usize];
-            if record.owner_session.is_some() || record.reserved_bytes + record.ready_bytes + record.retiring_bytes > 0 {
+            if record.owner_session.is_some()
+                || record.reserved_bytes + record.ready_bytes + record.retiring_bytes > 0
+            {
                 if record.spec == spec && record.owner_session == session {
                     return Ok(pool);
                 }
-                return Err(DirectoryError::InvalidPool("pool already registered and in use"));
+                return Err(DirectoryError::InvalidPool(
+                    "pool already registered and in use",
+                ));
             }
             *record = PoolRecord::new(spec, session);
             return Ok(pool);
@@ -363,16 +389,26 @@ impl Directory {
         Ok(id)
     }
 
-    fn check_namespace(&self, session: &Session, namespace: NamespaceId) -> Result<(), DirectoryError> {
+    fn check_namespace(
+        &self,
+        session: &Session,
+        namespace: NamespaceId,
+    ) -> Result<(), DirectoryError> {
         match self.namespaces.get(&namespace) {
             None => Err(DirectoryError::UnknownNamespace),
-            Some(descriptor) if !permits(&session.namespaces, descriptor) => Err(DirectoryError::NamespaceDenied),
+            Some(descriptor) if !permits(&session.namespaces, descriptor) => {
+                Err(DirectoryError::NamespaceDenied)
+            }
             Some(_) => Ok(()),
         }
     }
 
     /// Checks every item's namespace, looking up each distinct namespace once in a run.
-    fn check_namespaces(&self, session: &Session, objects: impl Iterator<Item = NamespaceId>) -> Result<(), DirectoryError> {
+    fn check_namespaces(
+        &self,
+        session: &Session,
+        objects: impl Iterator<Item = NamespaceId>,
+    ) -> Result<(), DirectoryError> {
         let mut last_checked = None;
         for namespace in objects {
             if last_checked != Some(namespace) {
@@ -438,7 +474,9 @@ impl Directory {
             LedgerCheck::New => {}
         }
         if item.length_bytes == 0 || item.length_bytes > OBJECT_BYTES_MAX {
-            return Err(DirectoryError::InvalidLength { length_bytes: item.length_bytes });
+            return Err(DirectoryError::InvalidLength {
+                length_bytes: item.length_bytes,
+            });
         }
         self.check_namespace(session, item.object.namespace)?;
         let outcome = match self.existing_for(session, &item.object) {
@@ -449,7 +487,9 @@ impl Directory {
                     if !self.replicas.has_room() {
                         return Err(DirectoryError::Full(Table::Replicas));
                     }
-                    if session.reservations.len() >= self.config.reservations_per_session_max as usize {
+                    if session.reservations.len()
+                        >= self.config.reservations_per_session_max as usize
+                    {
                         return Err(DirectoryError::Full(Table::Reservations));
                     }
                     let deadline = now + self.config.reservation_duration;
@@ -468,12 +508,19 @@ impl Directory {
                     if let Some(session) = self.sessions.get_mut(&session_id) {
                         session.reservations.insert(replica);
                     }
-                    ReserveOutcome::Granted { replica, pool, medium, allocated_bytes }
+                    ReserveOutcome::Granted {
+                        replica,
+                        pool,
+                        medium,
+                        allocated_bytes,
+                    }
                 }
             },
         };
         if let Some(session) = self.sessions.get_mut(&session_id) {
-            session.ledger.record(operation, LedgerEntry::Reserve(outcome));
+            session
+                .ledger
+                .record(operation, LedgerEntry::Reserve(outcome));
         }
         Ok(outcome)
     }
@@ -495,7 +542,12 @@ impl Directory {
     }
 
     /// The first writable pool in the node's write order with room for `length_bytes`.
-    fn place(&self, session_id: SessionId, session: &Session, length_bytes: u64) -> Option<(PoolId, u64)> {
+    fn place(
+        &self,
+        session_id: SessionId,
+        session: &Session,
+        length_bytes: u64,
+    ) -> Option<(PoolId, u64)> {
         session.write_order.iter().find_map(|medium| {
             self.pools.iter().enumerate().find_map(|(index, record)| {
                 let pool = PoolId(index as u32);
@@ -527,7 +579,10 @@ impl Directory {
             LedgerCheck::Full => return Err(DirectoryError::Full(Table::Ledger)),
             LedgerCheck::New => {}
         }
-        let replica = self.replicas.get(replica_id).ok_or(DirectoryError::UnknownReplica(replica_id))?;
+        let replica = self
+            .replicas
+            .get(replica_id)
+            .ok_or(DirectoryError::UnknownReplica(replica_id))?;
         if replica.owner != session.node || !session.reservations.contains(&replica_id) {
             return Err(DirectoryError::NotOwner(replica_id));
         }
@@ -541,7 +596,10 @@ impl Directory {
         let pool = &self.pools[replica.pool.0 as usize];
         if location.pool != replica.pool
             || location.length_bytes != replica.length_bytes
-            || location.offset_bytes.checked_add(replica.allocated_bytes).is_none_or(|end| end > pool.spec.capacity_bytes)
+            || location
+                .offset_bytes
+                .checked_add(replica.allocated_bytes)
+                .is_none_or(|end| end > pool.spec.capacity_bytes)
         {
             return Err(DirectoryError::LocationMismatch(replica_id));
         }
@@ -570,7 +628,9 @@ impl Directory {
             CommitOutcome::Committed
         };
         if let Some(session) = self.sessions.get_mut(&session_id) {
-            session.ledger.record(operation, LedgerEntry::Commit(outcome));
+            session
+                .ledger
+                .record(operation, LedgerEntry::Commit(outcome));
         }
         Ok(outcome)
     }
@@ -627,7 +687,11 @@ impl Directory {
 
     /// For each object, in order: a hit when a READY replica the requester can map exists,
     /// pending when one is being written, else a miss. Reserves and leases nothing.
-    pub fn probe(&self, session_id: SessionId, objects: &[ObjectId]) -> Result<Vec<ProbeOutcome>, DirectoryError> {
+    pub fn probe(
+        &self,
+        session_id: SessionId,
+        objects: &[ObjectId],
+    ) -> Result<Vec<ProbeOutcome>, DirectoryError> {
         self.check_batch(objects.len())?;
         let session = self.open_session(session_id)?;
         self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
@@ -653,7 +717,10 @@ impl Directory {
                     }
                 }
                 match best {
-                    Some((_, medium, length_bytes)) => ProbeOutcome::Hit { medium, length_bytes },
+                    Some((_, medium, length_bytes)) => ProbeOutcome::Hit {
+                        medium,
+                        length_bytes,
+                    },
                     None if pending => ProbeOutcome::Pending,
                     None => ProbeOutcome::Miss,
                 }
@@ -665,8 +732,12 @@ impl Directory {
     fn select_replica(&self, session: &Session, object: &ObjectId) -> Option<ReplicaId> {
         self.replicas
             .of_object(object)
-            .filter(|(_, replica)| replica.state == ReplicaState::Ready && self.can_read(session, replica.pool))
-            .min_by_key(|(_, replica)| session.read_rank(self.pools[replica.pool.0 as usize].spec.medium))
+            .filter(|(_, replica)| {
+                replica.state == ReplicaState::Ready && self.can_read(session, replica.pool)
+            })
+            .min_by_key(|(_, replica)| {
+                session.read_rank(self.pools[replica.pool.0 as usize].spec.medium)
+            })
             .map(|(id, _)| id)
     }
 
@@ -683,12 +754,21 @@ impl Directory {
         self.check_batch(objects.len())?;
         let session = self.open_session(session_id)?;
         self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
-        let selected: Vec<Option<ReplicaId>> = objects.iter().map(|object| self.select_replica(session, object)).collect();
+        let selected: Vec<Option<ReplicaId>> = objects
+            .iter()
+            .map(|object| self.select_replica(session, object))
+            .collect();
         let found = selected.iter().flatten().count() as u32;
         if mode == AcquireMode::Manifest && (found as usize) < objects.len() {
             return Ok(selected
                 .iter()
-                .map(|choice| if choice.is_some() { AcquireOutcome::Withheld } else { AcquireOutcome::Miss })
+                .map(|choice| {
+                    if choice.is_some() {
+                        AcquireOutcome::Withheld
+                    } else {
+                        AcquireOutcome::Miss
+                    }
+                })
                 .collect());
         }
         if !self.leases.has_room(found) {
@@ -702,7 +782,9 @@ impl Directory {
             .into_iter()
             .map(|choice| match choice {
                 None => AcquireOutcome::Miss,
-                Some(replica_id) => AcquireOutcome::Leased(self.grant_lease(now, session_id, replica_id, deadline)),
+                Some(replica_id) => {
+                    AcquireOutcome::Leased(self.grant_lease(now, session_id, replica_id, deadline))
+                }
             })
             .collect();
         if let Some(session) = self.sessions.get_mut(&session_id) {
@@ -711,9 +793,22 @@ impl Directory {
         Ok(outcomes)
     }
 
-    fn grant_lease(&mut self, now: Timestamp, session: SessionId, replica_id: ReplicaId, deadline: Timestamp) -> Lease {
-        let lease = self.leases.insert(LeaseRecord { replica: replica_id, session, deadline });
-        let replica = self.replicas.get_mut(replica_id).expect("selected replica is live");
+    fn grant_lease(
+        &mut self,
+        now: Timestamp,
+        session: SessionId,
+        replica_id: ReplicaId,
+        deadline: Timestamp,
+    ) -> Lease {
+        let lease = self.leases.insert(LeaseRecord {
+            replica: replica_id,
+            session,
+            deadline,
+        });
+        let replica = self
+            .replicas
+            .get_mut(replica_id)
+            .expect("selected replica is live");
         replica.lease_count += 1;
         replica.access_count = replica.access_count.saturating_add(1);
         replica.last_access = now;
@@ -723,12 +818,22 @@ impl Directory {
         if first {
             record.pin(bytes, true);
         }
-        Lease { lease, replica: replica_id, medium: record.spec.medium, location, deadline }
+        Lease {
+            lease,
+            replica: replica_id,
+            medium: record.spec.medium,
+            location,
+            deadline,
+        }
     }
 
     /// Releases leases held by this session. The last release of a retiring replica
     /// queues its reclaim. Releasing an unknown or expired lease is harmless.
-    pub fn release(&mut self, session_id: SessionId, leases: &[LeaseId]) -> Result<Vec<ReleaseOutcome>, DirectoryError> {
+    pub fn release(
+        &mut self,
+        session_id: SessionId,
+        leases: &[LeaseId],
+    ) -> Result<Vec<ReleaseOutcome>, DirectoryError> {
         self.check_batch(leases.len())?;
         self.open_session(session_id)?;
         Ok(leases
@@ -769,8 +874,15 @@ impl Directory {
     /// Starts retiring a READY replica: new acquires no longer see it. Once no lease
     /// remains, its owner gets a reclaim task. The owner node, or the directory's own
     /// policy (with `session = None`), may retire.
-    pub fn retire(&mut self, session_id: Option<SessionId>, replica_id: ReplicaId) -> Result<RetireOutcome, DirectoryError> {
-        let replica = self.replicas.get(replica_id).ok_or(DirectoryError::UnknownReplica(replica_id))?;
+    pub fn retire(
+        &mut self,
+        session_id: Option<SessionId>,
+        replica_id: ReplicaId,
+    ) -> Result<RetireOutcome, DirectoryError> {
+        let replica = self
+            .replicas
+            .get(replica_id)
+            .ok_or(DirectoryError::UnknownReplica(replica_id))?;
         if let Some(session_id) = session_id {
             if self.open_session(session_id)?.node != replica.owner {
                 return Err(DirectoryError::NotOwner(replica_id));
@@ -802,7 +914,10 @@ impl Directory {
         };
         let task = Task {
             id: TaskId(self.next_task),
-            kind: TaskKind::Reclaim { replica: replica_id, location: replica.location() },
+            kind: TaskKind::Reclaim {
+                replica: replica_id,
+                location: replica.location(),
+            },
         };
         self.next_task += 1;
         self.nodes[replica.owner.0 as usize].tasks.push_back(task);
@@ -811,7 +926,11 @@ impl Directory {
     /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`).
     /// A task handed out is not handed out again; if the node dies before acting on it,
     /// fencing drops the storage it referred to.
-    pub fn poll_tasks(&mut self, session_id: SessionId, max: u32) -> Result<Vec<Task>, DirectoryError> {
+    pub fn poll_tasks(
+        &mut self,
+        session_id: SessionId,
+        max: u32,
+    ) -> Result<Vec<Task>, DirectoryError> {
         let node = self.open_session(session_id)?.node;
         let count = max.min(self.config.tasks_per_poll_max) as usize;
         let queue = &mut self.nodes[node.0 as usize].tasks;
@@ -822,7 +941,11 @@ impl Directory {
     /// The owner freed the replica's storage (its allocation generation moved on): the
     /// bytes count as free and the replica is gone. Only a retiring replica with no lease
     /// is reclaimed; repeating the ack is harmless.
-    pub fn reclaim_ack(&mut self, session_id: SessionId, replica_id: ReplicaId) -> Result<ReclaimOutcome, DirectoryError> {
+    pub fn reclaim_ack(
+        &mut self,
+        session_id: SessionId,
+        replica_id: ReplicaId,
+    ) -> Result<ReclaimOutcome, DirectoryError> {
         let node = self.open_session(session_id)?.node;
         let Some(replica) = self.replicas.get(replica_id) else {
             return Ok(ReclaimOutcome::Unknown);
@@ -849,9 +972,10 @@ impl Directory {
         let record = &mut self.pools[replica.pool.0 as usize];
         match replica.state {
             ReplicaState::Reserved => record.abort(replica.allocated_bytes),
-            ReplicaState::Ready | ReplicaState::Retiring => {
-                record.free(replica.allocated_bytes, replica.state == ReplicaState::Retiring)
-            }
+            ReplicaState::Ready | ReplicaState::Retiring => record.free(
+                replica.allocated_bytes,
+                replica.state == ReplicaState::Retiring,
+            ),
             ReplicaState::Free => {}
         }
         if replica.lease_count > 0 {
@@ -899,7 +1023,9 @@ impl Directory {
                 let silence = now.saturating_since(session.last_heartbeat);
                 if silence >= self.config.fence_after {
                     Some((id, session.node, SessionState::Fenced))
-                } else if silence >= self.config.suspect_after && session.state == SessionState::Live {
+                } else if silence >= self.config.suspect_after
+                    && session.state == SessionState::Live
+                {
                     Some((id, session.node, SessionState::Suspect))
                 } else {
                     None
@@ -916,7 +1042,11 @@ impl Directory {
                     }
                 }
             }
-            report.transitions.push(SessionTransition { session, node, state });
+            report.transitions.push(SessionTransition {
+                session,
+                node,
+                state,
+            });
         }
         report
     }
@@ -944,13 +1074,23 @@ impl Directory {
             .filter(|session| session.is_open())
             .map(|session| {
                 session.last_heartbeat
-                    + if session.state == SessionState::Live { self.config.suspect_after } else { self.config.fence_after }
+                    + if session.state == SessionState::Live {
+                        self.config.suspect_after
+                    } else {
+                        self.config.fence_after
+                    }
             })
             .min();
-        [self.leases.next_deadline(), self.reservation_deadlines.front().map(|(deadline, _)| *deadline), heartbeat]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.leases.next_deadline(),
+            self.reservation_deadlines
+                .front()
+                .map(|(deadline, _)| *deadline),
+            heartbeat,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     // ----- reports ---------------------------------------------------------------------
@@ -1009,7 +1149,9 @@ impl Directory {
 
     /// The domains of a registered domain pool, for configuration checks.
     pub fn pool_scope(&self, pool: PoolId) -> Option<Scope> {
-        self.pools.get(pool.0 as usize).map(|record| record.spec.scope)
+        self.pools
+            .get(pool.0 as usize)
+            .map(|record| record.spec.scope)
     }
 
     /// Bytes held by the replica table's arrays.
@@ -1019,7 +1161,9 @@ impl Directory {
 
     /// Whether `domain` has at least one registered pool.
     pub fn has_domain(&self, domain: DomainId) -> bool {
-        self.pools.iter().any(|record| record.spec.scope == Scope::Domain(domain))
+        self.pools
+            .iter()
+            .any(|record| record.spec.scope == Scope::Domain(domain))
     }
 }
 
@@ -1030,3 +1174,6 @@ fn permits(access: &NamespaceAccess, descriptor: &NamespaceDescriptor) -> bool {
         NamespaceAccess::Models(models) => models.iter().any(|model| *model == descriptor.model),
     }
 }
+
+#[cfg(test)]
+mod tests;

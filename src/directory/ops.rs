@@ -2,8 +2,8 @@
 //! wire carries them unchanged; the directory core is their only interpreter.
 
 use crate::model::{
-    DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, OperationId,
-    PoolId, ReplicaId, SessionId, TaskId, Timestamp,
+    DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, SessionId,
+    TaskId, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -96,7 +96,10 @@ pub enum ResolveOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProbeOutcome {
     /// A READY replica the requester can map exists (its cheapest medium).
-    Hit { medium: Medium, length_bytes: u64 },
+    Hit {
+        medium: Medium,
+        length_bytes: u64,
+    },
     /// A replica the requester could map is being written.
     Pending,
     Miss,
@@ -153,7 +156,10 @@ pub enum RetireOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskKind {
     /// Free the replica's storage (bump the allocation's generation), then `reclaim_ack`.
-    Reclaim { replica: ReplicaId, location: Location },
+    Reclaim {
+        replica: ReplicaId,
+        location: Location,
+    },
 }
 
 /// A queued task.

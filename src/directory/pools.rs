@@ -43,7 +43,10 @@ impl PoolRecord {
 
     /// Returns an uncommitted reservation.
     pub fn abort(&mut self, bytes: u64) {
-        self.reserved_bytes = self.reserved_bytes.checked_sub(bytes).expect("reserved bytes underflow");
+        self.reserved_bytes = self
+            .reserved_bytes
+            .checked_sub(bytes)
+            .expect("reserved bytes underflow");
     }
 
     /// A reservation became READY.
@@ -54,14 +57,23 @@ impl PoolRecord {
 
     /// A READY replica starts retiring.
     pub fn retire(&mut self, bytes: u64) {
-        self.ready_bytes = self.ready_bytes.checked_sub(bytes).expect("ready bytes underflow");
+        self.ready_bytes = self
+            .ready_bytes
+            .checked_sub(bytes)
+            .expect("ready bytes underflow");
         self.retiring_bytes += bytes;
     }
 
     /// A replica's storage was reclaimed (or dropped with its owner's epoch).
     pub fn free(&mut self, bytes: u64, retiring: bool) {
-        let counter = if retiring { &mut self.retiring_bytes } else { &mut self.ready_bytes };
-        *counter = counter.checked_sub(bytes).expect("allocated bytes underflow");
+        let counter = if retiring {
+            &mut self.retiring_bytes
+        } else {
+            &mut self.ready_bytes
+        };
+        *counter = counter
+            .checked_sub(bytes)
+            .expect("allocated bytes underflow");
     }
 
     /// A replica's first lease was granted (`pinned`) or its last released.
@@ -69,7 +81,10 @@ impl PoolRecord {
         if pinned {
             self.pinned_bytes += bytes;
         } else {
-            self.pinned_bytes = self.pinned_bytes.checked_sub(bytes).expect("pinned bytes underflow");
+            self.pinned_bytes = self
+                .pinned_bytes
+                .checked_sub(bytes)
+                .expect("pinned bytes underflow");
         }
     }
 

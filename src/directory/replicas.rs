@@ -141,17 +141,17 @@ impl ReplicaTable {
     /// The replica named by `id`, if it is live and the id is current.
     pub fn get(&self, id: ReplicaId) -> Option<&Replica> {
         let (slot, generation) = split(id);
-        self.slots
-            .get(slot as usize)
-            .filter(|replica| replica.slot_generation == generation && replica.state != ReplicaState::Free)
+        self.slots.get(slot as usize).filter(|replica| {
+            replica.slot_generation == generation && replica.state != ReplicaState::Free
+        })
     }
 
     /// Mutable access to the replica named by `id`, if it is live and the id is current.
     pub fn get_mut(&mut self, id: ReplicaId) -> Option<&mut Replica> {
         let (slot, generation) = split(id);
-        self.slots
-            .get_mut(slot as usize)
-            .filter(|replica| replica.slot_generation == generation && replica.state != ReplicaState::Free)
+        self.slots.get_mut(slot as usize).filter(|replica| {
+            replica.slot_generation == generation && replica.state != ReplicaState::Free
+        })
     }
 
     fn id_of(&self, slot: u32) -> ReplicaId {
@@ -161,12 +161,17 @@ impl ReplicaTable {
     fn head(&self, object: &ObjectId) -> Option<u32> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(object), |&slot| slots[slot as usize].object == *object)
+            .find(self.hash(object), |&slot| {
+                slots[slot as usize].object == *object
+            })
             .copied()
     }
 
     /// The replicas of `object`, newest first.
-    pub fn of_object<'a>(&'a self, object: &ObjectId) -> impl Iterator<Item = (ReplicaId, &'a Replica)> + 'a {
+    pub fn of_object<'a>(
+        &'a self,
+        object: &ObjectId,
+    ) -> impl Iterator<Item = (ReplicaId, &'a Replica)> + 'a {
         let mut cursor = self.head(object).unwrap_or(NONE);
         std::iter::from_fn(move || {
             if cursor == NONE {
@@ -204,7 +209,10 @@ impl ReplicaTable {
             let entry = &mut self.slots[slot as usize];
             self.free_head = entry.next;
             let slot_generation = entry.slot_generation;
-            *entry = Replica { slot_generation, ..record };
+            *entry = Replica {
+                slot_generation,
+                ..record
+            };
             slot
         } else {
             if self.slots.len() == self.slots.capacity() {
@@ -227,8 +235,9 @@ impl ReplicaTable {
             None => {
                 let slots = &self.slots;
                 let hasher = &self.hasher;
-                self.index
-                    .insert_unique(hash, slot, |&existing| hasher.hash_one(slots[existing as usize].object));
+                self.index.insert_unique(hash, slot, |&existing| {
+                    hasher.hash_one(slots[existing as usize].object)
+                });
             }
         }
         self.id_of(slot)
@@ -243,10 +252,9 @@ impl ReplicaTable {
         let head = self.head(&removed.object).unwrap_or(NONE);
         if head == slot {
             let slots = &self.slots;
-            if let Ok(entry) = self
-                .index
-                .find_entry(hash, |&candidate| candidate == slot && slots[candidate as usize].object == removed.object)
-            {
+            if let Ok(entry) = self.index.find_entry(hash, |&candidate| {
+                candidate == slot && slots[candidate as usize].object == removed.object
+            }) {
                 if removed.next == NONE {
                     entry.remove();
                 } else {

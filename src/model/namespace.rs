@@ -75,7 +75,10 @@ pub enum NamespaceError {
     UnsupportedFormat { version: u32 },
     /// Chunk tokens must be a whole number of engine blocks.
     #[error("chunk of {chunk_tokens} tokens is not a multiple of the block size {block_tokens}")]
-    ChunkNotBlockAligned { chunk_tokens: u32, block_tokens: u32 },
+    ChunkNotBlockAligned {
+        chunk_tokens: u32,
+        block_tokens: u32,
+    },
 }
 
 /// The 128-bit hash of a namespace's canonical encoding.
@@ -220,18 +223,54 @@ mod tests {
         let base = llama();
         assert_eq!(base.id(), base.clone().id());
         let variants: Vec<NamespaceDescriptor> = vec![
-            NamespaceDescriptor { model: "other".into(), ..llama() },
-            NamespaceDescriptor { revision: "1".into(), ..llama() },
-            NamespaceDescriptor { adapter: Some(String::new()), ..llama() },
-            NamespaceDescriptor { kv_dtype: KvDtype::Float16, ..llama() },
-            NamespaceDescriptor { quantization: Some("fp8".into()), ..llama() },
-            NamespaceDescriptor { layers: 31, ..llama() },
-            NamespaceDescriptor { kv_heads: 4, ..llama() },
-            NamespaceDescriptor { head_dim: 64, ..llama() },
-            NamespaceDescriptor { block_tokens: 32, ..llama() },
-            NamespaceDescriptor { chunk_tokens: 512, ..llama() },
-            NamespaceDescriptor { tensor_parallel: 2, ..llama() },
-            NamespaceDescriptor { pipeline_parallel: 2, ..llama() },
+            NamespaceDescriptor {
+                model: "other".into(),
+                ..llama()
+            },
+            NamespaceDescriptor {
+                revision: "1".into(),
+                ..llama()
+            },
+            NamespaceDescriptor {
+                adapter: Some(String::new()),
+                ..llama()
+            },
+            NamespaceDescriptor {
+                kv_dtype: KvDtype::Float16,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                quantization: Some("fp8".into()),
+                ..llama()
+            },
+            NamespaceDescriptor {
+                layers: 31,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                kv_heads: 4,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                head_dim: 64,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                block_tokens: 32,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                chunk_tokens: 512,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                tensor_parallel: 2,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                pipeline_parallel: 2,
+                ..llama()
+            },
         ];
         for variant in variants {
             assert_ne!(base.id().unwrap(), variant.id().unwrap(), "{variant:?}");
@@ -241,11 +280,44 @@ mod tests {
     #[test]
     fn incomplete_or_unsupported_descriptors_are_rejected() {
         let cases = [
-            (NamespaceDescriptor { model: String::new(), ..llama() }, NamespaceError::Missing { field: "model" }),
-            (NamespaceDescriptor { layers: 0, ..llama() }, NamespaceError::Missing { field: "layers" }),
-            (NamespaceDescriptor { format_version: 99, ..llama() }, NamespaceError::UnsupportedFormat { version: 99 }),
-            (NamespaceDescriptor { chunk_tokens: 100, ..llama() }, NamespaceError::ChunkNotBlockAligned { chunk_tokens: 100, block_tokens: 16 }),
-            (NamespaceDescriptor { adapter: Some("a".repeat(300)), ..llama() }, NamespaceError::TooLong { field: "adapter" }),
+            (
+                NamespaceDescriptor {
+                    model: String::new(),
+                    ..llama()
+                },
+                NamespaceError::Missing { field: "model" },
+            ),
+            (
+                NamespaceDescriptor {
+                    layers: 0,
+                    ..llama()
+                },
+                NamespaceError::Missing { field: "layers" },
+            ),
+            (
+                NamespaceDescriptor {
+                    format_version: 99,
+                    ..llama()
+                },
+                NamespaceError::UnsupportedFormat { version: 99 },
+            ),
+            (
+                NamespaceDescriptor {
+                    chunk_tokens: 100,
+                    ..llama()
+                },
+                NamespaceError::ChunkNotBlockAligned {
+                    chunk_tokens: 100,
+                    block_tokens: 16,
+                },
+            ),
+            (
+                NamespaceDescriptor {
+                    adapter: Some("a".repeat(300)),
+                    ..llama()
+                },
+                NamespaceError::TooLong { field: "adapter" },
+            ),
         ];
         for (descriptor, expected) in cases {
             assert_eq!(descriptor.id(), Err(expected));

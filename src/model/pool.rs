@@ -64,7 +64,9 @@ pub struct PoolSpec {
 impl PoolSpec {
     /// The bytes a replica of `length_bytes` occupies in this pool.
     pub fn rounded_bytes(&self, length_bytes: u64) -> u64 {
-        length_bytes.div_ceil(self.page_bytes).saturating_mul(self.page_bytes)
+        length_bytes
+            .div_ceil(self.page_bytes)
+            .saturating_mul(self.page_bytes)
     }
 }
 

@@ -7,7 +7,9 @@ use std::ops::{Add, Sub};
 use std::time::Duration;
 
 /// A monotonic instant, in nanoseconds since the caller's clock origin.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Timestamp(pub u64);
 
 impl Timestamp {

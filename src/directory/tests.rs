@@ -1,0 +1,865 @@
+//! Unit tests: one per operation and error, and one per invariant of DESIGN.md section 4.
+
+use super::*;
+use crate::model::{KvDtype, PrefixDigest};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+pub(crate) fn descriptor() -> NamespaceDescriptor {
+    NamespaceDescriptor {
+        model: "llama".into(),
+        revision: "r1".into(),
+        adapter: None,
+        kv_dtype: KvDtype::BFloat16,
+        quantization: None,
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 64,
+        block_tokens: 16,
+        format_version: 1,
+        chunk_tokens: 256,
+        tensor_parallel: 1,
+        pipeline_parallel: 1,
+    }
+}
+
+struct Fixture {
+    directory: Directory,
+    namespace: NamespaceId,
+    now: Timestamp,
+    next_operation: u64,
+}
+
+struct NodeHandle {
+    session: SessionId,
+    node: NodeId,
+    cpu: PoolId,
+}
+
+fn open_request(name: &str, write_order: Vec<Medium>, domains: Vec<DomainId>) -> OpenRequest {
+    OpenRequest {
+        node_name: name.into(),
+        write_order,
+        read_order: vec![Medium::Cpu, Medium::Cxl, Medium::Ssd],
+        domains,
+        namespaces: NamespaceAccess::Any,
+    }
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture::with_config(DirectoryConfig::default())
+    }
+
+    fn with_config(config: DirectoryConfig) -> Fixture {
+        Fixture {
+            directory: Directory::new(config),
+            namespace: descriptor().id().unwrap(),
+            now: Timestamp::ZERO,
+            next_operation: 1,
+        }
+    }
+
+    fn node(&mut self, name: &str, cpu_bytes: u64) -> NodeHandle {
+        self.node_with(
+            name,
+            cpu_bytes,
+            vec![Medium::Cpu, Medium::Cxl],
+            vec![DomainId(0)],
+        )
+    }
+
+    fn node_with(
+        &mut self,
+        name: &str,
+        cpu_bytes: u64,
+        write_order: Vec<Medium>,
+        domains: Vec<DomainId>,
+    ) -> NodeHandle {
+        let reply = self
+            .directory
+            .open(self.now, open_request(name, write_order, domains))
+            .unwrap();
+        let cpu = self
+            .directory
+            .register_pool(
+                Some(reply.session),
+                PoolSpec {
+                    name: format!("{name}-cpu"),
+                    medium: Medium::Cpu,
+                    scope: Scope::Host(reply.node),
+                    capacity_bytes: cpu_bytes,
+                    page_bytes: 4096,
+                },
+            )
+            .unwrap();
+        self.directory
+            .register_namespace(reply.session, descriptor())
+            .unwrap();
+        NodeHandle {
+            session: reply.session,
+            node: reply.node,
+            cpu,
+        }
+    }
+
+    fn cxl(&mut self, bytes: u64) -> PoolId {
+        self.directory
+            .register_pool(
+                None,
+                PoolSpec {
+                    name: "cxl0".into(),
+                    medium: Medium::Cxl,
+                    scope: Scope::Domain(DomainId(0)),
+                    capacity_bytes: bytes,
+                    page_bytes: 4096,
+                },
+            )
+            .unwrap()
+    }
+
+    fn object(&self, index: u32) -> ObjectId {
+        ObjectId {
+            namespace: self.namespace,
+            prefix: PrefixDigest::ROOT.chain(&[index]),
+            shard: 0,
+            part: 0,
+        }
+    }
+
+    fn operation(&mut self) -> OperationId {
+        self.next_operation += 1;
+        OperationId(self.next_operation)
+    }
+
+    fn reserve(
+        &mut self,
+        node: &NodeHandle,
+        object: ObjectId,
+        length_bytes: u64,
+    ) -> ReserveOutcome {
+        let operation = self.operation();
+        self.directory
+            .reserve(
+                self.now,
+                node.session,
+                operation,
+                ReserveItem {
+                    object,
+                    length_bytes,
+                },
+            )
+            .unwrap()
+    }
+
+    fn store(
+        &mut self,
+        node: &NodeHandle,
+        object: ObjectId,
+        length_bytes: u64,
+    ) -> (ReplicaId, Location) {
+        let ReserveOutcome::Granted { replica, pool, .. } =
+            self.reserve(node, object, length_bytes)
+        else {
+            panic!("expected a grant");
+        };
+        let location = location(pool, replica.0, length_bytes);
+        let operation = self.operation();
+        assert_eq!(
+            self.directory
+                .commit(node.session, operation, replica, location),
+            Ok(CommitOutcome::Committed)
+        );
+        self.directory.check_invariants();
+        (replica, location)
+    }
+
+    fn acquire_one(&mut self, node: &NodeHandle, object: ObjectId) -> AcquireOutcome {
+        self.directory
+            .acquire(self.now, node.session, &[object], AcquireMode::Each)
+            .unwrap()[0]
+    }
+}
+
+fn location(pool: PoolId, allocation: u64, length_bytes: u64) -> Location {
+    Location {
+        pool,
+        allocation: crate::model::AllocationId(allocation),
+        generation: crate::model::Generation(1),
+        offset_bytes: 0,
+        length_bytes,
+    }
+}
+
+#[test]
+fn store_then_load_on_the_same_node() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 64 * MIB);
+    let object = fixture.object(1);
+    assert_eq!(
+        fixture.directory.probe(a.session, &[object]).unwrap(),
+        vec![ProbeOutcome::Miss]
+    );
+    let (replica, location) = fixture.store(&a, object, MIB);
+    assert_eq!(
+        fixture.directory.probe(a.session, &[object]).unwrap(),
+        vec![ProbeOutcome::Hit {
+            medium: Medium::Cpu,
+            length_bytes: MIB
+        }]
+    );
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, object) else {
+        panic!("miss")
+    };
+    assert_eq!((lease.replica, lease.location), (replica, location));
+    let usage = &fixture.directory.usage()[a.cpu.0 as usize].usage;
+    assert_eq!(
+        (usage.ready_bytes, usage.pinned_bytes, usage.allocated_bytes),
+        (MIB, MIB, MIB)
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .release(a.session, &[lease.lease])
+            .unwrap(),
+        vec![ReleaseOutcome::Released]
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .release(a.session, &[lease.lease])
+            .unwrap(),
+        vec![ReleaseOutcome::Unknown]
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn reserved_replica_is_pending_not_a_hit() {
+    // Invariant 1: READY only after commit.
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 64 * MIB);
+    let object = fixture.object(1);
+    let ReserveOutcome::Granted { .. } = fixture.reserve(&a, object, MIB) else {
+        panic!()
+    };
+    assert_eq!(
+        fixture.directory.probe(a.session, &[object]).unwrap(),
+        vec![ProbeOutcome::Pending]
+    );
+    assert_eq!(fixture.acquire_one(&a, object), AcquireOutcome::Miss);
+    assert_eq!(fixture.reserve(&a, object, MIB), ReserveOutcome::Pending);
+}
+
+#[test]
+fn full_pools_skip_and_existing_hits_stay() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 2 * MIB);
+    fixture.store(&a, fixture.object(1), MIB);
+    fixture.store(&a, fixture.object(2), MIB);
+    assert_eq!(
+        fixture.reserve(&a, fixture.object(3), 1),
+        ReserveOutcome::Skip
+    );
+    assert!(matches!(
+        fixture.acquire_one(&a, fixture.object(1)),
+        AcquireOutcome::Leased(_)
+    ));
+    assert_eq!(
+        fixture.reserve(&a, fixture.object(1), MIB),
+        ReserveOutcome::AlreadyPresent
+    );
+}
+
+#[test]
+fn write_order_fills_cpu_then_cxl() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(2 * MIB);
+    let a = fixture.node("a", MIB);
+    let media: Vec<Medium> = (0..3)
+        .map(
+            |index| match fixture.reserve(&a, fixture.object(index), MIB) {
+                ReserveOutcome::Granted { medium, .. } => medium,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(media, vec![Medium::Cpu, Medium::Cxl, Medium::Cxl]);
+    assert_eq!(
+        fixture.reserve(&a, fixture.object(9), MIB),
+        ReserveOutcome::Skip
+    );
+}
+
+#[test]
+fn private_cpu_replica_is_a_miss_for_another_node_but_cxl_is_shared() {
+    // Invariant 6.
+    let mut fixture = Fixture::new();
+    fixture.cxl(16 * MIB);
+    let a = fixture.node("a", 16 * MIB);
+    let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let outsider = fixture.node_with("c", 16 * MIB, vec![Medium::Cpu], vec![]);
+    let object = fixture.object(1);
+    fixture.store(&a, object, MIB);
+    assert_eq!(
+        fixture.directory.probe(b.session, &[object]).unwrap(),
+        vec![ProbeOutcome::Miss]
+    );
+    assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
+    // B may store its own copy: ALREADY_PRESENT is scoped to what B can read.
+    assert!(matches!(
+        fixture.reserve(&b, object, MIB),
+        ReserveOutcome::Granted { .. }
+    ));
+    let a_cxl = fixture.node_with("a", 16 * MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let shared = fixture.object(2);
+    fixture.store(&a_cxl, shared, MIB);
+    assert!(matches!(
+        fixture.acquire_one(&b, shared),
+        AcquireOutcome::Leased(Lease {
+            medium: Medium::Cxl,
+            ..
+        })
+    ));
+    assert_eq!(fixture.acquire_one(&outsider, shared), AcquireOutcome::Miss);
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn cheapest_replica_is_selected() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(16 * MIB);
+    let reader = fixture.node_with("r", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let object = fixture.object(1);
+    let (cpu_replica, _) = fixture.store(&reader, object, MIB);
+    // The writer cannot read the reader's CPU replica, so it stores its own CXL copy.
+    let writer = fixture.node_with("w", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let (cxl_replica, _) = fixture.store(&writer, object, MIB);
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&reader, object) else {
+        panic!()
+    };
+    assert_eq!(
+        (lease.replica, lease.medium),
+        (cpu_replica, Medium::Cpu),
+        "CPU ranks first in the read order"
+    );
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&writer, object) else {
+        panic!()
+    };
+    assert_eq!((lease.replica, lease.medium), (cxl_replica, Medium::Cxl));
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn commit_is_idempotent_and_late_retries_are_refused() {
+    // Invariant 7.
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    let reserve_op = fixture.operation();
+    let item = ReserveItem {
+        object,
+        length_bytes: MIB,
+    };
+    let grant = fixture
+        .directory
+        .reserve(fixture.now, a.session, reserve_op, item)
+        .unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .reserve(fixture.now, a.session, reserve_op, item),
+        Ok(grant),
+        "retried reserve"
+    );
+    let ReserveOutcome::Granted { replica, pool, .. } = grant else {
+        panic!()
+    };
+    let commit_op = fixture.operation();
+    let location = location(pool, 7, MIB);
+    assert_eq!(
+        fixture
+            .directory
+            .commit(a.session, commit_op, replica, location),
+        Ok(CommitOutcome::Committed)
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .commit(a.session, commit_op, replica, location),
+        Ok(CommitOutcome::Committed)
+    );
+    assert_eq!(
+        fixture.directory.resolve(a.session, a.session, commit_op),
+        Ok(ResolveOutcome::Committed(CommitOutcome::Committed))
+    );
+    fixture
+        .directory
+        .heartbeat(fixture.now, a.session, Some(commit_op))
+        .unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .commit(a.session, commit_op, replica, location),
+        Err(DirectoryError::OperationAcknowledged(commit_op))
+    );
+    assert_eq!(
+        fixture.directory.resolve(a.session, a.session, commit_op),
+        Ok(ResolveOutcome::Unknown)
+    );
+    // A commit with a new operation id for an already committed replica is refused.
+    let again = fixture.operation();
+    assert!(matches!(
+        fixture
+            .directory
+            .commit(a.session, again, replica, location),
+        Err(DirectoryError::NotOwner(_) | DirectoryError::InvalidState { .. })
+    ));
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn resolve_burns_an_unseen_operation() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let lost = fixture.operation();
+    assert_eq!(
+        fixture.directory.resolve(a.session, a.session, lost),
+        Ok(ResolveOutcome::NotApplied)
+    );
+    let item = ReserveItem {
+        object: fixture.object(1),
+        length_bytes: MIB,
+    };
+    assert_eq!(
+        fixture
+            .directory
+            .reserve(fixture.now, a.session, lost, item),
+        Err(DirectoryError::OperationAcknowledged(lost)),
+        "the late original arrives after resolve said NotApplied"
+    );
+    let other = fixture.node("b", MIB);
+    assert_eq!(
+        fixture.directory.resolve(other.session, a.session, lost),
+        Err(DirectoryError::ForeignSession)
+    );
+}
+
+#[test]
+fn new_epoch_fences_the_old_session_and_its_late_commit() {
+    // Invariants 7 and 8.
+    let mut fixture = Fixture::new();
+    let old = fixture.node("a", 16 * MIB);
+    fixture.store(&old, fixture.object(1), MIB);
+    let ReserveOutcome::Granted { replica, pool, .. } =
+        fixture.reserve(&old, fixture.object(2), MIB)
+    else {
+        panic!()
+    };
+    let commit_op = fixture.operation();
+    let restarted = fixture.node("a", 16 * MIB);
+    assert_eq!(restarted.node, old.node);
+    assert_eq!(restarted.cpu, old.cpu, "same pool name, same pool id");
+    assert_eq!(
+        fixture
+            .directory
+            .commit(old.session, commit_op, replica, location(pool, 1, MIB)),
+        Err(DirectoryError::Fenced { epoch: Epoch(1) })
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .resolve(restarted.session, old.session, commit_op),
+        Ok(ResolveOutcome::NotApplied)
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .probe(restarted.session, &[fixture.object(1)])
+            .unwrap(),
+        vec![ProbeOutcome::Miss]
+    );
+    assert_eq!(
+        fixture.directory.usage()[restarted.cpu.0 as usize]
+            .usage
+            .allocated_bytes,
+        0
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn silence_hides_then_fences_and_a_heartbeat_revives_a_suspect() {
+    // Invariant 8: suspect hides but frees nothing; fencing frees.
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    fixture.store(&a, object, MIB);
+    let suspect_at = fixture.now + fixture.directory.config().suspect_after;
+    let report = fixture.directory.tick(suspect_at);
+    assert_eq!(
+        report.transitions,
+        vec![SessionTransition {
+            session: a.session,
+            node: a.node,
+            state: SessionState::Suspect
+        }]
+    );
+    assert_eq!(
+        fixture.directory.probe(a.session, &[object]).unwrap(),
+        vec![ProbeOutcome::Miss],
+        "hidden"
+    );
+    let usage = fixture.directory.usage()[a.cpu.0 as usize].usage;
+    assert_eq!(
+        (usage.allocated_bytes, usage.quarantined_bytes),
+        (MIB, MIB),
+        "not freed"
+    );
+    fixture
+        .directory
+        .heartbeat(suspect_at, a.session, None)
+        .unwrap();
+    assert!(matches!(
+        fixture.directory.probe(a.session, &[object]).unwrap()[0],
+        ProbeOutcome::Hit { .. }
+    ));
+    let fence_at = suspect_at + fixture.directory.config().fence_after;
+    fixture.directory.tick(fence_at);
+    assert_eq!(
+        fixture.directory.session_state(a.session),
+        Some(SessionState::Fenced)
+    );
+    assert_eq!(
+        fixture.directory.usage()[a.cpu.0 as usize]
+            .usage
+            .allocated_bytes,
+        0
+    );
+    assert_eq!(
+        fixture.directory.heartbeat(fence_at, a.session, None),
+        Err(DirectoryError::Fenced { epoch: Epoch(1) })
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
+    // Invariant 4.
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    let (replica, _) = fixture.store(&a, object, MIB);
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, object) else {
+        panic!()
+    };
+    assert_eq!(
+        fixture.directory.retire(Some(a.session), replica),
+        Ok(RetireOutcome::AwaitingReaders { leases: 1 })
+    );
+    assert_eq!(
+        fixture.acquire_one(&a, object),
+        AcquireOutcome::Miss,
+        "retiring blocks new acquires"
+    );
+    assert_eq!(
+        fixture.directory.poll_tasks(a.session, 10).unwrap(),
+        vec![],
+        "no reclaim while read"
+    );
+    assert!(matches!(
+        fixture.directory.reclaim_ack(a.session, replica),
+        Err(DirectoryError::InvalidState { .. })
+    ));
+    assert_eq!(
+        fixture.directory.usage()[a.cpu.0 as usize]
+            .usage
+            .retiring_bytes,
+        MIB
+    );
+    fixture
+        .directory
+        .release(a.session, &[lease.lease])
+        .unwrap();
+    let tasks = fixture.directory.poll_tasks(a.session, 10).unwrap();
+    assert!(
+        matches!(tasks.as_slice(), [Task { kind: TaskKind::Reclaim { replica: r, .. }, .. }] if *r == replica)
+    );
+    assert_eq!(
+        fixture.directory.usage()[a.cpu.0 as usize]
+            .usage
+            .allocated_bytes,
+        MIB,
+        "not free before the ack"
+    );
+    assert_eq!(
+        fixture.directory.reclaim_ack(a.session, replica),
+        Ok(ReclaimOutcome::Freed)
+    );
+    assert_eq!(
+        fixture.directory.reclaim_ack(a.session, replica),
+        Ok(ReclaimOutcome::Unknown),
+        "idempotent"
+    );
+    assert_eq!(
+        fixture.directory.usage()[a.cpu.0 as usize]
+            .usage
+            .allocated_bytes,
+        0
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn stale_replica_and_lease_ids_are_refused() {
+    // Invariant 5, for directory ids (allocation generations are checked by the pools).
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let (replica, _) = fixture.store(&a, fixture.object(1), MIB);
+    fixture.directory.retire(Some(a.session), replica).unwrap();
+    fixture.directory.reclaim_ack(a.session, replica).unwrap();
+    let (reused, _) = fixture.store(&a, fixture.object(2), MIB);
+    assert_ne!(reused, replica, "the reused slot has a new id");
+    assert_eq!(
+        fixture.directory.retire(Some(a.session), replica),
+        Err(DirectoryError::UnknownReplica(replica))
+    );
+    assert_eq!(
+        fixture.directory.replica_state(reused),
+        Some(ReplicaState::Ready)
+    );
+}
+
+#[test]
+fn manifest_is_all_or_nothing() {
+    // Invariant 3, batch form.
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    fixture.store(&a, fixture.object(1), MIB);
+    let objects = [fixture.object(1), fixture.object(2)];
+    let outcomes = fixture
+        .directory
+        .acquire(fixture.now, a.session, &objects, AcquireMode::Manifest)
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![AcquireOutcome::Withheld, AcquireOutcome::Miss]
+    );
+    assert_eq!(fixture.directory.counts().leases, 0);
+    let outcomes = fixture
+        .directory
+        .acquire(fixture.now, a.session, &objects, AcquireMode::Each)
+        .unwrap();
+    assert!(matches!(
+        outcomes.as_slice(),
+        [AcquireOutcome::Leased(_), AcquireOutcome::Miss]
+    ));
+}
+
+#[test]
+fn leases_and_reservations_expire() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    let (replica, _) = fixture.store(&a, object, MIB);
+    fixture.acquire_one(&a, object);
+    fixture.directory.retire(Some(a.session), replica).unwrap();
+    let ReserveOutcome::Granted {
+        replica: reserved, ..
+    } = fixture.reserve(&a, fixture.object(2), MIB)
+    else {
+        panic!()
+    };
+    let later = fixture.now + Duration::from_secs(31);
+    fixture.directory.heartbeat(later, a.session, None).unwrap();
+    let report = fixture.directory.tick(later);
+    assert_eq!((report.expired_leases, report.expired_reservations), (1, 1));
+    assert_eq!(fixture.directory.replica_state(reserved), None);
+    assert_eq!(
+        fixture.directory.poll_tasks(a.session, 10).unwrap().len(),
+        1,
+        "expiry queued the reclaim"
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn bad_input_gets_typed_errors() {
+    let mut fixture = Fixture::with_config(DirectoryConfig {
+        batch_items_max: 2,
+        ..DirectoryConfig::default()
+    });
+    let a = fixture.node("a", 16 * MIB);
+    let foreign = ObjectId {
+        namespace: NamespaceId([9; 16]),
+        ..fixture.object(1)
+    };
+    assert_eq!(
+        fixture.directory.probe(a.session, &[foreign]),
+        Err(DirectoryError::UnknownNamespace)
+    );
+    assert_eq!(
+        fixture.directory.probe(a.session, &[fixture.object(1); 3]),
+        Err(DirectoryError::BatchTooLarge { items: 3, max: 2 })
+    );
+    let operation = fixture.operation();
+    assert_eq!(
+        fixture.directory.reserve(
+            fixture.now,
+            a.session,
+            operation,
+            ReserveItem {
+                object: fixture.object(1),
+                length_bytes: 0
+            }
+        ),
+        Err(DirectoryError::InvalidLength { length_bytes: 0 })
+    );
+    assert_eq!(
+        fixture.directory.probe(SessionId(999), &[]),
+        Err(DirectoryError::UnknownSession)
+    );
+    let bad_pool = PoolSpec {
+        name: "x".into(),
+        medium: Medium::Cpu,
+        scope: Scope::Host(a.node),
+        capacity_bytes: MIB,
+        page_bytes: 3000,
+    };
+    assert!(matches!(
+        fixture.directory.register_pool(Some(a.session), bad_pool),
+        Err(DirectoryError::InvalidPool(_))
+    ));
+    let other_node = PoolSpec {
+        scope: Scope::Host(NodeId(77)),
+        page_bytes: 4096,
+        name: "y".into(),
+        medium: Medium::Cpu,
+        capacity_bytes: MIB,
+    };
+    assert!(matches!(
+        fixture.directory.register_pool(Some(a.session), other_node),
+        Err(DirectoryError::InvalidPool(_))
+    ));
+    let bad_namespace = NamespaceDescriptor {
+        layers: 0,
+        ..descriptor()
+    };
+    assert!(matches!(
+        fixture
+            .directory
+            .register_namespace(a.session, bad_namespace),
+        Err(DirectoryError::InvalidNamespace(_))
+    ));
+}
+
+#[test]
+fn namespace_access_is_enforced() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let request = OpenRequest {
+        namespaces: NamespaceAccess::Models(vec!["mistral".into()]),
+        ..open_request("m", vec![Medium::Cpu], vec![])
+    };
+    let restricted = fixture.directory.open(fixture.now, request).unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .register_namespace(restricted.session, descriptor()),
+        Err(DirectoryError::NamespaceDenied)
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .probe(restricted.session, &[fixture.object(1)]),
+        Err(DirectoryError::NamespaceDenied)
+    );
+    assert!(fixture
+        .directory
+        .probe(a.session, &[fixture.object(1)])
+        .is_ok());
+}
+
+#[test]
+fn bounds_refuse_instead_of_growing() {
+    let config = DirectoryConfig {
+        leases_per_session_max: 1,
+        ledger_entries_per_session_max: 3,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    fixture.store(&a, object, MIB);
+    fixture.acquire_one(&a, object);
+    assert_eq!(
+        fixture
+            .directory
+            .acquire(fixture.now, a.session, &[object], AcquireMode::Each),
+        Err(DirectoryError::Full(Table::SessionLeases))
+    );
+    fixture.reserve(&a, fixture.object(2), MIB);
+    let operation = fixture.operation();
+    assert_eq!(
+        fixture.directory.reserve(
+            fixture.now,
+            a.session,
+            operation,
+            ReserveItem {
+                object: fixture.object(3),
+                length_bytes: MIB
+            }
+        ),
+        Err(DirectoryError::Full(Table::Ledger)),
+        "a full ledger stops admission rather than dropping replay protection"
+    );
+    fixture
+        .directory
+        .heartbeat(
+            fixture.now,
+            a.session,
+            Some(OperationId(fixture.next_operation - 1)),
+        )
+        .unwrap();
+    assert!(fixture
+        .directory
+        .reserve(
+            fixture.now,
+            a.session,
+            operation,
+            ReserveItem {
+                object: fixture.object(3),
+                length_bytes: MIB
+            }
+        )
+        .is_ok());
+}
+
+#[test]
+fn close_requires_drained_session() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let object = fixture.object(1);
+    fixture.store(&a, object, MIB);
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, object) else {
+        panic!()
+    };
+    assert_eq!(
+        fixture.directory.close(a.session),
+        Err(DirectoryError::NotDrained {
+            leases: 1,
+            reservations: 0
+        })
+    );
+    fixture
+        .directory
+        .release(a.session, &[lease.lease])
+        .unwrap();
+    assert_eq!(fixture.directory.close(a.session), Ok(()));
+    assert_eq!(
+        fixture.directory.session_state(a.session),
+        Some(SessionState::Closed)
+    );
+    fixture.directory.check_invariants();
+}
