@@ -7,3 +7,4 @@
 //! and `client` the engine-side API.
 
 pub mod model;
+pub mod wire;
