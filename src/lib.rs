@@ -8,3 +8,4 @@
 
 pub mod directory;
 pub mod model;
+pub mod wire;

@@ -1,0 +1,24 @@
+//! The wire layer: everything that turns messages into bytes on a socket and back.
+//!
+//! It owns the payload codec ([`codec`], the only user of bincode), the versioned frame
+//! format and its async readers and writers ([`frame`]), mutual TLS with the cluster CA
+//! ([`tls`]), QUIC endpoints and session streams ([`quic`]), Unix sockets for local clients
+//! ([`uds`]), a pipelined request/reply client ([`rpc`]) and the boundary's error type
+//! ([`WireError`]). It is generic over the message types: the protocol's request and reply
+//! enums are defined by their users and only need serde.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod quic;
+pub mod rpc;
+pub mod tls;
+pub mod uds;
+
+pub use error::WireError;
+pub use frame::{
+    read_frame, read_raw_frame, write_frame, FrameHeader, RawFrame, FRAME_PAYLOAD_BYTES_MAX,
+    PROTOCOL_VERSION,
+};
+pub use rpc::{RpcClient, RpcConfig};
+pub use tls::TlsError;
