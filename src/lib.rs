@@ -6,4 +6,6 @@
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,
 //! and `client` the engine-side API.
 
+pub mod backends;
+pub mod metrics;
 pub mod model;
