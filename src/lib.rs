@@ -6,6 +6,8 @@
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,
 //! and `client` the engine-side API.
 
+pub mod backends;
 pub mod directory;
+pub mod metrics;
 pub mod model;
 pub mod wire;

@@ -1,0 +1,94 @@
+//! Pool backends: the storage of each tier behind one trait. A backend owns its medium's
+//! bytes and the allocation of its pages; it knows nothing of objects, replicas or leases
+//! (the directory owns those) and enforces only what a location alone can prove: bounds and
+//! generations.
+//!
+//! * `allocator`: the sans-I/O page allocator shared by byte-addressable pools.
+//! * `shared_memory`: the `MAP_SHARED` mapping and on-media header (CPU and CXL pools).
+//! * `cpu`: the host's CPU DRAM pool, a shared mapping plus an allocator.
+//! * `error`: `PoolError`, the one error type of this boundary.
+
+pub mod allocator;
+pub mod cpu;
+pub mod error;
+pub mod shared_memory;
+
+pub use allocator::{Allocation, PageAllocator, PoolUsage};
+pub use cpu::{CpuPool, CpuPoolConfig};
+pub use error::PoolError;
+pub use shared_memory::SharedMemory;
+
+use crate::model::{AllocationId, Generation};
+
+/// The physical medium of a pool; fixes its tier and how it may be shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Medium {
+    /// Host DRAM, shared with the host's local engine processes only.
+    Cpu,
+    /// CXL memory, mapped by every node of a sharing domain.
+    Cxl,
+    /// The node's SSD store (L2).
+    Ssd,
+}
+
+impl Medium {
+    /// Every medium, for pre-declaring metric label values.
+    pub const ALL: [Medium; 3] = [Medium::Cpu, Medium::Cxl, Medium::Ssd];
+
+    /// A stable lowercase name, for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Cpu => "cpu",
+            Medium::Cxl => "cxl",
+            Medium::Ssd => "ssd",
+        }
+    }
+}
+
+/// One pool of one tier. Every method takes `&self` and is safe to call from many threads;
+/// offsets are relative to the pool's data area. The allocation methods keep the
+/// allocator's promises (contiguous, never overlapping, never past capacity, stale
+/// generations refused); the byte methods check bounds only, so a caller first validates
+/// its location with [`PoolBackend::check`] and relies on the directory's lease protocol to
+/// keep the range from being freed while it reads.
+pub trait PoolBackend: Send + Sync {
+    /// The medium this pool stores bytes on.
+    fn medium(&self) -> Medium;
+
+    /// Size of the data area in bytes; constant for the pool's lifetime.
+    fn capacity_bytes(&self) -> u64;
+
+    /// Current usage, consistent at one instant.
+    fn usage(&self) -> PoolUsage;
+
+    /// Reserves a contiguous page-rounded range of at least `length_bytes`; see
+    /// [`PageAllocator::allocate`] for the errors. The new range's content is unspecified
+    /// (zero in a fresh pool, old bytes after reuse): the caller writes all of it it reads.
+    fn allocate(&self, length_bytes: u64) -> Result<Allocation, PoolError>;
+
+    /// Releases an allocation and returns the bytes freed. The caller guarantees no reader
+    /// still uses the range (the directory's reclaim acknowledgement). A repeated free is
+    /// refused with `UnknownAllocation`, a stale one with `StaleGeneration`.
+    fn free(&self, id: AllocationId, generation: Generation) -> Result<u64, PoolError>;
+
+    /// Validates a location (live allocation, current generation, range within its
+    /// requested length) without touching bytes.
+    fn check(
+        &self,
+        id: AllocationId,
+        generation: Generation,
+        offset: u64,
+        length_bytes: u64,
+    ) -> Result<(), PoolError>;
+
+    /// Copies `data` into the pool at `offset`. The caller owns the range: an allocation
+    /// it holds and that no reader reads yet.
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
+
+    /// Copies `buffer.len()` bytes at `offset` out of the pool.
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError>;
+
+    /// A zero-copy view of `length_bytes` at `offset`. The caller keeps the range immutable
+    /// (READY and leased) while the view lives.
+    fn slice(&self, offset: u64, length_bytes: u64) -> Result<&[u8], PoolError>;
+}

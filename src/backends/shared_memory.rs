@@ -1,0 +1,508 @@
+//! A pool's `MAP_SHARED` mapping: the CPU pool (a file under `/dev/shm` that local engine
+//! processes map too) and the CXL pools (a DAX device or a shared file). It owns the
+//! on-media header, the mapping's lifetime and bounds-checked access to the data area; it
+//! knows nothing of allocations (see `allocator`).
+//!
+//! Layout: one pool page of header at offset 0, then `data_bytes` of data. The header
+//! (little-endian) is
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | 0 | magic `KVTIERPL` |
+//! | 8 | layout version (u32), then 4 zero bytes |
+//! | 16 | pool UUID (u128) |
+//! | 32 | data offset in bytes (u64, equal to the page size) |
+//! | 40 | data size in bytes (u64) |
+//! | 48 | page size in bytes (u64) |
+//! | 56 | CRC-32C of bytes 8..56 (u32) |
+//!
+//! The creator writes the magic last, so a reader of a half-written header sees
+//! `WrongMagic` or `CorruptHeader`, never a plausible pool.
+//!
+//! Access contract (the aliasing rule): bytes are copied with `ptr::copy_nonoverlapping`
+//! through raw pointers, so this module never forms a `&mut [u8]` over shared memory. The
+//! page allocator hands each writer a range no other allocation overlaps, a writer writes
+//! only while its replica is RESERVED/WRITING, and readers read only READY replicas, whose
+//! content is immutable (DESIGN invariants 1, 2, 4). Other processes follow the same
+//! protocol. Breaking it yields torn bytes, never an invalid Rust value (`u8` has none).
+
+use super::error::PoolError;
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, Ordering};
+
+/// First bytes of every kvtier pool.
+pub const POOL_MAGIC: [u8; 8] = *b"KVTIERPL";
+
+/// The header layout this build writes and reads. Bump on any change of the table above.
+pub const POOL_LAYOUT_VERSION: u32 = 1;
+
+/// The smallest pool page: the x86-64 and aarch64 base page, so the data area starts on an
+/// OS page boundary (a requirement of `O_DIRECT` and DMA registration).
+pub const POOL_PAGE_BYTES_MIN: u64 = 4096;
+
+/// Bytes of the header that carry fields; the rest of the header page is zero.
+const HEADER_ENCODED_BYTES: usize = 60;
+const MAGIC_RANGE: std::ops::Range<usize> = 0..8;
+const CHECKSUMMED_RANGE: std::ops::Range<usize> = 8..56;
+
+const _: () = assert!(HEADER_ENCODED_BYTES as u64 <= POOL_PAGE_BYTES_MIN);
+const _: () = assert!(POOL_PAGE_BYTES_MIN.is_power_of_two());
+
+/// The fields of a pool header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    pool_uuid: u128,
+    data_bytes: u64,
+    page_bytes: u64,
+}
+
+impl Header {
+    /// The header page doubles as the data offset, so data stays page-aligned.
+    fn data_offset_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    fn encode(&self) -> [u8; HEADER_ENCODED_BYTES] {
+        let mut bytes = [0u8; HEADER_ENCODED_BYTES];
+        bytes[MAGIC_RANGE].copy_from_slice(&POOL_MAGIC);
+        bytes[8..12].copy_from_slice(&POOL_LAYOUT_VERSION.to_le_bytes());
+        bytes[16..32].copy_from_slice(&self.pool_uuid.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.data_offset_bytes().to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.data_bytes.to_le_bytes());
+        bytes[48..56].copy_from_slice(&self.page_bytes.to_le_bytes());
+        let checksum = crc32c::crc32c(&bytes[CHECKSUMMED_RANGE]);
+        bytes[56..60].copy_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes and validates a header read from `path`, in the order that gives the most
+    /// precise error: magic, version, checksum, then field consistency.
+    fn decode(bytes: &[u8; HEADER_ENCODED_BYTES], path: &Path) -> Result<Self, PoolError> {
+        let u64_at = |at: usize| u64::from_le_bytes(field(bytes, at));
+        if bytes[MAGIC_RANGE] != POOL_MAGIC {
+            return Err(PoolError::WrongMagic {
+                path: path.to_owned(),
+            });
+        }
+        let version = u32::from_le_bytes(field(bytes, 8));
+        if version != POOL_LAYOUT_VERSION {
+            return Err(PoolError::IncompatibleLayout {
+                path: path.to_owned(),
+                found: version,
+                expected: POOL_LAYOUT_VERSION,
+            });
+        }
+        let corrupt = |reason| PoolError::CorruptHeader {
+            path: path.to_owned(),
+            reason,
+        };
+        let checksum = u32::from_le_bytes(field(bytes, 56));
+        if checksum != crc32c::crc32c(&bytes[CHECKSUMMED_RANGE]) {
+            return Err(corrupt("checksum mismatch"));
+        }
+        let header = Header {
+            pool_uuid: u128::from_le_bytes(field(bytes, 16)),
+            data_bytes: u64_at(40),
+            page_bytes: u64_at(48),
+        };
+        if validate_geometry(header.data_bytes, header.page_bytes).is_err() {
+            return Err(corrupt("page or data size out of range"));
+        }
+        if u64_at(32) != header.data_offset_bytes() {
+            return Err(corrupt("data offset differs from the page size"));
+        }
+        Ok(header)
+    }
+}
+
+/// The `N` header bytes at `at` (a constant offset inside the encoded header).
+fn field<const N: usize>(bytes: &[u8; HEADER_ENCODED_BYTES], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[at..at + N]);
+    out
+}
+
+/// Checks a pool's geometry and returns its mapped size (header page plus data).
+fn validate_geometry(data_bytes: u64, page_bytes: u64) -> Result<u64, PoolError> {
+    if !page_bytes.is_power_of_two() || page_bytes < POOL_PAGE_BYTES_MIN {
+        return Err(PoolError::InvalidConfig {
+            reason: "page size must be a power of two of at least 4096 bytes",
+        });
+    }
+    if data_bytes == 0 || data_bytes % page_bytes != 0 {
+        return Err(PoolError::InvalidConfig {
+            reason: "data size must be a positive multiple of the page size",
+        });
+    }
+    let total_bytes = data_bytes
+        .checked_add(page_bytes)
+        .filter(|total| usize::try_from(*total).is_ok());
+    total_bytes.ok_or(PoolError::InvalidConfig {
+        reason: "pool does not fit in the address space",
+    })
+}
+
+/// A mapped pool: header verified, data area pre-faulted and shared with every process
+/// that maps the same path. Offsets in every method are relative to the data area.
+///
+/// Thread safety: `SharedMemory` is `Send + Sync` through `memmap2::MmapRaw` (which is both)
+/// and adds no interior state; that is sound because it hands out no `&mut` into the
+/// mapping and every mutation is a raw copy under the access contract of the module doc.
+#[derive(Debug)]
+pub struct SharedMemory {
+    path: PathBuf,
+    header: Header,
+    map: MmapRaw,
+}
+
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SharedMemory>();
+};
+
+impl SharedMemory {
+    /// Creates (or truncates) the regular file at `path`, sizes it to one page of header
+    /// plus `data_bytes`, allocates its storage (so a full `/dev/shm` fails here with `Io`
+    /// instead of a SIGBUS on a later write), maps it `MAP_SHARED`, pre-faults every page
+    /// and writes the header. The data area reads as zero. `page_bytes` must be a power of
+    /// two of at least [`POOL_PAGE_BYTES_MIN`] and divide `data_bytes` (`InvalidConfig`).
+    /// Destroys any previous content at `path`: only the pool's owner calls it, once.
+    pub fn create(
+        path: &Path,
+        data_bytes: u64,
+        pool_uuid: u128,
+        page_bytes: u64,
+    ) -> Result<Self, PoolError> {
+        let total_bytes = validate_geometry(data_bytes, page_bytes)?;
+        let io = |source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io)?;
+        allocate_storage(&file, total_bytes).map_err(io)?;
+        let map = map_populated(&file, total_bytes).map_err(io)?;
+        let header = Header {
+            pool_uuid,
+            data_bytes,
+            page_bytes,
+        };
+        let encoded = header.encode();
+        // SAFETY: the mapping is at least one page (>= HEADER_ENCODED_BYTES) long and lives
+        // in `map`; only the pool's owner creates it, so no one else writes the header. Fields
+        // first, then the magic; the fence only keeps the compiler and CPU from reordering
+        // the two copies; a reader relies on the checksum, not on this order.
+        unsafe {
+            let base = map.as_mut_ptr();
+            let fields = &encoded[MAGIC_RANGE.end..];
+            std::ptr::copy_nonoverlapping(fields.as_ptr(), base.add(MAGIC_RANGE.end), fields.len());
+            fence(Ordering::Release);
+            std::ptr::copy_nonoverlapping(encoded.as_ptr(), base, MAGIC_RANGE.end);
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            header,
+            map,
+        })
+    }
+
+    /// Maps an existing pool at `path` (a file or a DAX device) after verifying its header:
+    /// `WrongMagic` (not a pool), `IncompatibleLayout` (other version), `CorruptHeader`,
+    /// `WrongPool` (UUID differs from `expected_uuid`, when given), `Truncated` (file shorter
+    /// than the header says). Pre-faults the mapping; never writes. Safe to repeat, from any
+    /// number of processes.
+    pub fn open(path: &Path, expected_uuid: Option<u128>) -> Result<Self, PoolError> {
+        let io = |source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
+        let mut bytes = [0u8; HEADER_ENCODED_BYTES];
+        match file.read_exact_at(&mut bytes, 0) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(PoolError::WrongMagic {
+                    path: path.to_owned(),
+                })
+            }
+            Err(error) => return Err(io(error)),
+        }
+        let header = Header::decode(&bytes, path)?;
+        if let Some(expected) = expected_uuid.filter(|uuid| *uuid != header.pool_uuid) {
+            return Err(PoolError::WrongPool {
+                path: path.to_owned(),
+                found: header.pool_uuid,
+                expected,
+            });
+        }
+        // `decode` validated the geometry, so this cannot fail.
+        let total_bytes = validate_geometry(header.data_bytes, header.page_bytes)?;
+        let metadata = file.metadata().map_err(io)?;
+        // A DAX device reports no length; only a regular file can be checked here.
+        if !metadata.file_type().is_char_device() && metadata.len() < total_bytes {
+            return Err(PoolError::Truncated {
+                path: path.to_owned(),
+                file_bytes: metadata.len(),
+                expected_bytes: total_bytes,
+            });
+        }
+        let map = map_populated(&file, total_bytes).map_err(io)?;
+        Ok(Self {
+            path: path.to_owned(),
+            header,
+            map,
+        })
+    }
+
+    /// The file or device this pool is mapped from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The pool UUID from the header.
+    pub fn pool_uuid(&self) -> u128 {
+        self.header.pool_uuid
+    }
+
+    /// Size of the data area (excluding the header page).
+    pub fn data_bytes(&self) -> u64 {
+        self.header.data_bytes
+    }
+
+    /// The pool page size from the header.
+    pub fn page_bytes(&self) -> u64 {
+        self.header.page_bytes
+    }
+
+    /// Copies `data` to `offset..offset + data.len()` of the data area; `OutOfBounds` (and
+    /// nothing written) if the range leaves it. The caller must own the range under the
+    /// module's access contract: an allocation it is writing, that no reader reads yet.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+        let start = self.data_pointer(offset, data.len() as u64)?;
+        // SAFETY: `data_pointer` checked the range lies inside the mapping, which lives as
+        // long as `self`; `data` is process-private memory, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), start, data.len()) };
+        Ok(())
+    }
+
+    /// Copies `offset..offset + buffer.len()` of the data area into `buffer`; `OutOfBounds`
+    /// (and `buffer` untouched) if the range leaves it. The range should be READY content
+    /// (immutable); otherwise the copy may be torn.
+    pub fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError> {
+        let start = self.data_pointer(offset, buffer.len() as u64)?;
+        // SAFETY: as in `write_at`, with source and destination swapped.
+        unsafe { std::ptr::copy_nonoverlapping(start, buffer.as_mut_ptr(), buffer.len()) };
+        Ok(())
+    }
+
+    /// A zero-copy view of `offset..offset + length_bytes` of the data area; `OutOfBounds`
+    /// if the range leaves it. The caller must keep the range immutable while the view
+    /// lives: READY content under a lease, released only after the view is dropped.
+    pub fn slice(&self, offset: u64, length_bytes: u64) -> Result<&[u8], PoolError> {
+        let start = self.data_pointer(offset, length_bytes)?;
+        // SAFETY: the range lies inside the mapping, which outlives the borrow of `self`;
+        // `u8` has no invalid values; immutability for the view's lifetime is the caller's
+        // contract above. `data_pointer` proved `length_bytes` fits in the mapping's usize.
+        Ok(unsafe { std::slice::from_raw_parts(start, length_bytes as usize) })
+    }
+
+    /// The address of data-area `offset`, after checking `offset..offset + length_bytes`
+    /// lies within the data area.
+    fn data_pointer(&self, offset: u64, length_bytes: u64) -> Result<*mut u8, PoolError> {
+        let limit_bytes = self.header.data_bytes;
+        let within = offset
+            .checked_add(length_bytes)
+            .is_some_and(|end| end <= limit_bytes);
+        if !within {
+            return Err(PoolError::OutOfBounds {
+                offset,
+                length_bytes,
+                limit_bytes,
+            });
+        }
+        // The whole mapping fits in usize (checked when mapped), so these casts are exact.
+        let at = (self.header.data_offset_bytes() + offset) as usize;
+        // SAFETY: `at + length_bytes <= mapping length`, so the pointer stays in bounds.
+        Ok(unsafe { self.map.as_mut_ptr().add(at) })
+    }
+}
+
+/// Gives the file `total_bytes` of allocated storage. `fallocate` reserves the pages now;
+/// a file system without it gets a sparse `set_len` (its pages come at first touch).
+fn allocate_storage(file: &File, total_bytes: u64) -> std::io::Result<()> {
+    let length = libc::off_t::try_from(total_bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a plain system call on a descriptor we own; no memory is passed.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, length) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        file.set_len(total_bytes)
+    } else {
+        Err(error)
+    }
+}
+
+/// Maps `total_bytes` of `file` read-write `MAP_SHARED` with `MAP_POPULATE`, so every page
+/// is resident and mapped before the first access (a first touch costs 2–16 µs a page).
+fn map_populated(file: &File, total_bytes: u64) -> std::io::Result<MmapRaw> {
+    let length = usize::try_from(total_bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    MmapOptions::new().len(length).populate().map_raw(file)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// A unique `/dev/shm` path, removed when dropped (also when a test fails).
+    pub(crate) struct ShmPath(pub(crate) PathBuf);
+
+    impl ShmPath {
+        pub(crate) fn new(tag: &str) -> Self {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let sequence = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let name = format!("kvtier-test-{tag}-{}-{sequence}", std::process::id());
+            Self(Path::new("/dev/shm").join(name))
+        }
+    }
+
+    impl Drop for ShmPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    const PAGE: u64 = 4096;
+    const UUID: u128 = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
+
+    #[test]
+    fn create_then_open_shares_bytes() {
+        let path = ShmPath::new("share");
+        let creator = SharedMemory::create(&path.0, 16 * PAGE, UUID, PAGE).unwrap();
+        assert_eq!(std::fs::metadata(&path.0).unwrap().len(), 17 * PAGE);
+        creator.write_at(3 * PAGE + 5, b"prefix kv").unwrap();
+
+        let other = SharedMemory::open(&path.0, Some(UUID)).unwrap();
+        assert_eq!(
+            (other.data_bytes(), other.page_bytes(), other.pool_uuid()),
+            (16 * PAGE, PAGE, UUID)
+        );
+        assert_eq!(other.slice(3 * PAGE + 5, 9).unwrap(), b"prefix kv");
+        other.write_at(16 * PAGE - 2, b"ok").unwrap();
+        let mut buffer = [0u8; 2];
+        creator.read_at(16 * PAGE - 2, &mut buffer).unwrap();
+        assert_eq!(&buffer, b"ok");
+        assert!(creator
+            .slice(0, PAGE)
+            .unwrap()
+            .iter()
+            .all(|byte| *byte == 0));
+        SharedMemory::open(&path.0, None).unwrap();
+    }
+
+    #[test]
+    fn access_outside_the_data_area_is_refused() {
+        let path = ShmPath::new("bounds");
+        let pool = SharedMemory::create(&path.0, 2 * PAGE, UUID, PAGE).unwrap();
+        let mut buffer = [7u8; 4];
+        let rows = [(2 * PAGE - 3, 4u64), (2 * PAGE, 1), (u64::MAX, 4)];
+        for (offset, length) in rows {
+            assert!(matches!(
+                pool.write_at(offset, &buffer),
+                Err(PoolError::OutOfBounds { .. })
+            ));
+            assert!(matches!(
+                pool.read_at(offset, &mut buffer),
+                Err(PoolError::OutOfBounds { .. })
+            ));
+            assert!(matches!(
+                pool.slice(offset, length),
+                Err(PoolError::OutOfBounds { .. })
+            ));
+        }
+        assert_eq!(buffer, [7u8; 4]);
+        assert_eq!(pool.slice(2 * PAGE, 0).unwrap(), b"");
+    }
+
+    #[test]
+    fn invalid_geometry_is_refused() {
+        let path = ShmPath::new("geometry");
+        let rows = [
+            (4 * PAGE, 2048u64),
+            (4 * PAGE, 3 * PAGE),
+            (0, PAGE),
+            (PAGE + 1, PAGE),
+        ];
+        for (data_bytes, page_bytes) in rows {
+            let result = SharedMemory::create(&path.0, data_bytes, UUID, page_bytes);
+            assert!(
+                matches!(result, Err(PoolError::InvalidConfig { .. })),
+                "{result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn open_refuses_what_is_not_this_pool() {
+        let path = ShmPath::new("verify");
+        drop(SharedMemory::create(&path.0, 4 * PAGE, UUID, PAGE).unwrap());
+        assert!(matches!(
+            SharedMemory::open(&path.0, Some(UUID + 1)),
+            Err(PoolError::WrongPool { found: UUID, .. })
+        ));
+
+        let file = OpenOptions::new().write(true).open(&path.0).unwrap();
+        let patch = |offset: u64, bytes: &[u8]| file.write_all_at(bytes, offset).unwrap();
+
+        patch(20, &[0xff]);
+        assert!(matches!(
+            SharedMemory::open(&path.0, None),
+            Err(PoolError::CorruptHeader { .. })
+        ));
+        patch(8, &2u32.to_le_bytes());
+        assert!(matches!(
+            SharedMemory::open(&path.0, None),
+            Err(PoolError::IncompatibleLayout { found: 2, .. })
+        ));
+        patch(0, b"NOTAPOOL");
+        assert!(matches!(
+            SharedMemory::open(&path.0, None),
+            Err(PoolError::WrongMagic { .. })
+        ));
+
+        drop(SharedMemory::create(&path.0, 4 * PAGE, UUID, PAGE).unwrap());
+        file.set_len(3 * PAGE).unwrap();
+        assert!(matches!(
+            SharedMemory::open(&path.0, None),
+            Err(PoolError::Truncated { file_bytes, expected_bytes, .. })
+                if file_bytes == 3 * PAGE && expected_bytes == 5 * PAGE
+        ));
+        file.set_len(10).unwrap();
+        assert!(matches!(
+            SharedMemory::open(&path.0, None),
+            Err(PoolError::WrongMagic { .. })
+        ));
+        let missing = ShmPath::new("missing");
+        assert!(matches!(
+            SharedMemory::open(&missing.0, None),
+            Err(PoolError::Io { .. })
+        ));
+    }
+}

@@ -1,0 +1,606 @@
+//! Prometheus metrics: owns the process's registry, the `kvtier_*` families, their label
+//! vocabularies, and the minimal HTTP exporter that serves them at `GET /metrics`.
+//!
+//! Labels are bounded by construction: operations, states, media and directions are enums;
+//! pools are few and capped by [`POOL_LABELS_MAX`]; error labels are `&'static str` kinds
+//! from the error enums. No object, replica, lease or session id is ever a label.
+//!
+//! Values are pushed by the roles that own them (a pool actor sets its usage, a session
+//! observes each request); nothing here reads a clock: durations arrive measured.
+
+use crate::backends::Medium;
+use crate::model::PoolId;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// Largest request head (request line plus headers) the exporter reads. A scraper sends a
+/// few hundred bytes; 8 KiB is the common web-server default and bounds each connection's
+/// buffer. A longer head gets `431` and the connection is closed.
+pub const REQUEST_HEADER_BYTES_MAX: usize = 8 * 1024;
+
+/// Connections the exporter serves at once. Scrapers are one or two Prometheus servers and
+/// the odd `curl`; 16 leaves room for those while bounding the tasks and buffers a flood of
+/// connections can hold. Beyond it, connections wait in the listen backlog.
+pub const EXPORTER_CONNECTIONS_MAX: usize = 16;
+
+/// Longest a connection may take to send its request and receive the response. Bounds how
+/// long a stalled or malicious client keeps one of [`EXPORTER_CONNECTIONS_MAX`] slots; a
+/// render takes milliseconds, so 10 s is generous for any live scraper.
+pub const CONNECTION_DURATION_MAX: Duration = Duration::from_secs(10);
+
+/// Pause after a failed `accept` (typically `EMFILE`), so the exporter neither spins nor
+/// exits while the condition lasts.
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Distinct pools labelled at once. A cluster has a few pools per node; 1024 covers hundreds
+/// of nodes while bounding the series count if pool ids churn. Pools beyond it are not
+/// exported and counted in `kvtier_metrics_label_drops_total`.
+pub const POOL_LABELS_MAX: usize = 1024;
+
+/// Upper bounds of the request-duration buckets, in seconds: 10 µs (a local probe) to 1 s
+/// (a stalled round trip), 1-2.5-5 steps.
+pub const REQUEST_DURATION_BUCKETS_SECONDS: [f64; 16] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$variant_doc:meta])* $variant:ident => $label:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$variant_doc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, to pre-declare the label so its series exist from the start.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)+
+                }
+            }
+        }
+    };
+}
+
+label_enum!(
+    /// A protocol operation (DESIGN §5), the `op` label.
+    Operation {
+        /// Session open and version negotiation.
+        Open => "open",
+        /// Session liveness.
+        Heartbeat => "heartbeat",
+        /// Drained session close.
+        Close => "close",
+        /// Space reservation for a store.
+        Reserve => "reserve",
+        /// Publication of written bytes (READY).
+        Commit => "commit",
+        /// Resolution of a commit whose result was unknown.
+        Resolve => "resolve",
+        /// Batch lookup without leases.
+        Probe => "probe",
+        /// Batch lookup with leases.
+        Acquire => "acquire",
+        /// Lease release.
+        Release => "release",
+        /// Start of a replica's retirement.
+        Retire => "retire",
+        /// Owner's acknowledgement that storage was reclaimed.
+        ReclaimAck => "reclaim_ack",
+        /// Usage report.
+        Usage => "usage",
+        /// Task fetch by a node.
+        PollTasks => "poll_tasks",
+        /// Task completion by a node.
+        CompleteTask => "complete_task",
+    }
+);
+
+label_enum!(
+    /// A slice of a pool's usage (DESIGN §3), the `state` label of `kvtier_pool_bytes`.
+    /// READY and RETIRING are parts of ALLOCATED, never added to it.
+    PoolByteState {
+        /// Reserved for a store, not yet written.
+        Reserved => "reserved",
+        /// Held by allocations, whatever their replica state.
+        Allocated => "allocated",
+        /// Held by READY replicas.
+        Ready => "ready",
+        /// Held by RETIRING replicas awaiting reclaim.
+        Retiring => "retiring",
+        /// Held by replicas of fenced or suspect sessions, not yet reclaimable.
+        Quarantined => "quarantined",
+        /// Held by leased replicas.
+        Pinned => "pinned",
+    }
+);
+
+label_enum!(
+    /// A session's liveness (DESIGN §3), the `state` label of `kvtier_sessions`.
+    SessionState {
+        /// Heartbeats arrive.
+        Live => "live",
+        /// Heartbeats are late; its replicas are hidden.
+        Suspect => "suspect",
+        /// Superseded by a newer epoch.
+        Fenced => "fenced",
+    }
+);
+
+label_enum!(
+    /// Why bytes moved, the `direction` label of `kvtier_bytes_moved_total`.
+    Direction {
+        /// Engine to pool (a store).
+        Store => "store",
+        /// Pool to engine (a load).
+        Load => "load",
+        /// Pool to a pool of another domain (replication).
+        Replicate => "replicate",
+        /// One tier colder (eviction by demotion).
+        Demote => "demote",
+        /// From SSD back to an L1 pool.
+        Restore => "restore",
+    }
+);
+
+/// The process's metrics. Every method takes `&self` and is safe from many threads; share
+/// it as `Arc<Metrics>`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pool_capacity_bytes: IntGaugeVec,
+    pool_bytes: IntGaugeVec,
+    requests_total: IntCounterVec,
+    request_errors_total: IntCounterVec,
+    request_duration_seconds: HistogramVec,
+    leases: IntGauge,
+    sessions: IntGaugeVec,
+    bytes_moved_total: IntCounterVec,
+    label_drops_total: IntCounter,
+    /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
+    pools: Mutex<BTreeMap<PoolId, Medium>>,
+}
+
+impl Metrics {
+    /// Registers every family in a fresh registry and pre-declares the enum-labelled series
+    /// at zero, so rates exist from the first scrape. Errors only if a family definition is
+    /// invalid (a bug caught by the tests).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let metrics = Self {
+            pool_capacity_bytes: IntGaugeVec::new(
+                Opts::new("kvtier_pool_capacity_bytes", "Size of a pool's data area."),
+                &["pool", "medium"],
+            )?,
+            pool_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "kvtier_pool_bytes",
+                    "Bytes of a pool by usage state; ready and retiring are parts of allocated.",
+                ),
+                &["pool", "state"],
+            )?,
+            requests_total: IntCounterVec::new(
+                Opts::new("kvtier_requests_total", "Requests handled, by operation."),
+                &["op"],
+            )?,
+            request_errors_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_request_errors_total",
+                    "Requests that failed, by operation and error kind.",
+                ),
+                &["op", "error"],
+            )?,
+            request_duration_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "kvtier_request_duration_seconds",
+                    "Request handling time, by operation.",
+                )
+                .buckets(REQUEST_DURATION_BUCKETS_SECONDS.to_vec()),
+                &["op"],
+            )?,
+            leases: IntGauge::new("kvtier_leases", "Read leases currently held.")?,
+            sessions: IntGaugeVec::new(
+                Opts::new("kvtier_sessions", "Sessions, by liveness state."),
+                &["state"],
+            )?,
+            bytes_moved_total: IntCounterVec::new(
+                Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
+                &["direction"],
+            )?,
+            label_drops_total: IntCounter::new(
+                "kvtier_metrics_label_drops_total",
+                "Updates not exported because a label bound was reached.",
+            )?,
+            registry,
+            pools: Mutex::new(BTreeMap::new()),
+        };
+        metrics.register_all()?;
+        for op in Operation::ALL {
+            metrics.requests_total.with_label_values(&[op.as_str()]);
+            metrics
+                .request_duration_seconds
+                .with_label_values(&[op.as_str()]);
+        }
+        for state in SessionState::ALL {
+            metrics.sessions.with_label_values(&[state.as_str()]);
+        }
+        for direction in Direction::ALL {
+            metrics
+                .bytes_moved_total
+                .with_label_values(&[direction.as_str()]);
+        }
+        Ok(metrics)
+    }
+
+    fn register_all(&self) -> Result<(), prometheus::Error> {
+        self.registry
+            .register(Box::new(self.pool_capacity_bytes.clone()))?;
+        self.registry.register(Box::new(self.pool_bytes.clone()))?;
+        self.registry
+            .register(Box::new(self.requests_total.clone()))?;
+        self.registry
+            .register(Box::new(self.request_errors_total.clone()))?;
+        self.registry
+            .register(Box::new(self.request_duration_seconds.clone()))?;
+        self.registry.register(Box::new(self.leases.clone()))?;
+        self.registry.register(Box::new(self.sessions.clone()))?;
+        self.registry
+            .register(Box::new(self.bytes_moved_total.clone()))?;
+        self.registry
+            .register(Box::new(self.label_drops_total.clone()))
+    }
+
+    /// Declares (or updates) a pool and its capacity, and its usage states at zero. Past
+    /// [`POOL_LABELS_MAX`] pools the update is dropped and counted. Safe to repeat.
+    pub fn set_pool_capacity(&self, pool: PoolId, medium: Medium, capacity_bytes: u64) {
+        // Held across the series updates so a concurrent `remove_pool` cannot interleave.
+        let mut pools = self.pools();
+        if !pools.contains_key(&pool) && pools.len() >= POOL_LABELS_MAX {
+            self.label_drops_total.inc();
+            return;
+        }
+        let pool_label = pool.to_string();
+        if let Some(previous) = pools.insert(pool, medium).filter(|m| *m != medium) {
+            let _ = self
+                .pool_capacity_bytes
+                .remove_label_values(&[pool_label.as_str(), previous.as_str()]);
+        }
+        self.pool_capacity_bytes
+            .with_label_values(&[pool_label.as_str(), medium.as_str()])
+            .set(saturating_i64(capacity_bytes));
+        for state in PoolByteState::ALL {
+            self.pool_bytes
+                .with_label_values(&[pool_label.as_str(), state.as_str()]);
+        }
+    }
+
+    /// Sets one usage state of a pool declared by [`Metrics::set_pool_capacity`]; an
+    /// undeclared pool's update is dropped and counted (so the pool bound holds).
+    pub fn set_pool_bytes(&self, pool: PoolId, state: PoolByteState, bytes: u64) {
+        let pools = self.pools();
+        if !pools.contains_key(&pool) {
+            self.label_drops_total.inc();
+            return;
+        }
+        self.pool_bytes
+            .with_label_values(&[pool.to_string().as_str(), state.as_str()])
+            .set(saturating_i64(bytes));
+    }
+
+    /// Removes every series of a pool (it was unregistered), freeing its label slot.
+    /// Removing an unknown pool does nothing.
+    pub fn remove_pool(&self, pool: PoolId) {
+        let mut pools = self.pools();
+        let Some(medium) = pools.remove(&pool) else {
+            return;
+        };
+        let pool_label = pool.to_string();
+        let _ = self
+            .pool_capacity_bytes
+            .remove_label_values(&[pool_label.as_str(), medium.as_str()]);
+        for state in PoolByteState::ALL {
+            let _ = self
+                .pool_bytes
+                .remove_label_values(&[pool_label.as_str(), state.as_str()]);
+        }
+    }
+
+    /// Records one handled request: counts it, observes its duration, and counts its error
+    /// kind when it failed. `error` must be a fixed kind name (an error enum's variant,
+    /// `snake_case`), never text built from data.
+    pub fn observe_request(&self, op: Operation, duration: Duration, error: Option<&'static str>) {
+        self.requests_total.with_label_values(&[op.as_str()]).inc();
+        self.request_duration_seconds
+            .with_label_values(&[op.as_str()])
+            .observe(duration.as_secs_f64());
+        if let Some(error) = error {
+            self.request_errors_total
+                .with_label_values(&[op.as_str(), error])
+                .inc();
+        }
+    }
+
+    /// Sets the number of read leases held now.
+    pub fn set_leases(&self, lease_count: u64) {
+        self.leases.set(saturating_i64(lease_count));
+    }
+
+    /// Sets the number of sessions in one liveness state.
+    pub fn set_sessions(&self, state: SessionState, session_count: u64) {
+        self.sessions
+            .with_label_values(&[state.as_str()])
+            .set(saturating_i64(session_count));
+    }
+
+    /// Adds bytes copied for one reason.
+    pub fn add_bytes_moved(&self, direction: Direction, bytes: u64) {
+        self.bytes_moved_total
+            .with_label_values(&[direction.as_str()])
+            .inc_by(bytes);
+    }
+
+    /// Every family in the Prometheus text format (version 0.0.4). Encoding fails only on
+    /// a malformed family (a bug); then the error is logged and the text so far returned,
+    /// so a scrape still sees the rest.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(error) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text) {
+            tracing::error!(%error, "metrics encoding failed");
+        }
+        text
+    }
+
+    /// The labelled pools. A poisoned lock still holds a consistent map (every update
+    /// of it is one `insert` or `remove`), so it is used as is.
+    fn pools(&self) -> MutexGuard<'_, BTreeMap<PoolId, Medium>> {
+        self.pools.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Serves `GET /metrics` on `listener` until the returned future is dropped (which also
+/// ends every open connection). One request per connection (`Connection: close`); any other
+/// method or path gets `404`, a head over [`REQUEST_HEADER_BYTES_MAX`] gets `431`. At most
+/// [`EXPORTER_CONNECTIONS_MAX`] connections are served at once, each for at most
+/// [`CONNECTION_DURATION_MAX`]. Accept errors are logged and retried, never fatal.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= EXPORTER_CONNECTIONS_MAX {
+            connections.join_next().await;
+            continue;
+        }
+        match listener.accept().await {
+            Ok((stream, _peer)) => {
+                let metrics = Arc::clone(&metrics);
+                connections.spawn(async move {
+                    let served = tokio::time::timeout(
+                        CONNECTION_DURATION_MAX,
+                        serve_connection(stream, &metrics),
+                    );
+                    if let Ok(Err(error)) = served.await {
+                        tracing::debug!(%error, "metrics connection failed");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "metrics exporter accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Reads one request head, answers it, closes.
+async fn serve_connection(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    let Some(head) = read_request_head(&mut stream).await? else {
+        return Ok(());
+    };
+    let response = match head {
+        RequestHead::Complete(bytes) if is_metrics_request(&bytes) => {
+            response("200 OK", prometheus::TEXT_FORMAT, &metrics.render())
+        }
+        RequestHead::Complete(_) => response("404 Not Found", "text/plain", "not found\n"),
+        RequestHead::TooLarge => response(
+            "431 Request Header Fields Too Large",
+            "text/plain",
+            "request header too large\n",
+        ),
+    };
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// What arrived before the blank line that ends a request head.
+enum RequestHead {
+    /// The head, up to and excluding the blank line.
+    Complete(Vec<u8>),
+    /// More than [`REQUEST_HEADER_BYTES_MAX`] bytes without a blank line.
+    TooLarge,
+}
+
+/// Reads until `\r\n\r\n` (included in the bound, excluded from the head); `None` if the
+/// peer closed first. Reads at most one chunk past the bound.
+async fn read_request_head(stream: &mut TcpStream) -> std::io::Result<Option<RequestHead>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let read_bytes = stream.read(&mut chunk).await?;
+        if read_bytes == 0 {
+            return Ok(None);
+        }
+        // Resume the search three bytes back, in case the terminator straddles chunks.
+        let search_from = head.len().saturating_sub(3);
+        head.extend_from_slice(&chunk[..read_bytes]);
+        let end = find(&head[search_from..], b"\r\n\r\n").map(|at| search_from + at);
+        match end {
+            Some(end) if end + 4 <= REQUEST_HEADER_BYTES_MAX => {
+                head.truncate(end);
+                return Ok(Some(RequestHead::Complete(head)));
+            }
+            Some(_) => return Ok(Some(RequestHead::TooLarge)),
+            None if head.len() >= REQUEST_HEADER_BYTES_MAX => {
+                return Ok(Some(RequestHead::TooLarge))
+            }
+            None => {}
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+/// `GET /metrics` (with or without a query string) in the request line.
+fn is_metrics_request(head: &[u8]) -> bool {
+    let request_line = head.split(|byte| *byte == b'\n').next().unwrap_or_default();
+    let mut parts = request_line.split(|byte| *byte == b' ');
+    let method = parts.next();
+    let path = parts
+        .next()
+        .and_then(|target| target.split(|byte| *byte == b'?').next());
+    method == Some(b"GET".as_slice()) && path == Some(b"/metrics".as_slice())
+}
+
+fn response(status: &str, content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpStream;
+
+    fn populated() -> Metrics {
+        let metrics = Metrics::new().unwrap();
+        metrics.set_pool_capacity(PoolId(1), Medium::Cpu, 1 << 30);
+        metrics.set_pool_bytes(PoolId(1), PoolByteState::Ready, 4096);
+        metrics.observe_request(Operation::Acquire, Duration::from_micros(30), None);
+        metrics.observe_request(Operation::Reserve, Duration::from_millis(2), Some("full"));
+        metrics.set_leases(3);
+        metrics.set_sessions(SessionState::Live, 2);
+        metrics.add_bytes_moved(Direction::Store, 1 << 20);
+        metrics
+    }
+
+    const FAMILIES: [&str; 8] = [
+        "kvtier_pool_capacity_bytes{medium=\"cpu\",pool=\"1\"} 1073741824",
+        "kvtier_pool_bytes{pool=\"1\",state=\"ready\"} 4096",
+        "kvtier_requests_total{op=\"acquire\"} 1",
+        "kvtier_request_errors_total{error=\"full\",op=\"reserve\"} 1",
+        "kvtier_request_duration_seconds_bucket{op=\"acquire\",le=\"0.00005\"} 1",
+        "kvtier_leases 3",
+        "kvtier_sessions{state=\"live\"} 2",
+        "kvtier_bytes_moved_total{direction=\"store\"} 1048576",
+    ];
+
+    #[test]
+    fn render_shows_every_family_and_predeclared_labels() {
+        let text = populated().render();
+        for line in FAMILIES {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+        // Pre-declared at zero.
+        assert!(text.contains("kvtier_requests_total{op=\"poll_tasks\"} 0"));
+        assert!(text.contains("kvtier_pool_bytes{pool=\"1\",state=\"quarantined\"} 0"));
+        assert!(text.contains("kvtier_bytes_moved_total{direction=\"restore\"} 0"));
+    }
+
+    #[test]
+    fn pool_labels_are_bounded_and_removable() {
+        let metrics = Metrics::new().unwrap();
+        for pool in 0..POOL_LABELS_MAX as u32 + 5 {
+            metrics.set_pool_capacity(PoolId(pool), Medium::Cxl, 4096);
+        }
+        metrics.set_pool_bytes(PoolId(u32::MAX), PoolByteState::Pinned, 1);
+        assert_eq!(metrics.label_drops_total.get(), 6);
+        metrics.remove_pool(PoolId(0));
+        metrics.set_pool_capacity(PoolId(u32::MAX), Medium::Ssd, 8192);
+        let text = metrics.render();
+        assert!(!text.contains("pool=\"0\""));
+        assert!(
+            text.contains("kvtier_pool_capacity_bytes{medium=\"ssd\",pool=\"4294967295\"} 8192")
+        );
+    }
+
+    async fn exchange(address: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.unwrap();
+        String::from_utf8(reply).unwrap()
+    }
+
+    #[tokio::test]
+    async fn exporter_serves_metrics_and_refuses_the_rest() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Arc::new(populated())));
+
+        let reply = exchange(address, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(reply.contains("Content-Type: text/plain; version=0.0.4\r\n"));
+        for line in FAMILIES {
+            assert!(reply.contains(line), "missing {line}");
+        }
+        let reply = exchange(address, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").await;
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"));
+
+        for request in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"POST /metrics HTTP/1.1\r\n\r\n",
+            b"\r\n\r\n",
+        ] {
+            let reply = exchange(address, request).await;
+            assert!(reply.starts_with("HTTP/1.1 404 Not Found\r\n"), "{reply}");
+        }
+        let mut oversized = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+        oversized.resize(REQUEST_HEADER_BYTES_MAX + 100, b'a');
+        oversized.extend_from_slice(b"\r\n\r\n");
+        let reply = exchange(address, &oversized).await;
+        assert!(reply.starts_with("HTTP/1.1 431 "), "{reply}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn exporter_bounds_concurrent_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new().unwrap())));
+        let mut idle = Vec::new();
+        for _ in 0..EXPORTER_CONNECTIONS_MAX {
+            idle.push(TcpStream::connect(address).await.unwrap());
+        }
+        let waiting = tokio::spawn(exchange(address, b"GET /metrics HTTP/1.1\r\n\r\n"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "served past the connection bound");
+        drop(idle.pop());
+        let reply = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"));
+        server.abort();
+    }
+}
