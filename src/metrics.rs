@@ -8,7 +8,7 @@
 //! Values are pushed by the roles that own them (a pool actor sets its usage, a session
 //! observes each request); nothing here reads a clock: durations arrive measured.
 
-use crate::backends::Medium;
+use crate::model::Medium;
 use crate::model::PoolId;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -275,10 +275,10 @@ impl Metrics {
         if let Some(previous) = pools.insert(pool, medium).filter(|m| *m != medium) {
             let _ = self
                 .pool_capacity_bytes
-                .remove_label_values(&[pool_label.as_str(), previous.as_str()]);
+                .remove_label_values(&[pool_label.as_str(), previous.name()]);
         }
         self.pool_capacity_bytes
-            .with_label_values(&[pool_label.as_str(), medium.as_str()])
+            .with_label_values(&[pool_label.as_str(), medium.name()])
             .set(saturating_i64(capacity_bytes));
         for state in PoolByteState::ALL {
             self.pool_bytes
@@ -309,7 +309,7 @@ impl Metrics {
         let pool_label = pool.to_string();
         let _ = self
             .pool_capacity_bytes
-            .remove_label_values(&[pool_label.as_str(), medium.as_str()]);
+            .remove_label_values(&[pool_label.as_str(), medium.name()]);
         for state in PoolByteState::ALL {
             let _ = self
                 .pool_bytes

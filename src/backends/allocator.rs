@@ -37,7 +37,7 @@ pub struct Allocation {
 
 /// A pool's usage at one instant, in bytes. `allocated_bytes + free_bytes == capacity_bytes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolUsage {
+pub struct AllocatorUsage {
     /// Size of the data area.
     pub capacity_bytes: u64,
     /// Bytes held by live allocations (page-rounded).
@@ -143,12 +143,12 @@ impl PageAllocator {
     }
 
     /// Current usage; `O(log n)`.
-    pub fn usage(&self) -> PoolUsage {
+    pub fn usage(&self) -> AllocatorUsage {
         let largest_free_run_pages = self
             .free_by_page_count
             .last()
             .map_or(0, |(page_count, _)| *page_count);
-        PoolUsage {
+        AllocatorUsage {
             capacity_bytes: self.capacity_bytes(),
             allocated_bytes: self.allocated_pages * self.page_bytes,
             free_bytes: self.free_pages * self.page_bytes,

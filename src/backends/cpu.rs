@@ -2,10 +2,11 @@
 //! engine processes map read-write to copy bytes themselves) plus the [`PageAllocator`]
 //! that decides which pages hold what. Only the node allocates; clients receive locations.
 
-use super::allocator::{Allocation, PageAllocator, PoolUsage};
+use super::allocator::{Allocation, PageAllocator, AllocatorUsage};
 use super::error::PoolError;
 use super::shared_memory::SharedMemory;
-use super::{Medium, PoolBackend};
+use super::PoolBackend;
+use crate::model::Medium;
 use crate::model::{AllocationId, Generation};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -86,7 +87,7 @@ impl PoolBackend for CpuPool {
         self.memory.data_bytes()
     }
 
-    fn usage(&self) -> PoolUsage {
+    fn usage(&self) -> AllocatorUsage {
         self.allocator().usage()
     }
 

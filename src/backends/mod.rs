@@ -13,37 +13,12 @@ pub mod cpu;
 pub mod error;
 pub mod shared_memory;
 
-pub use allocator::{Allocation, PageAllocator, PoolUsage};
+pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use cpu::{CpuPool, CpuPoolConfig};
 pub use error::PoolError;
 pub use shared_memory::SharedMemory;
 
-use crate::model::{AllocationId, Generation};
-
-/// The physical medium of a pool; fixes its tier and how it may be shared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Medium {
-    /// Host DRAM, shared with the host's local engine processes only.
-    Cpu,
-    /// CXL memory, mapped by every node of a sharing domain.
-    Cxl,
-    /// The node's SSD store (L2).
-    Ssd,
-}
-
-impl Medium {
-    /// Every medium, for pre-declaring metric label values.
-    pub const ALL: [Medium; 3] = [Medium::Cpu, Medium::Cxl, Medium::Ssd];
-
-    /// A stable lowercase name, for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Medium::Cpu => "cpu",
-            Medium::Cxl => "cxl",
-            Medium::Ssd => "ssd",
-        }
-    }
-}
+use crate::model::{AllocationId, Generation, Medium};
 
 /// One pool of one tier. Every method takes `&self` and is safe to call from many threads;
 /// offsets are relative to the pool's data area. The allocation methods keep the
@@ -59,7 +34,7 @@ pub trait PoolBackend: Send + Sync {
     fn capacity_bytes(&self) -> u64;
 
     /// Current usage, consistent at one instant.
-    fn usage(&self) -> PoolUsage;
+    fn usage(&self) -> AllocatorUsage;
 
     /// Reserves a contiguous page-rounded range of at least `length_bytes`; see
     /// [`PageAllocator::allocate`] for the errors. The new range's content is unspecified

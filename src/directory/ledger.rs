@@ -100,7 +100,7 @@ impl Ledger {
     }
 
     /// Unacknowledged entries held.
-    pub fn len(&self) -> usize {
+    pub fn entry_count(&self) -> usize {
         self.entries.len()
     }
 }
@@ -123,7 +123,7 @@ mod tests {
         assert_eq!(ledger.check(OperationId(3)), LedgerCheck::Full);
         ledger.acknowledge(OperationId(1));
         assert_eq!(ledger.check(first), LedgerCheck::Acknowledged);
-        assert_eq!(ledger.len(), 1);
+        assert_eq!(ledger.entry_count(), 1);
         assert_eq!(ledger.check(OperationId(3)), LedgerCheck::New);
         ledger.acknowledge(OperationId(0));
         assert!(

@@ -1171,7 +1171,7 @@ impl Directory {
 fn permits(access: &NamespaceAccess, descriptor: &NamespaceDescriptor) -> bool {
     match access {
         NamespaceAccess::Any => true,
-        NamespaceAccess::Models(models) => models.iter().any(|model| *model == descriptor.model),
+        NamespaceAccess::Models(models) => models.contains(&descriptor.model),
     }
 }
 

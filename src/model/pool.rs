@@ -15,6 +15,9 @@ pub enum Medium {
 }
 
 impl Medium {
+    /// Every medium, for pre-declaring metric label values.
+    pub const ALL: [Medium; 3] = [Medium::Cpu, Medium::Cxl, Medium::Ssd];
+
     /// The lower-case name used in configuration and metrics labels.
     pub fn name(self) -> &'static str {
         match self {
