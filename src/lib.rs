@@ -7,6 +7,7 @@
 //! and `client` the engine-side API.
 
 pub mod backends;
+pub mod bench;
 pub mod directory;
 pub mod metrics;
 pub mod model;

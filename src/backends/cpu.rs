@@ -2,7 +2,7 @@
 //! engine processes map read-write to copy bytes themselves) plus the [`PageAllocator`]
 //! that decides which pages hold what. Only the node allocates; clients receive locations.
 
-use super::allocator::{Allocation, PageAllocator, AllocatorUsage};
+use super::allocator::{Allocation, AllocatorUsage, PageAllocator};
 use super::error::PoolError;
 use super::shared_memory::SharedMemory;
 use super::PoolBackend;

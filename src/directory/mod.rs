@@ -89,7 +89,7 @@ pub struct Directory {
     pool_ids: HashMap<(Scope, String), PoolId>,
     nodes: Vec<NodeRecord>,
     node_ids: HashMap<String, NodeId>,
-    sessions: HashMap<SessionId, Session>,
+    sessions: HashMap<SessionId, Session, foldhash::fast::RandomState>,
     /// Fenced or closed sessions kept for `resolve`, oldest first.
     retired_sessions: VecDeque<SessionId>,
     next_session: u64,
@@ -111,7 +111,7 @@ impl Directory {
             pool_ids: HashMap::new(),
             nodes: Vec::new(),
             node_ids: HashMap::new(),
-            sessions: HashMap::new(),
+            sessions: HashMap::default(),
             retired_sessions: VecDeque::new(),
             next_session: 1,
             next_task: 1,
@@ -427,20 +427,30 @@ impl Directory {
         Ok(())
     }
 
-    /// Whether `session` (of `node`) can map `pool` and the pool's replicas are visible:
-    /// a host pool only to its own node while the owner session is live; a domain pool to
-    /// every node of the domain.
-    fn can_read(&self, session: &Session, pool: PoolId) -> bool {
-        let record = &self.pools[pool.0 as usize];
-        match record.spec.scope {
-            Scope::Host(owner) => {
-                owner == session.node
-                    && record
-                        .owner_session
-                        .and_then(|owner_session| self.sessions.get(&owner_session))
-                        .is_some_and(|owner_session| owner_session.state == SessionState::Live)
-            }
-            Scope::Domain(domain) => session.domains.contains(&domain),
+    /// What `session` can read, pool by pool: a host pool only by its own node while the
+    /// owner session is live; a domain pool by every node of the domain. Computed once per
+    /// request, so per-object checks are an array index.
+    fn read_view(&self, session: &Session) -> ReadView {
+        ReadView {
+            ranks: self
+                .pools
+                .iter()
+                .map(|record| {
+                    let readable = match record.spec.scope {
+                        Scope::Host(owner) => {
+                            owner == session.node
+                                && record
+                                    .owner_session
+                                    .and_then(|owner_session| self.sessions.get(&owner_session))
+                                    .is_some_and(|owner_session| {
+                                        owner_session.state == SessionState::Live
+                                    })
+                        }
+                        Scope::Domain(domain) => session.domains.contains(&domain),
+                    };
+                    readable.then(|| session.read_rank(record.spec.medium))
+                })
+                .collect(),
         }
     }
 
@@ -527,9 +537,10 @@ impl Directory {
 
     /// `AlreadyPresent` or `Pending` when the session can already read the object.
     fn existing_for(&self, session: &Session, object: &ObjectId) -> Option<ReserveOutcome> {
+        let view = self.read_view(session);
         let mut pending = false;
         for (_, replica) in self.replicas.of_object(object) {
-            if !self.can_read(session, replica.pool) {
+            if view.rank(replica.pool).is_none() {
                 continue;
             }
             match replica.state {
@@ -695,20 +706,20 @@ impl Directory {
         self.check_batch(objects.len())?;
         let session = self.open_session(session_id)?;
         self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
+        let view = self.read_view(session);
         Ok(objects
             .iter()
             .map(|object| {
                 let mut pending = false;
                 let mut best: Option<(usize, Medium, u64)> = None;
                 for (_, replica) in self.replicas.of_object(object) {
-                    if !self.can_read(session, replica.pool) {
+                    let Some(rank) = view.rank(replica.pool) else {
                         continue;
-                    }
+                    };
                     match replica.state {
                         ReplicaState::Ready => {
-                            let medium = self.pools[replica.pool.0 as usize].spec.medium;
-                            let rank = session.read_rank(medium);
                             if best.is_none_or(|(best_rank, ..)| rank < best_rank) {
+                                let medium = self.pools[replica.pool.0 as usize].spec.medium;
                                 best = Some((rank, medium, replica.length_bytes));
                             }
                         }
@@ -729,16 +740,13 @@ impl Directory {
     }
 
     /// The cheapest READY replica of `object` the session can map.
-    fn select_replica(&self, session: &Session, object: &ObjectId) -> Option<ReplicaId> {
+    fn select_replica(&self, view: &ReadView, object: &ObjectId) -> Option<ReplicaId> {
         self.replicas
             .of_object(object)
-            .filter(|(_, replica)| {
-                replica.state == ReplicaState::Ready && self.can_read(session, replica.pool)
-            })
-            .min_by_key(|(_, replica)| {
-                session.read_rank(self.pools[replica.pool.0 as usize].spec.medium)
-            })
-            .map(|(id, _)| id)
+            .filter(|(_, replica)| replica.state == ReplicaState::Ready)
+            .filter_map(|(id, replica)| view.rank(replica.pool).map(|rank| (rank, id)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, id)| id)
     }
 
     /// Leases, for each object in order, the cheapest READY replica the requester can map.
@@ -754,9 +762,10 @@ impl Directory {
         self.check_batch(objects.len())?;
         let session = self.open_session(session_id)?;
         self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
+        let view = self.read_view(session);
         let selected: Vec<Option<ReplicaId>> = objects
             .iter()
-            .map(|object| self.select_replica(session, object))
+            .map(|object| self.select_replica(&view, object))
             .collect();
         let found = selected.iter().flatten().count() as u32;
         if mode == AcquireMode::Manifest && (found as usize) < objects.len() {
@@ -1164,6 +1173,18 @@ impl Directory {
         self.pools
             .iter()
             .any(|record| record.spec.scope == Scope::Domain(domain))
+    }
+}
+
+/// A requester's read rank per pool (`None`: it cannot map the pool or the pool's
+/// replicas are hidden).
+struct ReadView {
+    ranks: Vec<Option<usize>>,
+}
+
+impl ReadView {
+    fn rank(&self, pool: PoolId) -> Option<usize> {
+        self.ranks.get(pool.0 as usize).copied().flatten()
     }
 }
 

@@ -1,0 +1,270 @@
+//! `kvtier bench directory --in-process`: the directory core's throughput at 100k and 10M
+//! objects on one core (probe, acquire+release, reserve+commit) and its memory per object,
+//! against the limit of a bare hash index over the same keys measured in the same run.
+
+use super::{resident_bytes, SplitMix};
+use crate::directory::{
+    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, NamespaceAccess,
+    OpenRequest, ReserveItem, ReserveOutcome,
+};
+use crate::model::{
+    AllocationId, Generation, KvDtype, Location, Medium, NamespaceDescriptor, NodeId, ObjectId,
+    OperationId, PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
+};
+use anyhow::{bail, Context};
+use serde::Serialize;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Objects per batched probe or acquire in the in-process run.
+pub const IN_PROCESS_BATCH: usize = 64;
+/// Operations between ledger acknowledgements, as a node's heartbeat would send them.
+const ACKNOWLEDGE_EVERY: u64 = 4096;
+/// Length of each benchmark object: a 256 KiB KV chunk.
+const OBJECT_BYTES: u64 = 256 << 10;
+
+/// The figures at one directory size.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeReport {
+    pub objects: u64,
+    pub reserve_commit_per_s: f64,
+    pub probe_keys_per_s: f64,
+    pub acquire_release_per_s: f64,
+    /// Lookups per second of a bare `hashbrown` map from object id to a u32 over the same keys.
+    pub bare_index_lookups_per_s: f64,
+    /// `probe_keys_per_s / bare_index_lookups_per_s`.
+    pub probe_ratio_to_bare_index: f64,
+    /// Resident-memory growth while filling, per object.
+    pub bytes_per_object: f64,
+    /// Bytes the replica table's arrays hold, per object (the structural part of the above).
+    pub table_bytes_per_object: f64,
+}
+
+/// The benchmark's output; the top-level figures are those of the largest size.
+#[derive(Clone, Debug, Serialize)]
+pub struct InProcessReport {
+    pub probe_keys_per_s: f64,
+    pub acquire_release_per_s: f64,
+    pub reserve_commit_per_s: f64,
+    pub bytes_per_object: f64,
+    pub sizes: Vec<SizeReport>,
+}
+
+fn namespace() -> NamespaceDescriptor {
+    NamespaceDescriptor {
+        model: "bench".into(),
+        revision: "1".into(),
+        adapter: None,
+        kv_dtype: KvDtype::BFloat16,
+        quantization: None,
+        layers: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        block_tokens: 16,
+        format_version: 1,
+        chunk_tokens: 256,
+        tensor_parallel: 1,
+        pipeline_parallel: 1,
+    }
+}
+
+/// `count` distinct object ids of one namespace, from a fixed seed.
+pub fn object_ids(
+    namespace: &NamespaceDescriptor,
+    count: u64,
+    seed: u64,
+) -> anyhow::Result<Vec<ObjectId>> {
+    let namespace = namespace.id().context("benchmark namespace")?;
+    let mut rng = SplitMix(seed);
+    Ok((0..count)
+        .map(|_| {
+            let mut prefix = [0u8; 16];
+            prefix[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+            prefix[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
+            ObjectId {
+                namespace,
+                prefix: PrefixDigest(prefix),
+                shard: 0,
+                part: 0,
+            }
+        })
+        .collect())
+}
+
+fn per_second(count: u64, started: Instant) -> f64 {
+    count as f64 / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// Runs the in-process benchmark at each size in `sizes`.
+pub fn run_in_process(sizes: &[u64], seed: u64, progress: bool) -> anyhow::Result<InProcessReport> {
+    let mut reports = Vec::new();
+    for &objects in sizes {
+        if progress {
+            eprintln!("directory bench: {objects} objects ...");
+        }
+        reports.push(run_size(objects, seed)?);
+    }
+    let Some(largest) = reports.iter().max_by_key(|report| report.objects).cloned() else {
+        bail!("no sizes given");
+    };
+    Ok(InProcessReport {
+        probe_keys_per_s: largest.probe_keys_per_s,
+        acquire_release_per_s: largest.acquire_release_per_s,
+        reserve_commit_per_s: largest.reserve_commit_per_s,
+        bytes_per_object: largest.bytes_per_object,
+        sizes: reports,
+    })
+}
+
+fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
+    let descriptor = namespace();
+    let ids = object_ids(&descriptor, objects, seed)?;
+    let lookups: Vec<u32> = {
+        let mut rng = SplitMix(seed ^ 0x5eed);
+        (0..objects.min(2_000_000))
+            .map(|_| rng.below(objects) as u32)
+            .collect()
+    };
+    let config = DirectoryConfig {
+        replicas_max: u32::try_from(objects + 1024).unwrap_or(u32::MAX),
+        ..DirectoryConfig::default()
+    };
+    let resident_before = resident_bytes();
+    let mut directory = Directory::new(config);
+    let now = Timestamp::ZERO;
+    let open = directory.open(
+        now,
+        OpenRequest {
+            node_name: "bench".into(),
+            write_order: vec![Medium::Cpu],
+            read_order: vec![Medium::Cpu],
+            domains: vec![],
+            namespaces: NamespaceAccess::Any,
+        },
+    )?;
+    let session = open.session;
+    let pool = directory.register_pool(
+        Some(session),
+        PoolSpec {
+            name: "bench-cpu".into(),
+            medium: Medium::Cpu,
+            scope: Scope::Host(NodeId(open.node.0)),
+            capacity_bytes: objects.saturating_add(1024) * OBJECT_BYTES,
+            page_bytes: 4096,
+        },
+    )?;
+    directory.register_namespace(session, descriptor)?;
+
+    let started = Instant::now();
+    let mut operation = 0u64;
+    for (index, object) in ids.iter().enumerate() {
+        operation += 1;
+        let grant = directory.reserve(
+            now,
+            session,
+            OperationId(operation),
+            ReserveItem {
+                object: *object,
+                length_bytes: OBJECT_BYTES,
+            },
+        )?;
+        let ReserveOutcome::Granted { replica, .. } = grant else {
+            bail!("reserve of object {index} was not granted: {grant:?}");
+        };
+        operation += 1;
+        let location = Location {
+            pool,
+            allocation: AllocationId(index as u64),
+            generation: Generation(1),
+            offset_bytes: index as u64 * OBJECT_BYTES,
+            length_bytes: OBJECT_BYTES,
+        };
+        if directory.commit(session, OperationId(operation), replica, location)?
+            != CommitOutcome::Committed
+        {
+            bail!("commit of object {index} did not publish");
+        }
+        if operation % ACKNOWLEDGE_EVERY == 0 {
+            directory.heartbeat(now, session, Some(OperationId(operation)))?;
+        }
+    }
+    let reserve_commit_per_s = per_second(objects, started);
+    directory.heartbeat(now, session, Some(OperationId(operation)))?;
+    let resident_after = resident_bytes();
+    let bytes_per_object = resident_after.saturating_sub(resident_before) as f64 / objects as f64;
+    let table_bytes_per_object = directory.replica_memory_bytes() as f64 / objects as f64;
+
+    let probe_keys_per_s = measure_probe(&directory, session, &ids, &lookups)?;
+    let acquire_release_per_s = measure_acquire_release(&mut directory, session, &ids, &lookups)?;
+    drop(directory);
+    let bare_index_lookups_per_s = measure_bare_index(&ids, &lookups);
+    Ok(SizeReport {
+        objects,
+        reserve_commit_per_s,
+        probe_keys_per_s,
+        acquire_release_per_s,
+        bare_index_lookups_per_s,
+        probe_ratio_to_bare_index: probe_keys_per_s / bare_index_lookups_per_s,
+        bytes_per_object,
+        table_bytes_per_object,
+    })
+}
+
+fn measure_probe(
+    directory: &Directory,
+    session: SessionId,
+    ids: &[ObjectId],
+    lookups: &[u32],
+) -> anyhow::Result<f64> {
+    let mut batch = Vec::with_capacity(IN_PROCESS_BATCH);
+    let started = Instant::now();
+    for chunk in lookups.chunks(IN_PROCESS_BATCH) {
+        batch.clear();
+        batch.extend(chunk.iter().map(|&index| ids[index as usize]));
+        black_box(directory.probe(session, &batch)?);
+    }
+    Ok(per_second(lookups.len() as u64, started))
+}
+
+fn measure_acquire_release(
+    directory: &mut Directory,
+    session: SessionId,
+    ids: &[ObjectId],
+    lookups: &[u32],
+) -> anyhow::Result<f64> {
+    let mut batch = Vec::with_capacity(IN_PROCESS_BATCH);
+    let mut leases = Vec::with_capacity(IN_PROCESS_BATCH);
+    let count = lookups.len().min(1_000_000);
+    let started = Instant::now();
+    for chunk in lookups[..count].chunks(IN_PROCESS_BATCH) {
+        batch.clear();
+        batch.extend(chunk.iter().map(|&index| ids[index as usize]));
+        leases.clear();
+        for outcome in directory.acquire(Timestamp::ZERO, session, &batch, AcquireMode::Each)? {
+            match outcome {
+                AcquireOutcome::Leased(lease) => leases.push(lease.lease),
+                other => bail!("a stored object was not leased: {other:?}"),
+            }
+        }
+        black_box(directory.release(session, &leases)?);
+    }
+    Ok(per_second(count as u64, started))
+}
+
+fn measure_bare_index(ids: &[ObjectId], lookups: &[u32]) -> f64 {
+    let mut index: hashbrown::HashMap<ObjectId, u32, foldhash::fast::FixedState> =
+        hashbrown::HashMap::with_capacity_and_hasher(
+            ids.len(),
+            foldhash::fast::FixedState::with_seed(1),
+        );
+    for (position, id) in ids.iter().enumerate() {
+        index.insert(*id, position as u32);
+    }
+    let started = Instant::now();
+    let mut found = 0u64;
+    for &lookup in lookups {
+        found += u64::from(index.get(&ids[lookup as usize]).is_some());
+    }
+    black_box(found);
+    per_second(lookups.len() as u64, started)
+}
