@@ -7,8 +7,11 @@
 //! and `client` the engine-side API.
 
 pub mod backends;
+pub mod actors;
 pub mod bench;
+pub mod config;
 pub mod directory;
 pub mod metrics;
 pub mod model;
+pub mod process;
 pub mod wire;

@@ -54,7 +54,7 @@ pub enum DirectoryError {
     /// The pool description is unusable (zero capacity, page size not a power of two,
     /// a host pool for another node, an unknown domain...).
     #[error("invalid pool: {0}")]
-    InvalidPool(&'static str),
+    InvalidPool(String),
     /// The replica id names no live replica: it was freed, or its slot was reused.
     #[error("unknown or stale replica {0:?}")]
     UnknownReplica(ReplicaId),
@@ -65,8 +65,8 @@ pub enum DirectoryError {
     #[error("replica {replica:?} is {state}, operation needs {needed}")]
     InvalidState {
         replica: ReplicaId,
-        state: &'static str,
-        needed: &'static str,
+        state: String,
+        needed: String,
     },
     /// The committed location does not match the reservation (pool, or length).
     #[error("location does not match the reservation of {0:?}")]

@@ -137,7 +137,7 @@ impl Directory {
         request: OpenRequest,
     ) -> Result<OpenReply, DirectoryError> {
         if request.node_name.is_empty() || request.node_name.len() > NAME_BYTES_MAX {
-            return Err(DirectoryError::InvalidPool("node name empty or too long"));
+            return Err(DirectoryError::InvalidPool("node name empty or too long".into()));
         }
         let open_sessions = self
             .sessions
@@ -321,27 +321,23 @@ impl Directory {
         spec: PoolSpec,
     ) -> Result<PoolId, DirectoryError> {
         if spec.capacity_bytes == 0 {
-            return Err(DirectoryError::InvalidPool("zero capacity"));
+            return Err(DirectoryError::InvalidPool("zero capacity".into()));
         }
         if !spec.page_bytes.is_power_of_two() || spec.page_bytes > spec.capacity_bytes {
-            return Err(DirectoryError::InvalidPool(
-                "page size must be a power of two within capacity",
-            ));
+            return Err(DirectoryError::InvalidPool("page size must be a power of two within capacity".into()));
         }
         if spec.name.is_empty() || spec.name.len() > NAME_BYTES_MAX {
-            return Err(DirectoryError::InvalidPool("pool name empty or too long"));
+            return Err(DirectoryError::InvalidPool("pool name empty or too long".into()));
         }
         match (session, spec.scope) {
             (Some(session), Scope::Host(node)) => {
                 if self.open_session(session)?.node != node {
-                    return Err(DirectoryError::InvalidPool("host pool of another node"));
+                    return Err(DirectoryError::InvalidPool("host pool of another node".into()));
                 }
             }
             (None, Scope::Domain(_)) => {}
             _ => {
-                return Err(DirectoryError::InvalidPool(
-                    "host pools come from their node, shared pools from the directory",
-                ))
+                return Err(DirectoryError::InvalidPool("host pools come from their node, shared pools from the directory".into()))
             }
         }
         let key = (spec.scope, spec.name.clone());
@@ -353,9 +349,7 @@ impl Directory {
                 if record.spec == spec && record.owner_session == session {
                     return Ok(pool);
                 }
-                return Err(DirectoryError::InvalidPool(
-                    "pool already registered and in use",
-                ));
+                return Err(DirectoryError::InvalidPool("pool already registered and in use".into()));
             }
             *record = PoolRecord::new(spec, session);
             return Ok(pool);
@@ -600,8 +594,8 @@ impl Directory {
         if replica.state != ReplicaState::Reserved {
             return Err(DirectoryError::InvalidState {
                 replica: replica_id,
-                state: replica.state.name(),
-                needed: "reserved",
+                state: replica.state.name().into(),
+                needed: "reserved".into(),
             });
         }
         let pool = &self.pools[replica.pool.0 as usize];
@@ -900,8 +894,8 @@ impl Directory {
         if replica.state != ReplicaState::Ready {
             return Err(DirectoryError::InvalidState {
                 replica: replica_id,
-                state: replica.state.name(),
-                needed: "ready",
+                state: replica.state.name().into(),
+                needed: "ready".into(),
             });
         }
         let (pool, bytes, leases) = (replica.pool, replica.allocated_bytes, replica.lease_count);
@@ -965,8 +959,8 @@ impl Directory {
         if replica.state != ReplicaState::Retiring || replica.lease_count > 0 {
             return Err(DirectoryError::InvalidState {
                 replica: replica_id,
-                state: replica.state.name(),
-                needed: "retiring without leases",
+                state: replica.state.name().into(),
+                needed: "retiring without leases".into(),
             });
         }
         self.free_replica(replica_id);
@@ -1149,6 +1143,15 @@ impl Directory {
     /// A session's state, if the directory still remembers it.
     pub fn session_state(&self, session: SessionId) -> Option<SessionState> {
         self.sessions.get(&session).map(|record| record.state)
+    }
+
+    /// The node name of a session, if the directory still remembers the session.
+    pub fn session_node_name(&self, session: SessionId) -> Option<&str> {
+        let node = self.sessions.get(&session)?.node;
+        self.node_ids
+            .iter()
+            .find(|(_, id)| **id == node)
+            .map(|(name, _)| name.as_str())
     }
 
     /// A replica's state, if it is live.

@@ -66,10 +66,10 @@ pub struct NamespaceDescriptor {
 pub enum NamespaceError {
     /// A required field is empty or zero; the engine must send a complete descriptor.
     #[error("namespace field `{field}` is missing or zero")]
-    Missing { field: &'static str },
+    Missing { field: String },
     /// A text field is longer than [`NAMESPACE_TEXT_BYTES_MAX`].
     #[error("namespace field `{field}` is longer than {NAMESPACE_TEXT_BYTES_MAX} bytes")]
-    TooLong { field: &'static str },
+    TooLong { field: String },
     /// The storage format version is not one this build supports.
     #[error("storage format version {version} is not supported")]
     UnsupportedFormat { version: u32 },
@@ -140,7 +140,7 @@ impl NamespaceDescriptor {
     fn validate(&self) -> Result<(), NamespaceError> {
         for (field, text) in [("model", &self.model), ("revision", &self.revision)] {
             if text.is_empty() {
-                return Err(NamespaceError::Missing { field });
+                return Err(NamespaceError::Missing { field: field.into() });
             }
         }
         for (field, text) in [
@@ -150,7 +150,7 @@ impl NamespaceDescriptor {
             ("quantization", self.quantization.as_ref()),
         ] {
             if text.is_some_and(|text| text.len() > NAMESPACE_TEXT_BYTES_MAX) {
-                return Err(NamespaceError::TooLong { field });
+                return Err(NamespaceError::TooLong { field: field.into() });
             }
         }
         for (field, number) in [
@@ -163,7 +163,7 @@ impl NamespaceDescriptor {
             ("pipeline_parallel", self.pipeline_parallel),
         ] {
             if number == 0 {
-                return Err(NamespaceError::Missing { field });
+                return Err(NamespaceError::Missing { field: field.into() });
             }
         }
         if !SUPPORTED_FORMAT_VERSIONS.contains(&self.format_version) {
@@ -285,14 +285,14 @@ mod tests {
                     model: String::new(),
                     ..llama()
                 },
-                NamespaceError::Missing { field: "model" },
+                NamespaceError::Missing { field: "model".into() },
             ),
             (
                 NamespaceDescriptor {
                     layers: 0,
                     ..llama()
                 },
-                NamespaceError::Missing { field: "layers" },
+                NamespaceError::Missing { field: "layers".into() },
             ),
             (
                 NamespaceDescriptor {
@@ -316,7 +316,7 @@ mod tests {
                     adapter: Some("a".repeat(300)),
                     ..llama()
                 },
-                NamespaceError::TooLong { field: "adapter" },
+                NamespaceError::TooLong { field: "adapter".into() },
             ),
         ];
         for (descriptor, expected) in cases {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The physical medium behind a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Medium {
     /// Host DRAM in a shared mapping.
     Cpu,

@@ -1,0 +1,64 @@
+//! The `PoolActor`: one per pool. It owns the pool backend and is the only place pages are
+//! allocated and freed; engines copy bytes through their own mappings.
+
+use crate::backends::{Allocation, PoolBackend, PoolError};
+use crate::model::{AllocationId, Generation};
+use actix::prelude::*;
+
+/// Allocation requests queued for one pool.
+pub const MAILBOX_CAPACITY: usize = 4096;
+
+/// Allocates `length_bytes` of contiguous pages.
+pub struct Allocate {
+    pub length_bytes: u64,
+}
+
+impl Message for Allocate {
+    type Result = Result<Allocation, PoolError>;
+}
+
+/// Frees an allocation; its generation moves on, so old locations are refused.
+pub struct Free {
+    pub allocation: AllocationId,
+    pub generation: Generation,
+}
+
+impl Message for Free {
+    type Result = Result<u64, PoolError>;
+}
+
+/// One pool. See the module documentation.
+pub struct PoolActor {
+    backend: Box<dyn PoolBackend>,
+}
+
+impl PoolActor {
+    /// An actor owning `backend`.
+    pub fn new(backend: Box<dyn PoolBackend>) -> PoolActor {
+        PoolActor { backend }
+    }
+}
+
+impl Actor for PoolActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        context.set_mailbox_capacity(MAILBOX_CAPACITY);
+    }
+}
+
+impl Handler<Allocate> for PoolActor {
+    type Result = Result<Allocation, PoolError>;
+
+    fn handle(&mut self, message: Allocate, _: &mut Context<Self>) -> Self::Result {
+        self.backend.allocate(message.length_bytes)
+    }
+}
+
+impl Handler<Free> for PoolActor {
+    type Result = Result<u64, PoolError>;
+
+    fn handle(&mut self, message: Free, _: &mut Context<Self>) -> Self::Result {
+        self.backend.free(message.allocation, message.generation)
+    }
+}

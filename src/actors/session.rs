@@ -1,0 +1,155 @@
+//! The `SessionActor`: one per node connection to the directory. It decodes frames,
+//! negotiates the protocol, binds the connection to a session at `Open` (or `Resume`),
+//! forwards requests to the directory actor and writes the replies. A frame it cannot
+//! decode gets a typed error reply; a frame that breaks the stream closes the connection
+//! with a reason, and every other connection keeps being served.
+
+use super::directory::{Call, DirectoryActor};
+use super::frames::{frame_stream, spawn_writer, REPLIES_QUEUED_MAX};
+use crate::model::SessionId;
+use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS};
+use crate::wire::{codec, RawFrame, WireError};
+use actix::prelude::*;
+use tokio::sync::mpsc;
+
+/// Requests of one connection being processed at once; more get `Busy`.
+pub const INFLIGHT_REQUESTS_MAX: usize = REPLIES_QUEUED_MAX;
+
+/// Close code sent when the peer broke the framing.
+const CLOSE_PROTOCOL_ERROR: u32 = 1;
+
+/// Where a connection is in its handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    AwaitingHello,
+    Ready,
+}
+
+/// One node connection. See the module documentation.
+pub struct SessionActor {
+    directory: Addr<DirectoryActor>,
+    connection: quinn::Connection,
+    peer: String,
+    replies: mpsc::Sender<(u64, DirectoryReply)>,
+    receiver: Option<quinn::RecvStream>,
+    phase: Phase,
+    session: Option<SessionId>,
+    inflight: usize,
+}
+
+impl SessionActor {
+    /// A session actor for an accepted connection whose certificate names `peer`.
+    pub fn new(
+        directory: Addr<DirectoryActor>,
+        connection: quinn::Connection,
+        peer: String,
+        streams: (quinn::SendStream, quinn::RecvStream),
+    ) -> SessionActor {
+        let (sender, receiver) = streams;
+        SessionActor {
+            directory,
+            connection,
+            peer,
+            replies: spawn_writer(sender),
+            receiver: Some(receiver),
+            phase: Phase::AwaitingHello,
+            session: None,
+            inflight: 0,
+        }
+    }
+
+    fn reply(&mut self, request_id: u64, reply: DirectoryReply, context: &mut Context<Self>) {
+        if self.replies.try_send((request_id, reply)).is_err() {
+            tracing::warn!(peer = %self.peer, "reply queue full or closed; closing the connection");
+            context.stop();
+        }
+    }
+
+    fn hello(&mut self, request_id: u64, peer_hello: &Hello, context: &mut Context<Self>) {
+        match Hello::ours().negotiate(peer_hello) {
+            Some(agreed) => {
+                self.phase = Phase::Ready;
+                self.reply(request_id, DirectoryReply::Hello(agreed), context);
+            }
+            None => {
+                let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                self.reply(request_id, DirectoryReply::Error(error), context);
+                context.stop();
+            }
+        }
+    }
+
+    fn forward(&mut self, request_id: u64, request: DirectoryRequest, context: &mut Context<Self>) {
+        if self.inflight >= INFLIGHT_REQUESTS_MAX {
+            self.reply(request_id, DirectoryReply::Error(ProtocolError::Busy), context);
+            return;
+        }
+        self.inflight += 1;
+        let call = Call { peer: self.peer.clone(), session: self.session, request };
+        self.directory
+            .send(call)
+            .into_actor(self)
+            .map(move |result, actor, context| {
+                actor.inflight -= 1;
+                let reply = result.unwrap_or_else(|_| DirectoryReply::Error(ProtocolError::Busy));
+                match &reply {
+                    DirectoryReply::Opened(opened) => actor.session = Some(opened.session),
+                    DirectoryReply::Resumed(session) => actor.session = Some(*session),
+                    _ => {}
+                }
+                actor.reply(request_id, reply, context);
+            })
+            .spawn(context);
+    }
+}
+
+impl Actor for SessionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        if let Some(receiver) = self.receiver.take() {
+            context.add_stream(frame_stream(receiver));
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        tracing::debug!(peer = %self.peer, session = ?self.session, "node connection ended");
+    }
+}
+
+impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
+    fn handle(&mut self, frame: Result<RawFrame, WireError>, context: &mut Context<Self>) {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(WireError::UnknownVersion { request_id, .. }) => {
+                let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                return self.reply(request_id, DirectoryReply::Error(error), context);
+            }
+            Err(error) => {
+                tracing::warn!(peer = %self.peer, %error, "closing a connection that broke the framing");
+                self.connection.close(quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR), error.to_string().as_bytes());
+                return context.stop();
+            }
+        };
+        let request_id = frame.header.request_id;
+        let request: DirectoryRequest = match codec::decode(&frame.payload) {
+            Ok(request) => request,
+            Err(error) => {
+                let reply = DirectoryReply::Error(ProtocolError::Malformed(error.to_string()));
+                return self.reply(request_id, reply, context);
+            }
+        };
+        match (self.phase, request) {
+            (Phase::AwaitingHello, DirectoryRequest::Hello(hello)) => self.hello(request_id, &hello, context),
+            (Phase::AwaitingHello, _) => {
+                let error = ProtocolError::Sequence("the first frame must be hello".into());
+                self.reply(request_id, DirectoryReply::Error(error), context);
+            }
+            (Phase::Ready, request) => self.forward(request_id, request, context),
+        }
+    }
+
+    fn finished(&mut self, context: &mut Context<Self>) {
+        context.stop();
+    }
+}

@@ -1,0 +1,155 @@
+//! `cluster.toml`: one file describes the whole cluster (the directory, every node, the
+//! sharing domains), so every process of a deployment reads the same file. Any value can be
+//! overridden by an environment variable `KVTIER_<SECTION>__<KEY>`, e.g.
+//! `KVTIER_DIRECTORY__LISTEN=0.0.0.0:7400`. Relative paths are relative to the file.
+
+use crate::directory::{DirectoryConfig, NamespaceAccess};
+use crate::model::{DomainId, Medium};
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole cluster's configuration.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ClusterConfig {
+    pub directory: DirectorySection,
+    #[serde(default)]
+    pub nodes: Vec<NodeSection>,
+}
+
+/// The directory process.
+#[derive(Clone, Debug, Deserialize)]
+pub struct DirectorySection {
+    /// Certificate name of the directory (its cert is `<certs>/<name>.pem`).
+    #[serde(default = "default_directory_name")]
+    pub name: String,
+    /// QUIC address nodes connect to.
+    pub listen: SocketAddr,
+    /// Prometheus exporter address; none to disable.
+    pub metrics: Option<SocketAddr>,
+    /// Folder of the cluster CA and certificates (`kvtier certs init`).
+    pub certs: PathBuf,
+    /// How often the directory advances time (lease expiry, heartbeat suspicion).
+    #[serde(default = "default_tick_interval_ms")]
+    pub tick_interval_ms: u64,
+    /// Limits and timings of the directory core.
+    #[serde(default)]
+    pub limits: DirectoryConfig,
+}
+
+/// One node (one per host).
+#[derive(Clone, Debug, Deserialize)]
+pub struct NodeSection {
+    pub name: String,
+    /// Unix socket local engines connect to.
+    pub socket: PathBuf,
+    /// Prometheus exporter address; none to disable.
+    pub metrics: Option<SocketAddr>,
+    /// Local UDP address for the QUIC connection to the directory.
+    #[serde(default = "default_bind")]
+    pub bind: SocketAddr,
+    pub cpu_pool: CpuPoolSection,
+    /// Store placement order over media.
+    #[serde(default = "default_order")]
+    pub write_order: Vec<Medium>,
+    /// Read preference over media, cheapest first.
+    #[serde(default = "default_order")]
+    pub read_order: Vec<Medium>,
+    /// Sharing domains (CXL) this node maps.
+    #[serde(default)]
+    pub domains: Vec<u32>,
+    /// Models this node may cache; absent means every model.
+    pub models: Option<Vec<String>>,
+}
+
+/// The node's CPU DRAM pool.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CpuPoolSection {
+    /// The shared-memory file (under `/dev/shm`) that local engines map too.
+    pub path: PathBuf,
+    pub capacity_bytes: u64,
+    #[serde(default = "default_page_bytes")]
+    pub page_bytes: u64,
+}
+
+fn default_directory_name() -> String {
+    "directory".into()
+}
+fn default_tick_interval_ms() -> u64 {
+    50
+}
+fn default_bind() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 0))
+}
+fn default_order() -> Vec<Medium> {
+    vec![Medium::Cpu, Medium::Cxl]
+}
+fn default_page_bytes() -> u64 {
+    64 << 10
+}
+
+impl ClusterConfig {
+    /// Reads `path` with `KVTIER_` environment overrides and resolves relative paths.
+    pub fn load(path: &Path) -> anyhow::Result<ClusterConfig> {
+        let mut loaded: ClusterConfig = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(config::Environment::with_prefix("KVTIER").separator("__").try_parsing(true))
+            .build()
+            .with_context(|| format!("reading {}", path.display()))?
+            .try_deserialize()
+            .with_context(|| format!("parsing {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        loaded.directory.certs = base.join(&loaded.directory.certs);
+        for node in &mut loaded.nodes {
+            node.socket = base.join(&node.socket);
+        }
+        loaded.validate()?;
+        Ok(loaded)
+    }
+
+    /// Checks what serde cannot: unique names, non-empty pools, a sane tick.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut names = std::collections::HashSet::new();
+        for node in &self.nodes {
+            if !names.insert(node.name.as_str()) || node.name == self.directory.name {
+                bail!("node name `{}` is used twice", node.name);
+            }
+            if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
+                bail!("node `{}`: the CPU pool needs a capacity and a power-of-two page size", node.name);
+            }
+        }
+        if self.directory.tick_interval_ms == 0 {
+            bail!("directory.tick_interval_ms must be positive");
+        }
+        Ok(())
+    }
+
+    /// The node section named `name`.
+    pub fn node(&self, name: &str) -> anyhow::Result<&NodeSection> {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .with_context(|| format!("no node named `{name}` in the configuration"))
+    }
+}
+
+impl DirectorySection {
+    /// The tick interval as a duration.
+    pub fn tick_interval(&self) -> Duration {
+        Duration::from_millis(self.tick_interval_ms)
+    }
+}
+
+impl NodeSection {
+    /// What the directory grants this node, from the operator's configuration.
+    pub fn access(&self) -> (Vec<DomainId>, NamespaceAccess) {
+        let domains = self.domains.iter().map(|domain| DomainId(*domain)).collect();
+        let namespaces = match &self.models {
+            None => NamespaceAccess::Any,
+            Some(models) => NamespaceAccess::Models(models.clone()),
+        };
+        (domains, namespaces)
+    }
+}

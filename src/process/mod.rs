@@ -1,0 +1,28 @@
+//! Process entry points: what `kvtier directory` and `kvtier node` run. They build the
+//! actors, bind the sockets, accept connections and shut down cleanly on a signal.
+
+pub mod directory;
+pub mod node;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Serves `/metrics` on `address` in the background, when configured.
+pub async fn serve_metrics(address: Option<SocketAddr>, metrics: Arc<crate::metrics::Metrics>) -> anyhow::Result<()> {
+    if let Some(address) = address {
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        tracing::info!(address = %listener.local_addr()?, "serving /metrics");
+        actix_rt::spawn(crate::metrics::serve(listener, metrics));
+    }
+    Ok(())
+}
+
+/// Resolves when the process receives SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! `kvtier node`: creates the host's CPU pool, opens a session with the directory (a new
+//! epoch), registers the pool, and serves local engines on a Unix socket until a signal.
+//! On exit it closes its session and removes its socket and pool file.
+
+use super::{serve_metrics, shutdown_signal};
+use crate::actors::client_session::{ClientSessionActor, NodeServices};
+use crate::actors::link::{DirectoryAddress, DirectoryLink};
+use crate::actors::node::{NodeActor, NodeExit};
+use crate::actors::pool::PoolActor;
+use crate::backends::{CpuPool, CpuPoolConfig};
+use crate::config::{ClusterConfig, NodeSection};
+use crate::metrics::Metrics;
+use crate::model::{Medium, PoolSpec, Scope};
+use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
+use crate::wire::uds::{self, SocketMode};
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a starting node keeps trying to reach the directory.
+const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
+/// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
+const ALLOCATIONS_MAX: u32 = 1 << 22;
+
+/// A fresh 128-bit id for a pool incarnation (unique, not secret).
+pub fn fresh_uuid() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |time| time.as_nanos()));
+    hasher.write_u32(std::process::id());
+    let high = hasher.finish();
+    hasher.write_u64(high);
+    (u128::from(high) << 64) | u128::from(hasher.finish())
+}
+
+/// Runs node `name` until SIGINT, SIGTERM or fencing. Must run inside an actix `System`.
+pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
+    let section = config.node(name)?.clone();
+    let target = DirectoryAddress {
+        address: config.directory.listen,
+        server_name: config.directory.name.clone(),
+        certs: config.directory.certs.clone(),
+        node_name: section.name.clone(),
+        bind: section.bind,
+    };
+    let pool = create_cpu_pool(&section)?;
+    let link = Arc::new(open_link(target, &section).await?);
+    tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
+    let spec = PoolSpec {
+        name: format!("{}-cpu", section.name),
+        medium: Medium::Cpu,
+        scope: Scope::Host(link.node),
+        capacity_bytes: section.cpu_pool.capacity_bytes,
+        page_bytes: section.cpu_pool.page_bytes,
+    };
+    let pool_id = match link.call(DirectoryRequest::RegisterPool(spec)).await? {
+        DirectoryReply::Pool(pool_id) => pool_id,
+        other => bail!("pool registration answered {other:?}"),
+    };
+    let mapping = PoolMapping {
+        pool: pool_id,
+        medium: Medium::Cpu,
+        path: pool.memory().path().display().to_string(),
+        pool_uuid: pool.memory().pool_uuid(),
+        data_bytes: pool.memory().data_bytes(),
+    };
+    let pool_path = pool.memory().path().to_path_buf();
+    let pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
+    let metrics = Arc::new(Metrics::new()?);
+    metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
+    serve_metrics(section.metrics, metrics).await?;
+    let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
+    let heartbeat_interval = Duration::from_millis(config.directory.limits.suspect_after.as_millis() as u64 / 3).max(Duration::from_millis(10));
+    NodeActor::new(link.clone(), pools.clone(), heartbeat_interval, exit_sender).start();
+    let services = NodeServices { link: link.clone(), pools, mappings: vec![mapping] };
+    let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
+    tracing::info!(socket = %section.socket.display(), "serving local clients");
+    actix_rt::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    ClientSessionActor::new(services.clone(), stream).start();
+                }
+                Err(error) => tracing::warn!(%error, "accepting a client failed"),
+            }
+        }
+    });
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => signal.map(|()| None),
+        reason = exit.recv() => Ok(reason),
+    };
+    let _ = std::fs::remove_file(&section.socket);
+    let _ = std::fs::remove_file(&pool_path);
+    match outcome? {
+        Some(NodeExit::Fenced) => bail!("the directory fenced this node's session; restart it to open a new epoch"),
+        None => {
+            let _ = link.call(DirectoryRequest::Close).await;
+            Ok(())
+        }
+    }
+}
+
+/// Creates the pool file anew: a fresh file (not truncated in place, so engines still
+/// mapping an old incarnation keep valid pages) with a fresh UUID.
+fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
+    let path = &section.cpu_pool.path;
+    if path.exists() {
+        std::fs::remove_file(path).with_context(|| format!("removing the old pool file {}", path.display()))?;
+    }
+    let started = Instant::now();
+    let pool = CpuPool::create(&CpuPoolConfig {
+        path: path.clone(),
+        capacity_bytes: section.cpu_pool.capacity_bytes,
+        page_bytes: section.cpu_pool.page_bytes,
+        allocations_max: ALLOCATIONS_MAX,
+        pool_uuid: fresh_uuid(),
+    })
+    .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+    tracing::info!(path = %path.display(), bytes = section.cpu_pool.capacity_bytes, elapsed = ?started.elapsed(), "CPU pool pre-faulted");
+    Ok(pool)
+}
+
+/// Opens the session, retrying while the directory is not up yet.
+async fn open_link(target: DirectoryAddress, section: &NodeSection) -> anyhow::Result<DirectoryLink> {
+    let deadline = Instant::now() + DIRECTORY_WAIT;
+    loop {
+        match DirectoryLink::open(target.clone(), section.write_order.clone(), section.read_order.clone()).await {
+            Ok(link) => return Ok(link),
+            Err(error) if Instant::now() < deadline => {
+                tracing::info!(%error, "directory not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(error).context("opening a session with the directory"),
+        }
+    }
+}

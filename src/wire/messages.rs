@@ -1,0 +1,188 @@
+//! The protocol's messages: node ↔ directory over QUIC, and engine client ↔ node over a
+//! Unix socket. Both start with [`Hello`], which fixes the protocol version and the
+//! capabilities for the connection; every later frame is a request answered by exactly
+//! one reply with the same request id.
+
+use crate::directory::{
+    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, OpenReply, ProbeOutcome, ReclaimOutcome,
+    ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
+};
+use crate::model::{
+    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, ObjectId, OperationId, PoolId, PoolSpec,
+    PoolUsage, ReplicaId, SessionId,
+};
+use serde::{Deserialize, Serialize};
+
+/// Protocol versions this build speaks, newest last.
+pub const SUPPORTED_VERSIONS: &[u16] = &[1];
+/// Capabilities this build offers; the connection uses the intersection with the peer's.
+pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
+
+/// The first frame on every connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Versions the sender speaks.
+    pub versions: Vec<u16>,
+    pub capabilities: Vec<String>,
+}
+
+impl Hello {
+    /// This build's hello.
+    pub fn ours() -> Hello {
+        Hello {
+            versions: SUPPORTED_VERSIONS.to_vec(),
+            capabilities: CAPABILITIES.iter().map(|capability| capability.to_string()).collect(),
+        }
+    }
+
+    /// The version and capabilities both sides share, or `None` when no version is common.
+    pub fn negotiate(&self, peer: &Hello) -> Option<Hello> {
+        let version = self.versions.iter().filter(|version| peer.versions.contains(version)).max()?;
+        Some(Hello {
+            versions: vec![*version],
+            capabilities: self
+                .capabilities
+                .iter()
+                .filter(|capability| peer.capabilities.contains(capability))
+                .cloned()
+                .collect(),
+        })
+    }
+}
+
+/// A node's request to the directory. The session is the connection's: `Open` binds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DirectoryRequest {
+    Hello(Hello),
+    /// Opens a session for the node named by the connection's certificate. Media orders come
+    /// from the node; domains and namespace access from the directory's configuration.
+    Open { write_order: Vec<Medium>, read_order: Vec<Medium> },
+    /// Binds a new connection to the node's still-open session after a connection loss.
+    Resume { session: SessionId },
+    Heartbeat { acknowledged_through: Option<OperationId> },
+    Close,
+    RegisterPool(PoolSpec),
+    RegisterNamespace(NamespaceDescriptor),
+    Reserve { operation: OperationId, item: ReserveItem },
+    Commit { operation: OperationId, replica: ReplicaId, location: Location },
+    Resolve { target: SessionId, operation: OperationId },
+    Probe { objects: Vec<ObjectId> },
+    Acquire { objects: Vec<ObjectId>, mode: AcquireMode },
+    Release { leases: Vec<LeaseId> },
+    Retire { replica: ReplicaId },
+    ReclaimAck { replica: ReplicaId },
+    Usage,
+    PollTasks { max: u32 },
+}
+
+/// One registered pool's usage, as reported by `usage`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolUsageReport {
+    pub pool: PoolId,
+    pub spec: PoolSpec,
+    pub usage: PoolUsage,
+}
+
+/// The directory's reply, one per request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DirectoryReply {
+    Hello(Hello),
+    Opened(OpenReply),
+    Resumed(SessionId),
+    Alive(Epoch),
+    Closed,
+    Pool(PoolId),
+    Namespace(NamespaceId),
+    Reserved(crate::directory::ReserveOutcome),
+    Committed(CommitOutcome),
+    Resolved(ResolveOutcome),
+    Probed(Vec<ProbeOutcome>),
+    Acquired(Vec<AcquireOutcome>),
+    Released(Vec<ReleaseOutcome>),
+    Retired(RetireOutcome),
+    Reclaimed(ReclaimOutcome),
+    Usage(Vec<PoolUsageReport>),
+    Tasks(Vec<Task>),
+    Error(ProtocolError),
+}
+
+/// A request refused at the protocol layer or by the directory. Typed so the caller can act.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ProtocolError {
+    /// The directory refused the operation; nothing changed.
+    #[error("directory: {0}")]
+    Directory(DirectoryError),
+    /// No common protocol version; the connection closes.
+    #[error("no common protocol version; this side speaks {supported:?}")]
+    UnsupportedVersion { supported: Vec<u16> },
+    /// The first frame was not `Hello`, or `Open` was sent twice, or an operation came
+    /// before `Open`.
+    #[error("protocol violation: {0}")]
+    Sequence(String),
+    /// The frame could not be decoded (the connection stays usable).
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    /// The peer's certificate names no node of this cluster.
+    #[error("peer `{0}` is not a node of this cluster")]
+    UnknownPeer(String),
+    /// Too many requests in flight on this connection; retry after a reply arrives.
+    #[error("too many requests in flight")]
+    Busy,
+    /// The node could not complete a local step (pool allocation, reaching the directory).
+    #[error("node: {0}")]
+    Node(String),
+}
+
+/// What an engine asks its local node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientRequest {
+    Hello(Hello),
+    /// The pools this client may map: their files, UUIDs and sizes.
+    Describe,
+    RegisterNamespace(NamespaceDescriptor),
+    /// Reserves room for an object; on a grant, the client writes the bytes at the returned
+    /// location in its own mapping, then sends `CommitStore`.
+    BeginStore { object: ObjectId, length_bytes: u64 },
+    CommitStore { ticket: u64 },
+    /// Gives a grant back unwritten.
+    AbortStore { ticket: u64 },
+    Probe { objects: Vec<ObjectId> },
+    Acquire { objects: Vec<ObjectId>, mode: AcquireMode },
+    Release { leases: Vec<LeaseId> },
+}
+
+/// A pool the client can map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMapping {
+    pub pool: PoolId,
+    pub medium: Medium,
+    pub path: String,
+    pub pool_uuid: u128,
+    pub data_bytes: u64,
+}
+
+/// The answer to `BeginStore`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoreGrant {
+    /// Write `location.length_bytes` bytes at `location.offset_bytes` of the pool, then commit.
+    Write { ticket: u64, location: Location },
+    AlreadyPresent,
+    Pending,
+    /// Every eligible pool is full: the store is skipped, existing hits stay.
+    Skip,
+}
+
+/// The node's reply to a client, one per request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientReply {
+    Hello(Hello),
+    Pools(Vec<PoolMapping>),
+    Namespace(NamespaceId),
+    Grant(StoreGrant),
+    Stored(CommitOutcome),
+    Aborted,
+    Probed(Vec<ProbeOutcome>),
+    Acquired(Vec<AcquireOutcome>),
+    Released(Vec<ReleaseOutcome>),
+    Error(ProtocolError),
+}
