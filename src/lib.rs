@@ -9,6 +9,7 @@
 pub mod backends;
 pub mod actors;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod directory;
 pub mod metrics;

@@ -1,0 +1,271 @@
+//! The engine-side API (`kvtier::client`): what an inference engine's connector links.
+//! It talks to the local node over its Unix socket, maps the node's pools itself and
+//! copies bytes directly into and out of them (memcpy today; GPU DMA is a later backend).
+//!
+//! Store: `begin` (the node reserves room and allocates pages) → the client writes the
+//! bytes into its own mapping → `commit` (READY). Load: `acquire` (leases) → the client
+//! reads from its mapping → `release`. A full cluster answers a store with
+//! [`StoreOutcome::Skipped`], never an error: the engine simply recomputes later.
+
+use crate::backends::{PoolError, SharedMemory};
+use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome};
+use crate::model::{LeaseId, NamespaceDescriptor, NamespaceId, ObjectId, PoolId};
+use crate::wire::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
+use crate::wire::{uds, RpcClient, RpcConfig, WireError};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+/// Requests one client keeps in flight to its node.
+pub const CLIENT_INFLIGHT_MAX: usize = 256;
+/// How long one request to the node may take.
+pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Leases released by dropped views, queued for the background releaser; past this the
+/// lease simply expires at the directory.
+pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
+
+/// Why a client call failed. A full cluster is not an error (see [`StoreOutcome`]).
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The node or the directory refused the request.
+    #[error("refused: {0}")]
+    Refused(ProtocolError),
+    /// The node could not be reached or the connection broke.
+    #[error("node unreachable: {0}")]
+    Wire(#[from] WireError),
+    /// A pool the node named could not be mapped or verified.
+    #[error("pool {pool}: {source}")]
+    Pool { pool: PoolId, source: PoolError },
+    /// The node answered with a reply of the wrong kind.
+    #[error("unexpected reply from the node: {0}")]
+    Unexpected(String),
+}
+
+/// What became of one store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Written and READY.
+    Stored,
+    /// Already cached where this node can read it (nothing written).
+    AlreadyPresent,
+    /// Being written by someone else right now (nothing written).
+    Pending,
+    /// No room in any eligible pool: skipped; existing hits stay.
+    Skipped,
+}
+
+/// A connection to the local node, with the node's pools mapped. Cheap to share: clone it
+/// per task.
+#[derive(Clone)]
+pub struct Client {
+    rpc: RpcClient<ClientRequest, ClientReply>,
+    pools: Arc<HashMap<PoolId, SharedMemory>>,
+    dropped_leases: mpsc::Sender<LeaseId>,
+}
+
+impl Client {
+    /// Connects to the node at `socket`, negotiates the protocol and maps its pools
+    /// (verifying each pool's header and UUID).
+    pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
+        let stream = uds::connect(socket).await?;
+        let (reader, writer) = stream.into_split();
+        let rpc = RpcClient::spawn(
+            reader,
+            writer,
+            RpcConfig { inflight_requests_max: CLIENT_INFLIGHT_MAX, request_timeout: CLIENT_REQUEST_TIMEOUT },
+        )?;
+        match rpc.call(ClientRequest::Hello(Hello::ours())).await? {
+            ClientReply::Hello(_) => {}
+            other => return Err(unexpected(other)),
+        }
+        let mappings = match rpc.call(ClientRequest::Describe).await? {
+            ClientReply::Pools(mappings) => mappings,
+            other => return Err(unexpected(other)),
+        };
+        let mut pools = HashMap::new();
+        for mapping in mappings {
+            let memory = SharedMemory::open(Path::new(&mapping.path), Some(mapping.pool_uuid))
+                .map_err(|source| ClientError::Pool { pool: mapping.pool, source })?;
+            pools.insert(mapping.pool, memory);
+        }
+        let (dropped_leases, queue) = mpsc::channel(DROPPED_LEASES_QUEUED_MAX);
+        tokio::spawn(release_dropped(rpc.clone(), queue));
+        Ok(Client { rpc, pools: Arc::new(pools), dropped_leases })
+    }
+
+    async fn call(&self, request: ClientRequest) -> Result<ClientReply, ClientError> {
+        match self.rpc.call(request).await? {
+            ClientReply::Error(error) => Err(ClientError::Refused(error)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Registers (or looks up) a namespace; objects carry the returned id.
+    pub async fn register_namespace(&self, descriptor: NamespaceDescriptor) -> Result<NamespaceId, ClientError> {
+        match self.call(ClientRequest::RegisterNamespace(descriptor)).await? {
+            ClientReply::Namespace(id) => Ok(id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores one object's bytes.
+    pub async fn store(&self, object: ObjectId, bytes: &[u8]) -> Result<StoreOutcome, ClientError> {
+        let grant = self.call(ClientRequest::BeginStore { object, length_bytes: bytes.len() as u64 }).await?;
+        let (ticket, location) = match grant {
+            ClientReply::Grant(StoreGrant::Write { ticket, location }) => (ticket, location),
+            ClientReply::Grant(StoreGrant::AlreadyPresent) => return Ok(StoreOutcome::AlreadyPresent),
+            ClientReply::Grant(StoreGrant::Pending) => return Ok(StoreOutcome::Pending),
+            ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
+            other => return Err(unexpected(other)),
+        };
+        let written = self
+            .memory(location.pool)
+            .and_then(|memory| memory.write_at(location.offset_bytes, bytes).map_err(|source| ClientError::Pool { pool: location.pool, source }));
+        if let Err(error) = written {
+            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
+            return Err(error);
+        }
+        match self.call(ClientRequest::CommitStore { ticket }).await? {
+            ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
+            ClientReply::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores several objects, pipelined; one outcome per item, in order.
+    pub async fn store_many(&self, items: &[(ObjectId, &[u8])]) -> Vec<Result<StoreOutcome, ClientError>> {
+        futures_util::future::join_all(items.iter().map(|(object, bytes)| self.store(*object, bytes))).await
+    }
+
+    /// Which objects are cached where this node can read them. Reserves nothing.
+    pub async fn probe(&self, objects: &[ObjectId]) -> Result<Vec<ProbeOutcome>, ClientError> {
+        match self.call(ClientRequest::Probe { objects: objects.to_vec() }).await? {
+            ClientReply::Probed(outcomes) => Ok(outcomes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Leases the objects and returns zero-copy views into the mapped pools, one per item
+    /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
+    pub async fn load(&self, objects: &[ObjectId], mode: AcquireMode) -> Result<Vec<Option<LoadedView>>, ClientError> {
+        let outcomes = match self.call(ClientRequest::Acquire { objects: objects.to_vec(), mode }).await? {
+            ClientReply::Acquired(outcomes) => outcomes,
+            other => return Err(unexpected(other)),
+        };
+        let mut views = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            views.push(match outcome {
+                AcquireOutcome::Leased(lease) => Some(self.view(lease)?),
+                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
+            });
+        }
+        Ok(views)
+    }
+
+    /// Loads the objects into `buffers` (one per object, each at least the object's length)
+    /// and releases the leases; returns which were hits.
+    pub async fn load_into(&self, objects: &[ObjectId], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, ClientError> {
+        let views = self.load(objects, AcquireMode::Each).await?;
+        let mut hits = Vec::with_capacity(views.len());
+        let mut leases = Vec::new();
+        for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
+            match view {
+                Some(view) if buffer.len() >= view.bytes().len() => {
+                    buffer[..view.bytes().len()].copy_from_slice(view.bytes());
+                    leases.push(view.into_lease());
+                    hits.push(true);
+                }
+                Some(view) => {
+                    leases.push(view.into_lease());
+                    hits.push(false);
+                }
+                None => hits.push(false),
+            }
+        }
+        self.release(&leases).await?;
+        Ok(hits)
+    }
+
+    /// Releases leases explicitly (views released this way are not released again on drop).
+    pub async fn release(&self, leases: &[LeaseId]) -> Result<(), ClientError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        match self.call(ClientRequest::Release { leases: leases.to_vec() }).await? {
+            ClientReply::Released(_) => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn memory(&self, pool: PoolId) -> Result<&SharedMemory, ClientError> {
+        self.pools
+            .get(&pool)
+            .ok_or_else(|| ClientError::Unexpected(format!("the node named pool {pool}, which this client has not mapped")))
+    }
+
+    fn view(&self, lease: Lease) -> Result<LoadedView, ClientError> {
+        let memory = self.memory(lease.location.pool)?;
+        // Validate the range now; the view re-borrows it from the shared pool map.
+        memory
+            .slice(lease.location.offset_bytes, lease.location.length_bytes)
+            .map_err(|source| ClientError::Pool { pool: lease.location.pool, source })?;
+        Ok(LoadedView { pools: self.pools.clone(), lease, dropped_leases: Some(self.dropped_leases.clone()) })
+    }
+}
+
+/// A leased, zero-copy view of one cached object in a mapped pool. The bytes stay valid
+/// and unchanged while the lease lives (until release, drop, or the lease deadline).
+pub struct LoadedView {
+    pools: Arc<HashMap<PoolId, SharedMemory>>,
+    lease: Lease,
+    dropped_leases: Option<mpsc::Sender<LeaseId>>,
+}
+
+impl LoadedView {
+    /// The object's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let location = self.lease.location;
+        self.pools
+            .get(&location.pool)
+            .and_then(|memory| memory.slice(location.offset_bytes, location.length_bytes).ok())
+            .unwrap_or(&[])
+    }
+
+    /// The lease this view holds.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Gives up the view, returning its lease id for an explicit (batched) release.
+    pub fn into_lease(mut self) -> LeaseId {
+        self.dropped_leases = None;
+        self.lease.lease
+    }
+}
+
+impl Drop for LoadedView {
+    fn drop(&mut self) {
+        if let Some(queue) = self.dropped_leases.take() {
+            // Full queue: the lease expires at the directory instead (bounded, never blocks).
+            let _ = queue.try_send(self.lease.lease);
+        }
+    }
+}
+
+/// Releases leases of dropped views in batches.
+async fn release_dropped(rpc: RpcClient<ClientRequest, ClientReply>, mut queue: mpsc::Receiver<LeaseId>) {
+    let mut batch = Vec::new();
+    while queue.recv_many(&mut batch, 256).await > 0 {
+        let _ = rpc.call(ClientRequest::Release { leases: std::mem::take(&mut batch) }).await;
+    }
+}
+
+fn unexpected(reply: ClientReply) -> ClientError {
+    match reply {
+        ClientReply::Error(error) => ClientError::Refused(error),
+        other => ClientError::Unexpected(format!("{other:?}")),
+    }
+}
