@@ -12,6 +12,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod directory;
+pub mod launch;
 pub mod metrics;
 pub mod model;
 pub mod process;

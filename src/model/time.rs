@@ -57,3 +57,20 @@ impl Clock {
         Timestamp(0) + self.origin.elapsed()
     }
 }
+
+/// Serde adapter: a `Duration` as whole milliseconds (configuration files name the unit
+/// in the key, e.g. `lease_duration_ms`).
+pub mod milliseconds {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Writes whole milliseconds.
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Reads whole milliseconds.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        u64::deserialize(deserializer).map(Duration::from_millis)
+    }
+}

@@ -1,0 +1,209 @@
+//! A cluster on loopback made of real processes: a directory and N nodes of this very
+//! binary, with a fresh cluster CA, a generated `cluster.toml` and pool files under
+//! `/dev/shm`. Used by `kvtier demo`, `kvtier up`, the benchmarks and the integration
+//! tests. Dropping it stops every process and removes every file it created.
+
+use crate::client::Client;
+use crate::config::ClusterConfig;
+use crate::wire::tls;
+use anyhow::{bail, Context};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a started process has to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stopping process has after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Name of the extra certificate that benchmarks use to speak to the directory as a node.
+pub const BENCH_PEER: &str = "bench";
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub nodes: usize,
+    pub cpu_pool_bytes: u64,
+    pub page_bytes: u64,
+    /// Written into the directory's limits.
+    pub suspect_after_ms: u64,
+    pub fence_after_ms: u64,
+    /// Serve `/metrics` on loopback ports.
+    pub metrics: bool,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        ClusterSpec { nodes: 2, cpu_pool_bytes: 256 << 20, page_bytes: 64 << 10, suspect_after_ms: 1500, fence_after_ms: 6000, metrics: true }
+    }
+}
+
+/// A running local cluster. See the module documentation.
+pub struct LocalCluster {
+    pub root: PathBuf,
+    pub config_path: PathBuf,
+    pub config: ClusterConfig,
+    exe: PathBuf,
+    directory: Option<Child>,
+    nodes: Vec<(String, Option<Child>)>,
+}
+
+fn free_udp_port() -> anyhow::Result<SocketAddr> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn free_tcp_port() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+static CLUSTERS: AtomicU32 = AtomicU32::new(0);
+
+/// The name of node `index`.
+pub fn node_name(index: usize) -> String {
+    format!("node-{}", (b'a' + (index % 26) as u8) as char)
+}
+
+impl LocalCluster {
+    /// Writes certificates and `cluster.toml` into a fresh temporary folder, then starts
+    /// the directory and every node from `exe` and waits until each node serves clients.
+    pub fn start(exe: &Path, spec: &ClusterSpec) -> anyhow::Result<LocalCluster> {
+        let tag = format!("{}-{}", std::process::id(), CLUSTERS.fetch_add(1, Ordering::Relaxed));
+        let root = std::env::temp_dir().join(format!("kvtier-{tag}"));
+        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        let mut names: Vec<String> = (0..spec.nodes).map(node_name).collect();
+        let mut certificate_names = names.clone();
+        certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
+        tls::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
+        let metrics_address = |enabled: bool| -> anyhow::Result<String> {
+            Ok(if enabled { format!("metrics = \"{}\"\n", free_tcp_port()?) } else { String::new() })
+        };
+        let mut toml = format!(
+            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\n",
+            free_udp_port()?,
+            metrics_address(spec.metrics)?,
+            spec.suspect_after_ms,
+            spec.fence_after_ms,
+        );
+        names.push(BENCH_PEER.to_string());
+        for name in &names {
+            toml.push_str(&format!(
+                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+                metrics_address(spec.metrics && name != BENCH_PEER)?,
+                spec.cpu_pool_bytes,
+                spec.page_bytes,
+            ));
+        }
+        let config_path = root.join("cluster.toml");
+        std::fs::write(&config_path, toml)?;
+        let config = ClusterConfig::load(&config_path)?;
+        let mut cluster = LocalCluster { root, config_path, config, exe: exe.to_path_buf(), directory: None, nodes: Vec::new() };
+        cluster.directory = Some(cluster.spawn(&["directory"])?);
+        for name in names.iter().filter(|name| *name != BENCH_PEER) {
+            let child = cluster.spawn(&["node", "--name", name])?;
+            cluster.nodes.push((name.clone(), Some(child)));
+        }
+        for index in 0..cluster.nodes.len() {
+            cluster.wait_ready(index)?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&self, arguments: &[&str]) -> anyhow::Result<Child> {
+        let log = std::fs::File::create(self.root.join(format!("{}.log", arguments.last().copied().unwrap_or("process"))))?;
+        Command::new(&self.exe)
+            .args(arguments)
+            .arg("--config")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} {}", self.exe.display(), arguments.join(" ")))
+    }
+
+    /// Waits until node `index` accepts a client (a real connection, hello and pool map).
+    pub fn wait_ready(&mut self, index: usize) -> anyhow::Result<()> {
+        let socket = self.socket(index)?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        loop {
+            if let Some((name, Some(child))) = self.nodes.get_mut(index) {
+                if let Some(status) = child.try_wait()? {
+                    bail!("node {name} exited during start-up ({status}); see {}", self.root.display());
+                }
+            }
+            if socket.exists() && runtime.block_on(Client::connect(&socket)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("node {index} not ready after {READY_TIMEOUT:?}; logs in {}", self.root.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The Unix socket of node `index`.
+    pub fn socket(&self, index: usize) -> anyhow::Result<PathBuf> {
+        let name = &self.nodes.get(index).context("no such node")?.0;
+        Ok(self.config.node(name)?.socket.clone())
+    }
+
+    /// The metrics address of the directory and of each node.
+    pub fn metrics_addresses(&self) -> Vec<(String, SocketAddr)> {
+        let mut addresses: Vec<(String, SocketAddr)> = self.config.directory.metrics.map(|address| ("directory".to_string(), address)).into_iter().collect();
+        for (name, _) in &self.nodes {
+            if let Ok(Some(address)) = self.config.node(name).map(|node| node.metrics) {
+                addresses.push((name.clone(), address));
+            }
+        }
+        addresses
+    }
+
+    /// Kills node `index` with SIGKILL (no clean close) and waits for it to die.
+    pub fn kill_node(&mut self, index: usize) -> anyhow::Result<()> {
+        if let Some((_, Some(mut child))) = self.nodes.get_mut(index).map(|(name, child)| (name.clone(), child.take())) {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts node `index` again (a new epoch) and waits until it serves clients.
+    pub fn restart_node(&mut self, index: usize) -> anyhow::Result<()> {
+        self.kill_node(index)?;
+        let name = self.nodes.get(index).context("no such node")?.0.clone();
+        let _ = std::fs::remove_file(self.socket(index)?);
+        let child = self.spawn(&["node", "--name", &name])?;
+        self.nodes[index].1 = Some(child);
+        self.wait_ready(index)
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL after a grace period).
+    pub fn stop(&mut self) {
+        let mut children: Vec<Child> = self.nodes.iter_mut().filter_map(|(_, child)| child.take()).collect();
+        children.extend(self.directory.take());
+        for child in &children {
+            // SAFETY: kill(2) on a child we spawned and have not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for mut child in children {
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+        for node in &self.config.nodes {
+            let _ = std::fs::remove_file(&node.cpu_pool.path);
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
