@@ -7,3 +7,5 @@
 //! and `client` the engine-side API.
 
 pub mod model;
+pub mod policy;
+pub mod replay;
