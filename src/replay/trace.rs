@@ -45,7 +45,7 @@ impl Request {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The file could not be read; the caller names another file.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Io {
         /// The file.
         path: String,
