@@ -6,8 +6,8 @@
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,
 //! and `client` the engine-side API.
 
-pub mod backends;
 pub mod actors;
+pub mod backends;
 pub mod bench;
 pub mod client;
 pub mod config;
@@ -15,5 +15,7 @@ pub mod directory;
 pub mod launch;
 pub mod metrics;
 pub mod model;
+pub mod policy;
 pub mod process;
+pub mod replay;
 pub mod wire;

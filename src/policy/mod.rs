@@ -1,0 +1,14 @@
+//! Pure placement policy (DESIGN.md section 6): tier profiles, the cost model, the
+//! per-tier lifecycle, access history, eviction orders and placement decisions. Nothing
+//! here does I/O or reads a clock; time arrives as `now_ms` arguments.
+
+pub mod cost;
+pub mod eviction;
+pub mod history;
+pub mod lifecycle;
+pub mod placement;
+pub mod profiles;
+
+/// The identity of a cached block as policies see it (a trace's hash id, or a digest of an
+/// object id). Policies only compare and hash it.
+pub type BlockId = u64;

@@ -1,0 +1,292 @@
+//! Tier profiles: the physical character of each storage tier (latency, bandwidth,
+//! capacity, addressability, coherence, persistence, sharing), and the representative
+//! defaults used until a node measures its own pools.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The kinds of tier kvtier knows, hottest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TierKind {
+    /// GPU HBM: the engine's own cache; kvtier never places there, it is modelled for reads.
+    GpuHbm,
+    /// CPU DRAM on the engine's NUMA node.
+    Dram,
+    /// CPU DRAM on a remote NUMA node of the same host.
+    NumaFarDram,
+    /// CXL-attached memory, mapped by every host of its sharing domain.
+    Cxl,
+    /// Local NVMe SSD: staged, persistent, wear-limited.
+    Ssd,
+    /// Another host's memory, reached over the network.
+    Remote,
+}
+
+/// How a tier's bytes can be shared without a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShareKind {
+    /// Private to one process (GPU memory without IPC handles).
+    Private,
+    /// Shared by the processes of one host through a shared mapping.
+    Host,
+    /// Shared by every host of a CXL sharing domain through the same mapping.
+    Domain,
+    /// Not mappable: bytes are copied through an I/O path (block device, network).
+    Copy,
+}
+
+/// The measured or representative character of one tier.
+///
+/// Contract: bandwidths are positive; a profile built by [`TierProfile::representative`]
+/// satisfies this, and [`TierProfile::validate`] checks profiles read from elsewhere.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierProfile {
+    /// Which tier this profile describes.
+    pub kind: TierKind,
+    /// Latency of the first byte of a read, in microseconds.
+    pub read_latency_us: f64,
+    /// Sustained read bandwidth into the engine, in bytes per second.
+    pub read_bandwidth_bytes_per_s: f64,
+    /// Sustained write (stage-in) bandwidth, in bytes per second.
+    pub write_bandwidth_bytes_per_s: f64,
+    /// Capacity of the tier, in bytes.
+    pub capacity_bytes: u64,
+    /// Loads and stores reach it at byte granularity (no block I/O).
+    pub byte_addressable: bool,
+    /// Caches of every reader stay coherent with it.
+    pub coherent: bool,
+    /// Its content survives a restart of the process or host.
+    pub persistent: bool,
+    /// Whether writes wear it out, so admission must be selective.
+    pub wear_limited: bool,
+    /// How its bytes are shared without a copy.
+    pub share_kind: ShareKind,
+}
+
+/// Why a profile was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProfileError {
+    /// A bandwidth or latency is zero, negative or not finite; the caller fixes the
+    /// override or keeps the representative default.
+    #[error("tier {kind}: {field} must be a positive finite number")]
+    NotPositive {
+        /// The tier whose profile is wrong.
+        kind: TierKind,
+        /// The offending field's name.
+        field: &'static str,
+    },
+    /// The tier name is not one of `gpu`, `dram`, `numa`, `cxl`, `ssd`, `remote`.
+    #[error("unknown tier {0:?} (expected gpu, dram, numa, cxl, ssd or remote)")]
+    UnknownTier(String),
+}
+
+const GIB: u64 = 1024 * 1024 * 1024;
+
+impl TierProfile {
+    /// Representative defaults for `kind`. They are order-of-magnitude values from public
+    /// datasheets and the measurements in DESIGN.md section 9, not measurements of this host:
+    /// a node replaces them with its start-up probe. GPU HBM ~2 TB/s, DRAM ~11 GB/s single
+    /// stream (0.1 µs), NUMA-far DRAM ~7 GB/s (0.2 µs), CXL ~5 GB/s (0.4 µs), SSD
+    /// 6 GB/s reads and 3 GB/s writes (80 µs, a PCIe 4 datacenter NVMe), remote ~2 GB/s (70 µs, one QUIC round trip).
+    pub fn representative(kind: TierKind) -> Self {
+        let (latency, read, write, capacity, addressable, coherent, persistent, wear, share) =
+            match kind {
+                TierKind::GpuHbm => (
+                    1.0,
+                    2.0e12,
+                    2.0e12,
+                    80 * GIB,
+                    true,
+                    true,
+                    false,
+                    false,
+                    ShareKind::Private,
+                ),
+                TierKind::Dram => (
+                    0.1,
+                    11.0e9,
+                    11.0e9,
+                    256 * GIB,
+                    true,
+                    true,
+                    false,
+                    false,
+                    ShareKind::Host,
+                ),
+                TierKind::NumaFarDram => (
+                    0.2,
+                    7.0e9,
+                    7.0e9,
+                    256 * GIB,
+                    true,
+                    true,
+                    false,
+                    false,
+                    ShareKind::Host,
+                ),
+                TierKind::Cxl => (
+                    0.4,
+                    5.0e9,
+                    5.0e9,
+                    512 * GIB,
+                    true,
+                    true,
+                    false,
+                    false,
+                    ShareKind::Domain,
+                ),
+                TierKind::Ssd => (
+                    80.0,
+                    6.0e9,
+                    3.0e9,
+                    4096 * GIB,
+                    false,
+                    false,
+                    true,
+                    true,
+                    ShareKind::Copy,
+                ),
+                TierKind::Remote => (
+                    70.0,
+                    2.0e9,
+                    2.0e9,
+                    1024 * GIB,
+                    false,
+                    false,
+                    false,
+                    false,
+                    ShareKind::Copy,
+                ),
+            };
+        Self {
+            kind,
+            read_latency_us: latency,
+            read_bandwidth_bytes_per_s: read,
+            write_bandwidth_bytes_per_s: write,
+            capacity_bytes: capacity,
+            byte_addressable: addressable,
+            coherent,
+            persistent,
+            wear_limited: wear,
+            share_kind: share,
+        }
+    }
+
+    /// Checks that every latency and bandwidth is a positive finite number.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let fields = [
+            ("read_latency_us", self.read_latency_us),
+            (
+                "read_bandwidth_bytes_per_s",
+                self.read_bandwidth_bytes_per_s,
+            ),
+            (
+                "write_bandwidth_bytes_per_s",
+                self.write_bandwidth_bytes_per_s,
+            ),
+        ];
+        for (field, value) in fields {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ProfileError::NotPositive {
+                    kind: self.kind,
+                    field,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// True when an engine can attend to the KV bytes in place or with one memcpy
+    /// (byte-addressable and coherent): DRAM, NUMA-far DRAM, CXL. Otherwise the bytes
+    /// must be staged through an I/O path first (SSD, remote).
+    pub fn is_attendable(&self) -> bool {
+        self.byte_addressable && self.coherent
+    }
+
+    /// Time to read `bytes` back from this tier, in microseconds (latency + transfer).
+    pub fn read_time_us(&self, bytes: u64) -> f64 {
+        self.read_latency_us + bytes as f64 / self.read_bandwidth_bytes_per_s * 1e6
+    }
+
+    /// Time to stage `bytes` into this tier, in microseconds (latency + transfer).
+    pub fn write_time_us(&self, bytes: u64) -> f64 {
+        self.read_latency_us + bytes as f64 / self.write_bandwidth_bytes_per_s * 1e6
+    }
+}
+
+impl fmt::Display for TierKind {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            TierKind::GpuHbm => "gpu",
+            TierKind::Dram => "dram",
+            TierKind::NumaFarDram => "numa",
+            TierKind::Cxl => "cxl",
+            TierKind::Ssd => "ssd",
+            TierKind::Remote => "remote",
+        };
+        formatter.write_str(name)
+    }
+}
+
+impl FromStr for TierKind {
+    type Err = ProfileError;
+
+    /// Parses the short names printed by `Display` (`gpu`, `dram`, `numa`, `cxl`, `ssd`,
+    /// `remote`), case-insensitively.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "gpu" | "hbm" => Ok(TierKind::GpuHbm),
+            "dram" | "cpu" => Ok(TierKind::Dram),
+            "numa" | "numa-far" => Ok(TierKind::NumaFarDram),
+            "cxl" => Ok(TierKind::Cxl),
+            "ssd" => Ok(TierKind::Ssd),
+            "remote" => Ok(TierKind::Remote),
+            _ => Err(ProfileError::UnknownTier(text.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [TierKind; 6] = [
+        TierKind::GpuHbm,
+        TierKind::Dram,
+        TierKind::NumaFarDram,
+        TierKind::Cxl,
+        TierKind::Ssd,
+        TierKind::Remote,
+    ];
+
+    #[test]
+    fn representative_profiles_are_valid_and_round_trip_names() {
+        for kind in KINDS {
+            let profile = TierProfile::representative(kind);
+            assert_eq!(profile.validate(), Ok(()));
+            assert_eq!(kind.to_string().parse::<TierKind>(), Ok(kind));
+        }
+    }
+
+    #[test]
+    fn attendable_tiers_are_memory_and_staged_tiers_are_not() {
+        let attendable: Vec<bool> = KINDS
+            .iter()
+            .map(|kind| TierProfile::representative(*kind).is_attendable())
+            .collect();
+        assert_eq!(attendable, [true, true, true, true, false, false]);
+    }
+
+    #[test]
+    fn read_time_grows_with_size_and_invalid_profiles_are_refused() {
+        let ssd = TierProfile::representative(TierKind::Ssd);
+        assert!(ssd.read_time_us(64 << 20) > ssd.read_time_us(1 << 20));
+        let mut broken = ssd;
+        broken.read_bandwidth_bytes_per_s = 0.0;
+        assert!(matches!(
+            broken.validate(),
+            Err(ProfileError::NotPositive { .. })
+        ));
+        assert!("tape".parse::<TierKind>().is_err());
+    }
+}

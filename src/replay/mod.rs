@@ -1,0 +1,313 @@
+//! `kvtier replay`: replays a Mooncake-format trace through the tiers, in process and
+//! metadata only, under kvtier's policy and the LRU, S3-FIFO and Belady baselines at the
+//! same capacity, and reports hit ratio, prefill saved, bytes moved and estimated TTFT.
+
+pub mod report;
+pub mod sim;
+pub mod trace;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::policy::cost::CostModel;
+use crate::policy::eviction::KvtierConfig;
+use crate::policy::placement::PlacementConfig;
+use crate::policy::profiles::{TierKind, TierProfile};
+use report::{PolicyReport, Report};
+use sim::{PolicyKind, SimConfig, TierSpec, TIERS_MAX};
+use trace::{Request, BLOCK_TOKENS};
+
+/// The bundled trace, relative to the repository root.
+pub const BUNDLED_TRACE: &str = "traces/conversation_trace.jsonl";
+/// The first 500 requests of the bundled trace, used when no trace file is found.
+pub const SAMPLE_TRACE: &str = include_str!("../../traces/sample.jsonl");
+
+/// Options of `kvtier replay`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Mooncake-format trace (JSON lines). Default: the bundled trace if found, else the
+    /// embedded 500-request sample.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Capacity of a single DRAM tier, in 512-token blocks.
+    #[arg(long, value_name = "BLOCKS", default_value_t = 10_000)]
+    pub capacity: usize,
+    /// Tiers hottest first, replacing --capacity: `dram=1000,cxl=3000,ssd=30000`; a
+    /// capacity is in blocks, or in bytes with a suffix B, KiB, MiB, GiB or TiB.
+    #[arg(long, value_name = "KIND=CAPACITY,...")]
+    pub tiers: Option<String>,
+    /// KV bytes per token of the model (131072: a 512-token block is 64 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = 131_072)]
+    pub bytes_per_token: u64,
+    /// Prefill time per token of the model, in microseconds.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 100.0)]
+    pub prefill_us_per_token: f64,
+    /// Least accesses before kvtier admits a block to a wear-limited tier (SSD). 1 leaves
+    /// the admission to kvtier's value comparison alone; 2 admits only reused blocks.
+    #[arg(long, value_name = "ACCESSES", default_value_t = 1)]
+    pub wear_admit_frequency_min: u32,
+    /// Policies to run (comma-separated); default all four.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub policy: Vec<PolicyKind>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the replay described by `args` and prints its report on stdout (a progress bar
+/// goes to stderr when it is a terminal). Fails on an unreadable or malformed trace or
+/// invalid options.
+pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    let (source, requests) = load(args.trace.as_deref())?;
+    let config = sim_config(args)?;
+    let report = replay(&requests, &config, &policies(&args.policy), &source)?;
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        writeln!(stdout, "{}", report.to_json())?;
+    } else {
+        write!(stdout, "{}", report.to_table())?;
+    }
+    Ok(())
+}
+
+fn policies(chosen: &[PolicyKind]) -> Vec<PolicyKind> {
+    if chosen.is_empty() {
+        vec![
+            PolicyKind::Lru,
+            PolicyKind::S3fifo,
+            PolicyKind::Belady,
+            PolicyKind::Kvtier,
+        ]
+    } else {
+        chosen.to_vec()
+    }
+}
+
+/// Loads the trace at `path`, else the bundled one, else the embedded sample; returns a
+/// name for the report and the requests.
+pub fn load(path: Option<&Path>) -> anyhow::Result<(String, Vec<Request>)> {
+    let bundled = [
+        PathBuf::from(BUNDLED_TRACE),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(BUNDLED_TRACE),
+    ];
+    let found = path
+        .map(Path::to_path_buf)
+        .or_else(|| bundled.into_iter().find(|candidate| candidate.is_file()));
+    match found {
+        Some(path) => Ok((path.display().to_string(), trace::read_file(&path)?)),
+        None => Ok((
+            "embedded sample".to_string(),
+            trace::parse_str(SAMPLE_TRACE)?,
+        )),
+    }
+}
+
+/// Builds the replay configuration from the options: `--tiers` or a single DRAM tier of
+/// `--capacity` blocks, representative profiles, default placement.
+pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
+    anyhow::ensure!(
+        args.prefill_us_per_token.is_finite() && args.prefill_us_per_token > 0.0,
+        "--prefill-us-per-token must be positive"
+    );
+    anyhow::ensure!(
+        args.bytes_per_token > 0,
+        "--bytes-per-token must be positive"
+    );
+    let block_bytes = u64::from(BLOCK_TOKENS).saturating_mul(args.bytes_per_token);
+    let tiers = match &args.tiers {
+        Some(spec) => parse_tiers(spec, block_bytes)?,
+        None => vec![TierSpec {
+            profile: TierProfile::representative(TierKind::Dram),
+            blocks: args.capacity,
+        }],
+    };
+    Ok(SimConfig {
+        tiers,
+        bytes_per_token: args.bytes_per_token,
+        cost: CostModel {
+            prefill_us_per_token: args.prefill_us_per_token,
+        },
+        // The replay has no leases and sub-second trace clocks: no minimum residency.
+        placement: PlacementConfig {
+            min_residency_ms: 0,
+            wear_admit_frequency_min: args.wear_admit_frequency_min,
+            ..PlacementConfig::default()
+        },
+        kvtier: KvtierConfig::default(),
+    })
+}
+
+/// Parses `kind=capacity,...` (see [`ReplayArgs::tiers`]).
+pub fn parse_tiers(spec: &str, block_bytes: u64) -> anyhow::Result<Vec<TierSpec>> {
+    let mut tiers = Vec::new();
+    for item in spec.split(',').filter(|item| !item.trim().is_empty()) {
+        let (kind, capacity) = item
+            .split_once('=')
+            .with_context(|| format!("tier {item:?} is not kind=capacity"))?;
+        let kind: TierKind = kind.parse()?;
+        let blocks = parse_capacity(capacity.trim(), block_bytes)
+            .with_context(|| format!("tier {item:?}"))?;
+        tiers.push(TierSpec {
+            profile: TierProfile::representative(kind),
+            blocks,
+        });
+    }
+    anyhow::ensure!(
+        (1..=TIERS_MAX).contains(&tiers.len()),
+        "--tiers needs 1 to {TIERS_MAX} tiers"
+    );
+    Ok(tiers)
+}
+
+fn parse_capacity(text: &str, block_bytes: u64) -> anyhow::Result<usize> {
+    const UNITS: [(&str, u64); 5] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ];
+    for (suffix, unit) in UNITS {
+        if let Some(number) = text.strip_suffix(suffix) {
+            let bytes = number.trim().parse::<u64>()?.saturating_mul(unit);
+            return Ok(usize::try_from(bytes / block_bytes.max(1))?);
+        }
+    }
+    Ok(text.parse::<usize>()?)
+}
+
+/// Replays `requests` under each policy (and, with several tiers, LRU on the hottest tier
+/// alone) and gathers the report.
+pub fn replay(
+    requests: &[Request],
+    config: &SimConfig,
+    policies: &[PolicyKind],
+    source: &str,
+) -> anyhow::Result<Report> {
+    let next_uses = sim::next_uses(requests);
+    let mut runs: Vec<(String, &SimConfig, PolicyKind)> = policies
+        .iter()
+        .map(|policy| (report::policy_name(*policy).to_string(), config, *policy))
+        .collect();
+    let top_only = SimConfig {
+        tiers: config.tiers[..1].to_vec(),
+        ..config.clone()
+    };
+    if config.tiers.len() > 1 {
+        runs.push((
+            report::LRU_TOP_TIER_ONLY.to_string(),
+            &top_only,
+            PolicyKind::Lru,
+        ));
+    }
+    let mut results = Vec::new();
+    for (name, run_config, policy) in runs {
+        let mut bar = ProgressBar::new(&name, requests.len());
+        let outcome = sim::simulate(requests, &next_uses, policy, run_config, &mut |done| {
+            bar.update(done)
+        })?;
+        bar.finish();
+        results.push(PolicyReport::new(name, &outcome));
+    }
+    Ok(Report {
+        source: source.to_string(),
+        requests: requests.len(),
+        tiers: config.tiers.clone(),
+        results,
+    })
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+struct ProgressBar<'a> {
+    name: &'a str,
+    total: usize,
+    drawn_percent: Option<usize>,
+    enabled: bool,
+}
+
+impl<'a> ProgressBar<'a> {
+    fn new(name: &'a str, total: usize) -> Self {
+        Self {
+            name,
+            total: total.max(1),
+            drawn_percent: None,
+            enabled: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn update(&mut self, done: usize) {
+        let percent = done.min(self.total) * 100 / self.total;
+        if !self.enabled || self.drawn_percent == Some(percent) {
+            return;
+        }
+        self.drawn_percent = Some(percent);
+        let filled = percent / 4;
+        eprint!(
+            "\r{:<14} [{}{}] {percent:>3}%",
+            self.name,
+            "#".repeat(filled),
+            "-".repeat(25 - filled)
+        );
+    }
+
+    fn finish(&self) {
+        if self.enabled {
+            eprint!("\r{:<60}\r", "");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_parse_in_blocks_and_bytes() {
+        let tiers = parse_tiers("dram=1000, cxl=192GiB ,ssd=30000", 64 << 20).unwrap();
+        let blocks: Vec<usize> = tiers.iter().map(|tier| tier.blocks).collect();
+        assert_eq!(blocks, [1000, 3072, 30000]);
+        assert_eq!(tiers[1].profile.kind, TierKind::Cxl);
+        for bad in [
+            "",
+            "dram",
+            "tape=5",
+            "dram=-1",
+            "dram=1,cxl=1,ssd=1,gpu=1,numa=1,remote=1,dram=1",
+        ] {
+            assert!(parse_tiers(bad, 64 << 20).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn embedded_sample_replays() {
+        let requests = trace::parse_str(SAMPLE_TRACE).unwrap();
+        assert_eq!(requests.len(), 500);
+        let args = ReplayArgs {
+            trace: None,
+            capacity: 1_000,
+            tiers: None,
+            bytes_per_token: 131_072,
+            prefill_us_per_token: 100.0,
+            wear_admit_frequency_min: 1,
+            policy: Vec::new(),
+            json: true,
+        };
+        let report = replay(
+            &requests,
+            &sim_config(&args).unwrap(),
+            &policies(&[]),
+            "sample",
+        )
+        .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        for name in ["lru", "s3fifo", "belady", "kvtier"] {
+            assert!(
+                json["policies"][name]["token_hit_ratio"].as_f64().is_some(),
+                "{name}"
+            );
+        }
+        assert_eq!(json["capacity_blocks"], 1_000);
+    }
+}

@@ -1,0 +1,197 @@
+//! The figures of a replay per policy, the LRU→Belady gap kvtier closes, and their table
+//! and JSON renderings.
+
+use std::fmt::Write;
+
+use serde_json::{json, Value};
+
+use super::sim::{Outcome, PolicyKind, TierSpec};
+
+/// Report key of LRU restricted to the hottest tier (printed with several tiers).
+pub const LRU_TOP_TIER_ONLY: &str = "lru_top_tier_only";
+
+/// The report key of `policy`.
+pub fn policy_name(policy: PolicyKind) -> &'static str {
+    match policy {
+        PolicyKind::Lru => "lru",
+        PolicyKind::S3fifo => "s3fifo",
+        PolicyKind::Belady => "belady",
+        PolicyKind::Kvtier => "kvtier",
+    }
+}
+
+/// One policy's figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyReport {
+    /// Report key.
+    pub name: String,
+    /// Hit tokens over input tokens.
+    pub token_hit_ratio: f64,
+    /// Prompt tokens served from the cache instead of prefilled.
+    pub prefill_tokens_saved: u64,
+    /// Bytes moved between tiers.
+    pub bytes_moved: u64,
+    /// Median estimated time to first token, in milliseconds.
+    pub ttft_p50_ms: f64,
+    /// 95th percentile estimated time to first token, in milliseconds.
+    pub ttft_p95_ms: f64,
+}
+
+/// Nearest-rank percentile of `sorted` (ascending); 0 when empty.
+pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (fraction * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl PolicyReport {
+    /// Summarizes one replay's outcome.
+    pub fn new(name: String, outcome: &Outcome) -> Self {
+        let mut ttft = outcome.ttft_us.clone();
+        ttft.sort_by(f64::total_cmp);
+        Self {
+            name,
+            token_hit_ratio: outcome.hit_tokens as f64 / outcome.input_tokens.max(1) as f64,
+            prefill_tokens_saved: outcome.hit_tokens,
+            bytes_moved: outcome.bytes_moved,
+            ttft_p50_ms: percentile(&ttft, 0.50) / 1e3,
+            ttft_p95_ms: percentile(&ttft, 0.95) / 1e3,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "token_hit_ratio": self.token_hit_ratio,
+            "prefill_tokens_saved": self.prefill_tokens_saved,
+            "bytes_moved": self.bytes_moved,
+            "ttft_p50_ms": self.ttft_p50_ms,
+            "ttft_p95_ms": self.ttft_p95_ms,
+        })
+    }
+}
+
+/// A whole replay's report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// Where the trace came from.
+    pub source: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// The tiers, hottest first.
+    pub tiers: Vec<TierSpec>,
+    /// One entry per run, in run order.
+    pub results: Vec<PolicyReport>,
+}
+
+impl Report {
+    fn get(&self, name: &str) -> Option<&PolicyReport> {
+        self.results.iter().find(|result| result.name == name)
+    }
+
+    /// Total capacity over every tier, in blocks.
+    pub fn capacity_blocks(&self) -> usize {
+        self.tiers.iter().map(|tier| tier.blocks).sum()
+    }
+
+    /// The fraction of the LRU→Belady hit-ratio gap kvtier closes, when all three ran on a
+    /// single tier and the gap is not zero. 1 means as good as Belady; negative means worse
+    /// than LRU. Over several tiers Belady per tier is no longer an optimum, so none.
+    pub fn belady_gap_closed(&self) -> Option<f64> {
+        if self.tiers.len() != 1 {
+            return None;
+        }
+        let (lru, belady, kvtier) = (self.get("lru")?, self.get("belady")?, self.get("kvtier")?);
+        let gap = belady.token_hit_ratio - lru.token_hit_ratio;
+        (gap.abs() > f64::EPSILON).then(|| (kvtier.token_hit_ratio - lru.token_hit_ratio) / gap)
+    }
+
+    /// One JSON object: `capacity_blocks`, `tiers`, `requests`, `trace`, `policies` keyed
+    /// by policy (each with `token_hit_ratio`, `prefill_tokens_saved`, `bytes_moved`,
+    /// `ttft_p50_ms`, `ttft_p95_ms`), `lru_top_tier_only` with several tiers, and
+    /// `belady_gap_closed` when defined.
+    pub fn to_json(&self) -> String {
+        let mut policies = serde_json::Map::new();
+        for result in self
+            .results
+            .iter()
+            .filter(|result| result.name != LRU_TOP_TIER_ONLY)
+        {
+            policies.insert(result.name.clone(), result.to_json());
+        }
+        let tiers: Vec<Value> = self
+            .tiers
+            .iter()
+            .map(|tier| json!({"kind": tier.profile.kind.to_string(), "blocks": tier.blocks}))
+            .collect();
+        let mut object = json!({
+            "capacity_blocks": self.capacity_blocks(),
+            "tiers": tiers,
+            "requests": self.requests,
+            "trace": self.source,
+            "policies": policies,
+        });
+        if let Some(top) = self.get(LRU_TOP_TIER_ONLY) {
+            object[LRU_TOP_TIER_ONLY] = top.to_json();
+        }
+        if let Some(closed) = self.belady_gap_closed() {
+            object["belady_gap_closed"] = json!(closed);
+        }
+        object.to_string()
+    }
+
+    /// A human-readable table, one row per run.
+    pub fn to_table(&self) -> String {
+        let tiers: Vec<String> = self
+            .tiers
+            .iter()
+            .map(|tier| format!("{}={}", tier.profile.kind, tier.blocks))
+            .collect();
+        let mut out = format!(
+            "trace {} ({} requests), tiers {} blocks\n",
+            self.source,
+            self.requests,
+            tiers.join(",")
+        );
+        let _ = writeln!(
+            out,
+            "{:<18} {:>9} {:>14} {:>12} {:>11} {:>11}",
+            "policy", "hit ratio", "tokens saved", "moved GiB", "TTFT p50 ms", "TTFT p95 ms"
+        );
+        for result in &self.results {
+            let _ = writeln!(
+                out,
+                "{:<18} {:>9.4} {:>14} {:>12.1} {:>11.1} {:>11.1}",
+                result.name,
+                result.token_hit_ratio,
+                result.prefill_tokens_saved,
+                result.bytes_moved as f64 / (1u64 << 30) as f64,
+                result.ttft_p50_ms,
+                result.ttft_p95_ms
+            );
+        }
+        if let Some(closed) = self.belady_gap_closed() {
+            let _ = writeln!(
+                out,
+                "kvtier closes {:.1}% of the LRU→Belady gap",
+                closed * 100.0
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&sorted, 0.5), 50.0);
+        assert_eq!(percentile(&sorted, 0.95), 95.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(percentile(&[3.0], 0.0), 3.0);
+    }
+}

@@ -1,0 +1,173 @@
+//! Replays the bundled conversation trace at 1k, 3k, 10k and 30k blocks and checks the
+//! replayer's LRU and Belady hit tokens against straightforward implementations written
+//! here, independently of `src/`, and the kvtier targets against the baselines.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kvtier::policy::cost::CostModel;
+use kvtier::policy::eviction::KvtierConfig;
+use kvtier::policy::placement::PlacementConfig;
+use kvtier::policy::profiles::{TierKind, TierProfile};
+use kvtier::replay::sim::{self, PolicyKind, SimConfig, TierSpec};
+use kvtier::replay::trace;
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/traces/conversation_trace.jsonl"
+);
+const CAPACITIES: [usize; 4] = [1_000, 3_000, 10_000, 30_000];
+
+struct Row {
+    input: u64,
+    blocks: Vec<u64>,
+}
+
+fn rows() -> Vec<Row> {
+    let text = std::fs::read_to_string(TRACE).expect("bundled trace");
+    text.lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).expect("json line");
+            Row {
+                input: value["input_length"].as_u64().expect("input_length"),
+                blocks: value["hash_ids"]
+                    .as_array()
+                    .expect("hash_ids")
+                    .iter()
+                    .map(|id| id.as_u64().expect("id"))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn hit(row: &Row, resident: impl Fn(u64) -> bool) -> u64 {
+    let blocks = row
+        .blocks
+        .iter()
+        .take_while(|block| resident(**block))
+        .count() as u64;
+    (blocks * 512).min(row.input)
+}
+
+fn lru(rows: &[Row], capacity: usize) -> u64 {
+    let mut clock = 0u64;
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    let mut by_age: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut saved = 0;
+    for row in rows {
+        saved += hit(row, |block| last.contains_key(&block));
+        for block in &row.blocks {
+            clock += 1;
+            if let Some(old) = last.insert(*block, clock) {
+                by_age.remove(&old);
+            } else if last.len() > capacity {
+                let (_, oldest) = by_age.pop_first().expect("non-empty");
+                last.remove(&oldest);
+            }
+            by_age.insert(clock, *block);
+        }
+    }
+    saved
+}
+
+fn belady(rows: &[Row], capacity: usize) -> u64 {
+    let mut uses: HashMap<u64, Vec<u64>> = HashMap::new();
+    for (index, row) in rows.iter().enumerate() {
+        for block in &row.blocks {
+            uses.entry(*block).or_default().push(index as u64);
+        }
+    }
+    let next_after = |block: u64, index: u64| {
+        let list = &uses[&block];
+        list.get(list.partition_point(|used| *used <= index))
+            .copied()
+    };
+    let mut next: HashMap<u64, u64> = HashMap::new();
+    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut saved = 0;
+    for (index, row) in rows.iter().enumerate() {
+        saved += hit(row, |block| next.contains_key(&block));
+        for block in &row.blocks {
+            if let Some(old) = next.remove(block) {
+                order.remove(&(old, *block));
+            }
+            let Some(upcoming) = next_after(*block, index as u64) else {
+                continue;
+            };
+            if next.len() >= capacity {
+                let farthest = *order.last().expect("full");
+                if (upcoming, *block) > farthest {
+                    continue;
+                }
+                order.remove(&farthest);
+                next.remove(&farthest.1);
+            }
+            next.insert(*block, upcoming);
+            order.insert((upcoming, *block));
+        }
+    }
+    saved
+}
+
+fn config(blocks: usize) -> SimConfig {
+    SimConfig {
+        tiers: vec![TierSpec {
+            profile: TierProfile::representative(TierKind::Dram),
+            blocks,
+        }],
+        bytes_per_token: 131_072,
+        cost: CostModel {
+            prefill_us_per_token: 100.0,
+        },
+        placement: PlacementConfig {
+            min_residency_ms: 0,
+            wear_admit_frequency_min: 1,
+            ..PlacementConfig::default()
+        },
+        kvtier: KvtierConfig::default(),
+    }
+}
+
+#[test]
+fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
+    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
+    let rows = rows();
+    assert_eq!(requests.len(), rows.len());
+    let next_uses = sim::next_uses(&requests);
+    for capacity in CAPACITIES {
+        let run = |policy| {
+            sim::simulate(
+                &requests,
+                &next_uses,
+                policy,
+                &config(capacity),
+                &mut |_| {},
+            )
+            .expect("replay")
+        };
+        let (replay_lru, replay_belady) = (run(PolicyKind::Lru), run(PolicyKind::Belady));
+        assert_eq!(
+            replay_lru.hit_tokens,
+            lru(&rows, capacity),
+            "lru at {capacity}"
+        );
+        assert_eq!(
+            replay_belady.hit_tokens,
+            belady(&rows, capacity),
+            "belady at {capacity}"
+        );
+        let (s3fifo, kvtier) = (run(PolicyKind::S3fifo), run(PolicyKind::Kvtier));
+        assert!(
+            kvtier.hit_tokens >= replay_lru.hit_tokens,
+            "kvtier < lru at {capacity}"
+        );
+        assert!(
+            kvtier.hit_tokens >= s3fifo.hit_tokens,
+            "kvtier < s3fifo at {capacity}"
+        );
+        assert!(
+            replay_belady.hit_tokens >= kvtier.hit_tokens,
+            "kvtier beat the optimum at {capacity}"
+        );
+    }
+}
