@@ -95,7 +95,11 @@ impl ClusterConfig {
     pub fn load(path: &Path) -> anyhow::Result<ClusterConfig> {
         let mut loaded: ClusterConfig = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
-            .add_source(config::Environment::with_prefix("KVTIER").separator("__").try_parsing(true))
+            .add_source(
+                config::Environment::with_prefix("KVTIER")
+                    .separator("__")
+                    .try_parsing(true),
+            )
             .build()
             .with_context(|| format!("reading {}", path.display()))?
             .try_deserialize()
@@ -117,7 +121,10 @@ impl ClusterConfig {
                 bail!("node name `{}` is used twice", node.name);
             }
             if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
-                bail!("node `{}`: the CPU pool needs a capacity and a power-of-two page size", node.name);
+                bail!(
+                    "node `{}`: the CPU pool needs a capacity and a power-of-two page size",
+                    node.name
+                );
             }
         }
         if self.directory.tick_interval_ms == 0 {
@@ -145,7 +152,11 @@ impl DirectorySection {
 impl NodeSection {
     /// What the directory grants this node, from the operator's configuration.
     pub fn access(&self) -> (Vec<DomainId>, NamespaceAccess) {
-        let domains = self.domains.iter().map(|domain| DomainId(*domain)).collect();
+        let domains = self
+            .domains
+            .iter()
+            .map(|domain| DomainId(*domain))
+            .collect();
         let namespaces = match &self.models {
             None => NamespaceAccess::Any,
             Some(models) => NamespaceAccess::Models(models.clone()),

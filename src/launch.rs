@@ -35,7 +35,14 @@ pub struct ClusterSpec {
 
 impl Default for ClusterSpec {
     fn default() -> Self {
-        ClusterSpec { nodes: 2, cpu_pool_bytes: 256 << 20, page_bytes: 64 << 10, suspect_after_ms: 1500, fence_after_ms: 6000, metrics: true }
+        ClusterSpec {
+            nodes: 2,
+            cpu_pool_bytes: 256 << 20,
+            page_bytes: 64 << 10,
+            suspect_after_ms: 1500,
+            fence_after_ms: 6000,
+            metrics: true,
+        }
     }
 }
 
@@ -68,7 +75,11 @@ impl LocalCluster {
     /// Writes certificates and `cluster.toml` into a fresh temporary folder, then starts
     /// the directory and every node from `exe` and waits until each node serves clients.
     pub fn start(exe: &Path, spec: &ClusterSpec) -> anyhow::Result<LocalCluster> {
-        let tag = format!("{}-{}", std::process::id(), CLUSTERS.fetch_add(1, Ordering::Relaxed));
+        let tag = format!(
+            "{}-{}",
+            std::process::id(),
+            CLUSTERS.fetch_add(1, Ordering::Relaxed)
+        );
         let root = std::env::temp_dir().join(format!("kvtier-{tag}"));
         std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         let mut names: Vec<String> = (0..spec.nodes).map(node_name).collect();
@@ -76,7 +87,11 @@ impl LocalCluster {
         certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
         tls::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
         let metrics_address = |enabled: bool| -> anyhow::Result<String> {
-            Ok(if enabled { format!("metrics = \"{}\"\n", free_tcp_port()?) } else { String::new() })
+            Ok(if enabled {
+                format!("metrics = \"{}\"\n", free_tcp_port()?)
+            } else {
+                String::new()
+            })
         };
         let mut toml = format!(
             "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\n",
@@ -97,7 +112,14 @@ impl LocalCluster {
         let config_path = root.join("cluster.toml");
         std::fs::write(&config_path, toml)?;
         let config = ClusterConfig::load(&config_path)?;
-        let mut cluster = LocalCluster { root, config_path, config, exe: exe.to_path_buf(), directory: None, nodes: Vec::new() };
+        let mut cluster = LocalCluster {
+            root,
+            config_path,
+            config,
+            exe: exe.to_path_buf(),
+            directory: None,
+            nodes: Vec::new(),
+        };
         cluster.directory = Some(cluster.spawn(&["directory"])?);
         for name in names.iter().filter(|name| *name != BENCH_PEER) {
             let child = cluster.spawn(&["node", "--name", name])?;
@@ -110,7 +132,10 @@ impl LocalCluster {
     }
 
     fn spawn(&self, arguments: &[&str]) -> anyhow::Result<Child> {
-        let log = std::fs::File::create(self.root.join(format!("{}.log", arguments.last().copied().unwrap_or("process"))))?;
+        let log = std::fs::File::create(self.root.join(format!(
+            "{}.log",
+            arguments.last().copied().unwrap_or("process")
+        )))?;
         Command::new(&self.exe)
             .args(arguments)
             .arg("--config")
@@ -126,18 +151,26 @@ impl LocalCluster {
     pub fn wait_ready(&mut self, index: usize) -> anyhow::Result<()> {
         let socket = self.socket(index)?;
         let deadline = Instant::now() + READY_TIMEOUT;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         loop {
             if let Some((name, Some(child))) = self.nodes.get_mut(index) {
                 if let Some(status) = child.try_wait()? {
-                    bail!("node {name} exited during start-up ({status}); see {}", self.root.display());
+                    bail!(
+                        "node {name} exited during start-up ({status}); see {}",
+                        self.root.display()
+                    );
                 }
             }
             if socket.exists() && runtime.block_on(Client::connect(&socket)).is_ok() {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("node {index} not ready after {READY_TIMEOUT:?}; logs in {}", self.root.display());
+                bail!(
+                    "node {index} not ready after {READY_TIMEOUT:?}; logs in {}",
+                    self.root.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -151,7 +184,13 @@ impl LocalCluster {
 
     /// The metrics address of the directory and of each node.
     pub fn metrics_addresses(&self) -> Vec<(String, SocketAddr)> {
-        let mut addresses: Vec<(String, SocketAddr)> = self.config.directory.metrics.map(|address| ("directory".to_string(), address)).into_iter().collect();
+        let mut addresses: Vec<(String, SocketAddr)> = self
+            .config
+            .directory
+            .metrics
+            .map(|address| ("directory".to_string(), address))
+            .into_iter()
+            .collect();
         for (name, _) in &self.nodes {
             if let Ok(Some(address)) = self.config.node(name).map(|node| node.metrics) {
                 addresses.push((name.clone(), address));
@@ -162,7 +201,11 @@ impl LocalCluster {
 
     /// Kills node `index` with SIGKILL (no clean close) and waits for it to die.
     pub fn kill_node(&mut self, index: usize) -> anyhow::Result<()> {
-        if let Some((_, Some(mut child))) = self.nodes.get_mut(index).map(|(name, child)| (name.clone(), child.take())) {
+        if let Some((_, Some(mut child))) = self
+            .nodes
+            .get_mut(index)
+            .map(|(name, child)| (name.clone(), child.take()))
+        {
             child.kill()?;
             child.wait()?;
         }
@@ -181,7 +224,11 @@ impl LocalCluster {
 
     /// Stops every process (SIGTERM, then SIGKILL after a grace period).
     pub fn stop(&mut self) {
-        let mut children: Vec<Child> = self.nodes.iter_mut().filter_map(|(_, child)| child.take()).collect();
+        let mut children: Vec<Child> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|(_, child)| child.take())
+            .collect();
         children.extend(self.directory.take());
         for child in &children {
             // SAFETY: kill(2) on a child we spawned and have not reaped.

@@ -11,6 +11,7 @@ pub mod backends;
 pub mod bench;
 pub mod client;
 pub mod config;
+pub mod demo;
 pub mod directory;
 pub mod launch;
 pub mod metrics;

@@ -2,7 +2,9 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use kvtier::bench;
+use kvtier::config::ClusterConfig;
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -17,76 +19,160 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the directory (metadata authority) of a cluster.
+    Directory {
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+    },
+    /// Run a node (one per host): its CPU pool, its session, its local clients.
+    Node {
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+        /// This node's name in the configuration (and its certificate's).
+        #[arg(long)]
+        name: String,
+    },
+    /// Start a directory and two nodes on loopback and replay a conversation trace.
+    Demo(kvtier::demo::DemoArgs),
+    /// Start a directory and one node with built-in defaults until Ctrl-C.
+    Up(UpArgs),
+    /// Replay a Mooncake-format trace through kvtier's policy and baselines (metadata only).
+    Replay(kvtier::replay::ReplayArgs),
     /// Run benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// Manage the cluster's certificates.
+    Certs {
+        #[command(subcommand)]
+        which: CertsCommand,
+    },
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// CPU pool capacity in bytes; default: a quarter of available memory, at most 4 GiB.
+    #[arg(long)]
+    pool_bytes: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Create a cluster CA and a certificate for each name.
+    Init {
+        /// Folder to write into.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// The directory's and every node's name.
+        #[arg(long, value_delimiter = ',', required = true)]
+        names: Vec<String>,
+        /// Replace an existing CA (every certificate must then be redistributed).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Directory throughput: in-process core, or over QUIC against a cluster.
-    Directory(DirectoryBenchArgs),
+    /// Directory throughput: the in-process core, or over QUIC against a local cluster.
+    Directory(kvtier::bench::directory::DirectoryBenchArgs),
+    /// Store and load through the client into a node's CPU pool, against memcpy.
+    Data(kvtier::bench::data::DataBenchArgs),
 }
 
-#[derive(Args)]
-struct DirectoryBenchArgs {
-    /// Measure the directory core in this process (no network).
-    #[arg(long)]
-    in_process: bool,
-    /// Directory sizes, in objects.
-    #[arg(long, value_delimiter = ',', default_value = "100000,10000000")]
-    objects: Vec<u64>,
-    /// Seed of the object ids and lookup order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    json: bool,
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVTIER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let exe = std::env::current_exe().context("locating this binary")?;
     match cli.command {
+        Command::Directory { config } => {
+            init_tracing();
+            let config = ClusterConfig::load(&config)?;
+            actix_rt::System::new().block_on(kvtier::process::directory::run(config))
+        }
+        Command::Node { config, name } => {
+            init_tracing();
+            let config = ClusterConfig::load(&config)?;
+            actix_rt::System::new().block_on(kvtier::process::node::run(config, &name))
+        }
+        Command::Demo(args) => kvtier::demo::run(&exe, &args),
+        Command::Up(args) => up(&exe, &args),
+        Command::Replay(args) => kvtier::replay::run(&args),
         Command::Bench {
             which: BenchCommand::Directory(args),
-        } => bench_directory(&args),
+        } => kvtier::bench::directory::run(&exe, &args),
+        Command::Bench {
+            which: BenchCommand::Data(args),
+        } => kvtier::bench::data::run(&exe, &args),
+        Command::Certs {
+            which: CertsCommand::Init { dir, names, force },
+        } => {
+            kvtier::wire::tls::init_cluster_certs(&dir, &names, force)?;
+            println!(
+                "wrote the cluster CA and {} certificates to {}",
+                names.len(),
+                dir.display()
+            );
+            Ok(())
+        }
     }
 }
 
-fn bench_directory(args: &DirectoryBenchArgs) -> anyhow::Result<()> {
-    let report = bench::directory::run_in_process(&args.objects, args.seed, !args.json)?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).context("encoding the report")?
-        );
-        return Ok(());
+/// Cap of the default pool size of `kvtier up`.
+const UP_POOL_BYTES_MAX: u64 = 4 << 30;
+
+fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
+    let pool_bytes = args
+        .pool_bytes
+        .unwrap_or_else(|| (available_memory_bytes() / 4).clamp(64 << 20, UP_POOL_BYTES_MAX));
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: pool_bytes & !((64 << 10) - 1),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(exe, &spec)?;
+    println!(
+        "kvtier is up: a directory and one node ({} MiB CPU pool)",
+        spec.cpu_pool_bytes >> 20
+    );
+    println!(
+        "  local clients connect to {}",
+        cluster.socket(0)?.display()
+    );
+    for (name, address) in cluster.metrics_addresses() {
+        println!("  {name:<10} metrics at http://{address}/metrics");
     }
     println!(
-        "{:>10} {:>16} {:>16} {:>18} {:>16} {:>8} {:>10} {:>10}",
-        "objects",
-        "reserve+commit/s",
-        "probe keys/s",
-        "acquire+release/s",
-        "bare index/s",
-        "ratio",
-        "B/object",
-        "table B/obj"
+        "  configuration and logs in {}; press Ctrl-C to stop and remove them",
+        cluster.root.display()
     );
-    for size in &report.sizes {
-        println!(
-            "{:>10} {:>16.0} {:>16.0} {:>18.0} {:>16.0} {:>8.2} {:>10.1} {:>10.1}",
-            size.objects,
-            size.reserve_commit_per_s,
-            size.probe_keys_per_s,
-            size.acquire_release_per_s,
-            size.bare_index_lookups_per_s,
-            size.probe_ratio_to_bare_index,
-            size.bytes_per_object,
-            size.table_bytes_per_object
-        );
-    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(kvtier::process::shutdown_signal())?;
+    drop(cluster);
+    println!("stopped; removed what was created");
     Ok(())
+}
+
+/// `MemAvailable` from `/proc/meminfo`, or 1 GiB where unknown.
+fn available_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("MemAvailable:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kibibytes| kibibytes.parse::<u64>().ok())
+        })
+        .map_or(1 << 30, |kibibytes| kibibytes << 10)
 }

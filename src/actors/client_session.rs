@@ -9,8 +9,8 @@ use super::pool::{Allocate, Free, PoolActor};
 use crate::directory::{AcquireOutcome, CommitOutcome, ReserveItem, ReserveOutcome};
 use crate::model::{LeaseId, Location, PoolId, ReplicaId};
 use crate::wire::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, PoolMapping, ProtocolError, StoreGrant,
-    SUPPORTED_VERSIONS,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, PoolMapping,
+    ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
 };
 use crate::wire::{codec, RawFrame, WireError};
 use actix::prelude::*;
@@ -81,74 +81,129 @@ impl ClientSessionActor {
 
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
         let services = self.services.clone();
-        let work: std::pin::Pin<Box<dyn std::future::Future<Output = (ClientReply, Change)>>> = match request {
-            ClientRequest::Hello(_) => {
-                let error = ProtocolError::Sequence("hello sent twice".into());
-                return self.reply(request_id, ClientReply::Error(error), context);
-            }
-            ClientRequest::Describe => {
-                return self.reply(request_id, ClientReply::Pools(services.mappings.clone()), context);
-            }
-            ClientRequest::RegisterNamespace(descriptor) => Box::pin(async move {
-                let reply = match services.link.call(DirectoryRequest::RegisterNamespace(descriptor)).await {
-                    Ok(DirectoryReply::Namespace(id)) => ClientReply::Namespace(id),
-                    other => ClientReply::Error(refusal(other)),
-                };
-                (reply, Change::None)
-            }),
-            ClientRequest::BeginStore { object, length_bytes } => {
-                if self.tickets.len() >= TICKETS_MAX {
-                    return self.reply(request_id, ClientReply::Error(ProtocolError::Busy), context);
+        let work: std::pin::Pin<Box<dyn std::future::Future<Output = (ClientReply, Change)>>> =
+            match request {
+                ClientRequest::Hello(_) => {
+                    let error = ProtocolError::Sequence("hello sent twice".into());
+                    return self.reply(request_id, ClientReply::Error(error), context);
                 }
-                let ticket = self.next_ticket;
-                self.next_ticket += 1;
-                Box::pin(begin_store(services, ticket, ReserveItem { object, length_bytes }))
-            }
-            ClientRequest::CommitStore { ticket } => match self.tickets.remove(&ticket) {
-                None => return self.reply(request_id, ClientReply::Error(unknown_ticket()), context),
-                Some(granted) => Box::pin(commit_store(services, granted)),
-            },
-            ClientRequest::AbortStore { ticket } => match self.tickets.remove(&ticket) {
-                None => return self.reply(request_id, ClientReply::Error(unknown_ticket()), context),
-                Some(granted) => Box::pin(async move {
-                    free(&services, granted.location).await;
-                    (ClientReply::Aborted, Change::None)
+                ClientRequest::Describe => {
+                    return self.reply(
+                        request_id,
+                        ClientReply::Pools(services.mappings.clone()),
+                        context,
+                    );
+                }
+                ClientRequest::RegisterNamespace(descriptor) => Box::pin(async move {
+                    let reply = match services
+                        .link
+                        .call(DirectoryRequest::RegisterNamespace(descriptor))
+                        .await
+                    {
+                        Ok(DirectoryReply::Namespace(id)) => ClientReply::Namespace(id),
+                        other => ClientReply::Error(refusal(other)),
+                    };
+                    (reply, Change::None)
                 }),
-            },
-            ClientRequest::Probe { objects } => Box::pin(async move {
-                let reply = match services.link.call(DirectoryRequest::Probe { objects }).await {
-                    Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
-                    other => ClientReply::Error(refusal(other)),
-                };
-                (reply, Change::None)
-            }),
-            ClientRequest::Acquire { objects, mode } => {
-                if self.leases.len() + objects.len() > CLIENT_LEASES_MAX {
-                    return self.reply(request_id, ClientReply::Error(ProtocolError::Busy), context);
+                ClientRequest::BeginStore {
+                    object,
+                    length_bytes,
+                } => {
+                    if self.tickets.len() >= TICKETS_MAX {
+                        return self.reply(
+                            request_id,
+                            ClientReply::Error(ProtocolError::Busy),
+                            context,
+                        );
+                    }
+                    let ticket = self.next_ticket;
+                    self.next_ticket += 1;
+                    Box::pin(begin_store(
+                        services,
+                        ticket,
+                        ReserveItem {
+                            object,
+                            length_bytes,
+                        },
+                    ))
                 }
-                Box::pin(async move {
-                    match services.link.call(DirectoryRequest::Acquire { objects, mode }).await {
-                        Ok(DirectoryReply::Acquired(outcomes)) => {
-                            let leases = outcomes
-                                .iter()
-                                .filter_map(|outcome| match outcome {
-                                    AcquireOutcome::Leased(lease) => Some(lease.lease),
-                                    _ => None,
-                                })
-                                .collect();
-                            (ClientReply::Acquired(outcomes), Change::Leases(leases))
+                ClientRequest::CommitStore { ticket } => match self.tickets.remove(&ticket) {
+                    None => {
+                        return self.reply(
+                            request_id,
+                            ClientReply::Error(unknown_ticket()),
+                            context,
+                        )
+                    }
+                    Some(granted) => Box::pin(commit_store(services, granted)),
+                },
+                ClientRequest::AbortStore { ticket } => match self.tickets.remove(&ticket) {
+                    None => {
+                        return self.reply(
+                            request_id,
+                            ClientReply::Error(unknown_ticket()),
+                            context,
+                        )
+                    }
+                    Some(granted) => Box::pin(async move {
+                        free(&services, granted.location).await;
+                        (ClientReply::Aborted, Change::None)
+                    }),
+                },
+                ClientRequest::Probe { objects } => Box::pin(async move {
+                    let reply = match services
+                        .link
+                        .call(DirectoryRequest::Probe { objects })
+                        .await
+                    {
+                        Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
+                        other => ClientReply::Error(refusal(other)),
+                    };
+                    (reply, Change::None)
+                }),
+                ClientRequest::Acquire { objects, mode } => {
+                    if self.leases.len() + objects.len() > CLIENT_LEASES_MAX {
+                        return self.reply(
+                            request_id,
+                            ClientReply::Error(ProtocolError::Busy),
+                            context,
+                        );
+                    }
+                    Box::pin(async move {
+                        match services
+                            .link
+                            .call(DirectoryRequest::Acquire { objects, mode })
+                            .await
+                        {
+                            Ok(DirectoryReply::Acquired(outcomes)) => {
+                                let leases = outcomes
+                                    .iter()
+                                    .filter_map(|outcome| match outcome {
+                                        AcquireOutcome::Leased(lease) => Some(lease.lease),
+                                        _ => None,
+                                    })
+                                    .collect();
+                                (ClientReply::Acquired(outcomes), Change::Leases(leases))
+                            }
+                            other => (ClientReply::Error(refusal(other)), Change::None),
+                        }
+                    })
+                }
+                ClientRequest::Release { leases } => Box::pin(async move {
+                    match services
+                        .link
+                        .call(DirectoryRequest::Release {
+                            leases: leases.clone(),
+                        })
+                        .await
+                    {
+                        Ok(DirectoryReply::Released(outcomes)) => {
+                            (ClientReply::Released(outcomes), Change::Released(leases))
                         }
                         other => (ClientReply::Error(refusal(other)), Change::None),
                     }
-                })
-            }
-            ClientRequest::Release { leases } => Box::pin(async move {
-                match services.link.call(DirectoryRequest::Release { leases: leases.clone() }).await {
-                    Ok(DirectoryReply::Released(outcomes)) => (ClientReply::Released(outcomes), Change::Released(leases)),
-                    other => (ClientReply::Error(refusal(other)), Change::None),
-                }
-            }),
-        };
+                }),
+            };
         work.into_actor(self)
             .map(move |(reply, change), actor, context| {
                 match change {
@@ -184,28 +239,49 @@ fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
 
 async fn free(services: &NodeServices, location: Location) {
     if let Some(pool) = services.pools.get(&location.pool) {
-        let freed = pool.send(Free { allocation: location.allocation, generation: location.generation }).await;
+        let freed = pool
+            .send(Free {
+                allocation: location.allocation,
+                generation: location.generation,
+            })
+            .await;
         if !matches!(freed, Ok(Ok(_))) {
             tracing::error!(?location, "could not free an allocation");
         }
     }
 }
 
-async fn begin_store(services: NodeServices, ticket: u64, item: ReserveItem) -> (ClientReply, Change) {
+async fn begin_store(
+    services: NodeServices,
+    ticket: u64,
+    item: ReserveItem,
+) -> (ClientReply, Change) {
     let grant = match services.link.reserve(item).await {
         Ok(grant) => grant,
         Err(error) => return (ClientReply::Error(refusal(Err(error))), Change::None),
     };
     let (replica, pool) = match grant {
         ReserveOutcome::Granted { replica, pool, .. } => (replica, pool),
-        ReserveOutcome::AlreadyPresent => return (ClientReply::Grant(StoreGrant::AlreadyPresent), Change::None),
+        ReserveOutcome::AlreadyPresent => {
+            return (ClientReply::Grant(StoreGrant::AlreadyPresent), Change::None)
+        }
         ReserveOutcome::Pending => return (ClientReply::Grant(StoreGrant::Pending), Change::None),
         ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
     };
     let Some(actor) = services.pools.get(&pool) else {
-        return (ClientReply::Error(ProtocolError::Node(format!("pool {pool} is not mapped by this node"))), Change::None);
+        return (
+            ClientReply::Error(ProtocolError::Node(format!(
+                "pool {pool} is not mapped by this node"
+            ))),
+            Change::None,
+        );
     };
-    match actor.send(Allocate { length_bytes: item.length_bytes }).await {
+    match actor
+        .send(Allocate {
+            length_bytes: item.length_bytes,
+        })
+        .await
+    {
         Ok(Ok(allocation)) => {
             let location = Location {
                 pool,
@@ -214,7 +290,10 @@ async fn begin_store(services: NodeServices, ticket: u64, item: ReserveItem) -> 
                 offset_bytes: allocation.offset,
                 length_bytes: item.length_bytes,
             };
-            (ClientReply::Grant(StoreGrant::Write { ticket, location }), Change::Ticket(ticket, Ticket { replica, location }))
+            (
+                ClientReply::Grant(StoreGrant::Write { ticket, location }),
+                Change::Ticket(ticket, Ticket { replica, location }),
+            )
         }
         // The pool's hard limit holds even when the directory's budget lags: skip the store
         // and let the reservation expire.
@@ -227,22 +306,37 @@ async fn begin_store(services: NodeServices, ticket: u64, item: ReserveItem) -> 
 }
 
 async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, Change) {
-    match services.link.commit(granted.replica, granted.location).await {
-        Ok(Some(CommitOutcome::Committed)) => (ClientReply::Stored(CommitOutcome::Committed), Change::None),
+    match services
+        .link
+        .commit(granted.replica, granted.location)
+        .await
+    {
+        Ok(Some(CommitOutcome::Committed)) => {
+            (ClientReply::Stored(CommitOutcome::Committed), Change::None)
+        }
         Ok(Some(CommitOutcome::AlreadyPresent)) => {
             free(&services, granted.location).await;
-            (ClientReply::Stored(CommitOutcome::AlreadyPresent), Change::None)
+            (
+                ClientReply::Stored(CommitOutcome::AlreadyPresent),
+                Change::None,
+            )
         }
         Ok(None) => {
             free(&services, granted.location).await;
-            (ClientReply::Error(ProtocolError::Node("the commit was not applied".into())), Change::None)
+            (
+                ClientReply::Error(ProtocolError::Node("the commit was not applied".into())),
+                Change::None,
+            )
         }
         Err(LinkError::Refused(error)) => {
             free(&services, granted.location).await;
             (ClientReply::Error(error), Change::None)
         }
         // Unknown outcome: the pages stay allocated, never reused on a guess.
-        Err(error) => (ClientReply::Error(ProtocolError::Node(error.to_string())), Change::None),
+        Err(error) => (
+            ClientReply::Error(ProtocolError::Node(error.to_string())),
+            Change::None,
+        ),
     }
 }
 
@@ -264,7 +358,12 @@ impl Actor for ClientSessionActor {
                 free(&services, ticket.location).await;
             }
             for chunk in leases.chunks(1024) {
-                let _ = services.link.call(DirectoryRequest::Release { leases: chunk.to_vec() }).await;
+                let _ = services
+                    .link
+                    .call(DirectoryRequest::Release {
+                        leases: chunk.to_vec(),
+                    })
+                    .await;
             }
         });
     }
@@ -275,7 +374,9 @@ impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
         let frame = match frame {
             Ok(frame) => frame,
             Err(WireError::UnknownVersion { request_id, .. }) => {
-                let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                let error = ProtocolError::UnsupportedVersion {
+                    supported: SUPPORTED_VERSIONS.to_vec(),
+                };
                 return self.reply(request_id, ClientReply::Error(error), context);
             }
             Err(error) => {
@@ -286,7 +387,13 @@ impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
         let request_id = frame.header.request_id;
         let request: ClientRequest = match codec::decode(&frame.payload) {
             Ok(request) => request,
-            Err(error) => return self.reply(request_id, ClientReply::Error(ProtocolError::Malformed(error.to_string())), context),
+            Err(error) => {
+                return self.reply(
+                    request_id,
+                    ClientReply::Error(ProtocolError::Malformed(error.to_string())),
+                    context,
+                )
+            }
         };
         match (self.greeted, request) {
             (false, ClientRequest::Hello(hello)) => match Hello::ours().negotiate(&hello) {
@@ -295,7 +402,9 @@ impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
                     self.reply(request_id, ClientReply::Hello(agreed), context);
                 }
                 None => {
-                    let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                    let error = ProtocolError::UnsupportedVersion {
+                        supported: SUPPORTED_VERSIONS.to_vec(),
+                    };
                     self.reply(request_id, ClientReply::Error(error), context);
                     context.stop();
                 }

@@ -1,10 +1,10 @@
 //! The `DirectoryActor`: owns the directory core and serializes every change of lease and
 //! publication state. Session actors send it [`Call`]s; a timer advances the core's time.
 
+use crate::directory::NamespaceAccess;
 use crate::directory::{Directory, DirectoryCounts, DirectoryError, OpenRequest, PoolReport};
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, DomainId, SessionId};
-use crate::directory::NamespaceAccess;
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError};
 use actix::prelude::*;
 use std::collections::HashMap;
@@ -44,18 +44,38 @@ pub struct DirectoryActor {
 
 impl DirectoryActor {
     /// An actor owning `core`; `grants` is keyed by node (certificate) name.
-    pub fn new(core: Directory, grants: HashMap<String, NodeGrant>, metrics: Arc<Metrics>, tick_interval: Duration) -> Self {
-        DirectoryActor { core, clock: Clock::start(), grants, metrics, tick_interval }
+    pub fn new(
+        core: Directory,
+        grants: HashMap<String, NodeGrant>,
+        metrics: Arc<Metrics>,
+        tick_interval: Duration,
+    ) -> Self {
+        DirectoryActor {
+            core,
+            clock: Clock::start(),
+            grants,
+            metrics,
+            tick_interval,
+        }
     }
 
     fn publish_metrics(&self) {
-        let DirectoryCounts { leases, sessions_live, sessions_suspect, sessions_fenced, .. } = self.core.counts();
+        let DirectoryCounts {
+            leases,
+            sessions_live,
+            sessions_suspect,
+            sessions_fenced,
+            ..
+        } = self.core.counts();
         self.metrics.set_leases(leases);
         self.metrics.set_sessions(SessionLabel::Live, sessions_live);
-        self.metrics.set_sessions(SessionLabel::Suspect, sessions_suspect);
-        self.metrics.set_sessions(SessionLabel::Fenced, sessions_fenced);
+        self.metrics
+            .set_sessions(SessionLabel::Suspect, sessions_suspect);
+        self.metrics
+            .set_sessions(SessionLabel::Fenced, sessions_fenced);
         for PoolReport { pool, spec, usage } in self.core.usage() {
-            self.metrics.set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
+            self.metrics
+                .set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
             for (state, bytes) in [
                 (PoolByteState::Reserved, usage.reserved_bytes),
                 (PoolByteState::Allocated, usage.allocated_bytes),
@@ -92,13 +112,21 @@ impl Handler<Call> for DirectoryActor {
         let started = Instant::now();
         let operation = operation_label(&call.request);
         let grant = self.grants.get(&call.peer).cloned();
-        let reply = apply(&mut self.core, self.clock.now(), &call.peer, grant, call.session, call.request);
+        let reply = apply(
+            &mut self.core,
+            self.clock.now(),
+            &call.peer,
+            grant,
+            call.session,
+            call.request,
+        );
         let error = match &reply {
             DirectoryReply::Error(error) => Some(error_label(error)),
             _ => None,
         };
         if let Some(operation) = operation {
-            self.metrics.observe_request(operation, started.elapsed(), error);
+            self.metrics
+                .observe_request(operation, started.elapsed(), error);
         }
         MessageResult(reply)
     }
@@ -118,39 +146,77 @@ fn apply(
     let Some(grant) = grant else {
         return Reply::Error(ProtocolError::UnknownPeer(peer.into()));
     };
-    if let Request::Open { write_order, read_order } = request {
+    if let Request::Open {
+        write_order,
+        read_order,
+    } = request
+    {
         if session.is_some() {
-            return Reply::Error(ProtocolError::Sequence("open sent twice on one connection".into()));
+            return Reply::Error(ProtocolError::Sequence(
+                "open sent twice on one connection".into(),
+            ));
         }
-        let open = OpenRequest { node_name: peer.into(), write_order, read_order, domains: grant.domains, namespaces: grant.namespaces };
-        return core.open(now, open).map_or_else(|error| Reply::Error(ProtocolError::Directory(error)), Reply::Opened);
+        let open = OpenRequest {
+            node_name: peer.into(),
+            write_order,
+            read_order,
+            domains: grant.domains,
+            namespaces: grant.namespaces,
+        };
+        return core.open(now, open).map_or_else(
+            |error| Reply::Error(ProtocolError::Directory(error)),
+            Reply::Opened,
+        );
     }
     if let Request::Resume { session: resumed } = request {
         if session.is_some() {
-            return Reply::Error(ProtocolError::Sequence("resume on a bound connection".into()));
+            return Reply::Error(ProtocolError::Sequence(
+                "resume on a bound connection".into(),
+            ));
         }
         if core.session_node_name(resumed) != Some(peer) {
             return Reply::Error(ProtocolError::Directory(DirectoryError::UnknownSession));
         }
-        return core
-            .heartbeat(now, resumed, None)
-            .map_or_else(|error| Reply::Error(ProtocolError::Directory(error)), |_| Reply::Resumed(resumed));
+        return core.heartbeat(now, resumed, None).map_or_else(
+            |error| Reply::Error(ProtocolError::Directory(error)),
+            |_| Reply::Resumed(resumed),
+        );
     }
     let Some(session) = session else {
         return Reply::Error(ProtocolError::Sequence("operation before open".into()));
     };
     let result = match request {
-        Request::Hello(_) => return Reply::Error(ProtocolError::Sequence("hello sent twice".into())),
+        Request::Hello(_) => {
+            return Reply::Error(ProtocolError::Sequence("hello sent twice".into()))
+        }
         Request::Open { .. } | Request::Resume { .. } => unreachable!("handled above"),
-        Request::Heartbeat { acknowledged_through } => core.heartbeat(now, session, acknowledged_through).map(Reply::Alive),
+        Request::Heartbeat {
+            acknowledged_through,
+        } => core
+            .heartbeat(now, session, acknowledged_through)
+            .map(Reply::Alive),
         Request::Close => core.close(session).map(|()| Reply::Closed),
         Request::RegisterPool(spec) => core.register_pool(Some(session), spec).map(Reply::Pool),
-        Request::RegisterNamespace(descriptor) => core.register_namespace(session, descriptor).map(Reply::Namespace),
-        Request::Reserve { operation, item } => core.reserve(now, session, operation, item).map(Reply::Reserved),
-        Request::Commit { operation, replica, location } => core.commit(session, operation, replica, location).map(Reply::Committed),
-        Request::Resolve { target, operation } => core.resolve(session, target, operation).map(Reply::Resolved),
+        Request::RegisterNamespace(descriptor) => core
+            .register_namespace(session, descriptor)
+            .map(Reply::Namespace),
+        Request::Reserve { operation, item } => core
+            .reserve(now, session, operation, item)
+            .map(Reply::Reserved),
+        Request::Commit {
+            operation,
+            replica,
+            location,
+        } => core
+            .commit(session, operation, replica, location)
+            .map(Reply::Committed),
+        Request::Resolve { target, operation } => core
+            .resolve(session, target, operation)
+            .map(Reply::Resolved),
         Request::Probe { objects } => core.probe(session, &objects).map(Reply::Probed),
-        Request::Acquire { objects, mode } => core.acquire(now, session, &objects, mode).map(Reply::Acquired),
+        Request::Acquire { objects, mode } => core
+            .acquire(now, session, &objects, mode)
+            .map(Reply::Acquired),
         Request::Release { leases } => core.release(session, &leases).map(Reply::Released),
         Request::Retire { replica } => core.retire(Some(session), replica).map(Reply::Retired),
         Request::ReclaimAck { replica } => core.reclaim_ack(session, replica).map(Reply::Reclaimed),
@@ -158,7 +224,11 @@ fn apply(
         Request::Usage => Ok(Reply::Usage(
             core.usage()
                 .into_iter()
-                .map(|report| PoolUsageReport { pool: report.pool, spec: report.spec, usage: report.usage })
+                .map(|report| PoolUsageReport {
+                    pool: report.pool,
+                    spec: report.spec,
+                    usage: report.usage,
+                })
                 .collect(),
         )),
     };
@@ -170,9 +240,10 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
     use DirectoryRequest as Request;
     Some(match request {
         Request::Hello(_) => return None,
-        Request::Open { .. } | Request::Resume { .. } | Request::RegisterPool(_) | Request::RegisterNamespace(_) => {
-            Operation::Open
-        }
+        Request::Open { .. }
+        | Request::Resume { .. }
+        | Request::RegisterPool(_)
+        | Request::RegisterNamespace(_) => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
         Request::Reserve { .. } => Operation::Reserve,

@@ -22,7 +22,10 @@ where
             Ok(Some(frame)) => Some((Ok(frame), Some(reader))),
             Ok(None) => None,
             Err(error) => {
-                let recoverable = matches!(error, WireError::UnknownVersion { .. } | WireError::Malformed { .. });
+                let recoverable = matches!(
+                    error,
+                    WireError::UnknownVersion { .. } | WireError::Malformed { .. }
+                );
                 Some((Err(error), recoverable.then_some(reader)))
             }
         }

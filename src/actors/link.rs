@@ -52,7 +52,9 @@ pub struct DirectoryAddress {
 }
 
 /// A connected, negotiated RPC channel to the directory.
-pub async fn connect(target: &DirectoryAddress) -> Result<RpcClient<DirectoryRequest, DirectoryReply>, LinkError> {
+pub async fn connect(
+    target: &DirectoryAddress,
+) -> Result<RpcClient<DirectoryRequest, DirectoryReply>, LinkError> {
     let config = tls::client_config(&target.certs, &target.node_name)
         .map_err(|error| LinkError::Unexpected(format!("TLS configuration: {error}")))?;
     let endpoint = quic::client_endpoint(target.bind)?;
@@ -61,7 +63,10 @@ pub async fn connect(target: &DirectoryAddress) -> Result<RpcClient<DirectoryReq
     let rpc = RpcClient::spawn(
         receiver,
         sender,
-        RpcConfig { inflight_requests_max: DIRECTORY_INFLIGHT_MAX, request_timeout: DIRECTORY_REQUEST_TIMEOUT },
+        RpcConfig {
+            inflight_requests_max: DIRECTORY_INFLIGHT_MAX,
+            request_timeout: DIRECTORY_REQUEST_TIMEOUT,
+        },
     )?;
     match rpc.call(DirectoryRequest::Hello(Hello::ours())).await? {
         DirectoryReply::Hello(_) => Ok(rpc),
@@ -85,9 +90,19 @@ pub struct DirectoryLink {
 impl DirectoryLink {
     /// Connects and opens a new session (a new epoch: any earlier session of this node is
     /// fenced).
-    pub async fn open(target: DirectoryAddress, write_order: Vec<Medium>, read_order: Vec<Medium>) -> Result<DirectoryLink, LinkError> {
+    pub async fn open(
+        target: DirectoryAddress,
+        write_order: Vec<Medium>,
+        read_order: Vec<Medium>,
+    ) -> Result<DirectoryLink, LinkError> {
         let rpc = connect(&target).await?;
-        let opened = match rpc.call(DirectoryRequest::Open { write_order, read_order }).await? {
+        let opened = match rpc
+            .call(DirectoryRequest::Open {
+                write_order,
+                read_order,
+            })
+            .await?
+        {
             DirectoryReply::Opened(opened) => opened,
             DirectoryReply::Error(error) => return Err(LinkError::Refused(error)),
             other => return Err(LinkError::Unexpected(format!("{other:?}"))),
@@ -107,7 +122,12 @@ impl DirectoryLink {
     /// `Refused(Directory(Fenced))` when the session ended meanwhile.
     pub async fn reconnect(&self) -> Result<(), LinkError> {
         let rpc = connect(&self.target).await?;
-        match rpc.call(DirectoryRequest::Resume { session: self.session }).await? {
+        match rpc
+            .call(DirectoryRequest::Resume {
+                session: self.session,
+            })
+            .await?
+        {
             DirectoryReply::Resumed(_) => {}
             DirectoryReply::Error(error) => return Err(LinkError::Refused(error)),
             other => return Err(LinkError::Unexpected(format!("{other:?}"))),
@@ -120,7 +140,11 @@ impl DirectoryLink {
 
     /// Sends one request; a refusal becomes `LinkError::Refused`.
     pub async fn call(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
-        let rpc = self.rpc.read().map_err(|_| LinkError::Unexpected("poisoned link".into()))?.clone();
+        let rpc = self
+            .rpc
+            .read()
+            .map_err(|_| LinkError::Unexpected("poisoned link".into()))?
+            .clone();
         match rpc.call(request).await? {
             DirectoryReply::Error(error) => Err(LinkError::Refused(error)),
             reply => Ok(reply),
@@ -130,7 +154,9 @@ impl DirectoryLink {
     /// The highest operation id below every one still waiting for its reply.
     pub fn acknowledged_through(&self) -> Option<OperationId> {
         let oldest = self.outstanding.lock().ok()?.first().copied();
-        let through = oldest.unwrap_or_else(|| self.next_operation.load(Ordering::Relaxed)).checked_sub(1)?;
+        let through = oldest
+            .unwrap_or_else(|| self.next_operation.load(Ordering::Relaxed))
+            .checked_sub(1)?;
         (through > 0).then_some(OperationId(through))
     }
 
@@ -152,7 +178,10 @@ impl DirectoryLink {
     /// applied reads as `Skip`.
     pub async fn reserve(&self, item: ReserveItem) -> Result<ReserveOutcome, LinkError> {
         let operation = self.begin();
-        let result = match self.call(DirectoryRequest::Reserve { operation, item }).await {
+        let result = match self
+            .call(DirectoryRequest::Reserve { operation, item })
+            .await
+        {
             Ok(DirectoryReply::Reserved(outcome)) => Ok(outcome),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
             Err(LinkError::Wire(_)) => match self.resolve(operation).await {
@@ -168,9 +197,20 @@ impl DirectoryLink {
 
     /// Publishes a written replica. A lost reply is resolved; `Err(Unresolved)` means the
     /// storage must stay allocated, `Ok(None)` that the commit was not applied.
-    pub async fn commit(&self, replica: ReplicaId, location: Location) -> Result<Option<CommitOutcome>, LinkError> {
+    pub async fn commit(
+        &self,
+        replica: ReplicaId,
+        location: Location,
+    ) -> Result<Option<CommitOutcome>, LinkError> {
         let operation = self.begin();
-        let result = match self.call(DirectoryRequest::Commit { operation, replica, location }).await {
+        let result = match self
+            .call(DirectoryRequest::Commit {
+                operation,
+                replica,
+                location,
+            })
+            .await
+        {
             Ok(DirectoryReply::Committed(outcome)) => Ok(Some(outcome)),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
             Err(LinkError::Wire(_)) => match self.resolve(operation).await {
@@ -187,7 +227,13 @@ impl DirectoryLink {
     async fn resolve(&self, operation: OperationId) -> Result<ResolveOutcome, LinkError> {
         let mut last_error = None;
         for _ in 0..RESOLVE_ATTEMPTS_MAX {
-            match self.call(DirectoryRequest::Resolve { target: self.session, operation }).await {
+            match self
+                .call(DirectoryRequest::Resolve {
+                    target: self.session,
+                    operation,
+                })
+                .await
+            {
                 Ok(DirectoryReply::Resolved(outcome)) => return Ok(outcome),
                 Ok(other) => return Err(LinkError::Unexpected(format!("{other:?}"))),
                 Err(LinkError::Wire(error)) => {

@@ -41,7 +41,13 @@ impl NodeActor {
         heartbeat_interval: Duration,
         exit: tokio::sync::mpsc::Sender<NodeExit>,
     ) -> NodeActor {
-        NodeActor { link, pools, heartbeat_interval, exit, busy: false }
+        NodeActor {
+            link,
+            pools,
+            heartbeat_interval,
+            exit,
+            busy: false,
+        }
     }
 }
 
@@ -64,11 +70,19 @@ impl Actor for NodeActor {
 }
 
 /// One heartbeat round: heartbeat, reconnect if the connection was lost, run tasks.
-async fn beat(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>, exit: &tokio::sync::mpsc::Sender<NodeExit>) {
-    let heartbeat = DirectoryRequest::Heartbeat { acknowledged_through: link.acknowledged_through() };
+async fn beat(
+    link: &DirectoryLink,
+    pools: &HashMap<PoolId, Addr<PoolActor>>,
+    exit: &tokio::sync::mpsc::Sender<NodeExit>,
+) {
+    let heartbeat = DirectoryRequest::Heartbeat {
+        acknowledged_through: link.acknowledged_through(),
+    };
     match link.call(heartbeat).await {
         Ok(_) => {}
-        Err(LinkError::Refused(ProtocolError::Directory(DirectoryError::Fenced { .. } | DirectoryError::UnknownSession))) => {
+        Err(LinkError::Refused(ProtocolError::Directory(
+            DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
+        ))) => {
             let _ = exit.try_send(NodeExit::Fenced);
             return;
         }
@@ -83,7 +97,12 @@ async fn beat(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>, ex
             return;
         }
     }
-    let tasks = match link.call(DirectoryRequest::PollTasks { max: TASKS_PER_POLL }).await {
+    let tasks = match link
+        .call(DirectoryRequest::PollTasks {
+            max: TASKS_PER_POLL,
+        })
+        .await
+    {
         Ok(DirectoryReply::Tasks(tasks)) => tasks,
         _ => return,
     };
@@ -93,7 +112,13 @@ async fn beat(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>, ex
             tracing::error!(?location, "reclaim task for a pool this node does not own");
             continue;
         };
-        match pool.send(Free { allocation: location.allocation, generation: location.generation }).await {
+        match pool
+            .send(Free {
+                allocation: location.allocation,
+                generation: location.generation,
+            })
+            .await
+        {
             Ok(Ok(_)) => {
                 if let Err(error) = link.call(DirectoryRequest::ReclaimAck { replica }).await {
                     tracing::warn!(%error, ?replica, "reclaim acknowledgement failed");

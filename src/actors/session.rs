@@ -7,7 +7,9 @@
 use super::directory::{Call, DirectoryActor};
 use super::frames::{frame_stream, spawn_writer, REPLIES_QUEUED_MAX};
 use crate::model::SessionId;
-use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS};
+use crate::wire::messages::{
+    DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS,
+};
 use crate::wire::{codec, RawFrame, WireError};
 use actix::prelude::*;
 use tokio::sync::mpsc;
@@ -72,7 +74,9 @@ impl SessionActor {
                 self.reply(request_id, DirectoryReply::Hello(agreed), context);
             }
             None => {
-                let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                let error = ProtocolError::UnsupportedVersion {
+                    supported: SUPPORTED_VERSIONS.to_vec(),
+                };
                 self.reply(request_id, DirectoryReply::Error(error), context);
                 context.stop();
             }
@@ -81,11 +85,19 @@ impl SessionActor {
 
     fn forward(&mut self, request_id: u64, request: DirectoryRequest, context: &mut Context<Self>) {
         if self.inflight >= INFLIGHT_REQUESTS_MAX {
-            self.reply(request_id, DirectoryReply::Error(ProtocolError::Busy), context);
+            self.reply(
+                request_id,
+                DirectoryReply::Error(ProtocolError::Busy),
+                context,
+            );
             return;
         }
         self.inflight += 1;
-        let call = Call { peer: self.peer.clone(), session: self.session, request };
+        let call = Call {
+            peer: self.peer.clone(),
+            session: self.session,
+            request,
+        };
         self.directory
             .send(call)
             .into_actor(self)
@@ -122,12 +134,17 @@ impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
         let frame = match frame {
             Ok(frame) => frame,
             Err(WireError::UnknownVersion { request_id, .. }) => {
-                let error = ProtocolError::UnsupportedVersion { supported: SUPPORTED_VERSIONS.to_vec() };
+                let error = ProtocolError::UnsupportedVersion {
+                    supported: SUPPORTED_VERSIONS.to_vec(),
+                };
                 return self.reply(request_id, DirectoryReply::Error(error), context);
             }
             Err(error) => {
                 tracing::warn!(peer = %self.peer, %error, "closing a connection that broke the framing");
-                self.connection.close(quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR), error.to_string().as_bytes());
+                self.connection.close(
+                    quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
+                    error.to_string().as_bytes(),
+                );
                 return context.stop();
             }
         };
@@ -140,7 +157,9 @@ impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
             }
         };
         match (self.phase, request) {
-            (Phase::AwaitingHello, DirectoryRequest::Hello(hello)) => self.hello(request_id, &hello, context),
+            (Phase::AwaitingHello, DirectoryRequest::Hello(hello)) => {
+                self.hello(request_id, &hello, context)
+            }
             (Phase::AwaitingHello, _) => {
                 let error = ProtocolError::Sequence("the first frame must be hello".into());
                 self.reply(request_id, DirectoryReply::Error(error), context);

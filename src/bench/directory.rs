@@ -268,3 +268,83 @@ fn measure_bare_index(ids: &[ObjectId], lookups: &[u32]) -> f64 {
     black_box(found);
     per_second(lookups.len() as u64, started)
 }
+
+/// Options of `kvtier bench directory`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DirectoryBenchArgs {
+    /// Measure the directory core in this process (no network).
+    #[arg(long)]
+    pub in_process: bool,
+    /// In-process directory sizes, in objects.
+    #[arg(long, value_delimiter = ',', default_value = "100000,10000000")]
+    pub objects: Vec<u64>,
+    /// Batch sizes of the probes over QUIC.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub batches: Vec<usize>,
+    /// Objects stored before probing over QUIC.
+    #[arg(long, default_value_t = 20_000)]
+    pub stored_objects: u64,
+    /// Sequential round trips per batch size (latency).
+    #[arg(long, default_value_t = 3000)]
+    pub round_trips: u32,
+    /// Requests in flight at once in the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Keys probed per batch size in the throughput phase.
+    #[arg(long, default_value_t = 400_000)]
+    pub throughput_keys: u64,
+    /// Seed of the object ids and lookup order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the benchmark the options select and prints its report.
+pub fn run(exe: &std::path::Path, args: &DirectoryBenchArgs) -> anyhow::Result<()> {
+    if args.in_process {
+        let report = run_in_process(&args.objects, args.seed, !args.json)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print_in_process(&report);
+        }
+        return Ok(());
+    }
+    let report = super::directory_quic::run(exe, args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        super::directory_quic::print(&report);
+    }
+    Ok(())
+}
+
+fn print_in_process(report: &InProcessReport) {
+    println!(
+        "{:>10} {:>16} {:>16} {:>18} {:>16} {:>8} {:>10} {:>12}",
+        "objects",
+        "reserve+commit/s",
+        "probe keys/s",
+        "acquire+release/s",
+        "bare index/s",
+        "ratio",
+        "B/object",
+        "table B/obj"
+    );
+    for size in &report.sizes {
+        println!(
+            "{:>10} {:>16.0} {:>16.0} {:>18.0} {:>16.0} {:>8.2} {:>10.1} {:>12.1}",
+            size.objects,
+            size.reserve_commit_per_s,
+            size.probe_keys_per_s,
+            size.acquire_release_per_s,
+            size.bare_index_lookups_per_s,
+            size.probe_ratio_to_bare_index,
+            size.bytes_per_object,
+            size.table_bytes_per_object
+        );
+    }
+    println!("ratio = probe keys/s over a bare hash index's lookups/s on the same keys, same run");
+}

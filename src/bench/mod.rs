@@ -2,7 +2,9 @@
 //! the same run (memcpy, a bare hash index, loopback transport) and reports the ratio,
 //! with fixed seeds and distributions from histograms.
 
+pub mod data;
 pub mod directory;
+pub mod directory_quic;
 pub mod histogram;
 
 /// Resident memory of this process in bytes, from `/proc/self/statm` (0 where unavailable).

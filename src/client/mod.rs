@@ -75,7 +75,10 @@ impl Client {
         let rpc = RpcClient::spawn(
             reader,
             writer,
-            RpcConfig { inflight_requests_max: CLIENT_INFLIGHT_MAX, request_timeout: CLIENT_REQUEST_TIMEOUT },
+            RpcConfig {
+                inflight_requests_max: CLIENT_INFLIGHT_MAX,
+                request_timeout: CLIENT_REQUEST_TIMEOUT,
+            },
         )?;
         match rpc.call(ClientRequest::Hello(Hello::ours())).await? {
             ClientReply::Hello(_) => {}
@@ -88,12 +91,19 @@ impl Client {
         let mut pools = HashMap::new();
         for mapping in mappings {
             let memory = SharedMemory::open(Path::new(&mapping.path), Some(mapping.pool_uuid))
-                .map_err(|source| ClientError::Pool { pool: mapping.pool, source })?;
+                .map_err(|source| ClientError::Pool {
+                    pool: mapping.pool,
+                    source,
+                })?;
             pools.insert(mapping.pool, memory);
         }
         let (dropped_leases, queue) = mpsc::channel(DROPPED_LEASES_QUEUED_MAX);
         tokio::spawn(release_dropped(rpc.clone(), queue));
-        Ok(Client { rpc, pools: Arc::new(pools), dropped_leases })
+        Ok(Client {
+            rpc,
+            pools: Arc::new(pools),
+            dropped_leases,
+        })
     }
 
     async fn call(&self, request: ClientRequest) -> Result<ClientReply, ClientError> {
@@ -104,8 +114,14 @@ impl Client {
     }
 
     /// Registers (or looks up) a namespace; objects carry the returned id.
-    pub async fn register_namespace(&self, descriptor: NamespaceDescriptor) -> Result<NamespaceId, ClientError> {
-        match self.call(ClientRequest::RegisterNamespace(descriptor)).await? {
+    pub async fn register_namespace(
+        &self,
+        descriptor: NamespaceDescriptor,
+    ) -> Result<NamespaceId, ClientError> {
+        match self
+            .call(ClientRequest::RegisterNamespace(descriptor))
+            .await?
+        {
             ClientReply::Namespace(id) => Ok(id),
             other => Err(unexpected(other)),
         }
@@ -113,17 +129,29 @@ impl Client {
 
     /// Stores one object's bytes.
     pub async fn store(&self, object: ObjectId, bytes: &[u8]) -> Result<StoreOutcome, ClientError> {
-        let grant = self.call(ClientRequest::BeginStore { object, length_bytes: bytes.len() as u64 }).await?;
+        let grant = self
+            .call(ClientRequest::BeginStore {
+                object,
+                length_bytes: bytes.len() as u64,
+            })
+            .await?;
         let (ticket, location) = match grant {
             ClientReply::Grant(StoreGrant::Write { ticket, location }) => (ticket, location),
-            ClientReply::Grant(StoreGrant::AlreadyPresent) => return Ok(StoreOutcome::AlreadyPresent),
+            ClientReply::Grant(StoreGrant::AlreadyPresent) => {
+                return Ok(StoreOutcome::AlreadyPresent)
+            }
             ClientReply::Grant(StoreGrant::Pending) => return Ok(StoreOutcome::Pending),
             ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
             other => return Err(unexpected(other)),
         };
-        let written = self
-            .memory(location.pool)
-            .and_then(|memory| memory.write_at(location.offset_bytes, bytes).map_err(|source| ClientError::Pool { pool: location.pool, source }));
+        let written = self.memory(location.pool).and_then(|memory| {
+            memory
+                .write_at(location.offset_bytes, bytes)
+                .map_err(|source| ClientError::Pool {
+                    pool: location.pool,
+                    source,
+                })
+        });
         if let Err(error) = written {
             let _ = self.call(ClientRequest::AbortStore { ticket }).await;
             return Err(error);
@@ -136,13 +164,26 @@ impl Client {
     }
 
     /// Stores several objects, pipelined; one outcome per item, in order.
-    pub async fn store_many(&self, items: &[(ObjectId, &[u8])]) -> Vec<Result<StoreOutcome, ClientError>> {
-        futures_util::future::join_all(items.iter().map(|(object, bytes)| self.store(*object, bytes))).await
+    pub async fn store_many(
+        &self,
+        items: &[(ObjectId, &[u8])],
+    ) -> Vec<Result<StoreOutcome, ClientError>> {
+        futures_util::future::join_all(
+            items
+                .iter()
+                .map(|(object, bytes)| self.store(*object, bytes)),
+        )
+        .await
     }
 
     /// Which objects are cached where this node can read them. Reserves nothing.
     pub async fn probe(&self, objects: &[ObjectId]) -> Result<Vec<ProbeOutcome>, ClientError> {
-        match self.call(ClientRequest::Probe { objects: objects.to_vec() }).await? {
+        match self
+            .call(ClientRequest::Probe {
+                objects: objects.to_vec(),
+            })
+            .await?
+        {
             ClientReply::Probed(outcomes) => Ok(outcomes),
             other => Err(unexpected(other)),
         }
@@ -150,8 +191,18 @@ impl Client {
 
     /// Leases the objects and returns zero-copy views into the mapped pools, one per item
     /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
-    pub async fn load(&self, objects: &[ObjectId], mode: AcquireMode) -> Result<Vec<Option<LoadedView>>, ClientError> {
-        let outcomes = match self.call(ClientRequest::Acquire { objects: objects.to_vec(), mode }).await? {
+    pub async fn load(
+        &self,
+        objects: &[ObjectId],
+        mode: AcquireMode,
+    ) -> Result<Vec<Option<LoadedView>>, ClientError> {
+        let outcomes = match self
+            .call(ClientRequest::Acquire {
+                objects: objects.to_vec(),
+                mode,
+            })
+            .await?
+        {
             ClientReply::Acquired(outcomes) => outcomes,
             other => return Err(unexpected(other)),
         };
@@ -167,7 +218,11 @@ impl Client {
 
     /// Loads the objects into `buffers` (one per object, each at least the object's length)
     /// and releases the leases; returns which were hits.
-    pub async fn load_into(&self, objects: &[ObjectId], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, ClientError> {
+    pub async fn load_into(
+        &self,
+        objects: &[ObjectId],
+        buffers: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
         let mut hits = Vec::with_capacity(views.len());
         let mut leases = Vec::new();
@@ -194,16 +249,23 @@ impl Client {
         if leases.is_empty() {
             return Ok(());
         }
-        match self.call(ClientRequest::Release { leases: leases.to_vec() }).await? {
+        match self
+            .call(ClientRequest::Release {
+                leases: leases.to_vec(),
+            })
+            .await?
+        {
             ClientReply::Released(_) => Ok(()),
             other => Err(unexpected(other)),
         }
     }
 
     fn memory(&self, pool: PoolId) -> Result<&SharedMemory, ClientError> {
-        self.pools
-            .get(&pool)
-            .ok_or_else(|| ClientError::Unexpected(format!("the node named pool {pool}, which this client has not mapped")))
+        self.pools.get(&pool).ok_or_else(|| {
+            ClientError::Unexpected(format!(
+                "the node named pool {pool}, which this client has not mapped"
+            ))
+        })
     }
 
     fn view(&self, lease: Lease) -> Result<LoadedView, ClientError> {
@@ -211,8 +273,15 @@ impl Client {
         // Validate the range now; the view re-borrows it from the shared pool map.
         memory
             .slice(lease.location.offset_bytes, lease.location.length_bytes)
-            .map_err(|source| ClientError::Pool { pool: lease.location.pool, source })?;
-        Ok(LoadedView { pools: self.pools.clone(), lease, dropped_leases: Some(self.dropped_leases.clone()) })
+            .map_err(|source| ClientError::Pool {
+                pool: lease.location.pool,
+                source,
+            })?;
+        Ok(LoadedView {
+            pools: self.pools.clone(),
+            lease,
+            dropped_leases: Some(self.dropped_leases.clone()),
+        })
     }
 }
 
@@ -230,7 +299,11 @@ impl LoadedView {
         let location = self.lease.location;
         self.pools
             .get(&location.pool)
-            .and_then(|memory| memory.slice(location.offset_bytes, location.length_bytes).ok())
+            .and_then(|memory| {
+                memory
+                    .slice(location.offset_bytes, location.length_bytes)
+                    .ok()
+            })
             .unwrap_or(&[])
     }
 
@@ -256,10 +329,17 @@ impl Drop for LoadedView {
 }
 
 /// Releases leases of dropped views in batches.
-async fn release_dropped(rpc: RpcClient<ClientRequest, ClientReply>, mut queue: mpsc::Receiver<LeaseId>) {
+async fn release_dropped(
+    rpc: RpcClient<ClientRequest, ClientReply>,
+    mut queue: mpsc::Receiver<LeaseId>,
+) {
     let mut batch = Vec::new();
     while queue.recv_many(&mut batch, 256).await > 0 {
-        let _ = rpc.call(ClientRequest::Release { leases: std::mem::take(&mut batch) }).await;
+        let _ = rpc
+            .call(ClientRequest::Release {
+                leases: std::mem::take(&mut batch),
+            })
+            .await;
     }
 }
 

@@ -38,10 +38,16 @@ pub struct DirectoryConfig {
     /// Reservations one session holds at once (stores in flight).
     pub reservations_per_session_max: u32,
     /// How long a lease protects a replica without being released.
-    #[serde(rename = "lease_duration_ms", with = "crate::model::time::milliseconds")]
+    #[serde(
+        rename = "lease_duration_ms",
+        with = "crate::model::time::milliseconds"
+    )]
     pub lease_duration: Duration,
     /// How long a reservation waits for its commit before its bytes are returned.
-    #[serde(rename = "reservation_duration_ms", with = "crate::model::time::milliseconds")]
+    #[serde(
+        rename = "reservation_duration_ms",
+        with = "crate::model::time::milliseconds"
+    )]
     pub reservation_duration: Duration,
     /// Silence after which a session is suspect: its host replicas are hidden.
     #[serde(rename = "suspect_after_ms", with = "crate::model::time::milliseconds")]

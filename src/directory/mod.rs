@@ -137,7 +137,9 @@ impl Directory {
         request: OpenRequest,
     ) -> Result<OpenReply, DirectoryError> {
         if request.node_name.is_empty() || request.node_name.len() > NAME_BYTES_MAX {
-            return Err(DirectoryError::InvalidPool("node name empty or too long".into()));
+            return Err(DirectoryError::InvalidPool(
+                "node name empty or too long".into(),
+            ));
         }
         let open_sessions = self
             .sessions
@@ -324,20 +326,28 @@ impl Directory {
             return Err(DirectoryError::InvalidPool("zero capacity".into()));
         }
         if !spec.page_bytes.is_power_of_two() || spec.page_bytes > spec.capacity_bytes {
-            return Err(DirectoryError::InvalidPool("page size must be a power of two within capacity".into()));
+            return Err(DirectoryError::InvalidPool(
+                "page size must be a power of two within capacity".into(),
+            ));
         }
         if spec.name.is_empty() || spec.name.len() > NAME_BYTES_MAX {
-            return Err(DirectoryError::InvalidPool("pool name empty or too long".into()));
+            return Err(DirectoryError::InvalidPool(
+                "pool name empty or too long".into(),
+            ));
         }
         match (session, spec.scope) {
             (Some(session), Scope::Host(node)) => {
                 if self.open_session(session)?.node != node {
-                    return Err(DirectoryError::InvalidPool("host pool of another node".into()));
+                    return Err(DirectoryError::InvalidPool(
+                        "host pool of another node".into(),
+                    ));
                 }
             }
             (None, Scope::Domain(_)) => {}
             _ => {
-                return Err(DirectoryError::InvalidPool("host pools come from their node, shared pools from the directory".into()))
+                return Err(DirectoryError::InvalidPool(
+                    "host pools come from their node, shared pools from the directory".into(),
+                ))
             }
         }
         let key = (spec.scope, spec.name.clone());
@@ -349,7 +359,9 @@ impl Directory {
                 if record.spec == spec && record.owner_session == session {
                     return Ok(pool);
                 }
-                return Err(DirectoryError::InvalidPool("pool already registered and in use".into()));
+                return Err(DirectoryError::InvalidPool(
+                    "pool already registered and in use".into(),
+                ));
             }
             *record = PoolRecord::new(spec, session);
             return Ok(pool);

@@ -140,7 +140,9 @@ impl NamespaceDescriptor {
     fn validate(&self) -> Result<(), NamespaceError> {
         for (field, text) in [("model", &self.model), ("revision", &self.revision)] {
             if text.is_empty() {
-                return Err(NamespaceError::Missing { field: field.into() });
+                return Err(NamespaceError::Missing {
+                    field: field.into(),
+                });
             }
         }
         for (field, text) in [
@@ -150,7 +152,9 @@ impl NamespaceDescriptor {
             ("quantization", self.quantization.as_ref()),
         ] {
             if text.is_some_and(|text| text.len() > NAMESPACE_TEXT_BYTES_MAX) {
-                return Err(NamespaceError::TooLong { field: field.into() });
+                return Err(NamespaceError::TooLong {
+                    field: field.into(),
+                });
             }
         }
         for (field, number) in [
@@ -163,7 +167,9 @@ impl NamespaceDescriptor {
             ("pipeline_parallel", self.pipeline_parallel),
         ] {
             if number == 0 {
-                return Err(NamespaceError::Missing { field: field.into() });
+                return Err(NamespaceError::Missing {
+                    field: field.into(),
+                });
             }
         }
         if !SUPPORTED_FORMAT_VERSIONS.contains(&self.format_version) {
@@ -285,14 +291,18 @@ mod tests {
                     model: String::new(),
                     ..llama()
                 },
-                NamespaceError::Missing { field: "model".into() },
+                NamespaceError::Missing {
+                    field: "model".into(),
+                },
             ),
             (
                 NamespaceDescriptor {
                     layers: 0,
                     ..llama()
                 },
-                NamespaceError::Missing { field: "layers".into() },
+                NamespaceError::Missing {
+                    field: "layers".into(),
+                },
             ),
             (
                 NamespaceDescriptor {
@@ -316,7 +326,9 @@ mod tests {
                     adapter: Some("a".repeat(300)),
                     ..llama()
                 },
-                NamespaceError::TooLong { field: "adapter".into() },
+                NamespaceError::TooLong {
+                    field: "adapter".into(),
+                },
             ),
         ];
         for (descriptor, expected) in cases {

@@ -16,9 +16,14 @@ use std::sync::Arc;
 /// Runs the directory until SIGINT or SIGTERM. Must run inside an actix `System`.
 pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     let section = &config.directory;
-    let server_config = tls::server_config(&section.certs, &section.name)
-        .with_context(|| format!("loading the directory certificate from {}", section.certs.display()))?;
-    let endpoint = quic::server_endpoint(section.listen, server_config).context("binding the QUIC endpoint")?;
+    let server_config = tls::server_config(&section.certs, &section.name).with_context(|| {
+        format!(
+            "loading the directory certificate from {}",
+            section.certs.display()
+        )
+    })?;
+    let endpoint = quic::server_endpoint(section.listen, server_config)
+        .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
     serve_metrics(section.metrics, metrics.clone()).await?;
     let grants: HashMap<String, NodeGrant> = config
@@ -26,10 +31,22 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
         .iter()
         .map(|node| {
             let (domains, namespaces) = node.access();
-            (node.name.clone(), NodeGrant { domains, namespaces })
+            (
+                node.name.clone(),
+                NodeGrant {
+                    domains,
+                    namespaces,
+                },
+            )
         })
         .collect();
-    let directory = DirectoryActor::new(Directory::new(section.limits.clone()), grants, metrics, section.tick_interval()).start();
+    let directory = DirectoryActor::new(
+        Directory::new(section.limits.clone()),
+        grants,
+        metrics,
+        section.tick_interval(),
+    )
+    .start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     let accepting = endpoint.clone();
     actix_rt::spawn(async move {

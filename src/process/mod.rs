@@ -8,7 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// Serves `/metrics` on `address` in the background, when configured.
-pub async fn serve_metrics(address: Option<SocketAddr>, metrics: Arc<crate::metrics::Metrics>) -> anyhow::Result<()> {
+pub async fn serve_metrics(
+    address: Option<SocketAddr>,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> anyhow::Result<()> {
     if let Some(address) = address {
         let listener = tokio::net::TcpListener::bind(address).await?;
         tracing::info!(address = %listener.local_addr()?, "serving /metrics");

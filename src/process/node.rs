@@ -28,7 +28,11 @@ const ALLOCATIONS_MAX: u32 = 1 << 22;
 pub fn fresh_uuid() -> u128 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |time| time.as_nanos()));
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |time| time.as_nanos()),
+    );
     hasher.write_u32(std::process::id());
     let high = hasher.finish();
     hasher.write_u64(high);
@@ -72,9 +76,15 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
     serve_metrics(section.metrics, metrics).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
-    let heartbeat_interval = Duration::from_millis(config.directory.limits.suspect_after.as_millis() as u64 / 3).max(Duration::from_millis(10));
+    let heartbeat_interval =
+        Duration::from_millis(config.directory.limits.suspect_after.as_millis() as u64 / 3)
+            .max(Duration::from_millis(10));
     NodeActor::new(link.clone(), pools.clone(), heartbeat_interval, exit_sender).start();
-    let services = NodeServices { link: link.clone(), pools, mappings: vec![mapping] };
+    let services = NodeServices {
+        link: link.clone(),
+        pools,
+        mappings: vec![mapping],
+    };
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
     actix_rt::spawn(async move {
@@ -94,7 +104,9 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&section.socket);
     let _ = std::fs::remove_file(&pool_path);
     match outcome? {
-        Some(NodeExit::Fenced) => bail!("the directory fenced this node's session; restart it to open a new epoch"),
+        Some(NodeExit::Fenced) => {
+            bail!("the directory fenced this node's session; restart it to open a new epoch")
+        }
         None => {
             let _ = link.call(DirectoryRequest::Close).await;
             Ok(())
@@ -107,7 +119,8 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
 fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
     let path = &section.cpu_pool.path;
     if path.exists() {
-        std::fs::remove_file(path).with_context(|| format!("removing the old pool file {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the old pool file {}", path.display()))?;
     }
     let started = Instant::now();
     let pool = CpuPool::create(&CpuPoolConfig {
@@ -123,10 +136,19 @@ fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
 }
 
 /// Opens the session, retrying while the directory is not up yet.
-async fn open_link(target: DirectoryAddress, section: &NodeSection) -> anyhow::Result<DirectoryLink> {
+async fn open_link(
+    target: DirectoryAddress,
+    section: &NodeSection,
+) -> anyhow::Result<DirectoryLink> {
     let deadline = Instant::now() + DIRECTORY_WAIT;
     loop {
-        match DirectoryLink::open(target.clone(), section.write_order.clone(), section.read_order.clone()).await {
+        match DirectoryLink::open(
+            target.clone(),
+            section.write_order.clone(),
+            section.read_order.clone(),
+        )
+        .await
+        {
             Ok(link) => return Ok(link),
             Err(error) if Instant::now() < deadline => {
                 tracing::info!(%error, "directory not reachable yet; retrying");

@@ -4,12 +4,12 @@
 //! one reply with the same request id.
 
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, OpenReply, ProbeOutcome, ReclaimOutcome,
-    ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
+    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, OpenReply, ProbeOutcome,
+    ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
-    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, ObjectId, OperationId, PoolId, PoolSpec,
-    PoolUsage, ReplicaId, SessionId,
+    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, ObjectId, OperationId,
+    PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -31,13 +31,20 @@ impl Hello {
     pub fn ours() -> Hello {
         Hello {
             versions: SUPPORTED_VERSIONS.to_vec(),
-            capabilities: CAPABILITIES.iter().map(|capability| capability.to_string()).collect(),
+            capabilities: CAPABILITIES
+                .iter()
+                .map(|capability| capability.to_string())
+                .collect(),
         }
     }
 
     /// The version and capabilities both sides share, or `None` when no version is common.
     pub fn negotiate(&self, peer: &Hello) -> Option<Hello> {
-        let version = self.versions.iter().filter(|version| peer.versions.contains(version)).max()?;
+        let version = self
+            .versions
+            .iter()
+            .filter(|version| peer.versions.contains(version))
+            .max()?;
         Some(Hello {
             versions: vec![*version],
             capabilities: self
@@ -56,23 +63,53 @@ pub enum DirectoryRequest {
     Hello(Hello),
     /// Opens a session for the node named by the connection's certificate. Media orders come
     /// from the node; domains and namespace access from the directory's configuration.
-    Open { write_order: Vec<Medium>, read_order: Vec<Medium> },
+    Open {
+        write_order: Vec<Medium>,
+        read_order: Vec<Medium>,
+    },
     /// Binds a new connection to the node's still-open session after a connection loss.
-    Resume { session: SessionId },
-    Heartbeat { acknowledged_through: Option<OperationId> },
+    Resume {
+        session: SessionId,
+    },
+    Heartbeat {
+        acknowledged_through: Option<OperationId>,
+    },
     Close,
     RegisterPool(PoolSpec),
     RegisterNamespace(NamespaceDescriptor),
-    Reserve { operation: OperationId, item: ReserveItem },
-    Commit { operation: OperationId, replica: ReplicaId, location: Location },
-    Resolve { target: SessionId, operation: OperationId },
-    Probe { objects: Vec<ObjectId> },
-    Acquire { objects: Vec<ObjectId>, mode: AcquireMode },
-    Release { leases: Vec<LeaseId> },
-    Retire { replica: ReplicaId },
-    ReclaimAck { replica: ReplicaId },
+    Reserve {
+        operation: OperationId,
+        item: ReserveItem,
+    },
+    Commit {
+        operation: OperationId,
+        replica: ReplicaId,
+        location: Location,
+    },
+    Resolve {
+        target: SessionId,
+        operation: OperationId,
+    },
+    Probe {
+        objects: Vec<ObjectId>,
+    },
+    Acquire {
+        objects: Vec<ObjectId>,
+        mode: AcquireMode,
+    },
+    Release {
+        leases: Vec<LeaseId>,
+    },
+    Retire {
+        replica: ReplicaId,
+    },
+    ReclaimAck {
+        replica: ReplicaId,
+    },
     Usage,
-    PollTasks { max: u32 },
+    PollTasks {
+        max: u32,
+    },
 }
 
 /// One registered pool's usage, as reported by `usage`.
@@ -142,13 +179,27 @@ pub enum ClientRequest {
     RegisterNamespace(NamespaceDescriptor),
     /// Reserves room for an object; on a grant, the client writes the bytes at the returned
     /// location in its own mapping, then sends `CommitStore`.
-    BeginStore { object: ObjectId, length_bytes: u64 },
-    CommitStore { ticket: u64 },
+    BeginStore {
+        object: ObjectId,
+        length_bytes: u64,
+    },
+    CommitStore {
+        ticket: u64,
+    },
     /// Gives a grant back unwritten.
-    AbortStore { ticket: u64 },
-    Probe { objects: Vec<ObjectId> },
-    Acquire { objects: Vec<ObjectId>, mode: AcquireMode },
-    Release { leases: Vec<LeaseId> },
+    AbortStore {
+        ticket: u64,
+    },
+    Probe {
+        objects: Vec<ObjectId>,
+    },
+    Acquire {
+        objects: Vec<ObjectId>,
+        mode: AcquireMode,
+    },
+    Release {
+        leases: Vec<LeaseId>,
+    },
 }
 
 /// A pool the client can map.
@@ -165,7 +216,10 @@ pub struct PoolMapping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreGrant {
     /// Write `location.length_bytes` bytes at `location.offset_bytes` of the pool, then commit.
-    Write { ticket: u64, location: Location },
+    Write {
+        ticket: u64,
+        location: Location,
+    },
     AlreadyPresent,
     Pending,
     /// Every eligible pool is full: the store is skipped, existing hits stay.

@@ -1,0 +1,199 @@
+//! `kvtier bench directory`: batched probes over QUIC with mutual TLS against a directory
+//! process on loopback, as a node would send them. The floor is measured in the same run:
+//! a round trip that the directory's session actor answers without touching the core.
+
+use super::directory::{object_ids, DirectoryBenchArgs};
+use super::histogram::Histogram;
+use super::SplitMix;
+use crate::actors::link::{DirectoryAddress, DirectoryLink};
+use crate::demo::demo_namespace;
+use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
+use crate::launch::{ClusterSpec, LocalCluster, BENCH_PEER};
+use crate::model::{AllocationId, Generation, Location, Medium, PoolSpec, Scope};
+use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello};
+use anyhow::{bail, Context};
+use futures_util::stream::{self, StreamExt};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes each stored benchmark object claims (metadata only; nothing is written).
+const OBJECT_BYTES: u64 = 256 << 10;
+
+/// Figures for one batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchReport {
+    pub batch: usize,
+    /// Keys probed per second with `concurrency` requests in flight.
+    pub keys_per_s: f64,
+    /// Sequential round-trip latency of one probe request.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+/// The benchmark's output.
+#[derive(Clone, Debug, Serialize)]
+pub struct QuicReport {
+    /// p50 of a round trip answered by the session actor alone (transport + framing).
+    pub floor_p50_us: f64,
+    pub batches: Vec<BatchReport>,
+}
+
+/// Starts a local cluster, connects as the benchmark peer and measures.
+pub fn run(exe: &std::path::Path, args: &DirectoryBenchArgs) -> anyhow::Result<QuicReport> {
+    let cluster = LocalCluster::start(
+        exe,
+        &ClusterSpec {
+            nodes: 1,
+            metrics: false,
+            ..ClusterSpec::default()
+        },
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(measure(&cluster, args))
+}
+
+async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::Result<QuicReport> {
+    let target = DirectoryAddress {
+        address: cluster.config.directory.listen,
+        server_name: cluster.config.directory.name.clone(),
+        certs: cluster.config.directory.certs.clone(),
+        node_name: BENCH_PEER.into(),
+        bind: "127.0.0.1:0".parse()?,
+    };
+    let link = Arc::new(DirectoryLink::open(target, vec![Medium::Cpu], vec![Medium::Cpu]).await?);
+    let pool_spec = PoolSpec {
+        name: "bench-cpu".into(),
+        medium: Medium::Cpu,
+        scope: Scope::Host(link.node),
+        capacity_bytes: (args.stored_objects + 1) * OBJECT_BYTES,
+        page_bytes: 4096,
+    };
+    let DirectoryReply::Pool(pool) = link.call(DirectoryRequest::RegisterPool(pool_spec)).await?
+    else {
+        bail!("pool registration failed");
+    };
+    let DirectoryReply::Namespace(_) = link
+        .call(DirectoryRequest::RegisterNamespace(demo_namespace()))
+        .await?
+    else {
+        bail!("namespace registration failed");
+    };
+    let ids = object_ids(&demo_namespace(), args.stored_objects, args.seed)?;
+    let stores = stream::iter(ids.iter().enumerate()).map(|(index, object)| {
+        let link = link.clone();
+        async move {
+            let ReserveOutcome::Granted { replica, .. } = link
+                .reserve(ReserveItem {
+                    object: *object,
+                    length_bytes: OBJECT_BYTES,
+                })
+                .await?
+            else {
+                bail!("reserve not granted");
+            };
+            let location = Location {
+                pool,
+                allocation: AllocationId(index as u64),
+                generation: Generation(1),
+                offset_bytes: index as u64 * OBJECT_BYTES,
+                length_bytes: OBJECT_BYTES,
+            };
+            match link.commit(replica, location).await? {
+                Some(CommitOutcome::Committed) => Ok(()),
+                other => bail!("commit answered {other:?}"),
+            }
+        }
+    });
+    let results: Vec<anyhow::Result<()>> =
+        stores.buffer_unordered(args.concurrency).collect().await;
+    results
+        .into_iter()
+        .collect::<anyhow::Result<Vec<()>>>()
+        .context("storing the benchmark objects")?;
+    let _ = link
+        .call(DirectoryRequest::Heartbeat {
+            acknowledged_through: link.acknowledged_through(),
+        })
+        .await;
+
+    let mut floor = Histogram::default();
+    for _ in 0..args.round_trips {
+        let started = Instant::now();
+        let _ = link.call(DirectoryRequest::Hello(Hello::ours())).await;
+        floor.record(started.elapsed());
+    }
+    let mut rng = SplitMix(args.seed ^ 0xbeef);
+    let mut batches = Vec::new();
+    for &batch in &args.batches {
+        let batch = batch.max(1);
+        let draw = |rng: &mut SplitMix| -> Vec<crate::model::ObjectId> {
+            (0..batch)
+                .map(|_| ids[rng.below(ids.len() as u64) as usize])
+                .collect()
+        };
+        let mut latency = Histogram::default();
+        for _ in 0..args.round_trips {
+            let objects = draw(&mut rng);
+            let started = Instant::now();
+            link.call(DirectoryRequest::Probe { objects }).await?;
+            latency.record(started.elapsed());
+        }
+        let requests = (args.throughput_keys / batch as u64).max(1);
+        let probes: Vec<Vec<crate::model::ObjectId>> =
+            (0..requests).map(|_| draw(&mut rng)).collect();
+        let started = Instant::now();
+        let replies: Vec<anyhow::Result<()>> = stream::iter(probes)
+            .map(|objects| {
+                let link = link.clone();
+                async move {
+                    match link.call(DirectoryRequest::Probe { objects }).await? {
+                        DirectoryReply::Probed(_) => Ok(()),
+                        other => bail!("probe answered {other:?}"),
+                    }
+                }
+            })
+            .buffer_unordered(args.concurrency)
+            .collect()
+            .await;
+        replies.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        let keys_per_s = (requests * batch as u64) as f64 / started.elapsed().as_secs_f64();
+        batches.push(BatchReport {
+            batch,
+            keys_per_s,
+            p50_us: latency.quantile(0.5).as_secs_f64() * 1e6,
+            p99_us: latency.quantile(0.99).as_secs_f64() * 1e6,
+            max_us: latency.max().as_secs_f64() * 1e6,
+        });
+    }
+    Ok(QuicReport {
+        floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
+        batches,
+    })
+}
+
+/// Prints the report as a table.
+pub fn print(report: &QuicReport) {
+    println!(
+        "{:>6} {:>14} {:>10} {:>10} {:>10} {:>14}",
+        "batch", "keys/s", "p50 us", "p99 us", "max us", "p50 / floor"
+    );
+    for batch in &report.batches {
+        println!(
+            "{:>6} {:>14.0} {:>10.1} {:>10.1} {:>10.1} {:>14.2}",
+            batch.batch,
+            batch.keys_per_s,
+            batch.p50_us,
+            batch.p99_us,
+            batch.max_us,
+            batch.p50_us / report.floor_p50_us.max(1e-9)
+        );
+    }
+    println!(
+        "floor: a round trip answered by the session actor alone, p50 {:.1} us (same run)",
+        report.floor_p50_us
+    );
+}
