@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 pub const CLIENT_INFLIGHT_MAX: usize = 256;
 /// How long one request to the node may take.
 pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Leases released by dropped views, queued for the background releaser; past this the
-/// lease simply expires at the directory.
+/// Leases queued for the background releaser (dropped views, finished copies); past this
+/// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
 
 /// Why a client call failed. A full cluster is not an error (see [`StoreOutcome`]).
@@ -217,27 +217,26 @@ impl Client {
     }
 
     /// Loads the objects into `buffers` (one per object, each at least the object's length)
-    /// and releases the leases; returns which were hits.
-    pub async fn load_into(
-        &self,
-        objects: &[ObjectId],
-        buffers: &mut [&mut [u8]],
-    ) -> Result<Vec<bool>, ClientError> {
+    /// and gives the leases back; returns which were hits. The leases are released in the
+    /// background in batches (inline when that queue is full): the copies are done, so
+    /// nothing waits on the release.
+    pub async fn load_into(&self, objects: &[ObjectId], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
         let mut hits = Vec::with_capacity(views.len());
         let mut leases = Vec::new();
         for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
-            match view {
-                Some(view) if buffer.len() >= view.bytes().len() => {
-                    buffer[..view.bytes().len()].copy_from_slice(view.bytes());
-                    leases.push(view.into_lease());
-                    hits.push(true);
-                }
-                Some(view) => {
-                    leases.push(view.into_lease());
-                    hits.push(false);
-                }
-                None => hits.push(false),
+            let Some(view) = view else {
+                hits.push(false);
+                continue;
+            };
+            let fits = buffer.len() >= view.bytes().len();
+            if fits {
+                buffer[..view.bytes().len()].copy_from_slice(view.bytes());
+            }
+            hits.push(fits);
+            let lease = view.into_lease();
+            if self.dropped_leases.try_send(lease).is_err() {
+                leases.push(lease);
             }
         }
         self.release(&leases).await?;
