@@ -3,19 +3,22 @@
 //! allocations, and remembers the grants and leases it handed out so that a client that
 //! disconnects gives them back.
 
+use super::directory::error_label;
 use super::frames::{frame_stream, spawn_writer};
 use super::link::{DirectoryLink, LinkError};
 use super::pool::{Allocate, Free, PoolActor};
 use crate::directory::{AcquireOutcome, CommitOutcome, ReserveItem, ReserveOutcome};
+use crate::metrics::{Metrics, Operation};
 use crate::model::{LeaseId, Location, PoolId, ReplicaId};
 use crate::wire::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, PoolMapping,
-    ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
+    PoolMapping, ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
 };
 use crate::wire::{codec, RawFrame, WireError};
 use actix::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
@@ -30,6 +33,7 @@ pub struct NodeServices {
     pub link: Arc<DirectoryLink>,
     pub pools: HashMap<PoolId, Addr<PoolActor>>,
     pub mappings: Vec<PoolMapping>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// A granted, unwritten store.
@@ -81,6 +85,8 @@ impl ClientSessionActor {
 
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
         let services = self.services.clone();
+        let operation = operation_label(&request);
+        let started = Instant::now();
         let work: std::pin::Pin<Box<dyn std::future::Future<Output = (ClientReply, Change)>>> =
             match request {
                 ClientRequest::Hello(_) => {
@@ -88,11 +94,12 @@ impl ClientSessionActor {
                     return self.reply(request_id, ClientReply::Error(error), context);
                 }
                 ClientRequest::Describe => {
-                    return self.reply(
-                        request_id,
-                        ClientReply::Pools(services.mappings.clone()),
-                        context,
-                    );
+                    let description = NodeDescription {
+                        node: services.link.node,
+                        epoch: services.link.epoch,
+                        pools: services.mappings.clone(),
+                    };
+                    return self.reply(request_id, ClientReply::Described(description), context);
                 }
                 ClientRequest::RegisterNamespace(descriptor) => Box::pin(async move {
                     let reply = match services
@@ -206,6 +213,16 @@ impl ClientSessionActor {
             };
         work.into_actor(self)
             .map(move |(reply, change), actor, context| {
+                let error = match &reply {
+                    ClientReply::Error(error) => Some(error_label(error)),
+                    _ => None,
+                };
+                if let Some(operation) = operation {
+                    actor
+                        .services
+                        .metrics
+                        .observe_request(operation, started.elapsed(), error);
+                }
                 match change {
                     Change::None => {}
                     Change::Ticket(ticket, granted) => {
@@ -222,6 +239,19 @@ impl ClientSessionActor {
             })
             .spawn(context);
     }
+}
+
+/// The metrics label of a client request (none for what the node answers itself).
+fn operation_label(request: &ClientRequest) -> Option<Operation> {
+    Some(match request {
+        ClientRequest::Hello(_) | ClientRequest::Describe => return None,
+        ClientRequest::RegisterNamespace(_) => Operation::Open,
+        ClientRequest::BeginStore { .. } => Operation::Reserve,
+        ClientRequest::CommitStore { .. } | ClientRequest::AbortStore { .. } => Operation::Commit,
+        ClientRequest::Probe { .. } => Operation::Probe,
+        ClientRequest::Acquire { .. } => Operation::Acquire,
+        ClientRequest::Release { .. } => Operation::Release,
+    })
 }
 
 fn unknown_ticket() -> ProtocolError {

@@ -77,8 +77,13 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
         }
         let source: Vec<u8> = (0..size * count).map(|index| (index % 251) as u8).collect();
         let memcpy_gbps = measure_memcpy(&source, size);
-        let (store_gbps, load_gbps) =
-            runtime.block_on(measure_client(&client, &ids, &source, size, args.concurrency))?;
+        let (store_gbps, load_gbps) = runtime.block_on(measure_client(
+            &client,
+            &ids,
+            &source,
+            size,
+            args.concurrency,
+        ))?;
         chunks.push(ChunkReport {
             size,
             store_gbps,

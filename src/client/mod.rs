@@ -9,7 +9,7 @@
 
 use crate::backends::{PoolError, SharedMemory};
 use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome};
-use crate::model::{LeaseId, NamespaceDescriptor, NamespaceId, ObjectId, PoolId};
+use crate::model::{Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId};
 use crate::wire::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
@@ -64,6 +64,8 @@ pub struct Client {
     rpc: RpcClient<ClientRequest, ClientReply>,
     pools: Arc<HashMap<PoolId, SharedMemory>>,
     dropped_leases: mpsc::Sender<LeaseId>,
+    node: NodeId,
+    epoch: Epoch,
 }
 
 impl Client {
@@ -84,12 +86,12 @@ impl Client {
             ClientReply::Hello(_) => {}
             other => return Err(unexpected(other)),
         }
-        let mappings = match rpc.call(ClientRequest::Describe).await? {
-            ClientReply::Pools(mappings) => mappings,
+        let description = match rpc.call(ClientRequest::Describe).await? {
+            ClientReply::Described(description) => description,
             other => return Err(unexpected(other)),
         };
         let mut pools = HashMap::new();
-        for mapping in mappings {
+        for mapping in &description.pools {
             let memory = SharedMemory::open(Path::new(&mapping.path), Some(mapping.pool_uuid))
                 .map_err(|source| ClientError::Pool {
                     pool: mapping.pool,
@@ -103,7 +105,14 @@ impl Client {
             rpc,
             pools: Arc::new(pools),
             dropped_leases,
+            node: description.node,
+            epoch: description.epoch,
         })
+    }
+
+    /// The node this client is connected to, and the node's epoch when it connected.
+    pub fn node(&self) -> (NodeId, Epoch) {
+        (self.node, self.epoch)
     }
 
     async fn call(&self, request: ClientRequest) -> Result<ClientReply, ClientError> {
@@ -220,7 +229,11 @@ impl Client {
     /// and gives the leases back; returns which were hits. The leases are released in the
     /// background in batches (inline when that queue is full): the copies are done, so
     /// nothing waits on the release.
-    pub async fn load_into(&self, objects: &[ObjectId], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, ClientError> {
+    pub async fn load_into(
+        &self,
+        objects: &[ObjectId],
+        buffers: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
         let mut hits = Vec::with_capacity(views.len());
         let mut leases = Vec::new();

@@ -74,7 +74,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
     let metrics = Arc::new(Metrics::new()?);
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
-    serve_metrics(section.metrics, metrics).await?;
+    serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
     let heartbeat_interval =
         Duration::from_millis(config.directory.limits.suspect_after.as_millis() as u64 / 3)
@@ -84,6 +84,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         link: link.clone(),
         pools,
         mappings: vec![mapping],
+        metrics,
     };
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");

@@ -8,8 +8,8 @@ use crate::directory::{
     ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
-    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, ObjectId, OperationId,
-    PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
+    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
+    OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -174,7 +174,7 @@ pub enum ProtocolError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientRequest {
     Hello(Hello),
-    /// The pools this client may map: their files, UUIDs and sizes.
+    /// The node's identity and epoch, and the pools this client may map.
     Describe,
     RegisterNamespace(NamespaceDescriptor),
     /// Reserves room for an object; on a grant, the client writes the bytes at the returned
@@ -212,6 +212,15 @@ pub struct PoolMapping {
     pub data_bytes: u64,
 }
 
+/// The answer to `Describe`. A client that sees the epoch change knows the node restarted
+/// and its pools were created anew.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDescription {
+    pub node: NodeId,
+    pub epoch: Epoch,
+    pub pools: Vec<PoolMapping>,
+}
+
 /// The answer to `BeginStore`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreGrant {
@@ -230,7 +239,7 @@ pub enum StoreGrant {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientReply {
     Hello(Hello),
-    Pools(Vec<PoolMapping>),
+    Described(NodeDescription),
     Namespace(NamespaceId),
     Grant(StoreGrant),
     Stored(CommitOutcome),
