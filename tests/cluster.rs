@@ -1,0 +1,342 @@
+//! End-to-end tests over real processes: a directory and nodes of the built binary on
+//! loopback, QUIC with mutual TLS, shared-memory pools under /dev/shm and engine clients on
+//! Unix sockets. Each waits on conditions with deadlines, never on fixed sleeps.
+
+use kvtier::actors::link::{DirectoryAddress, DirectoryLink, LinkError};
+use kvtier::client::{Client, ClientError, StoreOutcome};
+use kvtier::demo::{demo_namespace, fill_chunk};
+use kvtier::directory::{AcquireMode, ProbeOutcome};
+use kvtier::launch::{ClusterSpec, LocalCluster, BENCH_PEER};
+use kvtier::model::{Medium, ObjectId, PrefixDigest};
+use kvtier::wire::messages::{
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
+};
+use kvtier::wire::{codec, read_frame, tls, FrameHeader};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const CHUNK: usize = 256 << 10;
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_kvtier"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn small_cluster(nodes: usize) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes,
+        cpu_pool_bytes: 16 << 20,
+        suspect_after_ms: 600,
+        fence_after_ms: 2500,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(exe(), &spec).unwrap()
+}
+
+fn object(namespace: kvtier::model::NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
+    let prefix = PrefixDigest::ROOT.chain(&[index]);
+    let mut bytes = vec![0u8; CHUNK];
+    fill_chunk(&prefix, &mut bytes);
+    (
+        ObjectId {
+            namespace,
+            prefix,
+            shard: 0,
+            part: 0,
+        },
+        bytes,
+    )
+}
+
+/// Polls `condition` until it holds or `deadline` passes.
+async fn eventually<F, Fut>(what: &str, deadline: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + deadline;
+    while !condition().await {
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn bench_link_target(cluster: &LocalCluster) -> DirectoryAddress {
+    DirectoryAddress {
+        address: cluster.config.directory.listen,
+        server_name: cluster.config.directory.name.clone(),
+        certs: cluster.config.directory.certs.clone(),
+        node_name: BENCH_PEER.into(),
+        bind: "127.0.0.1:0".parse().unwrap(),
+    }
+}
+
+#[test]
+fn store_load_isolation_bad_peers_and_metrics() {
+    let cluster = small_cluster(2);
+    let runtime = runtime();
+    runtime.block_on(async {
+        let a = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let b = Client::connect(&cluster.socket(1).unwrap()).await.unwrap();
+        let namespace = a.register_namespace(demo_namespace()).await.unwrap();
+        b.register_namespace(demo_namespace()).await.unwrap();
+
+        // A store on node A's client and a load on the same node round-trip exactly.
+        let (first, bytes) = object(namespace, 1);
+        assert_eq!(a.store(first, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert_eq!(
+            a.store(first, &bytes).await.unwrap(),
+            StoreOutcome::AlreadyPresent
+        );
+        let views = a.load(&[first], AcquireMode::Each).await.unwrap();
+        let view = views[0].as_ref().expect("hit on the writer's node");
+        assert_eq!(view.bytes(), &bytes[..]);
+        assert_eq!(view.lease().medium, Medium::Cpu);
+        let mut buffer = vec![0u8; CHUNK];
+        assert_eq!(
+            a.load_into(&[first], &mut [&mut buffer[..]]).await.unwrap(),
+            vec![true]
+        );
+        assert_eq!(buffer, bytes);
+        drop(views);
+
+        // Node B cannot acquire node A's private CPU replica.
+        assert_eq!(b.probe(&[first]).await.unwrap(), vec![ProbeOutcome::Miss]);
+        assert!(b.load(&[first], AcquireMode::Each).await.unwrap()[0].is_none());
+
+        // A full cluster gives SKIP, never an error, and existing hits stay.
+        let mut skipped = false;
+        for index in 2..200 {
+            let (id, bytes) = object(namespace, index);
+            if a.store(id, &bytes).await.unwrap() == StoreOutcome::Skipped {
+                skipped = true;
+                break;
+            }
+        }
+        assert!(skipped, "a 16 MiB pool must fill with 256 KiB chunks");
+        assert!(matches!(
+            a.probe(&[first]).await.unwrap()[0],
+            ProbeOutcome::Hit { .. }
+        ));
+
+        // Malformed frames on the node's socket: typed errors, then a broken frame closes
+        // only that connection.
+        let mut raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
+            .await
+            .unwrap();
+        let header = FrameHeader {
+            version: 1,
+            request_id: 7,
+            payload_bytes: 3,
+        };
+        raw.write_all(&header.encode()).await.unwrap();
+        raw.write_all(&[0xff, 0xff, 0xff]).await.unwrap();
+        let (request_id, reply): (u64, ClientReply) = read_frame(&mut raw).await.unwrap().unwrap();
+        assert_eq!(request_id, 7);
+        assert!(
+            matches!(reply, ClientReply::Error(ProtocolError::Malformed(_))),
+            "{reply:?}"
+        );
+        let unknown_version = FrameHeader {
+            version: 99,
+            request_id: 8,
+            payload_bytes: 0,
+        };
+        raw.write_all(&unknown_version.encode()).await.unwrap();
+        let (_, reply): (u64, ClientReply) = read_frame(&mut raw).await.unwrap().unwrap();
+        assert!(
+            matches!(
+                reply,
+                ClientReply::Error(ProtocolError::UnsupportedVersion { .. })
+            ),
+            "{reply:?}"
+        );
+        raw.write_all(b"garbage that is not a frame header")
+            .await
+            .unwrap();
+        let closed: Option<(u64, ClientReply)> = read_frame(&mut raw).await.unwrap_or(None);
+        assert!(closed.is_none(), "a broken stream is closed");
+        assert!(
+            matches!(
+                a.probe(&[first]).await.unwrap()[0],
+                ProbeOutcome::Hit { .. }
+            ),
+            "others keep working"
+        );
+
+        // A peer with a certificate from another CA is refused by the directory.
+        let foreign = cluster.root.join("foreign-certs");
+        tls::init_cluster_certs(&foreign, &["node-a".to_string()], false).unwrap();
+        let mut target = bench_link_target(&cluster);
+        target.certs = foreign;
+        target.node_name = "node-a".into();
+        let refused = DirectoryLink::open(target, vec![Medium::Cpu], vec![Medium::Cpu]).await;
+        assert!(
+            matches!(refused, Err(LinkError::Wire(_))),
+            "wrong-CA peer was not refused"
+        );
+        // A known peer with a malformed request gets a typed error and keeps its session.
+        let link = DirectoryLink::open(
+            bench_link_target(&cluster),
+            vec![Medium::Cpu],
+            vec![Medium::Cpu],
+        )
+        .await
+        .unwrap();
+        let reply = link.call(DirectoryRequest::Hello(Hello::ours())).await;
+        assert!(matches!(
+            reply,
+            Err(LinkError::Refused(ProtocolError::Sequence(_)))
+        ));
+        assert!(matches!(
+            link.call(DirectoryRequest::Usage).await,
+            Ok(DirectoryReply::Usage(_))
+        ));
+        assert!(
+            matches!(
+                a.probe(&[first]).await.unwrap()[0],
+                ProbeOutcome::Hit { .. }
+            ),
+            "others keep working"
+        );
+        let bad_namespace = ObjectId {
+            namespace: kvtier::model::NamespaceId([3; 16]),
+            ..first
+        };
+        assert!(matches!(
+            a.probe(&[bad_namespace]).await,
+            Err(ClientError::Refused(_))
+        ));
+    });
+
+    // The metrics endpoints serve the named families.
+    for (name, address) in cluster.metrics_addresses() {
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        for family in [
+            "kvtier_requests_total",
+            "kvtier_request_duration_seconds",
+            "kvtier_pool_capacity_bytes",
+            "kvtier_leases",
+            "kvtier_sessions",
+        ] {
+            assert!(body.contains(family), "{name} does not serve {family}");
+        }
+        if name == "directory" {
+            assert!(
+                body.contains("kvtier_pool_bytes{pool=\"0\",state=\"ready\"}"),
+                "{body}"
+            );
+            assert!(body.contains("op=\"probe\""));
+        }
+    }
+}
+
+#[test]
+fn killed_node_is_hidden_then_restarts_with_a_new_epoch() {
+    let mut cluster = small_cluster(1);
+    let runtime = runtime();
+    let (namespace, first_epoch, stored) = runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let (id, bytes) = object(namespace, 1);
+        assert_eq!(
+            client.store(id, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        (namespace, client.node().1, id)
+    });
+    cluster.kill_node(0).unwrap();
+    runtime.block_on(async {
+        let link = DirectoryLink::open(
+            bench_link_target(&cluster),
+            vec![Medium::Cpu],
+            vec![Medium::Cpu],
+        )
+        .await
+        .unwrap();
+        let usage = || async {
+            match link.call(DirectoryRequest::Usage).await {
+                Ok(DirectoryReply::Usage(pools)) => pools
+                    .into_iter()
+                    .find(|pool| pool.spec.name == "node-a-cpu")
+                    .map(|pool| pool.usage),
+                _ => None,
+            }
+        };
+        // Silence hides the replicas (quarantined) but frees nothing ...
+        eventually(
+            "the killed node's bytes are quarantined",
+            Duration::from_secs(20),
+            || async {
+                usage().await.is_some_and(|usage| {
+                    usage.quarantined_bytes > 0 && usage.allocated_bytes == usage.quarantined_bytes
+                })
+            },
+        )
+        .await;
+    });
+    // ... and a restarted node opens a new epoch; the old epoch's replicas are gone.
+    cluster.restart_node(0).unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        assert!(
+            client.node().1 > first_epoch,
+            "restart must open a new epoch"
+        );
+        client.register_namespace(demo_namespace()).await.unwrap();
+        assert_eq!(
+            client.probe(&[stored]).await.unwrap(),
+            vec![ProbeOutcome::Miss]
+        );
+        let (id, bytes) = object(namespace, 2);
+        assert_eq!(
+            client.store(id, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        let mut buffer = vec![0u8; CHUNK];
+        assert_eq!(
+            client
+                .load_into(&[id], &mut [&mut buffer[..]])
+                .await
+                .unwrap(),
+            vec![true]
+        );
+        assert_eq!(buffer, bytes);
+    });
+}
+
+#[test]
+fn client_requests_before_hello_are_refused() {
+    let cluster = small_cluster(1);
+    runtime().block_on(async {
+        let mut raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
+            .await
+            .unwrap();
+        let payload = codec::encode(&ClientRequest::Describe).unwrap();
+        let header = FrameHeader {
+            version: 1,
+            request_id: 1,
+            payload_bytes: payload.len() as u32,
+        };
+        raw.write_all(&header.encode()).await.unwrap();
+        raw.write_all(&payload).await.unwrap();
+        let (_, reply): (u64, ClientReply) = read_frame(&mut raw).await.unwrap().unwrap();
+        assert!(
+            matches!(reply, ClientReply::Error(ProtocolError::Sequence(_))),
+            "{reply:?}"
+        );
+    });
+}
