@@ -164,3 +164,36 @@ impl NodeSection {
         (domains, namespaces)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_configuration_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster.toml");
+        let config = ClusterConfig::load(&path).unwrap();
+        assert_eq!(config.nodes.len(), 2);
+        assert_eq!(
+            config.node("node-a").unwrap().write_order,
+            vec![Medium::Cpu, Medium::Cxl]
+        );
+        assert_eq!(
+            config.directory.limits.suspect_after,
+            Duration::from_secs(3)
+        );
+        assert!(config.node("node-c").is_err());
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[nodes]]\nname = \"a\"\nsocket = \"t\"\n[nodes.cpu_pool]\npath = \"/dev/shm/y\"\ncapacity_bytes = 65536\n";
+        let directory = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let path = directory.join("cluster.toml");
+        std::fs::write(&path, text).unwrap();
+        let error = ClusterConfig::load(&path).unwrap_err();
+        assert!(error.to_string().contains("used twice"), "{error}");
+        std::fs::remove_dir_all(directory).unwrap();
+    }
+}

@@ -103,7 +103,7 @@ impl SessionActor {
             .into_actor(self)
             .map(move |result, actor, context| {
                 actor.inflight -= 1;
-                let reply = result.unwrap_or_else(|_| DirectoryReply::Error(ProtocolError::Busy));
+                let reply = result.unwrap_or(DirectoryReply::Error(ProtocolError::Busy));
                 match &reply {
                     DirectoryReply::Opened(opened) => actor.session = Some(opened.session),
                     DirectoryReply::Resumed(session) => actor.session = Some(*session),

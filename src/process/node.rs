@@ -86,6 +86,10 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         mappings: vec![mapping],
         metrics,
     };
+    if let Some(parent) = section.socket.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
     actix_rt::spawn(async move {
