@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a started process has to become ready.
@@ -75,6 +75,16 @@ impl LocalCluster {
     /// Writes certificates and `cluster.toml` into a fresh temporary folder, then starts
     /// the directory and every node from `exe` and waits until each node serves clients.
     pub fn start(exe: &Path, spec: &ClusterSpec) -> anyhow::Result<LocalCluster> {
+        LocalCluster::start_cancellable(exe, spec, &AtomicBool::new(false))
+    }
+
+    /// [`LocalCluster::start`], giving up (and removing what was started) as soon as
+    /// `cancel` is set, e.g. by a signal during a long pool pre-fault.
+    pub fn start_cancellable(
+        exe: &Path,
+        spec: &ClusterSpec,
+        cancel: &AtomicBool,
+    ) -> anyhow::Result<LocalCluster> {
         let tag = format!(
             "{}-{}",
             std::process::id(),
@@ -126,7 +136,7 @@ impl LocalCluster {
             cluster.nodes.push((name.clone(), Some(child)));
         }
         for index in 0..cluster.nodes.len() {
-            cluster.wait_ready(index)?;
+            cluster.wait_ready_or_cancel(index, cancel)?;
         }
         Ok(cluster)
     }
@@ -149,6 +159,10 @@ impl LocalCluster {
 
     /// Waits until node `index` accepts a client (a real connection, hello and pool map).
     pub fn wait_ready(&mut self, index: usize) -> anyhow::Result<()> {
+        self.wait_ready_or_cancel(index, &AtomicBool::new(false))
+    }
+
+    fn wait_ready_or_cancel(&mut self, index: usize, cancel: &AtomicBool) -> anyhow::Result<()> {
         let socket = self.socket(index)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -165,6 +179,9 @@ impl LocalCluster {
             }
             if socket.exists() && runtime.block_on(Client::connect(&socket)).is_ok() {
                 return Ok(());
+            }
+            if cancel.load(Ordering::Relaxed) {
+                bail!("start-up cancelled");
             }
             if Instant::now() > deadline {
                 bail!(

@@ -128,8 +128,9 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Cap of the default pool size of `kvtier up`.
-const UP_POOL_BYTES_MAX: u64 = 4 << 30;
+/// Cap of the default pool size of `kvtier up`: pre-faulting takes about a second per GiB
+/// here, and a connector developer needs a working cache, not the whole machine.
+const UP_POOL_BYTES_MAX: u64 = 1 << 30;
 
 fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     let pool_bytes = args
@@ -140,11 +141,32 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
         cpu_pool_bytes: pool_bytes & !((64 << 10) - 1),
         ..ClusterSpec::default()
     };
-    let cluster = LocalCluster::start(exe, &spec)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stopped_sender, stopped) = std::sync::mpsc::channel();
+    let signal_flag = stop.clone();
+    std::thread::spawn(move || {
+        let waited = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|runtime| runtime.block_on(kvtier::process::shutdown_signal()));
+        if let Ok(Err(error)) | Err(error) = waited.map_err(anyhow::Error::from) {
+            eprintln!("cannot wait for signals: {error}");
+        }
+        signal_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = stopped_sender.send(());
+    });
     println!(
-        "kvtier is up: a directory and one node ({} MiB CPU pool)",
+        "kvtier up: starting a directory and one node ({} MiB CPU pool, pre-faulting)",
         spec.cpu_pool_bytes >> 20
     );
+    let cluster = match LocalCluster::start_cancellable(exe, &spec, &stop) {
+        Ok(cluster) => cluster,
+        Err(_) if stop.load(std::sync::atomic::Ordering::Relaxed) => {
+            println!("stopped during start-up; removed what was created");
+            return Ok(());
+        }
+        Err(error) => return Err(error),
+    };
     println!(
         "  local clients connect to {}",
         cluster.socket(0)?.display()
@@ -156,10 +178,7 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
         "  configuration and logs in {}; press Ctrl-C to stop and remove them",
         cluster.root.display()
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(kvtier::process::shutdown_signal())?;
+    let _ = stopped.recv();
     drop(cluster);
     println!("stopped; removed what was created");
     Ok(())
