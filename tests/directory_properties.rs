@@ -111,6 +111,7 @@ impl Harness {
                     scope: Scope::Domain(DomainId(1)),
                     capacity_bytes: 5 * BYTES,
                     page_bytes: 4096,
+                    extent_bytes: Some(BYTES),
                 },
             )
             .unwrap();
@@ -148,6 +149,7 @@ impl Harness {
             scope: Scope::Host(reply.node),
             capacity_bytes: 3 * BYTES,
             page_bytes: 4096,
+            extent_bytes: None,
         };
         let pool = self
             .directory
@@ -193,6 +195,7 @@ impl Harness {
                 if let Some((operation, replica, location, outcome)) = self.nodes[node].last_commit
                 {
                     let again = self.directory.commit(
+                        self.now,
                         self.nodes[node].session,
                         operation,
                         replica,
@@ -289,7 +292,10 @@ impl Harness {
             length_bytes: BYTES,
         };
         let operation = self.operation(node);
-        if let Ok(outcome) = self.directory.commit(session, operation, replica, location) {
+        if let Ok(outcome) = self
+            .directory
+            .commit(self.now, session, operation, replica, location)
+        {
             self.nodes[node].last_commit = Some((operation, replica, location, outcome));
             if outcome == CommitOutcome::Committed {
                 self.nodes[node].committed.push(replica);

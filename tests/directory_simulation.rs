@@ -7,7 +7,7 @@
 
 use kvtier::directory::*;
 use kvtier::model::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 /// SplitMix64: a tiny, seedable generator (the test must not depend on the runtime's RNG).
@@ -114,6 +114,10 @@ struct Node {
     /// When the directory last accepted this node's heartbeat. A node trusts its leases
     /// only within `fence_after` of it: past that the directory may have fenced it.
     last_heartbeat: Timestamp,
+    /// Free object-sized slots in the shared-pool extents this session holds.
+    cxl_offsets: Vec<u64>,
+    /// Every lease id this node was granted, so a duplicated reply is not taken twice.
+    seen_leases: HashSet<LeaseId>,
 }
 
 struct World {
@@ -172,6 +176,7 @@ impl World {
                     scope: Scope::Domain(DomainId(0)),
                     capacity_bytes: 12 * OBJECT_BYTES,
                     page_bytes: 4096,
+                    extent_bytes: Some(4 * OBJECT_BYTES),
                 },
             )
             .unwrap();
@@ -185,6 +190,8 @@ impl World {
                 leases: Vec::new(),
                 committed: Vec::new(),
                 last_heartbeat: Timestamp::ZERO,
+                cxl_offsets: Vec::new(),
+                seen_leases: HashSet::new(),
             })
             .collect();
         World {
@@ -283,6 +290,7 @@ impl World {
                     scope: Scope::Host(reply.node),
                     capacity_bytes: 6 * OBJECT_BYTES,
                     page_bytes: 4096,
+                    extent_bytes: None,
                 },
             )
             .unwrap();
@@ -294,6 +302,7 @@ impl World {
         state.previous_session = reply.fenced_session.or(state.previous_session);
         state.session = Some(reply.session);
         state.next_operation = 1;
+        state.cxl_offsets.clear();
         state.last_heartbeat = self.now;
     }
 
@@ -311,6 +320,7 @@ impl World {
         state.pending.clear();
         state.leases.clear();
         state.committed.clear();
+        state.cxl_offsets.clear();
         let lost: Vec<PoolId> = self
             .cpu_pools
             .iter()
@@ -335,7 +345,8 @@ impl World {
                 operation,
                 replica,
                 location,
-                self.directory.commit(session, operation, replica, location),
+                self.directory
+                    .commit(self.now, session, operation, replica, location),
             ),
             Request::Resolve {
                 target,
@@ -379,6 +390,9 @@ impl World {
                     return;
                 }
                 if let Ok(ReserveOutcome::Granted { replica, pool, .. }) = result {
+                    let Some(offset_bytes) = self.place_in_pool(node, session, pool) else {
+                        return;
+                    };
                     let allocation = AllocationId(self.next_allocation);
                     self.next_allocation += 1;
                     self.memory.insert((pool, allocation), object);
@@ -386,7 +400,7 @@ impl World {
                         pool,
                         allocation,
                         generation: Generation(1),
-                        offset_bytes: 0,
+                        offset_bytes,
                         length_bytes: OBJECT_BYTES,
                     };
                     let operation = self.operation(node);
@@ -416,7 +430,7 @@ impl World {
                             self.finish_commit(node, replica, location, Some(outcome))
                         }
                         Ok(ResolveOutcome::NotApplied) => {
-                            self.memory.remove(&(location.pool, location.allocation));
+                            self.free(node, location);
                         }
                         _ => {}
                     }
@@ -437,12 +451,9 @@ impl World {
                             );
                         }
                         self.verify(node, &lease, object);
-                        // A duplicated reply carries a lease the node already holds.
-                        if !self.nodes[node]
-                            .leases
-                            .iter()
-                            .any(|held| held.lease == lease.lease)
-                        {
+                        // A duplicated reply carries a lease the node already saw (and may
+                        // have released since).
+                        if self.nodes[node].seen_leases.insert(lease.lease) {
                             self.nodes[node].leases.push(lease);
                         }
                     }
@@ -459,7 +470,7 @@ impl World {
                             );
                         }
                     }
-                    self.memory.remove(&(location.pool, location.allocation));
+                    self.free(node, location);
                     self.nodes[node]
                         .committed
                         .retain(|committed| *committed != replica);
@@ -468,6 +479,31 @@ impl World {
             }
             Reply::Acquire(_, Err(_)) | Reply::Tasks(Err(_)) | Reply::Other => {}
         }
+    }
+
+    /// The node frees an allocation it owns; a shared-pool slot returns to its extent.
+    fn free(&mut self, node: usize, location: Location) {
+        self.memory.remove(&(location.pool, location.allocation));
+        if location.pool == self.cxl {
+            self.nodes[node].cxl_offsets.push(location.offset_bytes);
+        }
+    }
+
+    /// Where the node writes in `pool`: anywhere in its own CPU pool; in the shared pool,
+    /// inside an extent the directory granted this session (asking for one when needed).
+    fn place_in_pool(&mut self, node: usize, session: SessionId, pool: PoolId) -> Option<u64> {
+        if pool != self.cxl {
+            return Some(0);
+        }
+        if self.nodes[node].cxl_offsets.is_empty() {
+            if let Ok(ExtentGrant::Granted(extent)) = self.directory.grant_extent(session, pool) {
+                let slots = extent.length_bytes / OBJECT_BYTES;
+                self.nodes[node]
+                    .cxl_offsets
+                    .extend((0..slots).map(|slot| extent.offset_bytes + slot * OBJECT_BYTES));
+            }
+        }
+        self.nodes[node].cxl_offsets.pop()
     }
 
     fn finish_commit(
@@ -483,7 +519,7 @@ impl World {
                 self.nodes[node].committed.push(replica);
             }
             Some(CommitOutcome::AlreadyPresent) => {
-                self.memory.remove(&(location.pool, location.allocation));
+                self.free(node, location);
             }
             None => {}
         }

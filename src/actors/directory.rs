@@ -208,7 +208,7 @@ fn apply(
             replica,
             location,
         } => core
-            .commit(session, operation, replica, location)
+            .commit(now, session, operation, replica, location)
             .map(Reply::Committed),
         Request::Resolve { target, operation } => core
             .resolve(session, target, operation)

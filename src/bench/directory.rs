@@ -151,6 +151,7 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             scope: Scope::Host(NodeId(open.node.0)),
             capacity_bytes: objects.saturating_add(1024) * OBJECT_BYTES,
             page_bytes: 4096,
+            extent_bytes: None,
         },
     )?;
     directory.register_namespace(session, descriptor)?;
@@ -179,7 +180,7 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             offset_bytes: index as u64 * OBJECT_BYTES,
             length_bytes: OBJECT_BYTES,
         };
-        if directory.commit(session, OperationId(operation), replica, location)?
+        if directory.commit(now, session, OperationId(operation), replica, location)?
             != CommitOutcome::Committed
         {
             bail!("commit of object {index} did not publish");

@@ -71,6 +71,7 @@ async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::R
         scope: Scope::Host(link.node),
         capacity_bytes: (args.stored_objects + 1) * OBJECT_BYTES,
         page_bytes: 4096,
+        extent_bytes: None,
     };
     let DirectoryReply::Pool(pool) = link.call(DirectoryRequest::RegisterPool(pool_spec)).await?
     else {

@@ -35,6 +35,17 @@ pub struct DirectoryConfig {
     pub batch_items_max: u32,
     /// Tasks handed out by one `poll_tasks`.
     pub tasks_per_poll_max: u32,
+    /// Extents of shared pools one session holds at once.
+    pub extents_per_session_max: u32,
+    /// A pool above this percentage of its capacity (reserved + ready) evicts ...
+    pub high_watermark_percent: u8,
+    /// ... until it is at or below this percentage.
+    pub low_watermark_percent: u8,
+    /// Least recently used READY replicas considered per eviction (the victim policy picks
+    /// the least valuable among them).
+    pub eviction_window: u32,
+    /// Evictions started by one `tick`, so one tick stays short.
+    pub evictions_per_tick_max: u32,
     /// Reservations one session holds at once (stores in flight).
     pub reservations_per_session_max: u32,
     /// How long a lease protects a replica without being released.
@@ -75,6 +86,11 @@ impl Default for DirectoryConfig {
             batch_items_max: 4096,
             tasks_per_poll_max: 1024,
             reservations_per_session_max: 1 << 16,
+            extents_per_session_max: 4096,
+            high_watermark_percent: 95,
+            low_watermark_percent: 85,
+            eviction_window: 16,
+            evictions_per_tick_max: 4096,
             lease_duration: Duration::from_secs(30),
             reservation_duration: Duration::from_secs(30),
             suspect_after: Duration::from_secs(3),

@@ -18,6 +18,7 @@ pub enum Table {
     Namespaces,
     Ledger,
     Reservations,
+    Extents,
 }
 
 /// A refused directory request. Nothing changed; the doc of each variant says what the

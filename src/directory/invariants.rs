@@ -75,7 +75,62 @@ impl Directory {
                 );
             }
         }
+        let mut extent_replicas: HashMap<(u32, usize), u32> = HashMap::new();
+        let mut listed: HashMap<u32, u64> = HashMap::new();
         for (index, pool) in self.pools.iter().enumerate() {
+            for (id, replica) in self.replicas.coldest(crate::model::PoolId(index as u32)) {
+                assert_eq!(
+                    replica.state,
+                    ReplicaState::Ready,
+                    "{id:?} on a recency list but not READY"
+                );
+                assert_eq!(
+                    replica.pool.0 as usize, index,
+                    "{id:?} on another pool's recency list"
+                );
+                *listed.entry(index as u32).or_default() += replica.allocated_bytes;
+            }
+            if let Some(extents) = &pool.extents {
+                for (id, replica) in self
+                    .replicas
+                    .iter()
+                    .filter(|(_, replica)| replica.pool.0 as usize == index)
+                {
+                    if matches!(replica.state, ReplicaState::Ready | ReplicaState::Retiring) {
+                        assert!(
+                            extents.owner_of(replica.offset_bytes).is_some(),
+                            "{id:?} outside any granted extent"
+                        );
+                        *extent_replicas
+                            .entry((index as u32, extents.index_of(replica.offset_bytes)))
+                            .or_default() += 1;
+                    }
+                }
+                for (extent, owner, count) in extents.replica_counts() {
+                    assert_eq!(
+                        count,
+                        extent_replicas
+                            .get(&(index as u32, extent))
+                            .copied()
+                            .unwrap_or(0),
+                        "replicas of extent {extent} of pool {index}"
+                    );
+                    if let Some(owner) = owner {
+                        let open = self
+                            .sessions
+                            .get(&owner)
+                            .is_some_and(|session| session.is_open());
+                        assert!(open || count > 0, "extent {extent} of pool {index} held by an ended session with no replica");
+                    }
+                }
+            }
+        }
+        for (index, pool) in self.pools.iter().enumerate() {
+            assert_eq!(
+                listed.get(&(index as u32)).copied().unwrap_or(0),
+                pool.ready_bytes,
+                "recency list of pool {index} misses READY replicas"
+            );
             let [reserved, ready, retiring, pinned] =
                 per_pool.get(&(index as u32)).copied().unwrap_or_default();
             assert_eq!(

@@ -33,6 +33,7 @@ use crate::model::{
     DomainId, Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId, Timestamp,
 };
+use crate::policy::victims::{self, VictimCandidate, VictimConfig};
 use leases::{LeaseRecord, LeaseTable};
 use ledger::{Ledger, LedgerCheck, LedgerEntry};
 use pools::PoolRecord;
@@ -58,6 +59,8 @@ pub struct SessionTransition {
 pub struct TickReport {
     pub expired_leases: u32,
     pub expired_reservations: u32,
+    /// READY replicas the eviction policy started retiring.
+    pub evicted: u32,
     pub transitions: Vec<SessionTransition>,
 }
 
@@ -278,6 +281,11 @@ impl Directory {
         }
         for replica in reservations {
             self.abort_reservation(replica);
+        }
+        for record in &mut self.pools {
+            if let Some(extents) = &mut record.extents {
+                extents.release_empty(session);
+            }
         }
         let dropped: Vec<PoolId> = (0..self.pools.len())
             .filter(|&index| self.pools[index].owner_session == Some(session))
@@ -582,6 +590,7 @@ impl Directory {
     /// same placement scope, this one is aborted and `AlreadyPresent` returned.
     pub fn commit(
         &mut self,
+        now: Timestamp,
         session_id: SessionId,
         operation: OperationId,
         replica_id: ReplicaId,
@@ -620,6 +629,14 @@ impl Directory {
         {
             return Err(DirectoryError::LocationMismatch(replica_id));
         }
+        if let Some(extents) = &pool.extents {
+            if extents
+                .owned_extent(location.offset_bytes, replica.allocated_bytes, session_id)
+                .is_none()
+            {
+                return Err(DirectoryError::LocationMismatch(replica_id));
+            }
+        }
         let scope = pool.spec.scope;
         let object = replica.object;
         let duplicate = self.replicas.of_object(&object).any(|(other, candidate)| {
@@ -639,9 +656,15 @@ impl Directory {
                 replica.allocation = location.allocation;
                 replica.generation = location.generation;
                 replica.offset_bytes = location.offset_bytes;
+                replica.last_access = now;
                 let bytes = replica.allocated_bytes;
-                self.pools[location.pool.0 as usize].commit(bytes);
+                let record = &mut self.pools[location.pool.0 as usize];
+                record.commit(bytes);
+                if let Some(extents) = &mut record.extents {
+                    extents.add_replica(location.offset_bytes);
+                }
             }
+            self.replicas.touch(replica_id);
             CommitOutcome::Committed
         };
         if let Some(session) = self.sessions.get_mut(&session_id) {
@@ -820,6 +843,7 @@ impl Directory {
             session,
             deadline,
         });
+        self.replicas.touch(replica_id);
         let replica = self
             .replicas
             .get_mut(replica_id)
@@ -911,6 +935,7 @@ impl Directory {
             });
         }
         let (pool, bytes, leases) = (replica.pool, replica.allocated_bytes, replica.lease_count);
+        self.replicas.unlink_recency(replica_id);
         if let Some(replica) = self.replicas.get_mut(replica_id) {
             replica.state = ReplicaState::Retiring;
         }
@@ -927,6 +952,10 @@ impl Directory {
         let Some(replica) = self.replicas.get(replica_id) else {
             return;
         };
+        if self.reclaimed_by_directory(replica) {
+            self.free_replica(replica_id);
+            return;
+        }
         let task = Task {
             id: TaskId(self.next_task),
             kind: TaskKind::Reclaim {
@@ -936,6 +965,65 @@ impl Directory {
         };
         self.next_task += 1;
         self.nodes[replica.owner.0 as usize].tasks.push_back(task);
+    }
+
+    /// Whether the directory itself may free `replica`: its bytes are in an extent whose
+    /// owning session has ended, so no node sub-allocates there any more and nothing but
+    /// the directory's books needs to change.
+    fn reclaimed_by_directory(&self, replica: &replicas::Replica) -> bool {
+        let Some(extents) = &self.pools[replica.pool.0 as usize].extents else {
+            return false;
+        };
+        extents
+            .owner_of(replica.offset_bytes)
+            .is_none_or(|session| !self.sessions.get(&session).is_some_and(Session::is_open))
+    }
+
+    /// Grants the session an extent of a shared pool it maps: a range no other node may
+    /// allocate in until the extent is returned. The node sub-allocates pages inside it
+    /// without asking again. `Full` when no extent is free.
+    pub fn grant_extent(
+        &mut self,
+        session_id: SessionId,
+        pool: PoolId,
+    ) -> Result<ExtentGrant, DirectoryError> {
+        let session = self.open_session(session_id)?;
+        let record = self
+            .pools
+            .get(pool.0 as usize)
+            .ok_or(DirectoryError::UnknownPool)?;
+        let Scope::Domain(domain) = record.spec.scope else {
+            return Err(DirectoryError::InvalidPool(
+                "extents exist only in shared pools".into(),
+            ));
+        };
+        if !session.domains.contains(&domain) {
+            return Err(DirectoryError::InvalidPool(
+                "the node does not map this pool's domain".into(),
+            ));
+        }
+        let held = self
+            .pools
+            .iter()
+            .filter_map(|record| record.extents.as_ref())
+            .map(|extents| extents.held_by(session_id))
+            .sum::<u32>();
+        if held >= self.config.extents_per_session_max {
+            return Err(DirectoryError::Full(Table::Extents));
+        }
+        let Some(extents) = self.pools[pool.0 as usize].extents.as_mut() else {
+            return Err(DirectoryError::InvalidPool(
+                "shared pool without extents".into(),
+            ));
+        };
+        Ok(match extents.grant(session_id) {
+            Some((offset_bytes, length_bytes)) => ExtentGrant::Granted(Extent {
+                pool,
+                offset_bytes,
+                length_bytes,
+            }),
+            None => ExtentGrant::Full,
+        })
     }
 
     /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`).
@@ -996,6 +1084,14 @@ impl Directory {
         if replica.lease_count > 0 {
             record.pin(replica.allocated_bytes, false);
         }
+        if let (Some(extents), ReplicaState::Ready | ReplicaState::Retiring) =
+            (&mut record.extents, replica.state)
+        {
+            let sessions = &self.sessions;
+            extents.remove_replica(replica.offset_bytes, |session| {
+                sessions.get(&session).is_some_and(Session::is_open)
+            });
+        }
     }
 
     // ----- time ------------------------------------------------------------------------
@@ -1004,7 +1100,10 @@ impl Directory {
     /// sessions suspect (hiding their host replicas) and fences those silent past
     /// `fence_after`. Returns what changed.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
-        let mut report = TickReport::default();
+        let mut report = TickReport {
+            evicted: self.evict(now),
+            ..TickReport::default()
+        };
         while let Some((_, lease)) = self.leases.pop_expired(now) {
             report.expired_leases += 1;
             if let Some(session) = self.sessions.get_mut(&lease.session) {
@@ -1064,6 +1163,57 @@ impl Directory {
             });
         }
         report
+    }
+
+    /// Retires READY replicas of every pool above its high watermark until it is at or below
+    /// its low watermark, at most `evictions_per_tick_max` per call. Victims come from the
+    /// least recently used end of the pool, the victim policy choosing among the first
+    /// `eviction_window` there; leased and young replicas are never chosen.
+    fn evict(&mut self, now: Timestamp) -> u32 {
+        let high = u64::from(self.config.high_watermark_percent);
+        let low = u64::from(self.config.low_watermark_percent);
+        let victim_config = VictimConfig::default();
+        let mut evicted = 0;
+        for index in 0..self.pools.len() {
+            let pool = PoolId(index as u32);
+            let used = |record: &PoolRecord| {
+                (record.reserved_bytes + record.ready_bytes).saturating_mul(100)
+            };
+            let record = &self.pools[index];
+            if used(record) <= high * record.spec.capacity_bytes {
+                continue;
+            }
+            while evicted < self.config.evictions_per_tick_max
+                && used(&self.pools[index]) > low * self.pools[index].spec.capacity_bytes
+            {
+                let window: Vec<(ReplicaId, VictimCandidate)> = self
+                    .replicas
+                    .coldest(pool)
+                    .take(self.config.eviction_window as usize)
+                    .map(|(id, replica)| {
+                        let idle = now.saturating_since(replica.last_access);
+                        let candidate = VictimCandidate {
+                            bytes: replica.allocated_bytes,
+                            accesses: u32::from(replica.access_count),
+                            idle,
+                            age: idle,
+                            leased: replica.lease_count > 0,
+                        };
+                        (id, candidate)
+                    })
+                    .collect();
+                let candidates: Vec<VictimCandidate> =
+                    window.iter().map(|(_, candidate)| *candidate).collect();
+                let (Some(chosen), _) = victims::choose(&candidates, &victim_config) else {
+                    break;
+                };
+                if self.retire(None, window[chosen].0).is_err() {
+                    break;
+                }
+                evicted += 1;
+            }
+        }
+        evicted
     }
 
     /// A lease was removed by expiry: update its replica.

@@ -177,3 +177,19 @@ pub enum ReclaimOutcome {
     /// Unknown or already freed: nothing to do (acks are idempotent).
     Unknown,
 }
+
+/// A range of a shared pool granted to one session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub pool: PoolId,
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+}
+
+/// The outcome of `grant_extent`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExtentGrant {
+    Granted(Extent),
+    /// Every extent is held: the pool is full for new writers.
+    Full,
+}

@@ -4,6 +4,112 @@
 
 use crate::model::{PoolSpec, PoolUsage, SessionId};
 
+/// The extents of a shared pool: fixed-size ranges the directory grants to one session at a
+/// time, so two nodes never allocate the same bytes. An extent whose session ended stays
+/// held until its last replica is freed.
+#[derive(Debug)]
+pub struct ExtentTable {
+    extent_bytes: u64,
+    /// Per extent: the owning session (if granted) and its committed replicas.
+    slots: Vec<(Option<SessionId>, u32)>,
+}
+
+impl ExtentTable {
+    /// `capacity_bytes / extent_bytes` free extents (a tail smaller than an extent is unused).
+    pub fn new(capacity_bytes: u64, extent_bytes: u64) -> ExtentTable {
+        let count = capacity_bytes / extent_bytes.max(1);
+        ExtentTable {
+            extent_bytes,
+            slots: vec![(None, 0); count as usize],
+        }
+    }
+
+    /// Grants the lowest free extent to `session`: its offset and length.
+    pub fn grant(&mut self, session: SessionId) -> Option<(u64, u64)> {
+        let index = self.slots.iter().position(|(owner, _)| owner.is_none())?;
+        self.slots[index] = (Some(session), 0);
+        Some((index as u64 * self.extent_bytes, self.extent_bytes))
+    }
+
+    /// The extent holding `[offset, offset + length)` if `session` owns it entirely.
+    pub fn owned_extent(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        session: SessionId,
+    ) -> Option<usize> {
+        let index = (offset_bytes / self.extent_bytes) as usize;
+        let end = offset_bytes.checked_add(length_bytes)?;
+        let extent_end = (index as u64 + 1) * self.extent_bytes;
+        (self.slots.get(index)?.0 == Some(session) && end <= extent_end).then_some(index)
+    }
+
+    /// The session owning the extent at `offset_bytes`.
+    pub fn owner_of(&self, offset_bytes: u64) -> Option<SessionId> {
+        self.slots
+            .get((offset_bytes / self.extent_bytes) as usize)
+            .and_then(|(owner, _)| *owner)
+    }
+
+    /// Extents held by `session`.
+    pub fn held_by(&self, session: SessionId) -> u32 {
+        self.slots
+            .iter()
+            .filter(|(owner, _)| *owner == Some(session))
+            .count() as u32
+    }
+
+    /// A replica was committed at `offset_bytes`.
+    pub fn add_replica(&mut self, offset_bytes: u64) {
+        if let Some(slot) = self
+            .slots
+            .get_mut((offset_bytes / self.extent_bytes) as usize)
+        {
+            slot.1 += 1;
+        }
+    }
+
+    /// A committed replica at `offset_bytes` was freed; the extent is released when it was
+    /// the last one and its owner (per `open`) has ended.
+    pub fn remove_replica(&mut self, offset_bytes: u64, open: impl Fn(SessionId) -> bool) {
+        if let Some(slot) = self
+            .slots
+            .get_mut((offset_bytes / self.extent_bytes) as usize)
+        {
+            slot.1 = slot
+                .1
+                .checked_sub(1)
+                .expect("extent replica count underflow");
+            if slot.1 == 0 && slot.0.is_some_and(|owner| !open(owner)) {
+                *slot = (None, 0);
+            }
+        }
+    }
+
+    /// `session` ended: its empty extents are free again; the others wait for their
+    /// replicas.
+    pub fn release_empty(&mut self, session: SessionId) {
+        for slot in &mut self.slots {
+            if slot.0 == Some(session) && slot.1 == 0 {
+                *slot = (None, 0);
+            }
+        }
+    }
+
+    /// Committed replicas per extent, for invariant checks.
+    pub fn replica_counts(&self) -> impl Iterator<Item = (usize, Option<SessionId>, u32)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(index, (owner, count))| (index, *owner, *count))
+    }
+
+    /// The extent index of `offset_bytes`.
+    pub fn index_of(&self, offset_bytes: u64) -> usize {
+        (offset_bytes / self.extent_bytes) as usize
+    }
+}
+
 /// A registered pool.
 #[derive(Debug)]
 pub struct PoolRecord {
@@ -15,12 +121,18 @@ pub struct PoolRecord {
     pub ready_bytes: u64,
     pub retiring_bytes: u64,
     pub pinned_bytes: u64,
+    /// For a shared pool, who may allocate where.
+    pub extents: Option<ExtentTable>,
 }
 
 impl PoolRecord {
     /// A pool with nothing in it.
     pub fn new(spec: PoolSpec, owner_session: Option<SessionId>) -> PoolRecord {
+        let extents = spec
+            .extent_bytes
+            .map(|extent_bytes| ExtentTable::new(spec.capacity_bytes, extent_bytes));
         PoolRecord {
+            extents,
             spec,
             owner_session,
             reserved_bytes: 0,

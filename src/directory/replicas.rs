@@ -66,6 +66,9 @@ pub struct Replica {
     slot_generation: u32,
     /// Next replica of the same object, or next free slot.
     next: u32,
+    /// Neighbours in its pool's recency list (READY replicas only), or `NONE`.
+    newer: u32,
+    older: u32,
 }
 
 impl Replica {
@@ -100,6 +103,8 @@ pub struct ReplicaTable {
     index: HashTable<u32>,
     hasher: foldhash::fast::FixedState,
     replicas_max: u32,
+    /// Per pool: the most and least recently used READY replica (slot indices).
+    recency: Vec<(u32, u32)>,
 }
 
 fn split(id: ReplicaId) -> (u32, u32) {
@@ -116,6 +121,7 @@ impl ReplicaTable {
             index: HashTable::new(),
             hasher: foldhash::fast::FixedState::with_seed(hash_seed),
             replicas_max: replicas_max.min(NONE - 1),
+            recency: Vec::new(),
         }
     }
 
@@ -203,6 +209,8 @@ impl ReplicaTable {
             offset_bytes: 0,
             slot_generation: 0,
             next: head.unwrap_or(NONE),
+            newer: NONE,
+            older: NONE,
         };
         let slot = if self.free_head != NONE {
             let slot = self.free_head;
@@ -246,6 +254,7 @@ impl ReplicaTable {
     /// Removes a live replica, unlinking it from its object and bumping its slot's
     /// generation so the id goes stale. Returns the removed record.
     pub fn remove(&mut self, id: ReplicaId) -> Option<Replica> {
+        self.unlink_recency(id);
         let removed = self.get(id)?.clone();
         let (slot, _) = split(id);
         let hash = self.hash(&removed.object);
@@ -280,6 +289,72 @@ impl ReplicaTable {
         self.free_head = slot;
         self.live -= 1;
         Some(removed)
+    }
+
+    /// Puts a READY replica at the most recent end of its pool's recency list (linking it
+    /// if it is not listed yet).
+    pub fn touch(&mut self, id: ReplicaId) {
+        let Some(pool) = self.get(id).map(|replica| replica.pool.0 as usize) else {
+            return;
+        };
+        self.unlink_recency(id);
+        let (slot, _) = split(id);
+        if self.recency.len() <= pool {
+            self.recency.resize(pool + 1, (NONE, NONE));
+        }
+        let (newest, oldest) = self.recency[pool];
+        let entry = &mut self.slots[slot as usize];
+        entry.newer = NONE;
+        entry.older = newest;
+        if newest != NONE {
+            self.slots[newest as usize].newer = slot;
+        }
+        self.recency[pool] = (slot, if oldest == NONE { slot } else { oldest });
+    }
+
+    /// Takes a replica off its pool's recency list (no-op when not listed).
+    pub fn unlink_recency(&mut self, id: ReplicaId) {
+        let Some(replica) = self.get(id) else {
+            return;
+        };
+        let (slot, _) = split(id);
+        let (pool, newer, older) = (replica.pool.0 as usize, replica.newer, replica.older);
+        let Some(&(newest, oldest)) = self.recency.get(pool) else {
+            return;
+        };
+        if newer == NONE && older == NONE && newest != slot {
+            return;
+        }
+        if newer == NONE {
+            self.recency[pool].0 = older;
+        } else {
+            self.slots[newer as usize].older = older;
+        }
+        if older == NONE {
+            self.recency[pool].1 = newer;
+        } else {
+            self.slots[older as usize].newer = newer;
+        }
+        debug_assert!(oldest != NONE);
+        let entry = &mut self.slots[slot as usize];
+        entry.newer = NONE;
+        entry.older = NONE;
+    }
+
+    /// READY replicas of `pool`, least recently used first.
+    pub fn coldest(&self, pool: PoolId) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
+        let mut cursor = self
+            .recency
+            .get(pool.0 as usize)
+            .map_or(NONE, |(_, oldest)| *oldest);
+        std::iter::from_fn(move || {
+            if cursor == NONE {
+                return None;
+            }
+            let slot = cursor;
+            cursor = self.slots[slot as usize].newer;
+            Some((self.id_of(slot), &self.slots[slot as usize]))
+        })
     }
 
     /// Every live replica, in slot order (for invariant checks and bulk decisions).

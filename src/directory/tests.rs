@@ -91,6 +91,7 @@ impl Fixture {
                     scope: Scope::Host(reply.node),
                     capacity_bytes: cpu_bytes,
                     page_bytes: 4096,
+                    extent_bytes: None,
                 },
             )
             .unwrap();
@@ -114,6 +115,7 @@ impl Fixture {
                     scope: Scope::Domain(DomainId(0)),
                     capacity_bytes: bytes,
                     page_bytes: 4096,
+                    extent_bytes: Some(MIB),
                 },
             )
             .unwrap()
@@ -159,16 +161,27 @@ impl Fixture {
         object: ObjectId,
         length_bytes: u64,
     ) -> (ReplicaId, Location) {
-        let ReserveOutcome::Granted { replica, pool, .. } =
-            self.reserve(node, object, length_bytes)
+        let ReserveOutcome::Granted {
+            replica,
+            pool,
+            medium,
+            ..
+        } = self.reserve(node, object, length_bytes)
         else {
             panic!("expected a grant");
         };
-        let location = location(pool, replica.0, length_bytes);
+        let mut location = location(pool, replica.0, length_bytes);
+        if medium == Medium::Cxl {
+            let Ok(ExtentGrant::Granted(extent)) = self.directory.grant_extent(node.session, pool)
+            else {
+                panic!("no extent left for a CXL store");
+            };
+            location.offset_bytes = extent.offset_bytes;
+        }
         let operation = self.operation();
         assert_eq!(
             self.directory
-                .commit(node.session, operation, replica, location),
+                .commit(self.now, node.session, operation, replica, location),
             Ok(CommitOutcome::Committed)
         );
         self.directory.check_invariants();
@@ -381,13 +394,13 @@ fn commit_is_idempotent_and_late_retries_are_refused() {
     assert_eq!(
         fixture
             .directory
-            .commit(a.session, commit_op, replica, location),
+            .commit(fixture.now, a.session, commit_op, replica, location),
         Ok(CommitOutcome::Committed)
     );
     assert_eq!(
         fixture
             .directory
-            .commit(a.session, commit_op, replica, location),
+            .commit(fixture.now, a.session, commit_op, replica, location),
         Ok(CommitOutcome::Committed)
     );
     assert_eq!(
@@ -401,7 +414,7 @@ fn commit_is_idempotent_and_late_retries_are_refused() {
     assert_eq!(
         fixture
             .directory
-            .commit(a.session, commit_op, replica, location),
+            .commit(fixture.now, a.session, commit_op, replica, location),
         Err(DirectoryError::OperationAcknowledged(commit_op))
     );
     assert_eq!(
@@ -413,7 +426,7 @@ fn commit_is_idempotent_and_late_retries_are_refused() {
     assert!(matches!(
         fixture
             .directory
-            .commit(a.session, again, replica, location),
+            .commit(fixture.now, a.session, again, replica, location),
         Err(DirectoryError::NotOwner(_) | DirectoryError::InvalidState { .. })
     ));
     fixture.directory.check_invariants();
@@ -462,9 +475,13 @@ fn new_epoch_fences_the_old_session_and_its_late_commit() {
     assert_eq!(restarted.node, old.node);
     assert_eq!(restarted.cpu, old.cpu, "same pool name, same pool id");
     assert_eq!(
-        fixture
-            .directory
-            .commit(old.session, commit_op, replica, location(pool, 1, MIB)),
+        fixture.directory.commit(
+            fixture.now,
+            old.session,
+            commit_op,
+            replica,
+            location(pool, 1, MIB)
+        ),
         Err(DirectoryError::Fenced { epoch: Epoch(1) })
     );
     assert_eq!(
@@ -726,6 +743,7 @@ fn bad_input_gets_typed_errors() {
         scope: Scope::Host(a.node),
         capacity_bytes: MIB,
         page_bytes: 3000,
+        extent_bytes: None,
     };
     assert!(matches!(
         fixture.directory.register_pool(Some(a.session), bad_pool),
@@ -734,6 +752,7 @@ fn bad_input_gets_typed_errors() {
     let other_node = PoolSpec {
         scope: Scope::Host(NodeId(77)),
         page_bytes: 4096,
+        extent_bytes: None,
         name: "y".into(),
         medium: Medium::Cpu,
         capacity_bytes: MIB,
@@ -860,6 +879,172 @@ fn close_requires_drained_session() {
     assert_eq!(
         fixture.directory.session_state(a.session),
         Some(SessionState::Closed)
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn extents_are_disjoint_and_commits_stay_inside_their_own() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(3 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let outsider = fixture.node_with("c", MIB, vec![Medium::Cpu], vec![]);
+    let grant = |fixture: &mut Fixture, node: &NodeHandle| {
+        fixture.directory.grant_extent(node.session, cxl).unwrap()
+    };
+    let ExtentGrant::Granted(first) = grant(&mut fixture, &a) else {
+        panic!()
+    };
+    let ExtentGrant::Granted(second) = grant(&mut fixture, &b) else {
+        panic!()
+    };
+    let ExtentGrant::Granted(third) = grant(&mut fixture, &a) else {
+        panic!()
+    };
+    let mut ranges = [first, second, third].map(|extent| {
+        (
+            extent.offset_bytes,
+            extent.offset_bytes + extent.length_bytes,
+        )
+    });
+    ranges.sort();
+    assert!(
+        ranges.windows(2).all(|pair| pair[0].1 <= pair[1].0),
+        "overlapping extents {ranges:?}"
+    );
+    assert_eq!(grant(&mut fixture, &b), ExtentGrant::Full);
+    assert!(matches!(
+        fixture.directory.grant_extent(outsider.session, cxl),
+        Err(DirectoryError::InvalidPool(_))
+    ));
+    // B commits into A's extent: refused.
+    let ReserveOutcome::Granted { replica, .. } = fixture.reserve(&b, fixture.object(1), MIB)
+    else {
+        panic!()
+    };
+    let mut wrong = location(cxl, 1, MIB);
+    wrong.offset_bytes = first.offset_bytes;
+    let operation = fixture.operation();
+    assert_eq!(
+        fixture
+            .directory
+            .commit(fixture.now, b.session, operation, replica, wrong),
+        Err(DirectoryError::LocationMismatch(replica))
+    );
+    let mut right = wrong;
+    right.offset_bytes = second.offset_bytes;
+    let operation = fixture.operation();
+    assert_eq!(
+        fixture
+            .directory
+            .commit(fixture.now, b.session, operation, replica, right),
+        Ok(CommitOutcome::Committed)
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn a_dead_writers_cxl_replicas_stay_readable_and_are_reclaimed_by_the_directory() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(2 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let object = fixture.object(1);
+    let (replica, _) = fixture.store(&a, object, MIB);
+    // A dies and is fenced by silence; B keeps heartbeating.
+    let later = fixture.now + fixture.directory.config().fence_after;
+    fixture.directory.heartbeat(later, b.session, None).unwrap();
+    fixture.directory.tick(later);
+    assert_eq!(
+        fixture.directory.session_state(a.session),
+        Some(SessionState::Fenced)
+    );
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&b, object) else {
+        panic!("CXL replica lost with its writer")
+    };
+    fixture.directory.retire(None, replica).unwrap();
+    assert_eq!(
+        fixture.directory.replica_state(replica),
+        Some(ReplicaState::Retiring),
+        "a reader still holds it"
+    );
+    fixture
+        .directory
+        .release(b.session, &[lease.lease])
+        .unwrap();
+    assert_eq!(
+        fixture.directory.replica_state(replica),
+        None,
+        "freed by the directory: its writer is gone"
+    );
+    // The dead writer's extent is free again: two grants fit.
+    assert!(matches!(
+        fixture.directory.grant_extent(b.session, cxl),
+        Ok(ExtentGrant::Granted(_))
+    ));
+    assert!(matches!(
+        fixture.directory.grant_extent(b.session, cxl),
+        Ok(ExtentGrant::Granted(_))
+    ));
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn pressure_evicts_the_least_valuable_unleased_replicas_down_to_the_low_watermark() {
+    let config = DirectoryConfig {
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node("a", 10 * MIB);
+    for index in 0..10 {
+        fixture.store(&a, fixture.object(index), MIB);
+    }
+    // Object 0 is leased, object 1 was read often: both must survive.
+    let AcquireOutcome::Leased(_) = fixture.acquire_one(&a, fixture.object(0)) else {
+        panic!()
+    };
+    for _ in 0..5 {
+        let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, fixture.object(1)) else {
+            panic!()
+        };
+        fixture
+            .directory
+            .release(a.session, &[lease.lease])
+            .unwrap();
+    }
+    fixture.now = fixture.now + Duration::from_secs(1);
+    fixture
+        .directory
+        .heartbeat(fixture.now, a.session, None)
+        .unwrap();
+    let report = fixture.directory.tick(fixture.now);
+    assert_eq!(report.evicted, 5, "from 10 MiB down to 5 MiB");
+    let usage = fixture.directory.usage()[a.cpu.0 as usize].usage;
+    assert_eq!(usage.ready_bytes, 5 * MIB);
+    for kept in [0, 1] {
+        assert!(
+            matches!(
+                fixture
+                    .directory
+                    .probe(a.session, &[fixture.object(kept)])
+                    .unwrap()[0],
+                ProbeOutcome::Hit { .. }
+            ),
+            "object {kept} evicted"
+        );
+    }
+    assert_eq!(
+        fixture.directory.poll_tasks(a.session, 100).unwrap().len(),
+        5,
+        "reclaims queued for the owner"
+    );
+    assert_eq!(
+        fixture.directory.tick(fixture.now).evicted,
+        0,
+        "below the high watermark: nothing more"
     );
     fixture.directory.check_invariants();
 }

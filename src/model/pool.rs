@@ -63,6 +63,9 @@ pub struct PoolSpec {
     pub capacity_bytes: u64,
     /// Allocation granularity; every replica occupies a whole number of pages.
     pub page_bytes: u64,
+    /// For a shared pool, the size of the extents the directory grants to nodes (a
+    /// multiple of `page_bytes`); `None` for a host pool.
+    pub extent_bytes: Option<u64>,
 }
 
 impl PoolSpec {

@@ -12,3 +12,4 @@ pub mod profiles;
 /// The identity of a cached block as policies see it (a trace's hash id, or a digest of an
 /// object id). Policies only compare and hash it.
 pub type BlockId = u64;
+pub mod victims;

@@ -58,6 +58,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         scope: Scope::Host(link.node),
         capacity_bytes: section.cpu_pool.capacity_bytes,
         page_bytes: section.cpu_pool.page_bytes,
+        extent_bytes: None,
     };
     let pool_id = match link.call(DirectoryRequest::RegisterPool(spec)).await? {
         DirectoryReply::Pool(pool_id) => pool_id,
