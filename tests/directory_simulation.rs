@@ -371,7 +371,7 @@ impl World {
                 let _ = self.directory.retire(Some(session), replica);
                 Reply::Other
             }
-            Request::Poll => Reply::Tasks(self.directory.poll_tasks(session, 16)),
+            Request::Poll => Reply::Tasks(self.directory.poll_tasks(self.now, session, 16)),
             Request::ReclaimAck { replica } => {
                 let _ = self.directory.reclaim_ack(session, replica);
                 Reply::Other

@@ -220,7 +220,8 @@ fn apply(
         Request::Release { leases } => core.release(session, &leases).map(Reply::Released),
         Request::Retire { replica } => core.retire(Some(session), replica).map(Reply::Retired),
         Request::ReclaimAck { replica } => core.reclaim_ack(session, replica).map(Reply::Reclaimed),
-        Request::PollTasks { max } => core.poll_tasks(session, max).map(Reply::Tasks),
+        Request::Abort { replica } => core.abort(session, replica).map(Reply::Aborted),
+        Request::PollTasks { max } => core.poll_tasks(now, session, max).map(Reply::Tasks),
         Request::Usage => Ok(Reply::Usage(
             core.usage()
                 .into_iter()
@@ -247,7 +248,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
         Request::Reserve { .. } => Operation::Reserve,
-        Request::Commit { .. } => Operation::Commit,
+        Request::Commit { .. } | Request::Abort { .. } => Operation::Commit,
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,
         Request::Acquire { .. } => Operation::Acquire,

@@ -1,6 +1,5 @@
-//! Whole-state invariant checks, run after every step of the property and simulation
-//! tests and available to operators as a self-check. Each failure is a bug: it panics
-//! with the broken invariant.
+//! Whole-state invariant checks, run after every step of the unit, property and simulation
+//! tests. Each failure is a bug: it panics with the broken invariant.
 
 use super::replicas::ReplicaState;
 use super::sessions::SessionState;

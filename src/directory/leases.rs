@@ -26,7 +26,9 @@ struct Slot {
 /// Leases by id, bounded by `leases_max`.
 pub struct LeaseTable {
     slots: Vec<Slot>,
+    /// Free slots, reused oldest-freed first (see the replica table).
     free_head: u32,
+    free_tail: u32,
     live: u32,
     leases_max: u32,
     deadlines: VecDeque<(Timestamp, LeaseId)>,
@@ -42,6 +44,7 @@ impl LeaseTable {
         LeaseTable {
             slots: Vec::new(),
             free_head: NONE,
+            free_tail: NONE,
             live: 0,
             leases_max: leases_max.min(NONE - 1),
             deadlines: VecDeque::new(),
@@ -65,6 +68,9 @@ impl LeaseTable {
         let slot = if self.free_head != NONE {
             let slot = self.free_head as usize;
             self.free_head = self.slots[slot].next_free;
+            if self.free_head == NONE {
+                self.free_tail = NONE;
+            }
             self.slots[slot].lease = Some(record);
             slot
         } else {
@@ -97,8 +103,13 @@ impl LeaseTable {
         let slot = &mut self.slots[index];
         let record = slot.lease.take();
         slot.generation = slot.generation.wrapping_add(1);
-        slot.next_free = self.free_head;
-        self.free_head = index as u32;
+        slot.next_free = NONE;
+        if self.free_tail == NONE {
+            self.free_head = index as u32;
+        } else {
+            self.slots[self.free_tail as usize].next_free = index as u32;
+        }
+        self.free_tail = index as u32;
         self.live -= 1;
         if self.deadlines.len() > 2 * self.live as usize + 1024 {
             let slots = &self.slots;
@@ -122,11 +133,6 @@ impl LeaseTable {
             }
         }
         None
-    }
-
-    /// The earliest deadline of a live lease (or of a dead queue entry, which is earlier).
-    pub fn next_deadline(&self) -> Option<Timestamp> {
-        self.deadlines.front().map(|(deadline, _)| *deadline)
     }
 
     /// Every live lease.

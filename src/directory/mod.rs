@@ -43,6 +43,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Largest accepted object, in bytes: a chunk of KV state is megabytes, never terabytes.
 pub const OBJECT_BYTES_MAX: u64 = 1 << 32;
+/// Extents of one shared pool: 65536 extents of 64 MiB cover 4 TiB of CXL memory.
+pub const EXTENTS_PER_POOL_MAX: u64 = 1 << 16;
 /// Longest accepted node or pool name, in bytes (it becomes a metrics label).
 pub const NAME_BYTES_MAX: usize = 128;
 
@@ -160,6 +162,7 @@ impl Directory {
                     epoch: Epoch(0),
                     session: None,
                     tasks: VecDeque::new(),
+                    handed_out: VecDeque::new(),
                 });
                 self.node_ids.insert(request.node_name.clone(), node);
                 node
@@ -187,8 +190,8 @@ impl Directory {
                 epoch,
                 state: SessionState::Live,
                 last_heartbeat: now,
-                write_order: request.write_order,
-                read_order: request.read_order,
+                write_order: distinct_media(&request.write_order),
+                read_order: distinct_media(&request.read_order),
                 domains: request.domains,
                 namespaces: request.namespaces,
                 ledger: Ledger::new(self.config.ledger_entries_per_session_max as usize),
@@ -308,9 +311,23 @@ impl Directory {
         let node_record = &mut self.nodes[node.0 as usize];
         if node_record.session == Some(session) {
             node_record.session = None;
-            node_record.tasks.retain(|task| match task.kind {
-                TaskKind::Reclaim { location, .. } => !dropped.contains(&location.pool),
-            });
+            let pending: Vec<Task> = node_record
+                .tasks
+                .drain(..)
+                .chain(node_record.handed_out.drain(..).map(|(_, task)| task))
+                .collect();
+            for task in pending {
+                let TaskKind::Reclaim { replica, location } = task.kind;
+                if dropped.contains(&location.pool) {
+                    continue;
+                }
+                // The session that owned the extent is gone: nobody else will free it.
+                if self.replicas.get(replica).is_some_and(|record| self.reclaimed_by_directory(record)) {
+                    self.free_replica(replica);
+                } else {
+                    self.nodes[node.0 as usize].tasks.push_back(task);
+                }
+            }
         }
         self.retired_sessions.push_back(session);
         while self.retired_sessions.len() > self.config.retired_sessions_max as usize {
@@ -332,6 +349,19 @@ impl Directory {
     ) -> Result<PoolId, DirectoryError> {
         if spec.capacity_bytes == 0 {
             return Err(DirectoryError::InvalidPool("zero capacity".into()));
+        }
+        match (spec.scope, spec.extent_bytes) {
+            (Scope::Host(_), None) => {}
+            (Scope::Domain(_), Some(extent_bytes))
+                if extent_bytes > 0
+                    && extent_bytes % spec.page_bytes.max(1) == 0
+                    && spec.capacity_bytes / extent_bytes >= 1
+                    && spec.capacity_bytes / extent_bytes <= EXTENTS_PER_POOL_MAX => {}
+            _ => {
+                return Err(DirectoryError::InvalidPool(format!(
+                    "a shared pool needs extents (a multiple of the page size, at most {EXTENTS_PER_POOL_MAX} per pool); a host pool has none"
+                )))
+            }
         }
         if !spec.page_bytes.is_power_of_two() || spec.page_bytes > spec.capacity_bytes {
             return Err(DirectoryError::InvalidPool(
@@ -529,6 +559,7 @@ impl Directory {
                     record.reserve(allocated_bytes);
                     let medium = record.spec.medium;
                     self.reservation_deadlines.push_back((deadline, replica));
+                    self.compact_reservation_deadlines();
                     if let Some(session) = self.sessions.get_mut(&session_id) {
                         session.reservations.insert(replica);
                     }
@@ -710,6 +741,30 @@ impl Directory {
         })
     }
 
+    /// Drops the deadline entries of reservations that were committed or aborted once they
+    /// outnumber the live ones, which bounds the queue at twice the live reservations
+    /// (each bounded per session) plus a constant.
+    fn compact_reservation_deadlines(&mut self) {
+        let live: usize = self.sessions.values().map(|session| session.reservations.len()).sum();
+        if self.reservation_deadlines.len() > 2 * live + 1024 {
+            let replicas = &self.replicas;
+            self.reservation_deadlines
+                .retain(|(_, replica)| replicas.get(*replica).is_some_and(|record| record.state == ReplicaState::Reserved));
+        }
+    }
+
+    /// Gives a reservation back unwritten (the node could not allocate, or the engine
+    /// abandoned the store). Idempotent: an unknown or already resolved reservation is
+    /// `Unknown`.
+    pub fn abort(&mut self, session_id: SessionId, replica: ReplicaId) -> Result<AbortOutcome, DirectoryError> {
+        let session = self.open_session_mut(session_id)?;
+        if !session.reservations.remove(&replica) {
+            return Ok(AbortOutcome::Unknown);
+        }
+        self.abort_reservation(replica);
+        Ok(AbortOutcome::Aborted)
+    }
+
     /// Returns a reservation's bytes and removes it. Safe because no reader saw it.
     fn abort_reservation(&mut self, replica_id: ReplicaId) {
         let Some(replica) = self.replicas.get(replica_id) else {
@@ -859,6 +914,7 @@ impl Directory {
         }
         Lease {
             lease,
+            duration_ms: u64::try_from(self.config.lease_duration.as_millis()).unwrap_or(u64::MAX),
             replica: replica_id,
             medium: record.spec.medium,
             location,
@@ -1026,19 +1082,44 @@ impl Directory {
         })
     }
 
-    /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`).
-    /// A task handed out is not handed out again; if the node dies before acting on it,
-    /// fencing drops the storage it referred to.
+    /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`). A
+    /// task not acknowledged within `task_ack_timeout` is handed out again, so acting on a
+    /// task must be idempotent (freeing an already freed allocation is acknowledged).
     pub fn poll_tasks(
         &mut self,
+        now: Timestamp,
         session_id: SessionId,
         max: u32,
     ) -> Result<Vec<Task>, DirectoryError> {
         let node = self.open_session(session_id)?.node;
         let count = max.min(self.config.tasks_per_poll_max) as usize;
-        let queue = &mut self.nodes[node.0 as usize].tasks;
-        let count = count.min(queue.len());
-        Ok(queue.drain(..count).collect())
+        let record = &mut self.nodes[node.0 as usize];
+        let count = count.min(record.tasks.len());
+        let tasks: Vec<Task> = record.tasks.drain(..count).collect();
+        let retry_at = now + self.config.task_ack_timeout;
+        record.handed_out.extend(tasks.iter().map(|task| (retry_at, *task)));
+        Ok(tasks)
+    }
+
+    /// Hands out again the tasks whose acknowledgement is overdue and whose replica still
+    /// waits for its reclaim.
+    fn requeue_overdue_tasks(&mut self, now: Timestamp) {
+        for index in 0..self.nodes.len() {
+            while let Some(&(retry_at, task)) = self.nodes[index].handed_out.front() {
+                if retry_at > now {
+                    break;
+                }
+                self.nodes[index].handed_out.pop_front();
+                let TaskKind::Reclaim { replica, .. } = task.kind;
+                let waiting = self
+                    .replicas
+                    .get(replica)
+                    .is_some_and(|record| record.state == ReplicaState::Retiring && record.lease_count == 0);
+                if waiting {
+                    self.nodes[index].tasks.push_back(task);
+                }
+            }
+        }
     }
 
     /// The owner freed the replica's storage (its allocation generation moved on): the
@@ -1100,6 +1181,7 @@ impl Directory {
     /// sessions suspect (hiding their host replicas) and fences those silent past
     /// `fence_after`. Returns what changed.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
+        self.requeue_overdue_tasks(now);
         let mut report = TickReport {
             evicted: self.evict(now),
             ..TickReport::default()
@@ -1231,33 +1313,6 @@ impl Directory {
         }
     }
 
-    /// The earliest time at which [`Directory::tick`] has something to do, for arming a timer.
-    pub fn next_deadline(&self) -> Option<Timestamp> {
-        let heartbeat = self
-            .sessions
-            .values()
-            .filter(|session| session.is_open())
-            .map(|session| {
-                session.last_heartbeat
-                    + if session.state == SessionState::Live {
-                        self.config.suspect_after
-                    } else {
-                        self.config.fence_after
-                    }
-            })
-            .min();
-        [
-            self.leases.next_deadline(),
-            self.reservation_deadlines
-                .front()
-                .map(|(deadline, _)| *deadline),
-            heartbeat,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
     // ----- reports ---------------------------------------------------------------------
 
     /// Usage of every registered pool.
@@ -1351,6 +1406,21 @@ impl ReadView {
     fn rank(&self, pool: PoolId) -> Option<usize> {
         self.ranks.get(pool.0 as usize).copied().flatten()
     }
+}
+
+/// `order` without repeats, at most one entry per medium: what a node sends is bounded
+/// before the directory iterates it on every request.
+fn distinct_media(order: &[Medium]) -> Vec<Medium> {
+    let mut distinct = Vec::with_capacity(Medium::ALL.len());
+    for medium in order {
+        if !distinct.contains(medium) {
+            distinct.push(*medium);
+        }
+        if distinct.len() == Medium::ALL.len() {
+            break;
+        }
+    }
+    distinct
 }
 
 /// Whether `access` lets a node use `descriptor`'s namespace.

@@ -87,8 +87,9 @@ pub enum ResolveOutcome {
     /// It was not applied and never will be: the session is fenced, or the operation id
     /// is now burnt so a late arrival is refused.
     NotApplied,
-    /// The directory no longer knows (acknowledged or forgotten). The node must not
-    /// reuse the storage on that basis; it asks the replica's state or retires it.
+    /// The directory no longer knows (acknowledged or forgotten). The node must not reuse
+    /// the storage on that basis: it keeps the pages allocated (and counts them as lost)
+    /// until its pool is created anew.
     Unknown,
 }
 
@@ -119,6 +120,9 @@ pub enum AcquireMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub lease: LeaseId,
+    /// How long the lease lasts from its grant. A reader measures it on its own clock from
+    /// before it sent the acquire, so its local deadline is never later than the directory's.
+    pub duration_ms: u64,
     pub replica: ReplicaId,
     pub medium: Medium,
     pub location: Location,
@@ -140,6 +144,15 @@ pub enum AcquireOutcome {
 pub enum ReleaseOutcome {
     Released,
     /// Not held by this session (expired, already released, or never granted).
+    Unknown,
+}
+
+/// The outcome of `abort`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AbortOutcome {
+    /// The reservation is gone and its bytes are free.
+    Aborted,
+    /// Not a reservation of this session (already committed, aborted or expired).
     Unknown,
 }
 

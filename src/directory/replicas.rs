@@ -98,7 +98,10 @@ pub struct NewReplica {
 /// slack stays under 25% of the records at tens of millions of replicas.
 pub struct ReplicaTable {
     slots: Vec<Replica>,
+    /// Free slots, reused oldest-freed first, so a slot's generation advances as slowly as
+    /// possible (a stale id could only alias after 2^32 reuses of that very slot).
     free_head: u32,
+    free_tail: u32,
     live: u32,
     index: HashTable<u32>,
     hasher: foldhash::fast::FixedState,
@@ -117,6 +120,7 @@ impl ReplicaTable {
         ReplicaTable {
             slots: Vec::new(),
             free_head: NONE,
+            free_tail: NONE,
             live: 0,
             index: HashTable::new(),
             hasher: foldhash::fast::FixedState::with_seed(hash_seed),
@@ -216,6 +220,9 @@ impl ReplicaTable {
             let slot = self.free_head;
             let entry = &mut self.slots[slot as usize];
             self.free_head = entry.next;
+            if self.free_head == NONE {
+                self.free_tail = NONE;
+            }
             let slot_generation = entry.slot_generation;
             *entry = Replica {
                 slot_generation,
@@ -284,9 +291,14 @@ impl ReplicaTable {
         let entry = &mut self.slots[slot as usize];
         entry.state = ReplicaState::Free;
         entry.slot_generation = entry.slot_generation.wrapping_add(1);
-        entry.next = self.free_head;
+        entry.next = NONE;
         entry.lease_count = 0;
-        self.free_head = slot;
+        if self.free_tail == NONE {
+            self.free_head = slot;
+        } else {
+            self.slots[self.free_tail as usize].next = slot;
+        }
+        self.free_tail = slot;
         self.live -= 1;
         Some(removed)
     }

@@ -70,7 +70,10 @@ impl Session {
 pub struct NodeRecord {
     pub epoch: Epoch,
     pub session: Option<SessionId>,
-    /// Reclaim tasks for replicas this node owns. Each replica enters at most once, so the
-    /// queue is bounded by the replica table.
+    /// Reclaim tasks for replicas this node owns, not yet handed out. A replica is in at
+    /// most one of `tasks` and `handed_out`, so both are bounded by the replica table.
     pub tasks: VecDeque<Task>,
+    /// Tasks handed out and not yet acknowledged, with the time after which they are
+    /// handed out again (a lost reply or a failed step must not leak the bytes).
+    pub handed_out: VecDeque<(Timestamp, Task)>,
 }

@@ -103,6 +103,10 @@ pub enum DirectoryRequest {
     Retire {
         replica: ReplicaId,
     },
+    /// Gives an unwritten reservation back.
+    Abort {
+        replica: ReplicaId,
+    },
     ReclaimAck {
         replica: ReplicaId,
     },
@@ -137,6 +141,7 @@ pub enum DirectoryReply {
     Acquired(Vec<AcquireOutcome>),
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
+    Aborted(crate::directory::AbortOutcome),
     Reclaimed(ReclaimOutcome),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
