@@ -108,6 +108,7 @@ impl ClusterConfig {
         loaded.directory.certs = base.join(&loaded.directory.certs);
         for node in &mut loaded.nodes {
             node.socket = base.join(&node.socket);
+            node.cpu_pool.path = base.join(&node.cpu_pool.path);
         }
         loaded.validate()?;
         Ok(loaded)
@@ -127,6 +128,10 @@ impl ClusterConfig {
                 );
             }
         }
+        self.directory
+            .limits
+            .validate()
+            .map_err(|reason| anyhow::anyhow!("directory.limits: {reason}"))?;
         if self.directory.tick_interval_ms == 0 {
             bail!("directory.tick_interval_ms must be positive");
         }

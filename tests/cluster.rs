@@ -98,7 +98,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
         );
         let views = a.load(&[first], AcquireMode::Each).await.unwrap();
         let view = views[0].as_ref().expect("hit on the writer's node");
-        assert_eq!(view.bytes(), &bytes[..]);
+        assert_eq!(view.bytes().unwrap(), &bytes[..]);
         assert_eq!(view.lease().medium, Medium::Cpu);
         let mut buffer = vec![0u8; CHUNK];
         assert_eq!(

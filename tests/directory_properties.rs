@@ -236,7 +236,11 @@ impl Harness {
             }
             Action::PollAndAck(node) => {
                 let session = self.nodes[node].session;
-                for task in self.directory.poll_tasks(self.now, session, 8).unwrap_or_default() {
+                for task in self
+                    .directory
+                    .poll_tasks(self.now, session, 8)
+                    .unwrap_or_default()
+                {
                     let TaskKind::Reclaim { replica, .. } = task.kind;
                     for state in &self.nodes {
                         assert!(

@@ -1,13 +1,20 @@
 //! The `ClientSessionActor`: one per local engine connection on the node's Unix socket.
 //! It turns the engine's store and load requests into directory operations and pool
-//! allocations, and remembers the grants and leases it handed out so that a client that
-//! disconnects gives them back.
+//! allocations, and keeps the books of the grants and leases it handed out, so that a
+//! client that disconnects gives them back.
+//!
+//! Each request's work runs as a detached task that always finishes: if the connection is
+//! gone when it does, the task itself frees what it allocated and releases what it leased.
+//! The actor only counts, checks bounds and applies the finished work to its books.
 
 use super::directory::error_label;
 use super::frames::{frame_stream, spawn_writer};
 use super::link::{DirectoryLink, LinkError};
 use super::pool::{Allocate, Free, PoolActor};
-use crate::directory::{AcquireOutcome, CommitOutcome, ReserveItem, ReserveOutcome};
+use super::session::INFLIGHT_REQUESTS_MAX;
+use crate::directory::{
+    AcquireOutcome, CommitOutcome, ReleaseOutcome, ReserveItem, ReserveOutcome,
+};
 use crate::metrics::{Metrics, Operation};
 use crate::model::{LeaseId, Location, PoolId, ReplicaId};
 use crate::wire::messages::{
@@ -16,16 +23,21 @@ use crate::wire::messages::{
 };
 use crate::wire::{codec, RawFrame, WireError};
 use actix::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
-/// Stores one client may have granted and not yet committed.
+/// Stores one client may have granted and not yet committed (in flight included).
 pub const TICKETS_MAX: usize = 1024;
-/// Leases one client may hold through this node.
+/// Leases one client may hold through this node (in flight included).
 pub const CLIENT_LEASES_MAX: usize = 65536;
+/// A grant not committed within this long is taken back (the directory's reservation
+/// expires at about the same time).
+pub const TICKET_DURATION: Duration = Duration::from_secs(30);
 
 /// What the node shares with every client session.
 #[derive(Clone)]
@@ -47,9 +59,33 @@ struct Ticket {
 enum Change {
     None,
     Ticket(u64, Ticket),
-    Leases(Vec<LeaseId>),
-    Released(Vec<LeaseId>),
+    /// Leases granted, valid on this node's clock until the given instant.
+    Leases(Vec<(LeaseId, Instant)>),
 }
+
+/// What a finished request needs from the books: the slots it reserved at dispatch.
+#[derive(Clone, Copy)]
+enum Slots {
+    None,
+    Ticket,
+    Leases(usize),
+}
+
+/// The result of a detached request, sent back to the actor.
+struct Finished {
+    request_id: u64,
+    reply: ClientReply,
+    change: Change,
+    slots: Slots,
+    operation: Option<Operation>,
+    started: Instant,
+}
+
+impl Message for Finished {
+    type Result = ();
+}
+
+type Work = Pin<Box<dyn Future<Output = (ClientReply, Change)>>>;
 
 /// One engine connection. See the module documentation.
 pub struct ClientSessionActor {
@@ -57,9 +93,12 @@ pub struct ClientSessionActor {
     replies: mpsc::Sender<(u64, ClientReply)>,
     reader: Option<OwnedReadHalf>,
     greeted: bool,
-    tickets: HashMap<u64, Ticket>,
+    inflight: usize,
+    tickets: HashMap<u64, (Ticket, Instant)>,
+    pending_tickets: usize,
     next_ticket: u64,
-    leases: HashSet<LeaseId>,
+    leases: HashMap<LeaseId, Instant>,
+    pending_leases: usize,
 }
 
 impl ClientSessionActor {
@@ -68,12 +107,17 @@ impl ClientSessionActor {
         let (reader, writer) = stream.into_split();
         ClientSessionActor {
             services,
-            replies: spawn_writer(writer),
+            replies: spawn_writer(writer, |error| {
+                ClientReply::Error(ProtocolError::Node(error))
+            }),
             reader: Some(reader),
             greeted: false,
+            inflight: 0,
             tickets: HashMap::new(),
+            pending_tickets: 0,
             next_ticket: 1,
-            leases: HashSet::new(),
+            leases: HashMap::new(),
+            pending_leases: 0,
         }
     }
 
@@ -83,25 +127,46 @@ impl ClientSessionActor {
         }
     }
 
+    /// Drops expired leases and takes back expired grants (freeing their pages).
+    fn prune(&mut self) {
+        let now = Instant::now();
+        self.leases.retain(|_, valid_until| *valid_until > now);
+        let expired: Vec<u64> = self
+            .tickets
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(ticket, _)| *ticket)
+            .collect();
+        for ticket in expired {
+            if let Some((granted, _)) = self.tickets.remove(&ticket) {
+                let services = self.services.clone();
+                actix_rt::spawn(async move { give_back(&services, granted).await });
+            }
+        }
+    }
+
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
-        let services = self.services.clone();
+        if self.inflight >= INFLIGHT_REQUESTS_MAX {
+            return self.reply(request_id, ClientReply::Error(ProtocolError::Busy), context);
+        }
         let operation = operation_label(&request);
         let started = Instant::now();
-        let work: std::pin::Pin<Box<dyn std::future::Future<Output = (ClientReply, Change)>>> =
-            match request {
-                ClientRequest::Hello(_) => {
-                    let error = ProtocolError::Sequence("hello sent twice".into());
-                    return self.reply(request_id, ClientReply::Error(error), context);
-                }
-                ClientRequest::Describe => {
-                    let description = NodeDescription {
-                        node: services.link.node,
-                        epoch: services.link.epoch,
-                        pools: services.mappings.clone(),
-                    };
-                    return self.reply(request_id, ClientReply::Described(description), context);
-                }
-                ClientRequest::RegisterNamespace(descriptor) => Box::pin(async move {
+        let services = self.services.clone();
+        let (work, slots): (Work, Slots) = match request {
+            ClientRequest::Hello(_) => {
+                let error = ProtocolError::Sequence("hello sent twice".into());
+                return self.reply(request_id, ClientReply::Error(error), context);
+            }
+            ClientRequest::Describe => {
+                let description = NodeDescription {
+                    node: services.link.node,
+                    epoch: services.link.epoch,
+                    pools: services.mappings.clone(),
+                };
+                return self.reply(request_id, ClientReply::Described(description), context);
+            }
+            ClientRequest::RegisterNamespace(descriptor) => (
+                Box::pin(async move {
                     let reply = match services
                         .link
                         .call(DirectoryRequest::RegisterNamespace(descriptor))
@@ -112,19 +177,26 @@ impl ClientSessionActor {
                     };
                     (reply, Change::None)
                 }),
-                ClientRequest::BeginStore {
-                    object,
-                    length_bytes,
-                } => {
-                    if self.tickets.len() >= TICKETS_MAX {
+                Slots::None,
+            ),
+            ClientRequest::BeginStore {
+                object,
+                length_bytes,
+            } => {
+                if self.tickets.len() + self.pending_tickets >= TICKETS_MAX {
+                    self.prune();
+                    if self.tickets.len() + self.pending_tickets >= TICKETS_MAX {
                         return self.reply(
                             request_id,
                             ClientReply::Error(ProtocolError::Busy),
                             context,
                         );
                     }
-                    let ticket = self.next_ticket;
-                    self.next_ticket += 1;
+                }
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                self.pending_tickets += 1;
+                (
                     Box::pin(begin_store(
                         services,
                         ticket,
@@ -132,32 +204,30 @@ impl ClientSessionActor {
                             object,
                             length_bytes,
                         },
-                    ))
+                    )),
+                    Slots::Ticket,
+                )
+            }
+            ClientRequest::CommitStore { ticket } => match self.tickets.remove(&ticket) {
+                None => {
+                    return self.reply(request_id, ClientReply::Error(unknown_ticket()), context)
                 }
-                ClientRequest::CommitStore { ticket } => match self.tickets.remove(&ticket) {
-                    None => {
-                        return self.reply(
-                            request_id,
-                            ClientReply::Error(unknown_ticket()),
-                            context,
-                        )
-                    }
-                    Some(granted) => Box::pin(commit_store(services, granted)),
-                },
-                ClientRequest::AbortStore { ticket } => match self.tickets.remove(&ticket) {
-                    None => {
-                        return self.reply(
-                            request_id,
-                            ClientReply::Error(unknown_ticket()),
-                            context,
-                        )
-                    }
-                    Some(granted) => Box::pin(async move {
-                        free(&services, granted.location).await;
+                Some((granted, _)) => (Box::pin(commit_store(services, granted)), Slots::None),
+            },
+            ClientRequest::AbortStore { ticket } => match self.tickets.remove(&ticket) {
+                None => {
+                    return self.reply(request_id, ClientReply::Error(unknown_ticket()), context)
+                }
+                Some((granted, _)) => (
+                    Box::pin(async move {
+                        give_back(&services, granted).await;
                         (ClientReply::Aborted, Change::None)
                     }),
-                },
-                ClientRequest::Probe { objects } => Box::pin(async move {
+                    Slots::None,
+                ),
+            },
+            ClientRequest::Probe { objects } => (
+                Box::pin(async move {
                     let reply = match services
                         .link
                         .call(DirectoryRequest::Probe { objects })
@@ -168,76 +238,100 @@ impl ClientSessionActor {
                     };
                     (reply, Change::None)
                 }),
-                ClientRequest::Acquire { objects, mode } => {
-                    if self.leases.len() + objects.len() > CLIENT_LEASES_MAX {
+                Slots::None,
+            ),
+            ClientRequest::Acquire { objects, mode } => {
+                let wanted = objects.len();
+                if self.leases.len() + self.pending_leases + wanted > CLIENT_LEASES_MAX {
+                    self.prune();
+                    if self.leases.len() + self.pending_leases + wanted > CLIENT_LEASES_MAX {
                         return self.reply(
                             request_id,
                             ClientReply::Error(ProtocolError::Busy),
                             context,
                         );
                     }
-                    Box::pin(async move {
-                        match services
-                            .link
-                            .call(DirectoryRequest::Acquire { objects, mode })
-                            .await
-                        {
-                            Ok(DirectoryReply::Acquired(outcomes)) => {
-                                let leases = outcomes
-                                    .iter()
-                                    .filter_map(|outcome| match outcome {
-                                        AcquireOutcome::Leased(lease) => Some(lease.lease),
-                                        _ => None,
-                                    })
-                                    .collect();
-                                (ClientReply::Acquired(outcomes), Change::Leases(leases))
-                            }
-                            other => (ClientReply::Error(refusal(other)), Change::None),
-                        }
-                    })
                 }
-                ClientRequest::Release { leases } => Box::pin(async move {
-                    match services
-                        .link
-                        .call(DirectoryRequest::Release {
-                            leases: leases.clone(),
-                        })
-                        .await
-                    {
-                        Ok(DirectoryReply::Released(outcomes)) => {
-                            (ClientReply::Released(outcomes), Change::Released(leases))
-                        }
-                        other => (ClientReply::Error(refusal(other)), Change::None),
-                    }
-                }),
+                self.pending_leases += wanted;
+                (
+                    Box::pin(acquire(services, objects, mode)),
+                    Slots::Leases(wanted),
+                )
+            }
+            ClientRequest::Release { leases } => {
+                // Only this client's own leases: another engine's are not its to end.
+                let owned: Vec<bool> = leases
+                    .iter()
+                    .map(|lease| self.leases.remove(lease).is_some())
+                    .collect();
+                (Box::pin(release(services, leases, owned)), Slots::None)
+            }
+        };
+        self.inflight += 1;
+        let address = context.address();
+        let services = self.services.clone();
+        actix_rt::spawn(async move {
+            let (reply, change) = work.await;
+            let finished = Finished {
+                request_id,
+                reply,
+                change,
+                slots,
+                operation,
+                started,
             };
-        work.into_actor(self)
-            .map(move |(reply, change), actor, context| {
-                let error = match &reply {
-                    ClientReply::Error(error) => Some(error_label(error)),
-                    _ => None,
-                };
-                if let Some(operation) = operation {
-                    actor
-                        .services
-                        .metrics
-                        .observe_request(operation, started.elapsed(), error);
-                }
-                match change {
-                    Change::None => {}
-                    Change::Ticket(ticket, granted) => {
-                        actor.tickets.insert(ticket, granted);
-                    }
-                    Change::Leases(leases) => actor.leases.extend(leases),
-                    Change::Released(leases) => {
-                        for lease in leases {
-                            actor.leases.remove(&lease);
-                        }
-                    }
-                }
-                actor.reply(request_id, reply, context);
-            })
-            .spawn(context);
+            if let Err(SendError::Full(finished) | SendError::Closed(finished)) =
+                address.try_send(finished)
+            {
+                undo(&services, finished.change).await;
+            }
+        });
+    }
+}
+
+impl Handler<Finished> for ClientSessionActor {
+    type Result = ();
+
+    fn handle(&mut self, finished: Finished, context: &mut Context<Self>) {
+        self.inflight -= 1;
+        match finished.slots {
+            Slots::None => {}
+            Slots::Ticket => self.pending_tickets -= 1,
+            Slots::Leases(count) => self.pending_leases -= count,
+        }
+        match finished.change {
+            Change::None => {}
+            Change::Ticket(ticket, granted) => {
+                self.tickets
+                    .insert(ticket, (granted, Instant::now() + TICKET_DURATION));
+            }
+            Change::Leases(leases) => self.leases.extend(leases),
+        }
+        let error = match &finished.reply {
+            ClientReply::Error(error) => Some(error_label(error)),
+            _ => None,
+        };
+        if let Some(operation) = finished.operation {
+            self.services
+                .metrics
+                .observe_request(operation, finished.started.elapsed(), error);
+        }
+        self.reply(finished.request_id, finished.reply, context);
+    }
+}
+
+/// Gives back what a finished request obtained for a client that is gone.
+async fn undo(services: &NodeServices, change: Change) {
+    match change {
+        Change::None => {}
+        Change::Ticket(_, granted) => give_back(services, granted).await,
+        Change::Leases(leases) => {
+            let leases = leases.into_iter().map(|(lease, _)| lease).collect();
+            let _ = services
+                .link
+                .call(DirectoryRequest::Release { leases })
+                .await;
+        }
     }
 }
 
@@ -281,6 +375,12 @@ async fn free(services: &NodeServices, location: Location) {
     }
 }
 
+/// Frees an unwritten grant's pages and gives its reservation back to the directory.
+async fn give_back(services: &NodeServices, granted: Ticket) {
+    free(services, granted.location).await;
+    services.link.abort(granted.replica).await;
+}
+
 async fn begin_store(
     services: NodeServices,
     ticket: u64,
@@ -298,20 +398,25 @@ async fn begin_store(
         ReserveOutcome::Pending => return (ClientReply::Grant(StoreGrant::Pending), Change::None),
         ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
     };
-    let Some(actor) = services.pools.get(&pool) else {
-        return (
-            ClientReply::Error(ProtocolError::Node(format!(
-                "pool {pool} is not mapped by this node"
-            ))),
-            Change::None,
-        );
+    let allocated = match services.pools.get(&pool) {
+        Some(actor) => {
+            actor
+                .send(Allocate {
+                    length_bytes: item.length_bytes,
+                })
+                .await
+        }
+        None => {
+            services.link.abort(replica).await;
+            return (
+                ClientReply::Error(ProtocolError::Node(format!(
+                    "pool {pool} is not mapped by this node"
+                ))),
+                Change::None,
+            );
+        }
     };
-    match actor
-        .send(Allocate {
-            length_bytes: item.length_bytes,
-        })
-        .await
-    {
+    match allocated {
         Ok(Ok(allocation)) => {
             let location = Location {
                 pool,
@@ -326,12 +431,15 @@ async fn begin_store(
             )
         }
         // The pool's hard limit holds even when the directory's budget lags: skip the store
-        // and let the reservation expire.
-        Ok(Err(error)) => {
-            tracing::debug!(%error, "local pool refused an allocation the directory granted");
+        // and give the reservation back.
+        other => {
+            tracing::debug!(
+                ?other,
+                "local pool refused an allocation the directory granted"
+            );
+            services.link.abort(replica).await;
             (ClientReply::Grant(StoreGrant::Skip), Change::None)
         }
-        Err(_) => (ClientReply::Error(ProtocolError::Busy), Change::None),
     }
 }
 
@@ -359,7 +467,7 @@ async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, 
             )
         }
         Err(LinkError::Refused(error)) => {
-            free(&services, granted.location).await;
+            give_back(&services, granted).await;
             (ClientReply::Error(error), Change::None)
         }
         // Unknown outcome: the pages stay allocated, never reused on a guess.
@@ -370,10 +478,71 @@ async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, 
     }
 }
 
+async fn acquire(
+    services: NodeServices,
+    objects: Vec<crate::model::ObjectId>,
+    mode: crate::directory::AcquireMode,
+) -> (ClientReply, Change) {
+    let sent = Instant::now();
+    match services
+        .link
+        .call(DirectoryRequest::Acquire { objects, mode })
+        .await
+    {
+        Ok(DirectoryReply::Acquired(outcomes)) => {
+            let leases = outcomes
+                .iter()
+                .filter_map(|outcome| match outcome {
+                    AcquireOutcome::Leased(lease) => {
+                        Some((lease.lease, sent + Duration::from_millis(lease.duration_ms)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            (ClientReply::Acquired(outcomes), Change::Leases(leases))
+        }
+        other => (ClientReply::Error(refusal(other)), Change::None),
+    }
+}
+
+async fn release(
+    services: NodeServices,
+    leases: Vec<LeaseId>,
+    owned: Vec<bool>,
+) -> (ClientReply, Change) {
+    let mine: Vec<LeaseId> = leases
+        .iter()
+        .zip(&owned)
+        .filter(|(_, owned)| **owned)
+        .map(|(lease, _)| *lease)
+        .collect();
+    let mut outcomes = match services
+        .link
+        .call(DirectoryRequest::Release { leases: mine })
+        .await
+    {
+        Ok(DirectoryReply::Released(outcomes)) => outcomes.into_iter(),
+        other => return (ClientReply::Error(refusal(other)), Change::None),
+    };
+    let merged = owned
+        .iter()
+        .map(|owned| {
+            if *owned {
+                outcomes.next().unwrap_or(ReleaseOutcome::Unknown)
+            } else {
+                ReleaseOutcome::Unknown
+            }
+        })
+        .collect();
+    (ClientReply::Released(merged), Change::None)
+}
+
 impl Actor for ClientSessionActor {
     type Context = Context<Self>;
 
     fn started(&mut self, context: &mut Context<Self>) {
+        // Every request in flight may finish at once.
+        context.set_mailbox_capacity(INFLIGHT_REQUESTS_MAX);
         if let Some(reader) = self.reader.take() {
             context.add_stream(frame_stream(reader));
         }
@@ -381,11 +550,15 @@ impl Actor for ClientSessionActor {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         let services = self.services.clone();
-        let tickets: Vec<Ticket> = self.tickets.drain().map(|(_, ticket)| ticket).collect();
-        let leases: Vec<LeaseId> = self.leases.drain().collect();
+        let tickets: Vec<Ticket> = self
+            .tickets
+            .drain()
+            .map(|(_, (ticket, _))| ticket)
+            .collect();
+        let leases: Vec<LeaseId> = self.leases.drain().map(|(lease, _)| lease).collect();
         actix_rt::spawn(async move {
             for ticket in tickets {
-                free(&services, ticket.location).await;
+                give_back(&services, ticket).await;
             }
             for chunk in leases.chunks(1024) {
                 let _ = services

@@ -33,8 +33,10 @@ where
 }
 
 /// Spawns the task that writes `(request id, reply)` pairs to `writer` in queue order, and
-/// returns its queue. The task ends when every sender is dropped or a write fails.
-pub fn spawn_writer<W, T>(mut writer: W) -> mpsc::Sender<(u64, T)>
+/// returns its queue. A reply that cannot be encoded (too large) is replaced by the reply
+/// `unencodable` makes from the reason, so the request still gets its answer. The task
+/// ends when every sender is dropped or the stream fails.
+pub fn spawn_writer<W, T>(mut writer: W, unencodable: fn(String) -> T) -> mpsc::Sender<(u64, T)>
 where
     W: AsyncWrite + Unpin + 'static,
     T: Serialize + 'static,
@@ -42,7 +44,13 @@ where
     let (sender, mut queue) = mpsc::channel::<(u64, T)>(REPLIES_QUEUED_MAX);
     actix_rt::spawn(async move {
         while let Some((request_id, reply)) = queue.recv().await {
-            if let Err(error) = write_frame(&mut writer, request_id, &reply).await {
+            let written = match write_frame(&mut writer, request_id, &reply).await {
+                Err(error @ (WireError::Oversized { .. } | WireError::Encode { .. })) => {
+                    write_frame(&mut writer, request_id, &unencodable(error.to_string())).await
+                }
+                other => other,
+            };
+            if let Err(error) = written {
                 tracing::debug!(%error, "session writer stopped");
                 return;
             }

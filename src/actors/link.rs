@@ -4,6 +4,7 @@
 //! of assuming either outcome. The link acknowledges, with each heartbeat, every operation
 //! id below the oldest one still waiting for a reply, so the directory's ledger stays small.
 
+use super::session::INFLIGHT_REQUESTS_MAX;
 use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome, ResolveOutcome};
 use crate::model::{Epoch, Location, Medium, NodeId, OperationId, ReplicaId, SessionId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError};
@@ -18,8 +19,8 @@ use thiserror::Error;
 
 /// How long one request to the directory may take before the link resolves or retries it.
 pub const DIRECTORY_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Requests a node keeps in flight to the directory.
-pub const DIRECTORY_INFLIGHT_MAX: usize = 1024;
+/// Requests a node keeps in flight to the directory: what one directory session accepts.
+pub const DIRECTORY_INFLIGHT_MAX: usize = INFLIGHT_REQUESTS_MAX;
 /// Attempts to resolve an operation whose reply was lost before giving up with `Unknown`.
 const RESOLVE_ATTEMPTS_MAX: u32 = 3;
 
@@ -51,14 +52,13 @@ pub struct DirectoryAddress {
     pub bind: SocketAddr,
 }
 
-/// A connected, negotiated RPC channel to the directory.
-pub async fn connect(
-    target: &DirectoryAddress,
-) -> Result<RpcClient<DirectoryRequest, DirectoryReply>, LinkError> {
+type Rpc = RpcClient<DirectoryRequest, DirectoryReply>;
+
+/// A connected, negotiated RPC channel to the directory over `endpoint`.
+async fn connect(endpoint: &quinn::Endpoint, target: &DirectoryAddress) -> Result<Rpc, LinkError> {
     let config = tls::client_config(&target.certs, &target.node_name)
         .map_err(|error| LinkError::Unexpected(format!("TLS configuration: {error}")))?;
-    let endpoint = quic::client_endpoint(target.bind)?;
-    let connection = quic::connect(&endpoint, target.address, &target.server_name, config).await?;
+    let connection = quic::connect(endpoint, target.address, &target.server_name, config).await?;
     let (sender, receiver) = quic::open_session(&connection).await?;
     let rpc = RpcClient::spawn(
         receiver,
@@ -77,14 +77,37 @@ pub async fn connect(
 
 /// A node's bound session with the directory. Shared by the node's actors.
 pub struct DirectoryLink {
-    rpc: RwLock<RpcClient<DirectoryRequest, DirectoryReply>>,
+    /// The current connection and how many times it was replaced.
+    rpc: RwLock<(Rpc, u64)>,
+    /// One reconnect at a time; the others wait and reuse its result.
+    reconnecting: tokio::sync::Mutex<()>,
+    /// One UDP endpoint for every connection of this link (a fixed `bind` port stays usable).
+    endpoint: quinn::Endpoint,
     target: DirectoryAddress,
     pub session: SessionId,
     pub epoch: Epoch,
     pub node: NodeId,
+    /// The heartbeat period the directory asked for.
+    pub heartbeat_interval: Duration,
     next_operation: AtomicU64,
-    /// Operation ids sent and not yet answered (bounded by `DIRECTORY_INFLIGHT_MAX`).
+    /// Operation ids sent and not yet answered (at most `DIRECTORY_INFLIGHT_MAX` plus those
+    /// being resolved).
     outstanding: Mutex<BTreeSet<u64>>,
+}
+
+/// Removes an operation id from the outstanding set when the operation ends, however it
+/// ends (a dropped future included), so acknowledgements never stall.
+struct Outstanding<'a> {
+    link: &'a DirectoryLink,
+    operation: OperationId,
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut outstanding) = self.link.outstanding.lock() {
+            outstanding.remove(&self.operation.0);
+        }
+    }
 }
 
 impl DirectoryLink {
@@ -95,7 +118,8 @@ impl DirectoryLink {
         write_order: Vec<Medium>,
         read_order: Vec<Medium>,
     ) -> Result<DirectoryLink, LinkError> {
-        let rpc = connect(&target).await?;
+        let endpoint = quic::client_endpoint(target.bind)?;
+        let rpc = connect(&endpoint, &target).await?;
         let opened = match rpc
             .call(DirectoryRequest::Open {
                 write_order,
@@ -108,20 +132,35 @@ impl DirectoryLink {
             other => return Err(LinkError::Unexpected(format!("{other:?}"))),
         };
         Ok(DirectoryLink {
-            rpc: RwLock::new(rpc),
+            rpc: RwLock::new((rpc, 0)),
+            reconnecting: tokio::sync::Mutex::new(()),
+            endpoint,
             target,
             session: opened.session,
             epoch: opened.epoch,
             node: opened.node,
+            heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
             next_operation: AtomicU64::new(1),
             outstanding: Mutex::new(BTreeSet::new()),
         })
     }
 
-    /// Replaces a lost connection and binds it to the same session. Fails with
-    /// `Refused(Directory(Fenced))` when the session ended meanwhile.
-    pub async fn reconnect(&self) -> Result<(), LinkError> {
-        let rpc = connect(&self.target).await?;
+    fn current(&self) -> Result<(Rpc, u64), LinkError> {
+        self.rpc
+            .read()
+            .map(|current| current.clone())
+            .map_err(|_| LinkError::Unexpected("poisoned link".into()))
+    }
+
+    /// Replaces the connection that was current as `seen` (a generation from a failed
+    /// call) and binds the new one to the same session; a no-op when another task already
+    /// did. Fails with `Refused(Directory(Fenced))` when the session ended meanwhile.
+    async fn reconnect_after(&self, seen: u64) -> Result<(), LinkError> {
+        let _single_flight = self.reconnecting.lock().await;
+        if self.current()?.1 != seen {
+            return Ok(());
+        }
+        let rpc = connect(&self.endpoint, &self.target).await?;
         match rpc
             .call(DirectoryRequest::Resume {
                 session: self.session,
@@ -133,21 +172,30 @@ impl DirectoryLink {
             other => return Err(LinkError::Unexpected(format!("{other:?}"))),
         }
         if let Ok(mut current) = self.rpc.write() {
-            *current = rpc;
+            *current = (rpc, seen + 1);
         }
         Ok(())
     }
 
-    /// Sends one request; a refusal becomes `LinkError::Refused`.
+    /// Sends one request; a refusal becomes `LinkError::Refused`. A lost connection is
+    /// replaced (once, for every caller that saw it fail) before the error is returned.
     pub async fn call(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
-        let rpc = self
-            .rpc
-            .read()
-            .map_err(|_| LinkError::Unexpected("poisoned link".into()))?
-            .clone();
-        match rpc.call(request).await? {
-            DirectoryReply::Error(error) => Err(LinkError::Refused(error)),
-            reply => Ok(reply),
+        let (rpc, generation) = self.current()?;
+        match rpc.call(request).await {
+            Ok(DirectoryReply::Error(error)) => Err(LinkError::Refused(error)),
+            Ok(reply) => Ok(reply),
+            Err(error @ WireError::ConnectionLost { .. }) => {
+                match self.reconnect_after(generation).await {
+                    // The session ended while disconnected (fenced): that is the answer.
+                    Err(LinkError::Refused(refusal)) => Err(LinkError::Refused(refusal)),
+                    Err(reconnect) => {
+                        tracing::warn!(error = %reconnect, "reconnecting to the directory failed");
+                        Err(LinkError::Wire(error))
+                    }
+                    Ok(()) => Err(LinkError::Wire(error)),
+                }
+            }
+            Err(error) => Err(LinkError::Wire(error)),
         }
     }
 
@@ -160,25 +208,23 @@ impl DirectoryLink {
         (through > 0).then_some(OperationId(through))
     }
 
-    fn begin(&self) -> OperationId {
-        let operation = self.next_operation.fetch_add(1, Ordering::Relaxed);
+    fn begin(&self) -> Outstanding<'_> {
+        let operation = OperationId(self.next_operation.fetch_add(1, Ordering::Relaxed));
         if let Ok(mut outstanding) = self.outstanding.lock() {
-            outstanding.insert(operation);
+            outstanding.insert(operation.0);
         }
-        OperationId(operation)
-    }
-
-    fn end(&self, operation: OperationId) {
-        if let Ok(mut outstanding) = self.outstanding.lock() {
-            outstanding.remove(&operation.0);
+        Outstanding {
+            link: self,
+            operation,
         }
     }
 
     /// Reserves room for a store. A lost reply is resolved: a reservation that was not
     /// applied reads as `Skip`.
     pub async fn reserve(&self, item: ReserveItem) -> Result<ReserveOutcome, LinkError> {
-        let operation = self.begin();
-        let result = match self
+        let guard = self.begin();
+        let operation = guard.operation;
+        match self
             .call(DirectoryRequest::Reserve { operation, item })
             .await
         {
@@ -190,9 +236,7 @@ impl DirectoryLink {
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
             },
             Err(error) => Err(error),
-        };
-        self.end(operation);
-        result
+        }
     }
 
     /// Publishes a written replica. A lost reply is resolved; `Err(Unresolved)` means the
@@ -202,8 +246,9 @@ impl DirectoryLink {
         replica: ReplicaId,
         location: Location,
     ) -> Result<Option<CommitOutcome>, LinkError> {
-        let operation = self.begin();
-        let result = match self
+        let guard = self.begin();
+        let operation = guard.operation;
+        match self
             .call(DirectoryRequest::Commit {
                 operation,
                 replica,
@@ -219,9 +264,14 @@ impl DirectoryLink {
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
             },
             Err(error) => Err(error),
-        };
-        self.end(operation);
-        result
+        }
+    }
+
+    /// Gives an unwritten reservation back (best effort: it expires otherwise).
+    pub async fn abort(&self, replica: ReplicaId) {
+        if let Err(error) = self.call(DirectoryRequest::Abort { replica }).await {
+            tracing::debug!(%error, ?replica, "abort failed; the reservation will expire");
+        }
     }
 
     async fn resolve(&self, operation: OperationId) -> Result<ResolveOutcome, LinkError> {
@@ -236,12 +286,7 @@ impl DirectoryLink {
             {
                 Ok(DirectoryReply::Resolved(outcome)) => return Ok(outcome),
                 Ok(other) => return Err(LinkError::Unexpected(format!("{other:?}"))),
-                Err(LinkError::Wire(error)) => {
-                    last_error = Some(error);
-                    if self.reconnect().await.is_err() {
-                        tokio::time::sleep(DIRECTORY_REQUEST_TIMEOUT / 4).await;
-                    }
-                }
+                Err(LinkError::Wire(error)) => last_error = Some(error),
                 Err(error) => return Err(error),
             }
         }

@@ -1,10 +1,12 @@
-//! The `NodeActor`: keeps the node's session with the directory alive (heartbeats that
-//! also acknowledge finished operations), reconnects after a connection loss, and carries
-//! out the directory's tasks (reclaim: free the pages, then acknowledge). A node whose
-//! session was fenced stops: its pool's state is void, and a restart opens a new epoch.
+//! The `NodeActor`: keeps the node's session with the directory alive and carries out the
+//! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
+//! own timer so that slow task work never delays them; reclaim tasks free the pages, then
+//! acknowledge. A node whose session was fenced stops: its pool's state is void, and a
+//! restart opens a new epoch.
 
 use super::link::{DirectoryLink, LinkError};
 use super::pool::{Free, PoolActor};
+use crate::backends::PoolError;
 use crate::directory::{DirectoryError, TaskKind};
 use crate::model::PoolId;
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
@@ -13,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Tasks fetched per heartbeat.
+/// Tasks fetched per round.
 pub const TASKS_PER_POLL: u32 = 256;
 
 /// Why the node stopped on its own.
@@ -24,29 +26,32 @@ pub enum NodeExit {
     Fenced,
 }
 
-/// The node's liveness and task loop. See the module documentation.
+/// The node's liveness and task loops. See the module documentation.
 pub struct NodeActor {
     link: Arc<DirectoryLink>,
     pools: HashMap<PoolId, Addr<PoolActor>>,
-    heartbeat_interval: Duration,
+    task_interval: Duration,
     exit: tokio::sync::mpsc::Sender<NodeExit>,
-    busy: bool,
+    heartbeat_running: bool,
+    tasks_running: bool,
 }
 
 impl NodeActor {
-    /// An actor that heartbeats every `heartbeat_interval` and reports a fatal exit on `exit`.
+    /// An actor that heartbeats at the directory's requested interval, polls tasks every
+    /// `task_interval`, and reports a fatal exit on `exit`.
     pub fn new(
         link: Arc<DirectoryLink>,
         pools: HashMap<PoolId, Addr<PoolActor>>,
-        heartbeat_interval: Duration,
+        task_interval: Duration,
         exit: tokio::sync::mpsc::Sender<NodeExit>,
     ) -> NodeActor {
         NodeActor {
             link,
             pools,
-            heartbeat_interval,
+            task_interval,
             exit,
-            busy: false,
+            heartbeat_running: false,
+            tasks_running: false,
         }
     }
 }
@@ -55,48 +60,48 @@ impl Actor for NodeActor {
     type Context = Context<Self>;
 
     fn started(&mut self, context: &mut Context<Self>) {
-        context.run_interval(self.heartbeat_interval, |actor, context| {
-            if actor.busy {
+        context.run_interval(self.link.heartbeat_interval, |actor, context| {
+            if std::mem::replace(&mut actor.heartbeat_running, true) {
                 return;
             }
-            actor.busy = true;
-            let (link, pools, exit) = (actor.link.clone(), actor.pools.clone(), actor.exit.clone());
-            async move { beat(&link, &pools, &exit).await }
+            let (link, exit) = (actor.link.clone(), actor.exit.clone());
+            async move { heartbeat(&link, &exit).await }
                 .into_actor(actor)
-                .map(|(), actor, _| actor.busy = false)
+                .map(|(), actor, _| actor.heartbeat_running = false)
+                .spawn(context);
+        });
+        context.run_interval(self.task_interval, |actor, context| {
+            if std::mem::replace(&mut actor.tasks_running, true) {
+                return;
+            }
+            let (link, pools) = (actor.link.clone(), actor.pools.clone());
+            async move { run_tasks(&link, &pools).await }
+                .into_actor(actor)
+                .map(|(), actor, _| actor.tasks_running = false)
                 .spawn(context);
         });
     }
 }
 
-/// One heartbeat round: heartbeat, reconnect if the connection was lost, run tasks.
-async fn beat(
-    link: &DirectoryLink,
-    pools: &HashMap<PoolId, Addr<PoolActor>>,
-    exit: &tokio::sync::mpsc::Sender<NodeExit>,
-) {
-    let heartbeat = DirectoryRequest::Heartbeat {
+/// One heartbeat; a fenced session ends the node.
+async fn heartbeat(link: &DirectoryLink, exit: &tokio::sync::mpsc::Sender<NodeExit>) {
+    let request = DirectoryRequest::Heartbeat {
         acknowledged_through: link.acknowledged_through(),
     };
-    match link.call(heartbeat).await {
+    match link.call(request).await {
         Ok(_) => {}
         Err(LinkError::Refused(ProtocolError::Directory(
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
         ))) => {
             let _ = exit.try_send(NodeExit::Fenced);
-            return;
         }
-        Err(error) => {
-            tracing::warn!(%error, "directory heartbeat failed; reconnecting");
-            if let Err(error) = link.reconnect().await {
-                tracing::warn!(%error, "reconnect failed");
-                if matches!(error, LinkError::Refused(_)) {
-                    let _ = exit.try_send(NodeExit::Fenced);
-                }
-            }
-            return;
-        }
+        Err(error) => tracing::warn!(%error, "directory heartbeat failed"),
     }
+}
+
+/// Fetches and runs reclaim tasks. Freeing is idempotent: an allocation already freed (a
+/// task handed out again after a lost acknowledgement) is acknowledged too.
+async fn run_tasks(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>) {
     let tasks = match link
         .call(DirectoryRequest::PollTasks {
             max: TASKS_PER_POLL,
@@ -112,16 +117,19 @@ async fn beat(
             tracing::error!(?location, "reclaim task for a pool this node does not own");
             continue;
         };
-        match pool
+        let freed = pool
             .send(Free {
                 allocation: location.allocation,
                 generation: location.generation,
             })
-            .await
-        {
-            Ok(Ok(_)) => {
+            .await;
+        match freed {
+            Ok(
+                Ok(_)
+                | Err(PoolError::StaleGeneration { .. } | PoolError::UnknownAllocation { .. }),
+            ) => {
                 if let Err(error) = link.call(DirectoryRequest::ReclaimAck { replica }).await {
-                    tracing::warn!(%error, ?replica, "reclaim acknowledgement failed");
+                    tracing::warn!(%error, ?replica, "reclaim acknowledgement failed; the task comes back");
                 }
             }
             other => tracing::error!(?other, ?location, "reclaim could not free the allocation"),

@@ -36,6 +36,8 @@ pub struct SessionActor {
     receiver: Option<quinn::RecvStream>,
     phase: Phase,
     session: Option<SessionId>,
+    /// An `Open` or `Resume` is in flight: a second one is refused until it is answered.
+    binding: bool,
     inflight: usize,
 }
 
@@ -52,10 +54,13 @@ impl SessionActor {
             directory,
             connection,
             peer,
-            replies: spawn_writer(sender),
+            replies: spawn_writer(sender, |error| {
+                DirectoryReply::Error(ProtocolError::Malformed(error))
+            }),
             receiver: Some(receiver),
             phase: Phase::AwaitingHello,
             session: None,
+            binding: false,
             inflight: 0,
         }
     }
@@ -92,6 +97,18 @@ impl SessionActor {
             );
             return;
         }
+        let binds = matches!(
+            request,
+            DirectoryRequest::Open { .. } | DirectoryRequest::Resume { .. }
+        );
+        if binds {
+            if self.binding || self.session.is_some() {
+                let error =
+                    ProtocolError::Sequence("the connection is already bound to a session".into());
+                return self.reply(request_id, DirectoryReply::Error(error), context);
+            }
+            self.binding = true;
+        }
         self.inflight += 1;
         let call = Call {
             peer: self.peer.clone(),
@@ -103,6 +120,9 @@ impl SessionActor {
             .into_actor(self)
             .map(move |result, actor, context| {
                 actor.inflight -= 1;
+                if binds {
+                    actor.binding = false;
+                }
                 let reply = result.unwrap_or(DirectoryReply::Error(ProtocolError::Busy));
                 match &reply {
                     DirectoryReply::Opened(opened) => actor.session = Some(opened.session),

@@ -15,7 +15,7 @@ use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::mpsc;
 
@@ -26,6 +26,8 @@ pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
+/// A view stops one `LEASE_MARGIN_DIVISOR`th of the lease early (clock-rate drift).
+const LEASE_MARGIN_DIVISOR: u32 = 50;
 
 /// Why a client call failed. A full cluster is not an error (see [`StoreOutcome`]).
 #[derive(Debug, Error)]
@@ -42,6 +44,9 @@ pub enum ClientError {
     /// The node answered with a reply of the wrong kind.
     #[error("unexpected reply from the node: {0}")]
     Unexpected(String),
+    /// The view's lease ended: its bytes may already belong to another object. Load again.
+    #[error("the lease of this view has expired")]
+    LeaseExpired,
 }
 
 /// What became of one store.
@@ -205,6 +210,7 @@ impl Client {
         objects: &[ObjectId],
         mode: AcquireMode,
     ) -> Result<Vec<Option<LoadedView>>, ClientError> {
+        let sent = Instant::now();
         let outcomes = match self
             .call(ClientRequest::Acquire {
                 objects: objects.to_vec(),
@@ -218,7 +224,7 @@ impl Client {
         let mut views = Vec::with_capacity(outcomes.len());
         for outcome in outcomes {
             views.push(match outcome {
-                AcquireOutcome::Leased(lease) => Some(self.view(lease)?),
+                AcquireOutcome::Leased(lease) => Some(self.view(lease, sent)?),
                 AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
             });
         }
@@ -226,7 +232,8 @@ impl Client {
     }
 
     /// Loads the objects into `buffers` (one per object, each at least the object's length)
-    /// and gives the leases back; returns which were hits. The leases are released in the
+    /// and gives the leases back; returns which were hits (a copy that outlived its lease
+    /// is a miss). The leases are released in the
     /// background in batches (inline when that queue is full): the copies are done, so
     /// nothing waits on the release.
     pub async fn load_into(
@@ -242,11 +249,16 @@ impl Client {
                 hits.push(false);
                 continue;
             };
-            let fits = buffer.len() >= view.bytes().len();
-            if fits {
-                buffer[..view.bytes().len()].copy_from_slice(view.bytes());
-            }
-            hits.push(fits);
+            // A copy that finished after the lease's deadline may have read reused pages:
+            // it counts as a miss.
+            let copied = match view.bytes() {
+                Ok(bytes) if buffer.len() >= bytes.len() => {
+                    buffer[..bytes.len()].copy_from_slice(bytes);
+                    view.is_valid()
+                }
+                _ => false,
+            };
+            hits.push(copied);
             let lease = view.into_lease();
             if self.dropped_leases.try_send(lease).is_err() {
                 leases.push(lease);
@@ -280,7 +292,7 @@ impl Client {
         })
     }
 
-    fn view(&self, lease: Lease) -> Result<LoadedView, ClientError> {
+    fn view(&self, lease: Lease, sent: Instant) -> Result<LoadedView, ClientError> {
         let memory = self.memory(lease.location.pool)?;
         // Validate the range now; the view re-borrows it from the shared pool map.
         memory
@@ -289,8 +301,13 @@ impl Client {
                 pool: lease.location.pool,
                 source,
             })?;
+        // The directory started the lease after this client sent the acquire, so this local
+        // deadline is never later than the directory's; the margin covers clock-rate drift.
+        let duration = Duration::from_millis(lease.duration_ms);
+        let valid_until = sent + duration.saturating_sub(duration / LEASE_MARGIN_DIVISOR);
         Ok(LoadedView {
             pools: self.pools.clone(),
+            valid_until,
             lease,
             dropped_leases: Some(self.dropped_leases.clone()),
         })
@@ -298,25 +315,41 @@ impl Client {
 }
 
 /// A leased, zero-copy view of one cached object in a mapped pool. The bytes stay valid
-/// and unchanged while the lease lives (until release, drop, or the lease deadline).
+/// and unchanged while the lease lives: until release, drop, or the lease deadline, after
+/// which [`LoadedView::bytes`] refuses (the pages may hold another object by then).
 pub struct LoadedView {
     pools: Arc<HashMap<PoolId, SharedMemory>>,
+    valid_until: Instant,
     lease: Lease,
     dropped_leases: Option<mpsc::Sender<LeaseId>>,
 }
 
 impl LoadedView {
-    /// The object's bytes.
-    pub fn bytes(&self) -> &[u8] {
+    /// The object's bytes, while the lease lives. A caller that reads past the deadline
+    /// checks [`LoadedView::is_valid`] after reading.
+    pub fn bytes(&self) -> Result<&[u8], ClientError> {
+        if !self.is_valid() {
+            return Err(ClientError::LeaseExpired);
+        }
         let location = self.lease.location;
-        self.pools
+        let memory = self
+            .pools
             .get(&location.pool)
-            .and_then(|memory| {
-                memory
-                    .slice(location.offset_bytes, location.length_bytes)
-                    .ok()
+            .ok_or(ClientError::Unexpected(format!(
+                "pool {} is not mapped",
+                location.pool
+            )))?;
+        memory
+            .slice(location.offset_bytes, location.length_bytes)
+            .map_err(|source| ClientError::Pool {
+                pool: location.pool,
+                source,
             })
-            .unwrap_or(&[])
+    }
+
+    /// Whether the lease still protects the bytes.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
     }
 
     /// The lease this view holds.

@@ -68,7 +68,10 @@ pub struct DirectoryConfig {
     #[serde(rename = "fence_after_ms", with = "crate::model::time::milliseconds")]
     pub fence_after: Duration,
     /// How long a node has to acknowledge a task before it is handed out again.
-    #[serde(rename = "task_ack_timeout_ms", with = "crate::model::time::milliseconds")]
+    #[serde(
+        rename = "task_ack_timeout_ms",
+        with = "crate::model::time::milliseconds"
+    )]
     pub task_ack_timeout: Duration,
     /// Seed of the object index's hash function (from configuration, so runs replay).
     pub hash_seed: u64,
@@ -83,8 +86,14 @@ impl DirectoryConfig {
             ("leases_per_session_max", self.leases_per_session_max),
             ("sessions_max", self.sessions_max),
             ("batch_items_max", self.batch_items_max),
-            ("ledger_entries_per_session_max", self.ledger_entries_per_session_max),
-            ("reservations_per_session_max", self.reservations_per_session_max),
+            (
+                "ledger_entries_per_session_max",
+                self.ledger_entries_per_session_max,
+            ),
+            (
+                "reservations_per_session_max",
+                self.reservations_per_session_max,
+            ),
             ("tasks_per_poll_max", self.tasks_per_poll_max),
         ]
         .into_iter()
@@ -95,10 +104,17 @@ impl DirectoryConfig {
         if self.suspect_after.is_zero() || self.fence_after <= self.suspect_after {
             return Err("timings must satisfy 0 < suspect_after_ms < fence_after_ms".into());
         }
-        if self.lease_duration.is_zero() || self.reservation_duration.is_zero() || self.task_ack_timeout.is_zero() {
-            return Err("lease, reservation and task-acknowledgement durations must be positive".into());
+        if self.lease_duration.is_zero()
+            || self.reservation_duration.is_zero()
+            || self.task_ack_timeout.is_zero()
+        {
+            return Err(
+                "lease, reservation and task-acknowledgement durations must be positive".into(),
+            );
         }
-        if self.low_watermark_percent > self.high_watermark_percent || self.high_watermark_percent > 100 {
+        if self.low_watermark_percent > self.high_watermark_percent
+            || self.high_watermark_percent > 100
+        {
             return Err("watermarks must satisfy low <= high <= 100".into());
         }
         Ok(())

@@ -322,7 +322,11 @@ impl Directory {
                     continue;
                 }
                 // The session that owned the extent is gone: nobody else will free it.
-                if self.replicas.get(replica).is_some_and(|record| self.reclaimed_by_directory(record)) {
+                if self
+                    .replicas
+                    .get(replica)
+                    .is_some_and(|record| self.reclaimed_by_directory(record))
+                {
                     self.free_replica(replica);
                 } else {
                     self.nodes[node.0 as usize].tasks.push_back(task);
@@ -745,18 +749,29 @@ impl Directory {
     /// outnumber the live ones, which bounds the queue at twice the live reservations
     /// (each bounded per session) plus a constant.
     fn compact_reservation_deadlines(&mut self) {
-        let live: usize = self.sessions.values().map(|session| session.reservations.len()).sum();
+        let live: usize = self
+            .sessions
+            .values()
+            .map(|session| session.reservations.len())
+            .sum();
         if self.reservation_deadlines.len() > 2 * live + 1024 {
             let replicas = &self.replicas;
-            self.reservation_deadlines
-                .retain(|(_, replica)| replicas.get(*replica).is_some_and(|record| record.state == ReplicaState::Reserved));
+            self.reservation_deadlines.retain(|(_, replica)| {
+                replicas
+                    .get(*replica)
+                    .is_some_and(|record| record.state == ReplicaState::Reserved)
+            });
         }
     }
 
     /// Gives a reservation back unwritten (the node could not allocate, or the engine
     /// abandoned the store). Idempotent: an unknown or already resolved reservation is
     /// `Unknown`.
-    pub fn abort(&mut self, session_id: SessionId, replica: ReplicaId) -> Result<AbortOutcome, DirectoryError> {
+    pub fn abort(
+        &mut self,
+        session_id: SessionId,
+        replica: ReplicaId,
+    ) -> Result<AbortOutcome, DirectoryError> {
         let session = self.open_session_mut(session_id)?;
         if !session.reservations.remove(&replica) {
             return Ok(AbortOutcome::Unknown);
@@ -1097,7 +1112,9 @@ impl Directory {
         let count = count.min(record.tasks.len());
         let tasks: Vec<Task> = record.tasks.drain(..count).collect();
         let retry_at = now + self.config.task_ack_timeout;
-        record.handed_out.extend(tasks.iter().map(|task| (retry_at, *task)));
+        record
+            .handed_out
+            .extend(tasks.iter().map(|task| (retry_at, *task)));
         Ok(tasks)
     }
 
@@ -1111,10 +1128,9 @@ impl Directory {
                 }
                 self.nodes[index].handed_out.pop_front();
                 let TaskKind::Reclaim { replica, .. } = task.kind;
-                let waiting = self
-                    .replicas
-                    .get(replica)
-                    .is_some_and(|record| record.state == ReplicaState::Retiring && record.lease_count == 0);
+                let waiting = self.replicas.get(replica).is_some_and(|record| {
+                    record.state == ReplicaState::Retiring && record.lease_count == 0
+                });
                 if waiting {
                     self.nodes[index].tasks.push_back(task);
                 }

@@ -581,7 +581,10 @@ fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
         "retiring blocks new acquires"
     );
     assert_eq!(
-        fixture.directory.poll_tasks(fixture.now, a.session, 10).unwrap(),
+        fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 10)
+            .unwrap(),
         vec![],
         "no reclaim while read"
     );
@@ -599,7 +602,10 @@ fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
         .directory
         .release(a.session, &[lease.lease])
         .unwrap();
-    let tasks = fixture.directory.poll_tasks(fixture.now, a.session, 10).unwrap();
+    let tasks = fixture
+        .directory
+        .poll_tasks(fixture.now, a.session, 10)
+        .unwrap();
     assert!(
         matches!(tasks.as_slice(), [Task { kind: TaskKind::Reclaim { replica: r, .. }, .. }] if *r == replica)
     );
@@ -694,7 +700,11 @@ fn leases_and_reservations_expire() {
     assert_eq!((report.expired_leases, report.expired_reservations), (1, 1));
     assert_eq!(fixture.directory.replica_state(reserved), None);
     assert_eq!(
-        fixture.directory.poll_tasks(fixture.now, a.session, 10).unwrap().len(),
+        fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 10)
+            .unwrap()
+            .len(),
         1,
         "expiry queued the reclaim"
     );
@@ -1037,7 +1047,11 @@ fn pressure_evicts_the_least_valuable_unleased_replicas_down_to_the_low_watermar
         );
     }
     assert_eq!(
-        fixture.directory.poll_tasks(fixture.now, a.session, 100).unwrap().len(),
+        fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 100)
+            .unwrap()
+            .len(),
         5,
         "reclaims queued for the owner"
     );

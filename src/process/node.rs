@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 /// How long a starting node keeps trying to reach the directory.
 const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
+/// How often the node fetches tasks (reclaims) from the directory.
+const TASK_INTERVAL: Duration = Duration::from_millis(200);
 /// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
 const ALLOCATIONS_MAX: u32 = 1 << 22;
 
@@ -77,10 +79,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
-    let heartbeat_interval =
-        Duration::from_millis(config.directory.limits.suspect_after.as_millis() as u64 / 3)
-            .max(Duration::from_millis(10));
-    NodeActor::new(link.clone(), pools.clone(), heartbeat_interval, exit_sender).start();
+    NodeActor::new(link.clone(), pools.clone(), TASK_INTERVAL, exit_sender).start();
     let services = NodeServices {
         link: link.clone(),
         pools,
