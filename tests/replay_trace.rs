@@ -124,7 +124,7 @@ fn config(blocks: usize) -> SimConfig {
             wear_admit_frequency_min: 1,
             ..PlacementConfig::default()
         },
-        kvtier: KvtierConfig::default(),
+        kvtier: KvtierConfig::for_capacity(blocks),
     }
 }
 
@@ -170,4 +170,44 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
             "kvtier beat the optimum at {capacity}"
         );
     }
+}
+
+/// DRAM 1k + CXL 3k + SSD 30k blocks, representative profiles, 64 MiB blocks.
+fn tiered() -> SimConfig {
+    let tiers: Vec<TierSpec> = [
+        (TierKind::Dram, 1_000),
+        (TierKind::Cxl, 3_000),
+        (TierKind::Ssd, 30_000),
+    ]
+    .into_iter()
+    .map(|(kind, blocks)| TierSpec {
+        profile: TierProfile::representative(kind),
+        blocks,
+    })
+    .collect();
+    SimConfig {
+        tiers,
+        kvtier: KvtierConfig::for_capacity(34_000),
+        ..config(1_000)
+    }
+}
+
+#[test]
+fn kvtier_over_tiers_saves_more_than_lru_over_the_same_tiers_and_dram_alone() {
+    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
+    let next_uses = sim::next_uses(&requests);
+    let run = |policy, config: &SimConfig| {
+        sim::simulate(&requests, &next_uses, policy, config, &mut |_| {})
+            .expect("replay")
+            .hit_tokens
+    };
+    let tiered = tiered();
+    let kvtier = run(PolicyKind::Kvtier, &tiered);
+    let lru = run(PolicyKind::Lru, &tiered);
+    let lru_dram = run(PolicyKind::Lru, &config(1_000));
+    assert!(kvtier > lru, "kvtier {kvtier} <= lru over the tiers {lru}");
+    assert!(
+        kvtier > lru_dram,
+        "kvtier {kvtier} <= lru on dram {lru_dram}"
+    );
 }

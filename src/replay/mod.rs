@@ -123,6 +123,7 @@ pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
             blocks: args.capacity,
         }],
     };
+    let total_blocks = tiers.iter().map(|tier| tier.blocks).sum();
     Ok(SimConfig {
         tiers,
         bytes_per_token: args.bytes_per_token,
@@ -135,7 +136,7 @@ pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
             wear_admit_frequency_min: args.wear_admit_frequency_min,
             ..PlacementConfig::default()
         },
-        kvtier: KvtierConfig::default(),
+        kvtier: KvtierConfig::for_capacity(total_blocks),
     })
 }
 

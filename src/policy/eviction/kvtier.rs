@@ -30,6 +30,30 @@ pub struct KvtierConfig {
     pub block_tokens: u32,
 }
 
+/// Horizon times capacity, in block-milliseconds: the horizon a tier of one block would
+/// use. A tier of `n` blocks uses `HORIZON_BLOCK_MS / n` (160 s at 3k blocks, 16 s at
+/// 30k): a small cache keeps only what is reused often (a long horizon weighs frequency),
+/// a large one can afford recency (a short horizon weighs idle time). Chosen on the
+/// bundled trace; see [`KvtierConfig::for_capacity`].
+pub const HORIZON_BLOCK_MS: u64 = 480_000_000;
+/// Shortest horizon [`KvtierConfig::for_capacity`] picks, in milliseconds.
+pub const HORIZON_MS_MIN: u64 = 10_000;
+/// Longest horizon [`KvtierConfig::for_capacity`] picks, in milliseconds.
+pub const HORIZON_MS_MAX: u64 = 600_000;
+
+impl KvtierConfig {
+    /// The settings for a cache of `blocks` blocks in all (the sum over the tiers of a
+    /// stack, so every tier ranks blocks alike): the horizon shrinks as the capacity grows,
+    /// `HORIZON_BLOCK_MS / blocks` clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
+    pub fn for_capacity(blocks: usize) -> Self {
+        let blocks = u64::try_from(blocks.max(1)).unwrap_or(u64::MAX);
+        Self {
+            horizon_ms: (HORIZON_BLOCK_MS / blocks).clamp(HORIZON_MS_MIN, HORIZON_MS_MAX),
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for KvtierConfig {
     fn default() -> Self {
         Self {
@@ -166,6 +190,17 @@ mod tests {
     #[test]
     fn contract_holds() {
         contract(Box::new(kvtier(2)));
+    }
+
+    #[test]
+    fn horizon_shrinks_with_capacity_within_bounds() {
+        let horizon = |blocks| KvtierConfig::for_capacity(blocks).horizon_ms;
+        assert_eq!(horizon(0), HORIZON_MS_MAX);
+        assert_eq!(horizon(1_000), 480_000);
+        assert_eq!(horizon(3_000), 160_000);
+        assert_eq!(horizon(30_000), 16_000);
+        assert_eq!(horizon(usize::MAX), HORIZON_MS_MIN);
+        assert!(horizon(10_000) < horizon(3_000));
     }
 
     #[test]
