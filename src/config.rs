@@ -17,6 +17,37 @@ pub struct ClusterConfig {
     pub directory: DirectorySection,
     #[serde(default)]
     pub nodes: Vec<NodeSection>,
+    /// Shared CXL pools, each mapped by every node of its sharing domain.
+    #[serde(default)]
+    pub cxl_pools: Vec<CxlPoolSection>,
+}
+
+/// One shared CXL pool.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CxlPoolSection {
+    /// Unique name; nodes refer to it in `cxl_paths`, metrics label it by pool id.
+    pub name: String,
+    /// The sharing domain: nodes listing it in `domains` map this pool.
+    pub domain: u32,
+    /// The device or file, as most nodes see it (a node may override it in `cxl_paths`):
+    /// `/dev/daxX.Y` on hardware, a file under `/dev/shm` when emulated.
+    pub path: PathBuf,
+    pub capacity_bytes: u64,
+    #[serde(default = "default_page_bytes")]
+    pub page_bytes: u64,
+    /// Size of the extents the directory grants to nodes.
+    #[serde(default = "default_extent_bytes")]
+    pub extent_bytes: u64,
+    /// The pool's UUID (32 hex digits), written in its header and checked by every node.
+    pub uuid: String,
+}
+
+impl CxlPoolSection {
+    /// The UUID as a number.
+    pub fn uuid(&self) -> anyhow::Result<u128> {
+        u128::from_str_radix(&self.uuid, 16)
+            .with_context(|| format!("CXL pool `{}`: uuid must be 32 hex digits", self.name))
+    }
 }
 
 /// The directory process.
@@ -62,6 +93,9 @@ pub struct NodeSection {
     pub domains: Vec<u32>,
     /// Models this node may cache; absent means every model.
     pub models: Option<Vec<String>>,
+    /// Where this node sees a CXL pool when its path differs from the pool's `path`.
+    #[serde(default)]
+    pub cxl_paths: std::collections::HashMap<String, PathBuf>,
 }
 
 /// The node's CPU DRAM pool.
@@ -89,6 +123,9 @@ fn default_order() -> Vec<Medium> {
 fn default_page_bytes() -> u64 {
     64 << 10
 }
+fn default_extent_bytes() -> u64 {
+    64 << 20
+}
 
 impl ClusterConfig {
     /// Reads `path` with `KVTIER_` environment overrides and resolves relative paths.
@@ -109,6 +146,12 @@ impl ClusterConfig {
         for node in &mut loaded.nodes {
             node.socket = base.join(&node.socket);
             node.cpu_pool.path = base.join(&node.cpu_pool.path);
+            for path in node.cxl_paths.values_mut() {
+                *path = base.join(&*path);
+            }
+        }
+        for pool in &mut loaded.cxl_pools {
+            pool.path = base.join(&pool.path);
         }
         loaded.validate()?;
         Ok(loaded)
@@ -136,6 +179,23 @@ impl ClusterConfig {
             bail!("directory.tick_interval_ms must be positive");
         }
         Ok(())
+    }
+
+    /// The CXL pools a node maps, each with the path this node sees it at.
+    pub fn cxl_pools_of(&self, node: &NodeSection) -> Vec<(CxlPoolSection, PathBuf)> {
+        self.cxl_pools
+            .iter()
+            .filter(|pool| node.domains.contains(&pool.domain))
+            .map(|pool| {
+                (
+                    pool.clone(),
+                    node.cxl_paths
+                        .get(&pool.name)
+                        .cloned()
+                        .unwrap_or_else(|| pool.path.clone()),
+                )
+            })
+            .collect()
     }
 
     /// The node section named `name`.

@@ -5,6 +5,7 @@
 
 use crate::client::Client;
 use crate::config::ClusterConfig;
+use crate::model::Medium;
 use crate::wire::tls;
 use anyhow::{bail, Context};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -31,6 +32,15 @@ pub struct ClusterSpec {
     pub fence_after_ms: u64,
     /// Serve `/metrics` on loopback ports.
     pub metrics: bool,
+    /// Size of one emulated CXL pool (a file under `/dev/shm`) that every node maps in
+    /// domain 0; zero for none.
+    pub cxl_pool_bytes: u64,
+    pub cxl_extent_bytes: u64,
+    /// Every node's store placement order.
+    pub write_order: Vec<Medium>,
+    /// The directory's eviction watermarks, in percent of a pool's capacity.
+    pub high_watermark_percent: u8,
+    pub low_watermark_percent: u8,
 }
 
 impl Default for ClusterSpec {
@@ -42,6 +52,11 @@ impl Default for ClusterSpec {
             suspect_after_ms: 1500,
             fence_after_ms: 6000,
             metrics: true,
+            cxl_pool_bytes: 0,
+            cxl_extent_bytes: 16 << 20,
+            write_order: vec![Medium::Cpu, Medium::Cxl],
+            high_watermark_percent: 95,
+            low_watermark_percent: 85,
         }
     }
 }
@@ -104,17 +119,37 @@ impl LocalCluster {
             })
         };
         let mut toml = format!(
-            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\n",
+            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\n",
             free_udp_port()?,
             metrics_address(spec.metrics)?,
             spec.suspect_after_ms,
             spec.fence_after_ms,
+            spec.high_watermark_percent,
+            spec.low_watermark_percent,
         );
+        let domains = if spec.cxl_pool_bytes > 0 {
+            toml.push_str(&format!(
+                "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",
+                spec.cxl_pool_bytes,
+                spec.page_bytes,
+                spec.cxl_extent_bytes,
+                crate::process::node::fresh_uuid(),
+            ));
+            "[0]"
+        } else {
+            "[]"
+        };
+        let write_order: Vec<String> = spec
+            .write_order
+            .iter()
+            .map(|medium| format!("\"{}\"", medium.name()))
+            .collect();
         names.push(BENCH_PEER.to_string());
         for name in &names {
             toml.push_str(&format!(
-                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
                 metrics_address(spec.metrics && name != BENCH_PEER)?,
+                write_order.join(", "),
                 spec.cpu_pool_bytes,
                 spec.page_bytes,
             ));
@@ -267,6 +302,9 @@ impl Drop for LocalCluster {
         self.stop();
         for node in &self.config.nodes {
             let _ = std::fs::remove_file(&node.cpu_pool.path);
+        }
+        for pool in &self.config.cxl_pools {
+            let _ = std::fs::remove_file(&pool.path);
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }

@@ -10,8 +10,9 @@
 use super::directory::error_label;
 use super::frames::{frame_stream, spawn_writer};
 use super::link::{DirectoryLink, LinkError};
-use super::pool::{Allocate, Free, PoolActor};
+use super::pool::{AddExtent, Allocate, Free, PoolActor};
 use super::session::INFLIGHT_REQUESTS_MAX;
+use crate::backends::PoolError;
 use crate::directory::{
     AcquireOutcome, CommitOutcome, ReleaseOutcome, ReserveItem, ReserveOutcome,
 };
@@ -46,6 +47,8 @@ pub struct NodeServices {
     pub pools: HashMap<PoolId, Addr<PoolActor>>,
     pub mappings: Vec<PoolMapping>,
     pub metrics: Arc<Metrics>,
+    /// The shared (CXL) pools among `pools`, whose pages come in extents.
+    pub shared_pools: Vec<PoolId>,
 }
 
 /// A granted, unwritten store.
@@ -258,6 +261,20 @@ impl ClientSessionActor {
                     Slots::Leases(wanted),
                 )
             }
+            ClientRequest::Retire { replica } => (
+                Box::pin(async move {
+                    let reply = match services
+                        .link
+                        .call(DirectoryRequest::Retire { replica })
+                        .await
+                    {
+                        Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
+                        other => ClientReply::Error(refusal(other)),
+                    };
+                    (reply, Change::None)
+                }),
+                Slots::None,
+            ),
             ClientRequest::Release { leases } => {
                 // Only this client's own leases: another engine's are not its to end.
                 let owned: Vec<bool> = leases
@@ -345,6 +362,7 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         ClientRequest::Probe { .. } => Operation::Probe,
         ClientRequest::Acquire { .. } => Operation::Acquire,
         ClientRequest::Release { .. } => Operation::Release,
+        ClientRequest::Retire { .. } => Operation::Retire,
     })
 }
 
@@ -399,13 +417,7 @@ async fn begin_store(
         ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
     };
     let allocated = match services.pools.get(&pool) {
-        Some(actor) => {
-            actor
-                .send(Allocate {
-                    length_bytes: item.length_bytes,
-                })
-                .await
-        }
+        Some(actor) => allocate(&services, actor, pool, item.length_bytes).await,
         None => {
             services.link.abort(replica).await;
             return (
@@ -440,6 +452,39 @@ async fn begin_store(
             services.link.abort(replica).await;
             (ClientReply::Grant(StoreGrant::Skip), Change::None)
         }
+    }
+}
+
+/// Allocates in a pool; in a shared pool whose granted extents are full, asks the
+/// directory for another extent once and retries.
+async fn allocate(
+    services: &NodeServices,
+    actor: &Addr<PoolActor>,
+    pool: PoolId,
+    length_bytes: u64,
+) -> Result<Result<crate::backends::Allocation, PoolError>, MailboxError> {
+    let first = actor.send(Allocate { length_bytes }).await?;
+    if !matches!(first, Err(PoolError::Full { .. })) || !services.shared_pools.contains(&pool) {
+        return Ok(first);
+    }
+    match services
+        .link
+        .call(DirectoryRequest::GrantExtent { pool })
+        .await
+    {
+        Ok(DirectoryReply::Extent(crate::directory::ExtentGrant::Granted(extent))) => {
+            match actor
+                .send(AddExtent {
+                    offset_bytes: extent.offset_bytes,
+                    length_bytes: extent.length_bytes,
+                })
+                .await?
+            {
+                Ok(()) => actor.send(Allocate { length_bytes }).await,
+                Err(error) => Ok(Err(error)),
+            }
+        }
+        _ => Ok(first),
     }
 }
 

@@ -221,6 +221,7 @@ fn apply(
         Request::Retire { replica } => core.retire(Some(session), replica).map(Reply::Retired),
         Request::ReclaimAck { replica } => core.reclaim_ack(session, replica).map(Reply::Reclaimed),
         Request::Abort { replica } => core.abort(session, replica).map(Reply::Aborted),
+        Request::GrantExtent { pool } => core.grant_extent(session, pool).map(Reply::Extent),
         Request::PollTasks { max } => core.poll_tasks(now, session, max).map(Reply::Tasks),
         Request::Usage => Ok(Reply::Usage(
             core.usage()
@@ -247,7 +248,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         | Request::RegisterNamespace(_) => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
-        Request::Reserve { .. } => Operation::Reserve,
+        Request::Reserve { .. } | Request::GrantExtent { .. } => Operation::Reserve,
         Request::Commit { .. } | Request::Abort { .. } => Operation::Commit,
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,

@@ -27,6 +27,25 @@ impl Message for Free {
     type Result = Result<u64, PoolError>;
 }
 
+/// Lets this node allocate inside a granted extent of a shared pool.
+pub struct AddExtent {
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+}
+
+impl Message for AddExtent {
+    type Result = Result<(), PoolError>;
+}
+
+impl Handler<AddExtent> for PoolActor {
+    type Result = Result<(), PoolError>;
+
+    fn handle(&mut self, message: AddExtent, _: &mut Context<Self>) -> Self::Result {
+        self.backend
+            .add_extent(message.offset_bytes, message.length_bytes)
+    }
+}
+
 /// One pool. See the module documentation.
 pub struct PoolActor {
     backend: Box<dyn PoolBackend>,

@@ -10,11 +10,13 @@
 
 pub mod allocator;
 pub mod cpu;
+pub mod cxl;
 pub mod error;
 pub mod shared_memory;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use cpu::{CpuPool, CpuPoolConfig};
+pub use cxl::CxlPool;
 pub use error::PoolError;
 pub use shared_memory::SharedMemory;
 
@@ -66,4 +68,13 @@ pub trait PoolBackend: Send + Sync {
     /// A zero-copy view of `length_bytes` at `offset`. The caller keeps the range immutable
     /// (READY and leased) while the view lives.
     fn slice(&self, offset: u64, length_bytes: u64) -> Result<&[u8], PoolError>;
+
+    /// Lets this node allocate in `[offset, offset + length)`: an extent of a shared pool
+    /// the directory granted it. Pools owned whole by their node have no extents.
+    fn add_extent(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), PoolError> {
+        let _ = (offset_bytes, length_bytes);
+        Err(PoolError::InvalidConfig {
+            reason: "this pool is owned whole by its node and has no extents",
+        })
+    }
 }

@@ -8,8 +8,12 @@
 //! [`StoreOutcome::Skipped`], never an error: the engine simply recomputes later.
 
 use crate::backends::{PoolError, SharedMemory};
-use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome};
-use crate::model::{Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId};
+use crate::directory::{
+    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, RetireOutcome,
+};
+use crate::model::{
+    Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
+};
 use crate::wire::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
@@ -266,6 +270,15 @@ impl Client {
         }
         self.release(&leases).await?;
         Ok(hits)
+    }
+
+    /// Starts retiring a replica this client's node wrote (its id comes from a lease): new
+    /// loads miss it at once; its pages are reused only after the last reader released it.
+    pub async fn retire(&self, replica: ReplicaId) -> Result<RetireOutcome, ClientError> {
+        match self.call(ClientRequest::Retire { replica }).await? {
+            ClientReply::Retired(outcome) => Ok(outcome),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Releases leases explicitly (views released this way are not released again on drop).

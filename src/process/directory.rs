@@ -4,9 +4,11 @@
 use super::{serve_metrics, shutdown_signal};
 use crate::actors::directory::{DirectoryActor, NodeGrant};
 use crate::actors::session::SessionActor;
-use crate::config::ClusterConfig;
+use crate::backends::{PoolError, SharedMemory};
+use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
 use crate::metrics::Metrics;
+use crate::model::{DomainId, Medium, PoolSpec, Scope};
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;
@@ -40,13 +42,21 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let directory = DirectoryActor::new(
-        Directory::new(section.limits.clone()),
-        grants,
-        metrics,
-        section.tick_interval(),
-    )
-    .start();
+    let mut core = Directory::new(section.limits.clone());
+    for pool in &config.cxl_pools {
+        prepare_cxl_pool(pool)?;
+        let spec = PoolSpec {
+            name: pool.name.clone(),
+            medium: Medium::Cxl,
+            scope: Scope::Domain(DomainId(pool.domain)),
+            capacity_bytes: pool.capacity_bytes,
+            page_bytes: pool.page_bytes,
+            extent_bytes: Some(pool.extent_bytes),
+        };
+        core.register_pool(None, spec)
+            .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
+    }
+    let directory = DirectoryActor::new(core, grants, metrics, section.tick_interval()).start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     let accepting = endpoint.clone();
     actix_rt::spawn(async move {
@@ -61,6 +71,41 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     });
     shutdown_signal().await?;
     endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
+    Ok(())
+}
+
+/// Writes a CXL pool's header once: a device or file without a kvtier header is formatted
+/// (it holds nothing yet); one with the header of this pool is kept as it is; one that
+/// belongs to another pool or layout is refused, never overwritten.
+fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<()> {
+    let uuid = pool.uuid()?;
+    match SharedMemory::open(&pool.path, Some(uuid)) {
+        Ok(_) => Ok(()),
+        Err(PoolError::WrongMagic { .. } | PoolError::Truncated { .. }) => {
+            format_cxl_pool(pool, uuid)
+        }
+        Err(PoolError::Io { .. }) if !pool.path.exists() => format_cxl_pool(pool, uuid),
+        Err(error) => Err(error).with_context(|| {
+            format!(
+                "CXL pool `{}` at {} is not this pool; refusing to touch it",
+                pool.name,
+                pool.path.display()
+            )
+        }),
+    }
+}
+
+fn format_cxl_pool(pool: &CxlPoolSection, uuid: u128) -> anyhow::Result<()> {
+    SharedMemory::create(&pool.path, pool.capacity_bytes, uuid, pool.page_bytes).with_context(
+        || {
+            format!(
+                "formatting CXL pool `{}` at {}",
+                pool.name,
+                pool.path.display()
+            )
+        },
+    )?;
+    tracing::info!(pool = %pool.name, path = %pool.path.display(), "formatted CXL pool header");
     Ok(())
 }
 

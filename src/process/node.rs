@@ -7,10 +7,10 @@ use crate::actors::client_session::{ClientSessionActor, NodeServices};
 use crate::actors::link::{DirectoryAddress, DirectoryLink};
 use crate::actors::node::{NodeActor, NodeExit};
 use crate::actors::pool::PoolActor;
-use crate::backends::{CpuPool, CpuPoolConfig};
+use crate::backends::{CpuPool, CpuPoolConfig, CxlPool};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::metrics::Metrics;
-use crate::model::{Medium, PoolSpec, Scope};
+use crate::model::{Medium, PoolId, PoolSpec, Scope};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
 use crate::wire::uds::{self, SocketMode};
 use actix::prelude::*;
@@ -52,6 +52,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         bind: section.bind,
     };
     let pool = create_cpu_pool(&section)?;
+    let cxl_pools = map_cxl_pools(&config, &section)?;
     let link = Arc::new(open_link(target, &section).await?);
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
     let spec = PoolSpec {
@@ -74,16 +75,34 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         data_bytes: pool.memory().data_bytes(),
     };
     let pool_path = pool.memory().path().to_path_buf();
-    let pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
     let metrics = Arc::new(Metrics::new()?);
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
+    let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
+    let mut mappings = vec![mapping];
+    for (pool_id, cxl) in locate_cxl_pools(&link, cxl_pools).await? {
+        mappings.push(PoolMapping {
+            pool: pool_id,
+            medium: Medium::Cxl,
+            path: cxl.memory().path().display().to_string(),
+            pool_uuid: cxl.memory().pool_uuid(),
+            data_bytes: cxl.memory().data_bytes(),
+        });
+        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
+        pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
+    }
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
     NodeActor::new(link.clone(), pools.clone(), TASK_INTERVAL, exit_sender).start();
+    let shared_pools = mappings
+        .iter()
+        .filter(|mapping| mapping.medium == Medium::Cxl)
+        .map(|mapping| mapping.pool)
+        .collect();
     let services = NodeServices {
+        shared_pools,
         link: link.clone(),
         pools,
-        mappings: vec![mapping],
+        mappings,
         metrics,
     };
     if let Some(parent) = section.socket.parent() {
@@ -117,6 +136,54 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Maps every CXL pool of the node's domains and verifies each header: a node that sees
+/// the wrong device or an incompatible layout refuses to start.
+fn map_cxl_pools(
+    config: &ClusterConfig,
+    section: &NodeSection,
+) -> anyhow::Result<Vec<(String, CxlPool)>> {
+    config
+        .cxl_pools_of(section)
+        .into_iter()
+        .map(|(pool, path)| {
+            let uuid = pool.uuid()?;
+            let mapped = CxlPool::open(&path, uuid, ALLOCATIONS_MAX).with_context(|| {
+                format!(
+                    "node `{}`: CXL pool `{}` at {} is not the configured pool; refusing to start",
+                    section.name,
+                    pool.name,
+                    path.display()
+                )
+            })?;
+            Ok((pool.name, mapped))
+        })
+        .collect()
+}
+
+/// Finds the directory's id of each mapped CXL pool by its name.
+async fn locate_cxl_pools(
+    link: &DirectoryLink,
+    pools: Vec<(String, CxlPool)>,
+) -> anyhow::Result<Vec<(PoolId, CxlPool)>> {
+    if pools.is_empty() {
+        return Ok(Vec::new());
+    }
+    let DirectoryReply::Usage(registered) = link.call(DirectoryRequest::Usage).await? else {
+        bail!("the directory did not list its pools");
+    };
+    pools
+        .into_iter()
+        .map(|(name, pool)| {
+            let found = registered.iter().find(|report| {
+                report.spec.name == name && matches!(report.spec.scope, Scope::Domain(_))
+            });
+            let report =
+                found.with_context(|| format!("the directory does not know CXL pool `{name}`"))?;
+            Ok((report.pool, pool))
+        })
+        .collect()
 }
 
 /// Creates the pool file anew: a fresh file (not truncated in place, so engines still

@@ -107,6 +107,10 @@ pub enum DirectoryRequest {
     Abort {
         replica: ReplicaId,
     },
+    /// Asks for an extent of a shared pool to allocate in.
+    GrantExtent {
+        pool: PoolId,
+    },
     ReclaimAck {
         replica: ReplicaId,
     },
@@ -142,6 +146,7 @@ pub enum DirectoryReply {
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
     Aborted(crate::directory::AbortOutcome),
+    Extent(crate::directory::ExtentGrant),
     Reclaimed(ReclaimOutcome),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
@@ -205,6 +210,10 @@ pub enum ClientRequest {
     Release {
         leases: Vec<LeaseId>,
     },
+    /// Starts retiring a replica this node wrote (the engine knows its id from a lease).
+    Retire {
+        replica: ReplicaId,
+    },
 }
 
 /// A pool the client can map.
@@ -252,5 +261,6 @@ pub enum ClientReply {
     Probed(Vec<ProbeOutcome>),
     Acquired(Vec<AcquireOutcome>),
     Released(Vec<ReleaseOutcome>),
+    Retired(RetireOutcome),
     Error(ProtocolError),
 }
