@@ -24,6 +24,21 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
             section.certs.display()
         )
     })?;
+    // Pools are formatted and registered before the endpoint accepts any node.
+    let mut core = Directory::new(section.limits.clone());
+    for pool in &config.cxl_pools {
+        prepare_cxl_pool(pool)?;
+        let spec = PoolSpec {
+            name: pool.name.clone(),
+            medium: Medium::Cxl,
+            scope: Scope::Domain(DomainId(pool.domain)),
+            capacity_bytes: pool.capacity_bytes,
+            page_bytes: pool.page_bytes,
+            extent_bytes: Some(pool.extent_bytes),
+        };
+        core.register_pool(None, spec)
+            .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
+    }
     let endpoint = quic::server_endpoint(section.listen, server_config)
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
@@ -42,20 +57,6 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let mut core = Directory::new(section.limits.clone());
-    for pool in &config.cxl_pools {
-        prepare_cxl_pool(pool)?;
-        let spec = PoolSpec {
-            name: pool.name.clone(),
-            medium: Medium::Cxl,
-            scope: Scope::Domain(DomainId(pool.domain)),
-            capacity_bytes: pool.capacity_bytes,
-            page_bytes: pool.page_bytes,
-            extent_bytes: Some(pool.extent_bytes),
-        };
-        core.register_pool(None, spec)
-            .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
-    }
     let directory = DirectoryActor::new(core, grants, metrics, section.tick_interval()).start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     let accepting = endpoint.clone();

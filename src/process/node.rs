@@ -52,8 +52,9 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         bind: section.bind,
     };
     let pool = create_cpu_pool(&section)?;
-    let cxl_pools = map_cxl_pools(&config, &section)?;
     let link = Arc::new(open_link(target, &section).await?);
+    // The directory formats the CXL pools before it accepts nodes: map them now.
+    let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
     let spec = PoolSpec {
         name: format!("{}-cpu", section.name),

@@ -1,0 +1,202 @@
+//! CXL pools end to end: two node processes map one shared file (an emulated multi-headed
+//! CXL device) and share a KV cache through it without copying bytes over the network.
+
+use kvtier::client::{Client, StoreOutcome};
+use kvtier::demo::{demo_namespace, fill_chunk};
+use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const CHUNK: usize = 1 << 20;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn cluster(write_order: Vec<Medium>, cpu_pool_bytes: u64, cxl_pool_bytes: u64) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes,
+        cxl_pool_bytes,
+        cxl_extent_bytes: 4 << 20,
+        write_order,
+        suspect_after_ms: 600,
+        fence_after_ms: 2500,
+        // Eviction off: these tests fill pools on purpose.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+fn object(namespace: NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
+    let prefix = PrefixDigest::ROOT.chain(&[index, 7]);
+    let mut bytes = vec![0u8; CHUNK];
+    fill_chunk(&prefix, &mut bytes);
+    (
+        ObjectId {
+            namespace,
+            prefix,
+            shard: 0,
+            part: 0,
+        },
+        bytes,
+    )
+}
+
+async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
+    let client = Client::connect(&cluster.socket(index).unwrap())
+        .await
+        .unwrap();
+    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+    (client, namespace)
+}
+
+async fn medium_of(client: &Client, object: ObjectId) -> Option<Medium> {
+    let views = client.load(&[object], AcquireMode::Each).await.unwrap();
+    views[0].as_ref().map(|view| view.lease().medium)
+}
+
+#[test]
+fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
+    let cluster = cluster(vec![Medium::Cpu, Medium::Cxl], 2 << 20, 8 << 20);
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        // [cpu, cxl]: two chunks fill A's CPU pool, the next ones go to CXL.
+        let mut stored = Vec::new();
+        for index in 0..12 {
+            let (id, bytes) = object(namespace, index);
+            let outcome = a.store(id, &bytes).await.unwrap();
+            if outcome == StoreOutcome::Skipped {
+                break;
+            }
+            assert_eq!(outcome, StoreOutcome::Stored);
+            stored.push((id, bytes));
+        }
+        assert_eq!(
+            stored.len(),
+            2 + 8,
+            "2 MiB of CPU then 8 MiB of CXL, then skip"
+        );
+        let media: Vec<Option<Medium>> =
+            futures_util::future::join_all(stored.iter().map(|(id, _)| medium_of(&a, *id))).await;
+        assert_eq!(
+            &media[..3],
+            &[Some(Medium::Cpu), Some(Medium::Cpu), Some(Medium::Cxl)]
+        );
+        // Both full: skipped, and existing hits stay.
+        let (extra, bytes) = object(namespace, 99);
+        assert_eq!(a.store(extra, &bytes).await.unwrap(), StoreOutcome::Skipped);
+        // A's CPU replicas are misses for B; its CXL replicas are byte-exact hits, read
+        // zero-copy from B's own mapping.
+        assert_eq!(
+            b.probe(&[stored[0].0]).await.unwrap(),
+            vec![ProbeOutcome::Miss]
+        );
+        for (id, bytes) in &stored[2..] {
+            let views = b.load(&[*id], AcquireMode::Each).await.unwrap();
+            let view = views[0].as_ref().expect("B reads A's CXL replica");
+            assert_eq!(view.lease().medium, Medium::Cxl);
+            assert_eq!(view.bytes().unwrap(), &bytes[..]);
+        }
+    });
+}
+
+#[test]
+fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
+    let mut cluster = cluster(vec![Medium::Cxl], 2 << 20, 8 << 20);
+    let runtime = runtime();
+    let (survivor, survivor_bytes) = runtime.block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (victim, victim_bytes) = object(namespace, 1);
+        assert_eq!(
+            a.store(victim, &victim_bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        // B holds a zero-copy view while A retires the replica.
+        let views = b.load(&[victim], AcquireMode::Each).await.unwrap();
+        let view = views[0].as_ref().unwrap();
+        let replica = view.lease().replica;
+        assert_eq!(
+            a.retire(replica).await.unwrap(),
+            RetireOutcome::AwaitingReaders { leases: 1 }
+        );
+        assert!(
+            a.load(&[victim], AcquireMode::Each).await.unwrap()[0].is_none(),
+            "retiring blocks new loads"
+        );
+        // A fills every free page it can: the retired pages must not be among them.
+        let mut index = 100;
+        loop {
+            let (id, bytes) = object(namespace, index);
+            index += 1;
+            if a.store(id, &bytes).await.unwrap() != StoreOutcome::Stored {
+                break;
+            }
+        }
+        assert_eq!(
+            view.bytes().unwrap(),
+            &victim_bytes[..],
+            "a retired replica's pages were reused under a reader"
+        );
+        drop(views);
+        // After the release, the owner reclaims and the pages take new objects again.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (fresh, fresh_bytes) = object(namespace, 1000);
+        while a.store(fresh, &fresh_bytes).await.unwrap() != StoreOutcome::Stored {
+            assert!(
+                Instant::now() < deadline,
+                "the retired replica's pages never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (fresh, fresh_bytes)
+    });
+    // The writer dies; once the directory has fenced it, its CXL replicas are still
+    // readable by B (their bytes live in the shared memory, not in the writer).
+    cluster.kill_node(0).unwrap();
+    let metrics = cluster
+        .config
+        .directory
+        .metrics
+        .expect("the test cluster serves metrics");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !scrape(metrics).contains("kvtier_sessions{state=\"fenced\"} 1") {
+        assert!(
+            Instant::now() < deadline,
+            "the killed writer was never fenced"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    runtime.block_on(async {
+        let (b, _) = connect(&cluster, 1).await;
+        let mut buffer = vec![0u8; CHUNK];
+        assert_eq!(
+            b.load_into(&[survivor], &mut [&mut buffer[..]])
+                .await
+                .unwrap(),
+            vec![true],
+            "a CXL replica vanished with its writer"
+        );
+        assert_eq!(buffer, survivor_bytes);
+    });
+}
+
+fn scrape(address: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
