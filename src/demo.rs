@@ -29,8 +29,12 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 64 << 10)]
     pub chunk_bytes: usize,
     /// Capacity of each node's CPU pool in bytes.
-    #[arg(long, default_value_t = 512 << 20)]
+    #[arg(long, default_value_t = 256 << 20)]
     pub pool_bytes: u64,
+    /// Capacity of the CXL pool both nodes share (an emulated device: a file under
+    /// `/dev/shm` both node processes map), in bytes; 0 for none.
+    #[arg(long, default_value_t = 512 << 20)]
+    pub cxl_bytes: u64,
 }
 
 /// What the replay counted.
@@ -81,10 +85,15 @@ pub fn run(exe: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     if requests.is_empty() {
         bail!("the trace has no requests");
     }
-    println!("kvtier demo: starting a directory and two nodes on loopback (QUIC + mutual TLS, {} MiB CPU pool each)", args.pool_bytes >> 20);
+    println!(
+        "kvtier demo: a directory and two nodes on loopback (QUIC + mutual TLS), {} MiB CPU pool per node, {} MiB CXL pool shared by both",
+        args.pool_bytes >> 20,
+        args.cxl_bytes >> 20
+    );
     let spec = ClusterSpec {
         nodes: 2,
         cpu_pool_bytes: args.pool_bytes,
+        cxl_pool_bytes: args.cxl_bytes,
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(exe, &spec)?;

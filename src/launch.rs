@@ -309,3 +309,25 @@ impl Drop for LocalCluster {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// Fetches `/metrics` from an exporter (a plain HTTP/1.1 GET on loopback).
+pub fn scrape_metrics(address: SocketAddr) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: kvtier\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The value of an unlabelled counter or gauge in a Prometheus text body.
+pub fn metric_value(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|value| value.trim().parse().ok())
+}

@@ -79,6 +79,8 @@ enum BenchCommand {
     Directory(kvtier::bench::directory::DirectoryBenchArgs),
     /// Store and load through the client into a node's CPU pool, against memcpy.
     Data(kvtier::bench::data::DataBenchArgs),
+    /// Cross-node loads from a shared CXL pool against memcpy, and a pressure run.
+    Cxl(kvtier::bench::cxl::CxlBenchArgs),
 }
 
 fn init_tracing() {
@@ -114,6 +116,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::Data(args),
         } => kvtier::bench::data::run(&exe, &args),
+        Command::Bench {
+            which: BenchCommand::Cxl(args),
+        } => kvtier::bench::cxl::run(&exe, &args),
         Command::Certs {
             which: CertsCommand::Init { dir, names, force },
         } => {

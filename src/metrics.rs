@@ -168,6 +168,7 @@ pub struct Metrics {
     leases: IntGauge,
     sessions: IntGaugeVec,
     bytes_moved_total: IntCounterVec,
+    evictions_total: IntCounter,
     label_drops_total: IntCounter,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
     pools: Mutex<BTreeMap<PoolId, Medium>>,
@@ -219,6 +220,10 @@ impl Metrics {
                 Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
                 &["direction"],
             )?,
+            evictions_total: IntCounter::new(
+                "kvtier_evictions_total",
+                "READY replicas retired by the eviction policy under pool pressure.",
+            )?,
             label_drops_total: IntCounter::new(
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
@@ -258,6 +263,8 @@ impl Metrics {
         self.registry.register(Box::new(self.sessions.clone()))?;
         self.registry
             .register(Box::new(self.bytes_moved_total.clone()))?;
+        self.registry
+            .register(Box::new(self.evictions_total.clone()))?;
         self.registry
             .register(Box::new(self.label_drops_total.clone()))
     }
@@ -349,6 +356,11 @@ impl Metrics {
         self.bytes_moved_total
             .with_label_values(&[direction.as_str()])
             .inc_by(bytes);
+    }
+
+    /// Counts replicas the eviction policy started retiring.
+    pub fn add_evictions(&self, evictions: u64) {
+        self.evictions_total.inc_by(evictions);
     }
 
     /// Every family in the Prometheus text format (version 0.0.4). Encoding fails only on

@@ -47,8 +47,9 @@ pub struct NodeServices {
     pub pools: HashMap<PoolId, Addr<PoolActor>>,
     pub mappings: Vec<PoolMapping>,
     pub metrics: Arc<Metrics>,
-    /// The shared (CXL) pools among `pools`, whose pages come in extents.
-    pub shared_pools: Vec<PoolId>,
+    /// The shared (CXL) pools among `pools`, whose pages come in extents, each with the
+    /// lock that serializes this node's extent requests for it.
+    pub shared_pools: HashMap<PoolId, Arc<tokio::sync::Mutex<()>>>,
 }
 
 /// A granted, unwritten store.
@@ -456,7 +457,8 @@ async fn begin_store(
 }
 
 /// Allocates in a pool; in a shared pool whose granted extents are full, asks the
-/// directory for another extent once and retries.
+/// directory for another extent and retries. Extent requests of one pool are serialized,
+/// so a burst of stores that finds the extents full asks for one extent, not one each.
 async fn allocate(
     services: &NodeServices,
     actor: &Addr<PoolActor>,
@@ -464,8 +466,16 @@ async fn allocate(
     length_bytes: u64,
 ) -> Result<Result<crate::backends::Allocation, PoolError>, MailboxError> {
     let first = actor.send(Allocate { length_bytes }).await?;
-    if !matches!(first, Err(PoolError::Full { .. })) || !services.shared_pools.contains(&pool) {
+    let Some(extent_lock) = services.shared_pools.get(&pool) else {
         return Ok(first);
+    };
+    if !matches!(first, Err(PoolError::Full { .. })) {
+        return Ok(first);
+    }
+    let _serialized = extent_lock.lock().await;
+    let again = actor.send(Allocate { length_bytes }).await?;
+    if !matches!(again, Err(PoolError::Full { .. })) {
+        return Ok(again);
     }
     match services
         .link
@@ -484,7 +494,7 @@ async fn allocate(
                 Err(error) => Ok(Err(error)),
             }
         }
-        _ => Ok(first),
+        _ => Ok(again),
     }
 }
 

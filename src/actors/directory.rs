@@ -97,6 +97,7 @@ impl Actor for DirectoryActor {
         context.set_mailbox_capacity(MAILBOX_CAPACITY);
         context.run_interval(self.tick_interval, |actor, _| {
             let report = actor.core.tick(actor.clock.now());
+            actor.metrics.add_evictions(u64::from(report.evicted));
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
             }

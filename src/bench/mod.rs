@@ -2,6 +2,7 @@
 //! the same run (memcpy, a bare hash index, loopback transport) and reports the ratio,
 //! with fixed seeds and distributions from histograms.
 
+pub mod cxl;
 pub mod data;
 pub mod directory;
 pub mod directory_quic;

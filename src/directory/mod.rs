@@ -104,6 +104,9 @@ pub struct Directory {
     /// Entries of committed or aborted reservations are skipped; the queue holds at most
     /// one entry per reservation granted within `reservation_duration`.
     reservation_deadlines: VecDeque<(Timestamp, ReplicaId)>,
+    /// Evictions started outside `tick` (by a reserve that found no room), reported by the
+    /// next `tick`.
+    evictions_unreported: u32,
 }
 
 impl Directory {
@@ -122,6 +125,7 @@ impl Directory {
             next_task: 1,
             namespaces: HashMap::new(),
             reservation_deadlines: VecDeque::new(),
+            evictions_unreported: 0,
             config,
         }
     }
@@ -576,6 +580,11 @@ impl Directory {
                 }
             },
         };
+        if outcome == ReserveOutcome::Skip {
+            // Make room now rather than at the next tick: this store is skipped, the next
+            // ones find the space once the owners reclaim.
+            self.evictions_unreported += self.evict(now);
+        }
         if let Some(session) = self.sessions.get_mut(&session_id) {
             session
                 .ledger
@@ -1198,8 +1207,9 @@ impl Directory {
     /// `fence_after`. Returns what changed.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
         self.requeue_overdue_tasks(now);
+        let evicted = self.evict(now) + std::mem::take(&mut self.evictions_unreported);
         let mut report = TickReport {
-            evicted: self.evict(now),
+            evicted,
             ..TickReport::default()
         };
         while let Some((_, lease)) = self.leases.pop_expired(now) {

@@ -15,8 +15,10 @@ pub struct VictimConfig {
     /// Idle time added to every candidate's, so a replica never idle is not infinitely
     /// valuable; about the reuse distance of a hot prefix.
     pub horizon: Duration,
-    /// A replica committed more recently than this is not evicted (stops ping-pong of
-    /// objects stored just now).
+    /// A replica committed or read more recently than this is not evicted: the engine that
+    /// stored a chunk usually reads it back within moments (a burst of stores must not
+    /// evict each other before that), while a longer guard would let a full pool refuse
+    /// stores instead of making room.
     pub min_residency: Duration,
 }
 
@@ -24,7 +26,7 @@ impl Default for VictimConfig {
     fn default() -> Self {
         VictimConfig {
             horizon: Duration::from_secs(120),
-            min_residency: Duration::from_millis(500),
+            min_residency: Duration::from_millis(20),
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// How long a starting node keeps trying to reach the directory.
 const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
 /// How often the node fetches tasks (reclaims) from the directory.
-const TASK_INTERVAL: Duration = Duration::from_millis(200);
+const TASK_INTERVAL: Duration = Duration::from_millis(50);
 /// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
 const ALLOCATIONS_MAX: u32 = 1 << 22;
 
@@ -97,7 +97,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let shared_pools = mappings
         .iter()
         .filter(|mapping| mapping.medium == Medium::Cxl)
-        .map(|mapping| mapping.pool)
+        .map(|mapping| (mapping.pool, Arc::default()))
         .collect();
     let services = NodeServices {
         shared_pools,
