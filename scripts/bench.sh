@@ -7,6 +7,7 @@ kvtier=target/release/kvtier
 "$kvtier" bench directory --in-process --json
 "$kvtier" bench directory --json
 "$kvtier" bench data --json
+"$kvtier" bench cxl --json
 for capacity in 1000 3000 10000 30000; do
     "$kvtier" replay --capacity "$capacity" --json
 done
