@@ -200,3 +200,35 @@ fn scrape(address: std::net::SocketAddr) -> String {
     stream.read_to_string(&mut body).unwrap();
     body
 }
+
+#[test]
+fn a_node_that_maps_another_pool_refuses_to_start() {
+    let cluster = cluster(vec![Medium::Cxl], 2 << 20, 8 << 20);
+    let pool = &cluster.config.cxl_pools[0];
+    let text = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let wrong = text.replace(&pool.uuid, &format!("{:032x}", pool.uuid().unwrap() ^ 1));
+    let config = cluster.root.join("wrong-uuid.toml");
+    std::fs::write(&config, wrong).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["node", "--name", kvtier::launch::BENCH_PEER, "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        !output.status.success(),
+        "a node with the wrong pool UUID started"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    let pool_file = cluster
+        .config
+        .node(kvtier::launch::BENCH_PEER)
+        .unwrap()
+        .cpu_pool
+        .path
+        .clone();
+    assert!(
+        !pool_file.exists(),
+        "the failed node left its pool file behind"
+    );
+}

@@ -52,6 +52,9 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         bind: section.bind,
     };
     let pool = create_cpu_pool(&section)?;
+    // Whatever happens from here on, the pool file and the socket go with the process.
+    let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
+    let _socket_file = RemoveOnExit(section.socket.clone());
     let link = Arc::new(open_link(target, &section).await?);
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(&config, &section)?;
@@ -75,7 +78,6 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         pool_uuid: pool.memory().pool_uuid(),
         data_bytes: pool.memory().data_bytes(),
     };
-    let pool_path = pool.memory().path().to_path_buf();
     let metrics = Arc::new(Metrics::new()?);
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
     let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
@@ -126,8 +128,6 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         signal = shutdown_signal() => signal.map(|()| None),
         reason = exit.recv() => Ok(reason),
     };
-    let _ = std::fs::remove_file(&section.socket);
-    let _ = std::fs::remove_file(&pool_path);
     match outcome? {
         Some(NodeExit::Fenced) => {
             bail!("the directory fenced this node's session; restart it to open a new epoch")
@@ -136,6 +136,15 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
             let _ = link.call(DirectoryRequest::Close).await;
             Ok(())
         }
+    }
+}
+
+/// Removes a file this process created when the process leaves `run`, on every path.
+struct RemoveOnExit(std::path::PathBuf);
+
+impl Drop for RemoveOnExit {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
