@@ -169,6 +169,7 @@ pub struct Metrics {
     sessions: IntGaugeVec,
     bytes_moved_total: IntCounterVec,
     evictions_total: IntCounter,
+    medium_bytes: IntGaugeVec,
     label_drops_total: IntCounter,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
     pools: Mutex<BTreeMap<PoolId, Medium>>,
@@ -220,6 +221,13 @@ impl Metrics {
                 Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
                 &["direction"],
             )?,
+            medium_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "kvtier_medium_bytes",
+                    "Bytes of every pool of a medium by usage state (capacity included).",
+                ),
+                &["medium", "state"],
+            )?,
             evictions_total: IntCounter::new(
                 "kvtier_evictions_total",
                 "READY replicas retired by the eviction policy under pool pressure.",
@@ -265,6 +273,8 @@ impl Metrics {
             .register(Box::new(self.bytes_moved_total.clone()))?;
         self.registry
             .register(Box::new(self.evictions_total.clone()))?;
+        self.registry
+            .register(Box::new(self.medium_bytes.clone()))?;
         self.registry
             .register(Box::new(self.label_drops_total.clone()))
     }
@@ -356,6 +366,13 @@ impl Metrics {
         self.bytes_moved_total
             .with_label_values(&[direction.as_str()])
             .inc_by(bytes);
+    }
+
+    /// Sets the bytes of all pools of `medium` in `state` (`"capacity"` or a pool state).
+    pub fn set_medium_bytes(&self, medium: Medium, state: &'static str, bytes: u64) {
+        self.medium_bytes
+            .with_label_values(&[medium.name(), state])
+            .set(saturating_i64(bytes));
     }
 
     /// Counts replicas the eviction policy started retiring.

@@ -107,6 +107,23 @@ fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
             assert_eq!(view.bytes().unwrap(), &bytes[..]);
         }
     });
+    // Usage per medium is exported: eight chunks are READY in CXL.
+    let metrics = cluster.config.directory.metrics.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let expected = format!(
+        "kvtier_medium_bytes{{medium=\"cxl\",state=\"ready\"}} {}",
+        8 * CHUNK
+    );
+    while !kvtier::launch::scrape_metrics(metrics)
+        .unwrap()
+        .contains(&expected)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no per-medium usage in the metrics"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -169,7 +186,10 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         .metrics
         .expect("the test cluster serves metrics");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !scrape(metrics).contains("kvtier_sessions{state=\"fenced\"} 1") {
+    while !kvtier::launch::scrape_metrics(metrics)
+        .unwrap()
+        .contains("kvtier_sessions{state=\"fenced\"} 1")
+    {
         assert!(
             Instant::now() < deadline,
             "the killed writer was never fenced"
@@ -188,17 +208,6 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         );
         assert_eq!(buffer, survivor_bytes);
     });
-}
-
-fn scrape(address: std::net::SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).unwrap();
-    body
 }
 
 #[test]

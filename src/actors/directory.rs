@@ -4,7 +4,7 @@
 use crate::directory::NamespaceAccess;
 use crate::directory::{Directory, DirectoryCounts, DirectoryError, OpenRequest, PoolReport};
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
-use crate::model::{Clock, DomainId, SessionId};
+use crate::model::{Clock, DomainId, Medium, PoolUsage, SessionId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError};
 use actix::prelude::*;
 use std::collections::HashMap;
@@ -73,7 +73,16 @@ impl DirectoryActor {
             .set_sessions(SessionLabel::Suspect, sessions_suspect);
         self.metrics
             .set_sessions(SessionLabel::Fenced, sessions_fenced);
+        let mut per_medium: HashMap<Medium, PoolUsage> = HashMap::new();
         for PoolReport { pool, spec, usage } in self.core.usage() {
+            let total = per_medium.entry(spec.medium).or_default();
+            total.capacity_bytes += usage.capacity_bytes;
+            total.reserved_bytes += usage.reserved_bytes;
+            total.allocated_bytes += usage.allocated_bytes;
+            total.ready_bytes += usage.ready_bytes;
+            total.retiring_bytes += usage.retiring_bytes;
+            total.quarantined_bytes += usage.quarantined_bytes;
+            total.pinned_bytes += usage.pinned_bytes;
             self.metrics
                 .set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
             for (state, bytes) in [
@@ -85,6 +94,19 @@ impl DirectoryActor {
                 (PoolByteState::Pinned, usage.pinned_bytes),
             ] {
                 self.metrics.set_pool_bytes(pool, state, bytes);
+            }
+        }
+        for (medium, usage) in per_medium {
+            for (state, bytes) in [
+                ("capacity", usage.capacity_bytes),
+                (PoolByteState::Reserved.as_str(), usage.reserved_bytes),
+                (PoolByteState::Allocated.as_str(), usage.allocated_bytes),
+                (PoolByteState::Ready.as_str(), usage.ready_bytes),
+                (PoolByteState::Retiring.as_str(), usage.retiring_bytes),
+                (PoolByteState::Quarantined.as_str(), usage.quarantined_bytes),
+                (PoolByteState::Pinned.as_str(), usage.pinned_bytes),
+            ] {
+                self.metrics.set_medium_bytes(medium, state, bytes);
             }
         }
     }
