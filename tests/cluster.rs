@@ -36,6 +36,9 @@ fn small_cluster(nodes: usize) -> LocalCluster {
         cpu_pool_bytes: 16 << 20,
         suspect_after_ms: 600,
         fence_after_ms: 2500,
+        // Eviction off: these tests fill the pool on purpose and keep reading what they stored.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
         ..ClusterSpec::default()
     };
     LocalCluster::start(exe(), &spec).unwrap()

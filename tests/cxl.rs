@@ -241,3 +241,54 @@ fn a_node_that_maps_another_pool_refuses_to_start() {
         "the failed node left its pool file behind"
     );
 }
+
+#[test]
+fn pressure_evicts_instead_of_failing() {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes: 2 << 20,
+        cxl_pool_bytes: 8 << 20,
+        cxl_extent_bytes: 4 << 20,
+        write_order: vec![Medium::Cxl],
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let stored = runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        // Keep storing new chunks: a full pool skips (never errors) while eviction and
+        // reclaim make room, then stores land again.
+        let mut stored = 0;
+        let mut index = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stored <= 16 {
+            assert!(
+                Instant::now() < deadline,
+                "eviction never made room: {stored} stored"
+            );
+            let (id, bytes) = object(namespace, index);
+            index += 1;
+            if a.store(id, &bytes).await.unwrap() == StoreOutcome::Stored {
+                stored += 1;
+            } else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        stored
+    });
+    let metrics = cluster.config.directory.metrics.unwrap();
+    let evictions = kvtier::launch::metric_value(
+        &kvtier::launch::scrape_metrics(metrics).unwrap(),
+        "kvtier_evictions_total",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        evictions > 0.0,
+        "a pool past its high watermark evicted nothing"
+    );
+    assert!(
+        stored > 16,
+        "only {stored} stores landed in an 8-chunk pool"
+    );
+}

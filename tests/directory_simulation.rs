@@ -496,7 +496,9 @@ impl World {
             return Some(0);
         }
         if self.nodes[node].cxl_offsets.is_empty() {
-            if let Ok(ExtentGrant::Granted(extent)) = self.directory.grant_extent(session, pool) {
+            if let Ok(ExtentGrant::Granted(extent)) =
+                self.directory.grant_extent(self.now, session, pool)
+            {
                 let slots = extent.length_bytes / OBJECT_BYTES;
                 self.nodes[node]
                     .cxl_offsets

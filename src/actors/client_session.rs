@@ -39,6 +39,8 @@ pub const CLIENT_LEASES_MAX: usize = 65536;
 /// A grant not committed within this long is taken back (the directory's reservation
 /// expires at about the same time).
 pub const TICKET_DURATION: Duration = Duration::from_secs(30);
+/// How often expired leases and grants are dropped from the books.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the node shares with every client session.
 #[derive(Clone)]
@@ -103,6 +105,8 @@ pub struct ClientSessionActor {
     next_ticket: u64,
     leases: HashMap<LeaseId, Instant>,
     pending_leases: usize,
+    /// Pages of grants that expired uncommitted, freed when the connection ends.
+    expired_pages: Vec<Location>,
 }
 
 impl ClientSessionActor {
@@ -122,6 +126,7 @@ impl ClientSessionActor {
             next_ticket: 1,
             leases: HashMap::new(),
             pending_leases: 0,
+            expired_pages: Vec::new(),
         }
     }
 
@@ -143,10 +148,18 @@ impl ClientSessionActor {
             .collect();
         for ticket in expired {
             if let Some((granted, _)) = self.tickets.remove(&ticket) {
+                // The reservation goes back now; the pages only when the connection ends,
+                // since a stalled client might still be writing into them.
+                self.expired_pages.push(granted.location);
                 let services = self.services.clone();
-                actix_rt::spawn(async move { give_back(&services, granted).await });
+                actix_rt::spawn(async move { services.link.abort(granted.replica).await });
             }
         }
+    }
+
+    /// Tickets live, being granted, and expired with their pages still held.
+    fn tickets_held(&self) -> usize {
+        self.tickets.len() + self.pending_tickets + self.expired_pages.len()
     }
 
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
@@ -187,9 +200,9 @@ impl ClientSessionActor {
                 object,
                 length_bytes,
             } => {
-                if self.tickets.len() + self.pending_tickets >= TICKETS_MAX {
+                if self.tickets_held() >= TICKETS_MAX {
                     self.prune();
-                    if self.tickets.len() + self.pending_tickets >= TICKETS_MAX {
+                    if self.tickets_held() >= TICKETS_MAX {
                         return self.reply(
                             request_id,
                             ClientReply::Error(ProtocolError::Busy),
@@ -439,7 +452,11 @@ async fn begin_store(
                 length_bytes: item.length_bytes,
             };
             (
-                ClientReply::Grant(StoreGrant::Write { ticket, location }),
+                ClientReply::Grant(StoreGrant::Write {
+                    ticket,
+                    location,
+                    valid_ms: TICKET_DURATION.as_millis() as u64,
+                }),
                 Change::Ticket(ticket, Ticket { replica, location }),
             )
         }
@@ -491,7 +508,15 @@ async fn allocate(
                 .await?
             {
                 Ok(()) => actor.send(Allocate { length_bytes }).await,
-                Err(error) => Ok(Err(error)),
+                Err(error) => {
+                    // Never keep an extent this node cannot use: give it back.
+                    let offset_bytes = extent.offset_bytes;
+                    let _ = services
+                        .link
+                        .call(DirectoryRequest::ReturnExtent { pool, offset_bytes })
+                        .await;
+                    Ok(Err(error))
+                }
             }
         }
         _ => Ok(again),
@@ -598,6 +623,7 @@ impl Actor for ClientSessionActor {
     fn started(&mut self, context: &mut Context<Self>) {
         // Every request in flight may finish at once.
         context.set_mailbox_capacity(INFLIGHT_REQUESTS_MAX);
+        context.run_interval(PRUNE_INTERVAL, |actor, _| actor.prune());
         if let Some(reader) = self.reader.take() {
             context.add_stream(frame_stream(reader));
         }
@@ -610,10 +636,14 @@ impl Actor for ClientSessionActor {
             .drain()
             .map(|(_, (ticket, _))| ticket)
             .collect();
+        let expired_pages = std::mem::take(&mut self.expired_pages);
         let leases: Vec<LeaseId> = self.leases.drain().map(|(lease, _)| lease).collect();
         actix_rt::spawn(async move {
             for ticket in tickets {
                 give_back(&services, ticket).await;
+            }
+            for location in expired_pages {
+                free(&services, location).await;
             }
             for chunk in leases.chunks(1024) {
                 let _ = services

@@ -218,7 +218,7 @@ fn apply(
         } => core
             .heartbeat(now, session, acknowledged_through)
             .map(Reply::Alive),
-        Request::Close => core.close(session).map(|()| Reply::Closed),
+        Request::Close => core.close(now, session).map(|()| Reply::Closed),
         Request::RegisterPool(spec) => core.register_pool(Some(session), spec).map(Reply::Pool),
         Request::RegisterNamespace(descriptor) => core
             .register_namespace(session, descriptor)
@@ -244,7 +244,10 @@ fn apply(
         Request::Retire { replica } => core.retire(Some(session), replica).map(Reply::Retired),
         Request::ReclaimAck { replica } => core.reclaim_ack(session, replica).map(Reply::Reclaimed),
         Request::Abort { replica } => core.abort(session, replica).map(Reply::Aborted),
-        Request::GrantExtent { pool } => core.grant_extent(session, pool).map(Reply::Extent),
+        Request::GrantExtent { pool } => core.grant_extent(now, session, pool).map(Reply::Extent),
+        Request::ReturnExtent { pool, offset_bytes } => core
+            .return_extent(session, pool, offset_bytes)
+            .map(Reply::ExtentReturned),
         Request::PollTasks { max } => core.poll_tasks(now, session, max).map(Reply::Tasks),
         Request::Usage => Ok(Reply::Usage(
             core.usage()
@@ -271,7 +274,9 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         | Request::RegisterNamespace(_) => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
-        Request::Reserve { .. } | Request::GrantExtent { .. } => Operation::Reserve,
+        Request::Reserve { .. } | Request::GrantExtent { .. } | Request::ReturnExtent { .. } => {
+            Operation::Reserve
+        }
         Request::Commit { .. } | Request::Abort { .. } => Operation::Commit,
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,

@@ -5,7 +5,7 @@
 //! restart opens a new epoch.
 
 use super::link::{DirectoryLink, LinkError};
-use super::pool::{Free, PoolActor};
+use super::pool::{AddExtent, Free, PoolActor, TakeEmptyExtent};
 use crate::backends::PoolError;
 use crate::directory::{DirectoryError, TaskKind};
 use crate::model::PoolId;
@@ -133,6 +133,31 @@ async fn run_tasks(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>
                 }
             }
             other => tracing::error!(?other, ?location, "reclaim could not free the allocation"),
+        }
+    }
+    give_back_empty_extents(link, pools).await;
+}
+
+/// Returns every extent of a shared pool that holds no allocation any more, so other nodes
+/// can write there; an extent the directory refuses stays in use here.
+async fn give_back_empty_extents(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>) {
+    for (pool, actor) in pools {
+        while let Ok(Some((offset_bytes, length_bytes))) = actor.send(TakeEmptyExtent).await {
+            let returned = link
+                .call(DirectoryRequest::ReturnExtent {
+                    pool: *pool,
+                    offset_bytes,
+                })
+                .await;
+            if !matches!(returned, Ok(DirectoryReply::ExtentReturned(true))) {
+                let _ = actor
+                    .send(AddExtent {
+                        offset_bytes,
+                        length_bytes,
+                    })
+                    .await;
+                break;
+            }
         }
     }
 }

@@ -46,6 +46,21 @@ impl Handler<AddExtent> for PoolActor {
     }
 }
 
+/// Takes an empty extent out of use (to give it back to the directory).
+pub struct TakeEmptyExtent;
+
+impl Message for TakeEmptyExtent {
+    type Result = Option<(u64, u64)>;
+}
+
+impl Handler<TakeEmptyExtent> for PoolActor {
+    type Result = Option<(u64, u64)>;
+
+    fn handle(&mut self, _: TakeEmptyExtent, _: &mut Context<Self>) -> Self::Result {
+        self.backend.take_empty_extent()
+    }
+}
+
 /// One pool. See the module documentation.
 pub struct PoolActor {
     backend: Box<dyn PoolBackend>,

@@ -15,8 +15,14 @@ use std::sync::{Mutex, MutexGuard};
 
 /// Extents one node may hold in one pool (the directory bounds it per session too).
 pub const EXTENTS_PER_NODE_MAX: usize = 4096;
-/// Allocation ids carry their extent in the bits above this one.
-const EXTENT_SHIFT: u32 = 40;
+/// Allocation ids are `[extent slot: 16 bits][slot reuse count: 16 bits][id inside: 32 bits]`,
+/// so an id from an extent given back never names an allocation of the slot's next extent.
+const INNER_BITS: u32 = 32;
+const REUSE_BITS: u32 = 16;
+const _: () = assert!(
+    EXTENTS_PER_NODE_MAX <= 1 << 16,
+    "extent slots must fit in 16 bits"
+);
 
 /// One granted extent and the allocator of its pages.
 #[derive(Debug)]
@@ -25,11 +31,18 @@ struct ExtentAllocator {
     pages: PageAllocator,
 }
 
+/// A slot of the extent table: the extent it holds now, and how often it was reused.
+#[derive(Debug, Default)]
+struct ExtentSlot {
+    extent: Option<ExtentAllocator>,
+    reuse: u16,
+}
+
 /// A node's view of a shared CXL pool. See the module documentation.
 #[derive(Debug)]
 pub struct CxlPool {
     memory: SharedMemory,
-    extents: Mutex<Vec<ExtentAllocator>>,
+    extents: Mutex<Vec<ExtentSlot>>,
     allocations_per_extent_max: u32,
 }
 
@@ -54,18 +67,47 @@ impl CxlPool {
         &self.memory
     }
 
-    fn extents(&self) -> MutexGuard<'_, Vec<ExtentAllocator>> {
+    fn extents(&self) -> MutexGuard<'_, Vec<ExtentSlot>> {
         // Poisoned only if an allocator invariant assertion fired: a bug, which propagates.
         self.extents
             .lock()
             .expect("CXL extent allocators poisoned by a failed invariant")
     }
 
-    fn route(id: AllocationId) -> (usize, AllocationId) {
-        (
-            (id.0 >> EXTENT_SHIFT) as usize,
-            AllocationId(id.0 & ((1 << EXTENT_SHIFT) - 1)),
-        )
+    fn route(id: AllocationId) -> (usize, u16, AllocationId) {
+        let slot = (id.0 >> (INNER_BITS + REUSE_BITS)) as usize;
+        let reuse = ((id.0 >> INNER_BITS) & ((1 << REUSE_BITS) - 1)) as u16;
+        (slot, reuse, AllocationId(id.0 & ((1 << INNER_BITS) - 1)))
+    }
+
+    fn extent_of(
+        extents: &mut [ExtentSlot],
+        id: AllocationId,
+        generation: Generation,
+    ) -> Result<(&mut ExtentAllocator, AllocationId), PoolError> {
+        let (slot, reuse, inner) = CxlPool::route(id);
+        match extents.get_mut(slot) {
+            Some(ExtentSlot {
+                extent: Some(extent),
+                reuse: current,
+            }) if *current == reuse => Ok((extent, inner)),
+            _ => Err(PoolError::UnknownAllocation { id, generation }),
+        }
+    }
+
+    /// Takes an extent with no live allocation out of this node's table and returns its
+    /// offset and length, for giving it back to the directory; `None` if every extent is in
+    /// use. Its slot's ids go stale.
+    fn take_empty(&self) -> Option<(u64, u64)> {
+        let mut extents = self.extents();
+        let slot = extents.iter_mut().find(|slot| {
+            slot.extent
+                .as_ref()
+                .is_some_and(|extent| extent.pages.usage().allocation_count == 0)
+        })?;
+        let extent = slot.extent.take()?;
+        slot.reuse = slot.reuse.wrapping_add(1);
+        Some((extent.offset_bytes, extent.pages.capacity_bytes()))
     }
 }
 
@@ -87,7 +129,7 @@ impl PoolBackend for CxlPool {
             largest_free_run_bytes: 0,
             allocation_count: 0,
         };
-        for extent in extents.iter() {
+        for extent in extents.iter().filter_map(|slot| slot.extent.as_ref()) {
             let part = extent.pages.usage();
             usage.capacity_bytes += part.capacity_bytes;
             usage.allocated_bytes += part.allocated_bytes;
@@ -107,11 +149,19 @@ impl PoolBackend for CxlPool {
             free_bytes: 0,
             largest_free_run_bytes: 0,
         };
-        for (index, extent) in extents.iter_mut().enumerate() {
+        for (index, slot) in extents.iter_mut().enumerate() {
+            let reuse = u64::from(slot.reuse);
+            let Some(extent) = slot.extent.as_mut() else {
+                continue;
+            };
             match extent.pages.allocate(length_bytes) {
                 Ok(inner) => {
                     return Ok(Allocation {
-                        id: AllocationId(((index as u64) << EXTENT_SHIFT) | inner.id.0),
+                        id: AllocationId(
+                            ((index as u64) << (INNER_BITS + REUSE_BITS))
+                                | (reuse << INNER_BITS)
+                                | inner.id.0,
+                        ),
                         offset: extent.offset_bytes + inner.offset,
                         ..inner
                     })
@@ -123,11 +173,8 @@ impl PoolBackend for CxlPool {
     }
 
     fn free(&self, id: AllocationId, generation: Generation) -> Result<u64, PoolError> {
-        let (index, inner) = CxlPool::route(id);
         let mut extents = self.extents();
-        let extent = extents
-            .get_mut(index)
-            .ok_or(PoolError::UnknownAllocation { id, generation })?;
+        let (extent, inner) = CxlPool::extent_of(&mut extents, id, generation)?;
         extent.pages.free(inner, generation)
     }
 
@@ -138,11 +185,8 @@ impl PoolBackend for CxlPool {
         offset: u64,
         length_bytes: u64,
     ) -> Result<(), PoolError> {
-        let (index, inner) = CxlPool::route(id);
-        let extents = self.extents();
-        let extent = extents
-            .get(index)
-            .ok_or(PoolError::UnknownAllocation { id, generation })?;
+        let mut extents = self.extents();
+        let (extent, inner) = CxlPool::extent_of(&mut extents, id, generation)?;
         let inner_offset =
             offset
                 .checked_sub(extent.offset_bytes)
@@ -168,6 +212,10 @@ impl PoolBackend for CxlPool {
         self.memory.slice(offset, length_bytes)
     }
 
+    fn take_empty_extent(&self) -> Option<(u64, u64)> {
+        self.take_empty()
+    }
+
     fn add_extent(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), PoolError> {
         let end = offset_bytes.checked_add(length_bytes);
         if end.is_none_or(|end| end > self.memory.data_bytes()) {
@@ -177,21 +225,26 @@ impl PoolBackend for CxlPool {
                 limit_bytes: self.memory.data_bytes(),
             });
         }
-        let mut extents = self.extents();
-        if extents.len() >= EXTENTS_PER_NODE_MAX {
-            return Err(PoolError::TooManyAllocations {
-                allocations_max: EXTENTS_PER_NODE_MAX as u32,
-            });
-        }
         let pages = PageAllocator::new(
             length_bytes,
             self.memory.page_bytes(),
             self.allocations_per_extent_max,
         )?;
-        extents.push(ExtentAllocator {
+        let extent = Some(ExtentAllocator {
             offset_bytes,
             pages,
         });
+        let mut extents = self.extents();
+        if let Some(slot) = extents.iter_mut().find(|slot| slot.extent.is_none()) {
+            slot.extent = extent;
+            return Ok(());
+        }
+        if extents.len() >= EXTENTS_PER_NODE_MAX {
+            return Err(PoolError::TooManyAllocations {
+                allocations_max: EXTENTS_PER_NODE_MAX as u32,
+            });
+        }
+        extents.push(ExtentSlot { extent, reuse: 0 });
         Ok(())
     }
 }

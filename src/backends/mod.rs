@@ -77,4 +77,10 @@ pub trait PoolBackend: Send + Sync {
             reason: "this pool is owned whole by its node and has no extents",
         })
     }
+
+    /// Takes an extent with no live allocation out of use and returns its offset and
+    /// length, so the node can give it back; `None` when there is none (or no extents).
+    fn take_empty_extent(&self) -> Option<(u64, u64)> {
+        None
+    }
 }

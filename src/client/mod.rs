@@ -30,7 +30,8 @@ pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
-/// A view stops one `LEASE_MARGIN_DIVISOR`th of the lease early (clock-rate drift).
+/// A view (or a store grant) stops one `LEASE_MARGIN_DIVISOR`th of its lifetime early
+/// (clock-rate drift).
 const LEASE_MARGIN_DIVISOR: u32 = 50;
 
 /// Why a client call failed. A full cluster is not an error (see [`StoreOutcome`]).
@@ -147,14 +148,27 @@ impl Client {
 
     /// Stores one object's bytes.
     pub async fn store(&self, object: ObjectId, bytes: &[u8]) -> Result<StoreOutcome, ClientError> {
+        let sent = Instant::now();
         let grant = self
             .call(ClientRequest::BeginStore {
                 object,
                 length_bytes: bytes.len() as u64,
             })
             .await?;
-        let (ticket, location) = match grant {
-            ClientReply::Grant(StoreGrant::Write { ticket, location }) => (ticket, location),
+        let (ticket, location, valid_until) = match grant {
+            ClientReply::Grant(StoreGrant::Write {
+                ticket,
+                location,
+                valid_ms,
+            }) => {
+                // Measured from before the request, so never later than the node's deadline.
+                let valid = Duration::from_millis(valid_ms);
+                (
+                    ticket,
+                    location,
+                    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR),
+                )
+            }
             ClientReply::Grant(StoreGrant::AlreadyPresent) => {
                 return Ok(StoreOutcome::AlreadyPresent)
             }
@@ -162,6 +176,10 @@ impl Client {
             ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
             other => return Err(unexpected(other)),
         };
+        if Instant::now() >= valid_until {
+            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
+            return Ok(StoreOutcome::Skipped);
+        }
         let written = self.memory(location.pool).and_then(|memory| {
             memory
                 .write_at(location.offset_bytes, bytes)
@@ -173,6 +191,11 @@ impl Client {
         if let Err(error) = written {
             let _ = self.call(ClientRequest::AbortStore { ticket }).await;
             return Err(error);
+        }
+        if Instant::now() >= valid_until {
+            // The grant ran out while writing: the pages may be another store's by now.
+            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
+            return Ok(StoreOutcome::Skipped);
         }
         match self.call(ClientRequest::CommitStore { ticket }).await? {
             ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),

@@ -95,6 +95,9 @@ impl DirectoryConfig {
                 self.reservations_per_session_max,
             ),
             ("tasks_per_poll_max", self.tasks_per_poll_max),
+            ("extents_per_session_max", self.extents_per_session_max),
+            ("eviction_window", self.eviction_window),
+            ("evictions_per_tick_max", self.evictions_per_tick_max),
         ]
         .into_iter()
         .find(|(_, value)| *value == 0);

@@ -107,6 +107,8 @@ pub struct Directory {
     /// Evictions started outside `tick` (by a reserve that found no room), reported by the
     /// next `tick`.
     evictions_unreported: u32,
+    /// The `now` of the latest `tick`: the time of operations that take none.
+    latest_tick: Timestamp,
 }
 
 impl Directory {
@@ -126,6 +128,7 @@ impl Directory {
             namespaces: HashMap::new(),
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,
+            latest_tick: Timestamp::ZERO,
             config,
         }
     }
@@ -179,7 +182,7 @@ impl Directory {
             return Err(DirectoryError::Full(Table::Sessions));
         }
         if let Some(previous) = previous {
-            self.end_session(previous, SessionState::Fenced);
+            self.end_session(now, previous, SessionState::Fenced);
         }
         let session = SessionId(self.next_session);
         self.next_session += 1;
@@ -232,7 +235,7 @@ impl Directory {
 
     /// Closes a drained session (no leases, no reservations). Its host pools and their
     /// replicas are dropped: the node is leaving.
-    pub fn close(&mut self, session: SessionId) -> Result<(), DirectoryError> {
+    pub fn close(&mut self, now: Timestamp, session: SessionId) -> Result<(), DirectoryError> {
         let record = self.open_session(session)?;
         if record.leases > 0 || !record.reservations.is_empty() {
             return Err(DirectoryError::NotDrained {
@@ -240,7 +243,7 @@ impl Directory {
                 reservations: record.reservations.len() as u32,
             });
         }
-        self.end_session(session, SessionState::Closed);
+        self.end_session(now, session, SessionState::Closed);
         Ok(())
     }
 
@@ -266,7 +269,7 @@ impl Directory {
 
     /// Ends a session: voids its leases, aborts its reservations, drops its host pools
     /// with their replicas, and keeps the record (with its ledger) for `resolve`.
-    fn end_session(&mut self, session: SessionId, state: SessionState) {
+    fn end_session(&mut self, now: Timestamp, session: SessionId, state: SessionState) {
         let Some(record) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -276,22 +279,35 @@ impl Directory {
         record.state = state;
         let node = record.node;
         let reservations: Vec<ReplicaId> = record.reservations.drain().collect();
-        record.leases = 0;
+        // Leases on shared-pool replicas stay until their deadline: the node's engines map
+        // that memory themselves and may still read under them. Leases on this node's own
+        // pools go with the pools.
+        let pools = &self.pools;
+        let replicas = &self.replicas;
         let leases: Vec<LeaseId> = self
             .leases
             .iter()
             .filter(|(_, lease)| lease.session == session)
+            .filter(|(_, lease)| {
+                replicas
+                    .get(lease.replica)
+                    .is_none_or(|replica| pools[replica.pool.0 as usize].extents.is_none())
+            })
             .map(|(id, _)| id)
             .collect();
-        for lease in leases {
-            self.drop_lease(lease);
+        for lease in &leases {
+            self.drop_lease(*lease);
         }
+        if let Some(record) = self.sessions.get_mut(&session) {
+            record.leases -= leases.len() as u32;
+        }
+        let cool_until = now + self.config.reservation_duration;
         for replica in reservations {
             self.abort_reservation(replica);
         }
         for record in &mut self.pools {
             if let Some(extents) = &mut record.extents {
-                extents.release_empty(session);
+                extents.release_empty(session, cool_until);
             }
         }
         let dropped: Vec<PoolId> = (0..self.pools.len())
@@ -322,7 +338,10 @@ impl Directory {
                 .collect();
             for task in pending {
                 let TaskKind::Reclaim { replica, location } = task.kind;
-                if dropped.contains(&location.pool) {
+                let waiting = self.replicas.get(replica).is_some_and(|record| {
+                    record.state == ReplicaState::Retiring && record.lease_count == 0
+                });
+                if dropped.contains(&location.pool) || !waiting {
                     continue;
                 }
                 // The session that owned the extent is gone: nobody else will free it.
@@ -338,10 +357,25 @@ impl Directory {
             }
         }
         self.retired_sessions.push_back(session);
-        while self.retired_sessions.len() > self.config.retired_sessions_max as usize {
-            if let Some(oldest) = self.retired_sessions.pop_front() {
+        // Forget the oldest ended sessions, except one still holding (shared-pool) leases:
+        // those expire within `lease_duration`, so the excess is bounded by that window.
+        let mut kept = VecDeque::new();
+        while self.retired_sessions.len() + kept.len() > self.config.retired_sessions_max as usize {
+            let Some(oldest) = self.retired_sessions.pop_front() else {
+                break;
+            };
+            if self
+                .sessions
+                .get(&oldest)
+                .is_some_and(|record| record.leases > 0)
+            {
+                kept.push_back(oldest);
+            } else {
                 self.sessions.remove(&oldest);
             }
+        }
+        while let Some(session) = kept.pop_back() {
+            self.retired_sessions.push_front(session);
         }
     }
 
@@ -395,6 +429,11 @@ impl Directory {
                     "host pools come from their node, shared pools from the directory".into(),
                 ))
             }
+        }
+        // A shared pool holds whole extents only: a tail no extent covers is not capacity.
+        let mut spec = spec;
+        if let Some(extent_bytes) = spec.extent_bytes {
+            spec.capacity_bytes -= spec.capacity_bytes % extent_bytes;
         }
         let key = (spec.scope, spec.name.clone());
         if let Some(&pool) = self.pool_ids.get(&key) {
@@ -1064,6 +1103,7 @@ impl Directory {
     /// without asking again. `Full` when no extent is free.
     pub fn grant_extent(
         &mut self,
+        now: Timestamp,
         session_id: SessionId,
         pool: PoolId,
     ) -> Result<ExtentGrant, DirectoryError> {
@@ -1096,7 +1136,7 @@ impl Directory {
                 "shared pool without extents".into(),
             ));
         };
-        Ok(match extents.grant(session_id) {
+        Ok(match extents.grant(session_id, now) {
             Some((offset_bytes, length_bytes)) => ExtentGrant::Granted(Extent {
                 pool,
                 offset_bytes,
@@ -1104,6 +1144,23 @@ impl Directory {
             }),
             None => ExtentGrant::Full,
         })
+    }
+
+    /// The owner gives back an extent it no longer allocates in (it holds no committed
+    /// replica and the node has no allocation in flight there). `false` when refused.
+    pub fn return_extent(
+        &mut self,
+        session_id: SessionId,
+        pool: PoolId,
+        offset_bytes: u64,
+    ) -> Result<bool, DirectoryError> {
+        self.open_session(session_id)?;
+        let extents = self
+            .pools
+            .get_mut(pool.0 as usize)
+            .and_then(|record| record.extents.as_mut())
+            .ok_or(DirectoryError::UnknownPool)?;
+        Ok(extents.give_back(session_id, offset_bytes))
     }
 
     /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`). A
@@ -1169,6 +1226,9 @@ impl Directory {
                 needed: "retiring without leases".into(),
             });
         }
+        self.nodes[node.0 as usize]
+            .handed_out
+            .retain(|(_, task)| !matches!(task.kind, TaskKind::Reclaim { replica, .. } if replica == replica_id));
         self.free_replica(replica_id);
         Ok(ReclaimOutcome::Freed)
     }
@@ -1194,9 +1254,12 @@ impl Directory {
             (&mut record.extents, replica.state)
         {
             let sessions = &self.sessions;
-            extents.remove_replica(replica.offset_bytes, |session| {
-                sessions.get(&session).is_some_and(Session::is_open)
-            });
+            let cool_until = self.latest_tick + self.config.reservation_duration;
+            extents.remove_replica(
+                replica.offset_bytes,
+                |session| sessions.get(&session).is_some_and(Session::is_open),
+                cool_until,
+            );
         }
     }
 
@@ -1206,6 +1269,7 @@ impl Directory {
     /// sessions suspect (hiding their host replicas) and fences those silent past
     /// `fence_after`. Returns what changed.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
+        self.latest_tick = self.latest_tick.max(now);
         self.requeue_overdue_tasks(now);
         let evicted = self.evict(now) + std::mem::take(&mut self.evictions_unreported);
         let mut report = TickReport {
@@ -1257,7 +1321,7 @@ impl Directory {
         changes.sort_by_key(|(id, ..)| *id);
         for (session, node, state) in changes {
             match state {
-                SessionState::Fenced => self.end_session(session, SessionState::Fenced),
+                SessionState::Fenced => self.end_session(now, session, SessionState::Fenced),
                 _ => {
                     if let Some(record) = self.sessions.get_mut(&session) {
                         record.state = state;

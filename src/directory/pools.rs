@@ -2,32 +2,53 @@
 //! here, each of which moves bytes between states, so `reserved + allocated <= capacity`
 //! holds by construction and is asserted.
 
-use crate::model::{PoolSpec, PoolUsage, SessionId};
+use crate::model::{PoolSpec, PoolUsage, SessionId, Timestamp};
 
 /// The extents of a shared pool: fixed-size ranges the directory grants to one session at a
 /// time, so two nodes never allocate the same bytes. An extent whose session ended stays
-/// held until its last replica is freed.
+/// held until its last replica is freed, then cools down (a partitioned node's engines may
+/// still write into grants they hold) before it is granted again.
 #[derive(Debug)]
 pub struct ExtentTable {
     extent_bytes: u64,
-    /// Per extent: the owning session (if granted) and its committed replicas.
-    slots: Vec<(Option<SessionId>, u32)>,
+    slots: Vec<ExtentSlot>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ExtentSlot {
+    owner: Option<SessionId>,
+    /// Committed replicas inside.
+    replicas: u32,
+    /// Not granted again before this time.
+    cool_until: Timestamp,
 }
 
 impl ExtentTable {
-    /// `capacity_bytes / extent_bytes` free extents (a tail smaller than an extent is unused).
+    /// `capacity_bytes / extent_bytes` free extents.
     pub fn new(capacity_bytes: u64, extent_bytes: u64) -> ExtentTable {
         let count = capacity_bytes / extent_bytes.max(1);
+        let free = ExtentSlot {
+            owner: None,
+            replicas: 0,
+            cool_until: Timestamp::ZERO,
+        };
         ExtentTable {
             extent_bytes,
-            slots: vec![(None, 0); count as usize],
+            slots: vec![free; count as usize],
         }
     }
 
-    /// Grants the lowest free extent to `session`: its offset and length.
-    pub fn grant(&mut self, session: SessionId) -> Option<(u64, u64)> {
-        let index = self.slots.iter().position(|(owner, _)| owner.is_none())?;
-        self.slots[index] = (Some(session), 0);
+    /// Grants the lowest free, cooled extent to `session`: its offset and length.
+    pub fn grant(&mut self, session: SessionId, now: Timestamp) -> Option<(u64, u64)> {
+        let index = self
+            .slots
+            .iter()
+            .position(|slot| slot.owner.is_none() && slot.cool_until <= now)?;
+        self.slots[index] = ExtentSlot {
+            owner: Some(session),
+            replicas: 0,
+            cool_until: Timestamp::ZERO,
+        };
         Some((index as u64 * self.extent_bytes, self.extent_bytes))
     }
 
@@ -41,58 +62,88 @@ impl ExtentTable {
         let index = (offset_bytes / self.extent_bytes) as usize;
         let end = offset_bytes.checked_add(length_bytes)?;
         let extent_end = (index as u64 + 1) * self.extent_bytes;
-        (self.slots.get(index)?.0 == Some(session) && end <= extent_end).then_some(index)
+        (self.slots.get(index)?.owner == Some(session) && end <= extent_end).then_some(index)
     }
 
     /// The session owning the extent at `offset_bytes`.
     pub fn owner_of(&self, offset_bytes: u64) -> Option<SessionId> {
         self.slots
-            .get((offset_bytes / self.extent_bytes) as usize)
-            .and_then(|(owner, _)| *owner)
+            .get(self.index_of(offset_bytes))
+            .and_then(|slot| slot.owner)
     }
 
     /// Extents held by `session`.
     pub fn held_by(&self, session: SessionId) -> u32 {
         self.slots
             .iter()
-            .filter(|(owner, _)| *owner == Some(session))
+            .filter(|slot| slot.owner == Some(session))
             .count() as u32
     }
 
     /// A replica was committed at `offset_bytes`.
     pub fn add_replica(&mut self, offset_bytes: u64) {
-        if let Some(slot) = self
-            .slots
-            .get_mut((offset_bytes / self.extent_bytes) as usize)
-        {
-            slot.1 += 1;
+        let index = self.index_of(offset_bytes);
+        if let Some(slot) = self.slots.get_mut(index) {
+            slot.replicas += 1;
         }
     }
 
-    /// A committed replica at `offset_bytes` was freed; the extent is released when it was
-    /// the last one and its owner (per `open`) has ended.
-    pub fn remove_replica(&mut self, offset_bytes: u64, open: impl Fn(SessionId) -> bool) {
-        if let Some(slot) = self
-            .slots
-            .get_mut((offset_bytes / self.extent_bytes) as usize)
-        {
-            slot.1 = slot
-                .1
+    /// A committed replica at `offset_bytes` was freed; the extent is released (to cool
+    /// until `cool_until`) when it was the last one and its owner (per `open`) has ended.
+    pub fn remove_replica(
+        &mut self,
+        offset_bytes: u64,
+        open: impl Fn(SessionId) -> bool,
+        cool_until: Timestamp,
+    ) {
+        let index = self.index_of(offset_bytes);
+        if let Some(slot) = self.slots.get_mut(index) {
+            slot.replicas = slot
+                .replicas
                 .checked_sub(1)
                 .expect("extent replica count underflow");
-            if slot.1 == 0 && slot.0.is_some_and(|owner| !open(owner)) {
-                *slot = (None, 0);
+            if slot.replicas == 0 && slot.owner.is_some_and(|owner| !open(owner)) {
+                *slot = ExtentSlot {
+                    owner: None,
+                    replicas: 0,
+                    cool_until,
+                };
             }
         }
     }
 
-    /// `session` ended: its empty extents are free again; the others wait for their
-    /// replicas.
-    pub fn release_empty(&mut self, session: SessionId) {
+    /// `session` ended: its empty extents are released, to cool until `cool_until`; the
+    /// others wait for their replicas.
+    pub fn release_empty(&mut self, session: SessionId, cool_until: Timestamp) {
         for slot in &mut self.slots {
-            if slot.0 == Some(session) && slot.1 == 0 {
-                *slot = (None, 0);
+            if slot.owner == Some(session) && slot.replicas == 0 {
+                *slot = ExtentSlot {
+                    owner: None,
+                    replicas: 0,
+                    cool_until,
+                };
             }
+        }
+    }
+
+    /// The live owner gives back an extent it no longer allocates in. Refused (false) when
+    /// the extent is not its own or still holds committed replicas.
+    pub fn give_back(&mut self, session: SessionId, offset_bytes: u64) -> bool {
+        let index = self.index_of(offset_bytes);
+        match self.slots.get_mut(index) {
+            Some(slot)
+                if slot.owner == Some(session)
+                    && slot.replicas == 0
+                    && offset_bytes % self.extent_bytes == 0 =>
+            {
+                *slot = ExtentSlot {
+                    owner: None,
+                    replicas: 0,
+                    cool_until: Timestamp::ZERO,
+                };
+                true
+            }
+            _ => false,
         }
     }
 
@@ -101,7 +152,7 @@ impl ExtentTable {
         self.slots
             .iter()
             .enumerate()
-            .map(|(index, (owner, count))| (index, *owner, *count))
+            .map(|(index, slot)| (index, slot.owner, slot.replicas))
     }
 
     /// The extent index of `offset_bytes`.

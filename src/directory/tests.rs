@@ -172,7 +172,8 @@ impl Fixture {
         };
         let mut location = location(pool, replica.0, length_bytes);
         if medium == Medium::Cxl {
-            let Ok(ExtentGrant::Granted(extent)) = self.directory.grant_extent(node.session, pool)
+            let Ok(ExtentGrant::Granted(extent)) =
+                self.directory.grant_extent(self.now, node.session, pool)
             else {
                 panic!("no extent left for a CXL store");
             };
@@ -875,7 +876,7 @@ fn close_requires_drained_session() {
         panic!()
     };
     assert_eq!(
-        fixture.directory.close(a.session),
+        fixture.directory.close(fixture.now, a.session),
         Err(DirectoryError::NotDrained {
             leases: 1,
             reservations: 0
@@ -885,7 +886,7 @@ fn close_requires_drained_session() {
         .directory
         .release(a.session, &[lease.lease])
         .unwrap();
-    assert_eq!(fixture.directory.close(a.session), Ok(()));
+    assert_eq!(fixture.directory.close(fixture.now, a.session), Ok(()));
     assert_eq!(
         fixture.directory.session_state(a.session),
         Some(SessionState::Closed)
@@ -901,7 +902,10 @@ fn extents_are_disjoint_and_commits_stay_inside_their_own() {
     let b = fixture.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
     let outsider = fixture.node_with("c", MIB, vec![Medium::Cpu], vec![]);
     let grant = |fixture: &mut Fixture, node: &NodeHandle| {
-        fixture.directory.grant_extent(node.session, cxl).unwrap()
+        fixture
+            .directory
+            .grant_extent(fixture.now, node.session, cxl)
+            .unwrap()
     };
     let ExtentGrant::Granted(first) = grant(&mut fixture, &a) else {
         panic!()
@@ -925,7 +929,9 @@ fn extents_are_disjoint_and_commits_stay_inside_their_own() {
     );
     assert_eq!(grant(&mut fixture, &b), ExtentGrant::Full);
     assert!(matches!(
-        fixture.directory.grant_extent(outsider.session, cxl),
+        fixture
+            .directory
+            .grant_extent(fixture.now, outsider.session, cxl),
         Err(DirectoryError::InvalidPool(_))
     ));
     // B commits into A's extent: refused.
@@ -988,13 +994,28 @@ fn a_dead_writers_cxl_replicas_stay_readable_and_are_reclaimed_by_the_directory(
         None,
         "freed by the directory: its writer is gone"
     );
-    // The dead writer's extent is free again: two grants fit.
+    // The dead writer's extent cools down first (its engines may still hold grants in
+    // it), then it is free again: two grants fit.
+    let ExtentGrant::Granted(_) = fixture
+        .directory
+        .grant_extent(later, b.session, cxl)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        fixture.directory.grant_extent(later, b.session, cxl),
+        Ok(ExtentGrant::Full),
+        "granted while cooling"
+    );
+    let cooled = later + fixture.directory.config().reservation_duration;
+    fixture
+        .directory
+        .heartbeat(cooled, b.session, None)
+        .unwrap();
+    fixture.directory.tick(cooled);
     assert!(matches!(
-        fixture.directory.grant_extent(b.session, cxl),
-        Ok(ExtentGrant::Granted(_))
-    ));
-    assert!(matches!(
-        fixture.directory.grant_extent(b.session, cxl),
+        fixture.directory.grant_extent(cooled, b.session, cxl),
         Ok(ExtentGrant::Granted(_))
     ));
     fixture.directory.check_invariants();
@@ -1059,6 +1080,137 @@ fn pressure_evicts_the_least_valuable_unleased_replicas_down_to_the_low_watermar
         fixture.directory.tick(fixture.now).evicted,
         0,
         "below the high watermark: nothing more"
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn a_reclaim_acknowledged_before_a_restart_is_not_handed_to_the_new_incarnation() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(2 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let (replica, _) = fixture.store(&a, fixture.object(1), 4096);
+    fixture.directory.retire(Some(a.session), replica).unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 10)
+            .unwrap()
+            .len(),
+        1
+    );
+    fixture.directory.reclaim_ack(a.session, replica).unwrap();
+    let reopened = fixture
+        .directory
+        .open(
+            fixture.now,
+            open_request("a", vec![Medium::Cxl], vec![DomainId(0)]),
+        )
+        .unwrap();
+    let stale = fixture
+        .directory
+        .poll_tasks(fixture.now, reopened.session, 10)
+        .unwrap();
+    assert!(
+        stale.is_empty(),
+        "a stale task reached the new incarnation: {stale:?}"
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn fencing_a_reader_keeps_its_shared_pool_leases_until_their_deadline() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let object = fixture.object(1);
+    let (replica, _) = fixture.store(&a, object, 4096);
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&b, object) else {
+        panic!()
+    };
+    let later = fixture.now + fixture.directory.config().fence_after;
+    assert!(later < lease.deadline);
+    fixture.directory.heartbeat(later, a.session, None).unwrap();
+    fixture.directory.tick(later);
+    assert_eq!(
+        fixture.directory.session_state(b.session),
+        Some(SessionState::Fenced)
+    );
+    assert!(
+        matches!(
+            fixture.directory.retire(Some(a.session), replica),
+            Ok(RetireOutcome::AwaitingReaders { .. })
+        ),
+        "the fenced reader's engines may still read under their lease"
+    );
+    fixture.directory.check_invariants();
+    fixture
+        .directory
+        .heartbeat(lease.deadline, a.session, None)
+        .unwrap();
+    fixture.directory.tick(lease.deadline);
+    assert_eq!(
+        fixture
+            .directory
+            .poll_tasks(lease.deadline, a.session, 10)
+            .unwrap()
+            .len(),
+        1,
+        "reclaim after the deadline"
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn an_owner_gives_back_empty_extents() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(2 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let (replica, location) = fixture.store(&a, fixture.object(1), 4096);
+    let ExtentGrant::Granted(second) = fixture
+        .directory
+        .grant_extent(fixture.now, a.session, cxl)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        fixture.directory.grant_extent(fixture.now, b.session, cxl),
+        Ok(ExtentGrant::Full)
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .return_extent(a.session, cxl, location.offset_bytes),
+        Ok(false),
+        "holds a replica"
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .return_extent(b.session, cxl, second.offset_bytes),
+        Ok(false),
+        "not B's"
+    );
+    assert_eq!(
+        fixture
+            .directory
+            .return_extent(a.session, cxl, second.offset_bytes),
+        Ok(true)
+    );
+    assert!(matches!(
+        fixture.directory.grant_extent(fixture.now, b.session, cxl),
+        Ok(ExtentGrant::Granted(_))
+    ));
+    fixture.directory.retire(Some(a.session), replica).unwrap();
+    fixture.directory.reclaim_ack(a.session, replica).unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .return_extent(a.session, cxl, location.offset_bytes),
+        Ok(true)
     );
     fixture.directory.check_invariants();
 }

@@ -81,7 +81,7 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
 fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<()> {
     let uuid = pool.uuid()?;
     match SharedMemory::open(&pool.path, Some(uuid)) {
-        Ok(_) => Ok(()),
+        Ok(mapping) => check_geometry(pool, &mapping),
         Err(PoolError::WrongMagic { .. } | PoolError::Truncated { .. }) => {
             format_cxl_pool(pool, uuid)
         }
@@ -94,6 +94,23 @@ fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<()> {
             )
         }),
     }
+}
+
+/// Refuses a pool whose header disagrees with the configuration on its size or page size
+/// (the directory would grant extents past the device's end, or account pages wrongly).
+pub fn check_geometry(pool: &CxlPoolSection, mapping: &SharedMemory) -> anyhow::Result<()> {
+    if mapping.data_bytes() != pool.capacity_bytes || mapping.page_bytes() != pool.page_bytes {
+        anyhow::bail!(
+            "CXL pool `{}` at {} holds {} bytes in {}-byte pages, but the configuration says {} bytes in {}-byte pages",
+            pool.name,
+            pool.path.display(),
+            mapping.data_bytes(),
+            mapping.page_bytes(),
+            pool.capacity_bytes,
+            pool.page_bytes
+        );
+    }
+    Ok(())
 }
 
 fn format_cxl_pool(pool: &CxlPoolSection, uuid: u128) -> anyhow::Result<()> {

@@ -167,6 +167,7 @@ fn map_cxl_pools(
                     path.display()
                 )
             })?;
+            crate::process::directory::check_geometry(&pool, mapped.memory())?;
             Ok((pool.name, mapped))
         })
         .collect()

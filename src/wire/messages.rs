@@ -111,6 +111,11 @@ pub enum DirectoryRequest {
     GrantExtent {
         pool: PoolId,
     },
+    /// Gives back an extent the node no longer allocates in.
+    ReturnExtent {
+        pool: PoolId,
+        offset_bytes: u64,
+    },
     ReclaimAck {
         replica: ReplicaId,
     },
@@ -147,6 +152,8 @@ pub enum DirectoryReply {
     Retired(RetireOutcome),
     Aborted(crate::directory::AbortOutcome),
     Extent(crate::directory::ExtentGrant),
+    /// Whether a returned extent was taken back.
+    ExtentReturned(bool),
     Reclaimed(ReclaimOutcome),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
@@ -238,10 +245,13 @@ pub struct NodeDescription {
 /// The answer to `BeginStore`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreGrant {
-    /// Write `location.length_bytes` bytes at `location.offset_bytes` of the pool, then commit.
+    /// Write `location.length_bytes` bytes at `location.offset_bytes` of the pool, then commit,
+    /// both within `valid_ms` of sending the request (on the client's clock); past that the
+    /// node takes the grant back and the client must neither write nor commit.
     Write {
         ticket: u64,
         location: Location,
+        valid_ms: u64,
     },
     AlreadyPresent,
     Pending,
