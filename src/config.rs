@@ -81,6 +81,9 @@ pub struct NodeSection {
     /// Local UDP address for the QUIC connection to the directory.
     #[serde(default = "default_bind")]
     pub bind: SocketAddr,
+    /// The directory's address as this node reaches it, when it differs from
+    /// `directory.listen` (the directory listens on a wildcard, or behind a NAT).
+    pub directory_address: Option<SocketAddr>,
     pub cpu_pool: CpuPoolSection,
     /// Store placement order over media.
     #[serde(default = "default_order")]

@@ -38,6 +38,10 @@ pub struct ClusterSpec {
     pub cxl_extent_bytes: u64,
     /// Every node's store placement order.
     pub write_order: Vec<Medium>,
+    /// Run each node in its own network namespace (a separate host as far as the network
+    /// goes, joined to the directory by a veth pair), when this process may create them
+    /// (root); otherwise every process shares loopback.
+    pub netns: bool,
     /// The directory's eviction watermarks, in percent of a pool's capacity.
     pub high_watermark_percent: u8,
     pub low_watermark_percent: u8,
@@ -54,6 +58,7 @@ impl Default for ClusterSpec {
             metrics: true,
             cxl_pool_bytes: 0,
             cxl_extent_bytes: 16 << 20,
+            netns: false,
             write_order: vec![Medium::Cpu, Medium::Cxl],
             high_watermark_percent: 95,
             low_watermark_percent: 85,
@@ -69,6 +74,8 @@ pub struct LocalCluster {
     exe: PathBuf,
     directory: Option<Child>,
     nodes: Vec<(String, Option<Child>)>,
+    /// The network namespace of each node, when they have one.
+    namespaces: Vec<String>,
 }
 
 fn free_udp_port() -> anyhow::Result<SocketAddr> {
@@ -118,9 +125,22 @@ impl LocalCluster {
                 String::new()
             })
         };
+        let directory_address = free_udp_port()?;
+        // With namespaces, every node gets a veth pair to the root namespace; the directory
+        // listens on all addresses and each node reaches it at its pair's host end.
+        let namespaces = if spec.netns {
+            create_namespaces(&tag, spec.nodes)
+        } else {
+            Vec::new()
+        };
+        let listen = if namespaces.is_empty() {
+            directory_address
+        } else {
+            SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
+        };
         let mut toml = format!(
             "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\n",
-            free_udp_port()?,
+            listen,
             metrics_address(spec.metrics)?,
             spec.suspect_after_ms,
             spec.fence_after_ms,
@@ -145,10 +165,24 @@ impl LocalCluster {
             .map(|medium| format!("\"{}\"", medium.name()))
             .collect();
         names.push(BENCH_PEER.to_string());
-        for name in &names {
+        for (index, name) in names.iter().enumerate() {
+            let reach = match namespaces.get(index) {
+                Some(namespace) => format!(
+                    "directory_address = \"{}:{}\"\n",
+                    namespace.host_address,
+                    directory_address.port()
+                ),
+                None if !namespaces.is_empty() => format!(
+                    "directory_address = \"127.0.0.1:{}\"\n",
+                    directory_address.port()
+                ),
+                None => String::new(),
+            };
+            // A node inside its own namespace serves no metrics this process could reach.
+            let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
             toml.push_str(&format!(
-                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
-                metrics_address(spec.metrics && name != BENCH_PEER)?,
+                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+                metrics_address(metrics)?,
                 write_order.join(", "),
                 spec.cpu_pool_bytes,
                 spec.page_bytes,
@@ -164,10 +198,19 @@ impl LocalCluster {
             exe: exe.to_path_buf(),
             directory: None,
             nodes: Vec::new(),
+            namespaces: namespaces
+                .iter()
+                .map(|namespace| namespace.name.clone())
+                .collect(),
         };
-        cluster.directory = Some(cluster.spawn(&["directory"])?);
-        for name in names.iter().filter(|name| *name != BENCH_PEER) {
-            let child = cluster.spawn(&["node", "--name", name])?;
+        cluster.directory = Some(cluster.spawn(None, &["directory"])?);
+        for (index, name) in names.iter().filter(|name| *name != BENCH_PEER).enumerate() {
+            let child = cluster.spawn(
+                namespaces
+                    .get(index)
+                    .map(|namespace| namespace.name.as_str()),
+                &["node", "--name", name],
+            )?;
             cluster.nodes.push((name.clone(), Some(child)));
         }
         for index in 0..cluster.nodes.len() {
@@ -176,12 +219,21 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    fn spawn(&self, arguments: &[&str]) -> anyhow::Result<Child> {
+    fn spawn(&self, namespace: Option<&str>, arguments: &[&str]) -> anyhow::Result<Child> {
         let log = std::fs::File::create(self.root.join(format!(
             "{}.log",
             arguments.last().copied().unwrap_or("process")
         )))?;
-        Command::new(&self.exe)
+        let mut command = match namespace {
+            // `ip netns exec` replaces itself with the command: the child is the node.
+            Some(namespace) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", namespace]).arg(&self.exe);
+                command
+            }
+            None => Command::new(&self.exe),
+        };
+        command
             .args(arguments)
             .arg("--config")
             .arg(&self.config_path)
@@ -269,7 +321,8 @@ impl LocalCluster {
         self.kill_node(index)?;
         let name = self.nodes.get(index).context("no such node")?.0.clone();
         let _ = std::fs::remove_file(self.socket(index)?);
-        let child = self.spawn(&["node", "--name", &name])?;
+        let namespace = self.namespaces.get(index).cloned();
+        let child = self.spawn(namespace.as_deref(), &["node", "--name", &name])?;
         self.nodes[index].1 = Some(child);
         self.wait_ready(index)
     }
@@ -306,7 +359,118 @@ impl Drop for LocalCluster {
         for pool in &self.config.cxl_pools {
             let _ = std::fs::remove_file(&pool.path);
         }
+        for namespace in &self.namespaces {
+            let _ = Command::new("ip")
+                .args(["netns", "del", namespace])
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A node's network namespace and the root-side address of its veth pair.
+struct Namespace {
+    name: String,
+    host_address: std::net::Ipv4Addr,
+}
+
+static NAMESPACES: AtomicU32 = AtomicU32::new(0);
+
+/// Creates one namespace per node, each joined to the root namespace by a veth pair on its
+/// own /30 of 10.231.0.0/16 (test hosts this process makes itself). Returns none at all when
+/// any step fails (not root, no `ip`): the cluster then runs on loopback.
+fn create_namespaces(tag: &str, nodes: usize) -> Vec<Namespace> {
+    let mut created: Vec<Namespace> = Vec::new();
+    for index in 0..nodes {
+        let number = NAMESPACES.fetch_add(1, Ordering::Relaxed) + std::process::id() % 1000 * 16;
+        let (high, low) = (((number / 64) % 250) as u8, ((number % 64) * 4) as u8);
+        let name = format!("kvtier-{tag}-{index}");
+        let (host_end, node_end) = (format!("kvh{number}"), format!("kvn{number}"));
+        let host_address = std::net::Ipv4Addr::new(10, 231, high, low + 1);
+        let node_address = std::net::Ipv4Addr::new(10, 231, high, low + 2);
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), name.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                host_end.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                node_end.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                node_end.clone(),
+                "netns".into(),
+                name.clone(),
+            ],
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{host_address}/30"),
+                "dev".into(),
+                host_end.clone(),
+            ],
+            vec!["link".into(), "set".into(), host_end.clone(), "up".into()],
+            vec![
+                "-n".into(),
+                name.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{node_address}/30"),
+                "dev".into(),
+                node_end.clone(),
+            ],
+            vec![
+                "-n".into(),
+                name.clone(),
+                "link".into(),
+                "set".into(),
+                node_end,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                name.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+        ];
+        let made = steps.iter().all(|step| {
+            Command::new("ip")
+                .args(step)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+        });
+        created.push(Namespace { name, host_address });
+        if !made {
+            for namespace in &created {
+                let _ = Command::new("ip")
+                    .args(["netns", "del", &namespace.name])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            let _ = Command::new("ip")
+                .args(["link", "del", &host_end])
+                .stderr(Stdio::null())
+                .status();
+            return Vec::new();
+        }
+    }
+    created
+}
+
+impl LocalCluster {
+    /// Whether the nodes run in network namespaces of their own.
+    pub fn uses_namespaces(&self) -> bool {
+        !self.namespaces.is_empty()
     }
 }
 

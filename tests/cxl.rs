@@ -20,6 +20,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn cluster(write_order: Vec<Medium>, cpu_pool_bytes: u64, cxl_pool_bytes: u64) -> LocalCluster {
     let spec = ClusterSpec {
+        // As root, each node is a separate host on the network (its own namespace) that
+        // maps the same CXL file; otherwise all share loopback.
+        netns: true,
         nodes: 2,
         cpu_pool_bytes,
         cxl_pool_bytes,
@@ -66,6 +69,13 @@ async fn medium_of(client: &Client, object: ObjectId) -> Option<Medium> {
 #[test]
 fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
     let cluster = cluster(vec![Medium::Cpu, Medium::Cxl], 2 << 20, 8 << 20);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(
+            cluster.uses_namespaces(),
+            "running as root, the nodes must get namespaces of their own"
+        );
+    }
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;

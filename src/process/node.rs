@@ -45,7 +45,7 @@ pub fn fresh_uuid() -> u128 {
 pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
     let target = DirectoryAddress {
-        address: config.directory.listen,
+        address: section.directory_address.unwrap_or(config.directory.listen),
         server_name: config.directory.name.clone(),
         certs: config.directory.certs.clone(),
         node_name: section.name.clone(),
