@@ -302,3 +302,67 @@ fn pressure_evicts_instead_of_failing() {
         "only {stored} stores landed in an 8-chunk pool"
     );
 }
+
+#[test]
+fn pressure_on_a_cpu_pool_demotes_into_cxl_where_other_nodes_read_it() {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes: 4 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 4 << 20,
+        write_order: vec![Medium::Cpu],
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let stored: Vec<(ObjectId, Vec<u8>)> =
+            (0..4).map(|index| object(namespace, index)).collect();
+        for (id, bytes) in &stored {
+            assert_eq!(a.store(*id, bytes).await.unwrap(), StoreOutcome::Stored);
+        }
+        // A's CPU pool is full: the coldest chunks move to CXL instead of being dropped, and
+        // B, which could never read A's CPU pool, now loads them byte-exact.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let demoted = loop {
+            let ids: Vec<ObjectId> = stored.iter().map(|(id, _)| *id).collect();
+            let hits: Vec<usize> = b
+                .probe(&ids)
+                .await
+                .unwrap()
+                .iter()
+                .enumerate()
+                .filter(|(_, outcome)| {
+                    matches!(
+                        outcome,
+                        ProbeOutcome::Hit {
+                            medium: Medium::Cxl,
+                            ..
+                        }
+                    )
+                })
+                .map(|(index, _)| index)
+                .collect();
+            if !hits.is_empty() {
+                break hits;
+            }
+            assert!(Instant::now() < deadline, "nothing was demoted into CXL");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for index in demoted {
+            let (id, bytes) = &stored[index];
+            let mut buffer = vec![0u8; CHUNK];
+            assert_eq!(
+                b.load_into(&[*id], &mut [&mut buffer[..]]).await.unwrap(),
+                vec![true]
+            );
+            assert_eq!(
+                &buffer, bytes,
+                "the demoted copy differs from what A stored"
+            );
+        }
+    });
+}

@@ -241,7 +241,17 @@ impl Harness {
                     .poll_tasks(self.now, session, 8)
                     .unwrap_or_default()
                 {
-                    let TaskKind::Reclaim { replica, .. } = task.kind;
+                    let replica = match task.kind {
+                        TaskKind::Reclaim { replica, .. } => replica,
+                        TaskKind::Demote {
+                            source,
+                            target,
+                            target_pool,
+                        } => {
+                            self.demote(session, source, target, target_pool);
+                            continue;
+                        }
+                    };
                     for state in &self.nodes {
                         assert!(
                             state.leases.iter().all(|lease| lease.replica != replica || lease.deadline <= self.now),
@@ -269,6 +279,44 @@ impl Harness {
             }
         }
         self.directory.check_invariants();
+    }
+
+    /// Carries out a demotion: the copy lands in a fresh extent, or the target is aborted.
+    fn demote(
+        &mut self,
+        session: SessionId,
+        source: Location,
+        target: ReplicaId,
+        target_pool: PoolId,
+    ) {
+        match self.directory.grant_extent(self.now, session, target_pool) {
+            Ok(ExtentGrant::Granted(extent)) => {
+                let location = Location {
+                    pool: target_pool,
+                    offset_bytes: extent.offset_bytes,
+                    ..source
+                };
+                let node = self
+                    .nodes
+                    .iter()
+                    .position(|state| state.session == session)
+                    .expect("a live node polled");
+                let operation = self.operation(node);
+                let outcome = self
+                    .directory
+                    .commit(self.now, session, operation, target, location);
+                if outcome == Ok(CommitOutcome::Committed) {
+                    assert!(
+                        self.locations.insert(target, location).is_none(),
+                        "replica committed twice"
+                    );
+                    self.nodes[node].committed.push(target);
+                }
+            }
+            _ => {
+                let _ = self.directory.abort(session, target);
+            }
+        }
     }
 
     fn store(&mut self, node: usize, object: u8, commit: bool) {

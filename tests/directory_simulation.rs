@@ -64,6 +64,9 @@ enum Request {
     ReclaimAck {
         replica: ReplicaId,
     },
+    Abort {
+        replica: ReplicaId,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -372,6 +375,10 @@ impl World {
                 Reply::Other
             }
             Request::Poll => Reply::Tasks(self.directory.poll_tasks(self.now, session, 16)),
+            Request::Abort { replica } => {
+                let _ = self.directory.abort(session, replica);
+                Reply::Other
+            }
             Request::ReclaimAck { replica } => {
                 let _ = self.directory.reclaim_ack(session, replica);
                 Reply::Other
@@ -461,7 +468,17 @@ impl World {
             }
             Reply::Tasks(Ok(tasks)) => {
                 for task in tasks {
-                    let TaskKind::Reclaim { replica, location } = task.kind;
+                    let (replica, location) = match task.kind {
+                        TaskKind::Reclaim { replica, location } => (replica, location),
+                        TaskKind::Demote {
+                            source,
+                            target,
+                            target_pool,
+                        } => {
+                            self.demote(node, session, source, target, target_pool);
+                            continue;
+                        }
+                    };
                     for holder in 0..self.nodes.len() {
                         for lease in &self.nodes[holder].leases {
                             assert!(
@@ -479,6 +496,42 @@ impl World {
             }
             Reply::Acquire(_, Err(_)) | Reply::Tasks(Err(_)) | Reply::Other => {}
         }
+    }
+
+    /// A node copies a replica one tier colder and commits the copy (or gives it up).
+    fn demote(
+        &mut self,
+        node: usize,
+        session: SessionId,
+        source: Location,
+        target: ReplicaId,
+        target_pool: PoolId,
+    ) {
+        let object = self.memory.get(&(source.pool, source.allocation)).copied();
+        let offset = object.and_then(|_| self.place_in_pool(node, session, target_pool));
+        let (Some(object), Some(offset_bytes)) = (object, offset) else {
+            self.request(node, Request::Abort { replica: target });
+            return;
+        };
+        let allocation = AllocationId(self.next_allocation);
+        self.next_allocation += 1;
+        self.memory.insert((target_pool, allocation), object);
+        let location = Location {
+            pool: target_pool,
+            allocation,
+            generation: Generation(1),
+            offset_bytes,
+            length_bytes: source.length_bytes,
+        };
+        let operation = self.operation(node);
+        self.request(
+            node,
+            Request::Commit {
+                operation,
+                replica: target,
+                location,
+            },
+        );
     }
 
     /// The node frees an allocation it owns; a shared-pool slot returns to its extent.

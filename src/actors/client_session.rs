@@ -476,7 +476,7 @@ async fn begin_store(
 /// Allocates in a pool; in a shared pool whose granted extents are full, asks the
 /// directory for another extent and retries. Extent requests of one pool are serialized,
 /// so a burst of stores that finds the extents full asks for one extent, not one each.
-async fn allocate(
+pub(super) async fn allocate(
     services: &NodeServices,
     actor: &Addr<PoolActor>,
     pool: PoolId,

@@ -1,18 +1,18 @@
 //! The `NodeActor`: keeps the node's session with the directory alive and carries out the
 //! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
-//! own timer so that slow task work never delays them; reclaim tasks free the pages, then
-//! acknowledge. A node whose session was fenced stops: its pool's state is void, and a
-//! restart opens a new epoch.
+//! own timer so that slow task work never delays them. Reclaim tasks free the pages, then
+//! acknowledge; demote tasks copy a replica one tier colder and commit the copy. A node
+//! whose session was fenced stops: its pool's state is void, and a restart opens a new epoch.
 
-use super::link::{DirectoryLink, LinkError};
-use super::pool::{AddExtent, Free, PoolActor, TakeEmptyExtent};
+use super::client_session::{allocate, NodeServices};
+use super::link::LinkError;
+use super::pool::{AddExtent, Check, Free, ReadAt, TakeEmptyExtent, WriteAt};
 use crate::backends::PoolError;
-use crate::directory::{DirectoryError, TaskKind};
-use crate::model::PoolId;
+use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
+use crate::metrics::Direction;
+use crate::model::{Location, PoolId, ReplicaId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use actix::prelude::*;
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Tasks fetched per round.
@@ -28,8 +28,7 @@ pub enum NodeExit {
 
 /// The node's liveness and task loops. See the module documentation.
 pub struct NodeActor {
-    link: Arc<DirectoryLink>,
-    pools: HashMap<PoolId, Addr<PoolActor>>,
+    services: NodeServices,
     task_interval: Duration,
     exit: tokio::sync::mpsc::Sender<NodeExit>,
     heartbeat_running: bool,
@@ -40,14 +39,12 @@ impl NodeActor {
     /// An actor that heartbeats at the directory's requested interval, polls tasks every
     /// `task_interval`, and reports a fatal exit on `exit`.
     pub fn new(
-        link: Arc<DirectoryLink>,
-        pools: HashMap<PoolId, Addr<PoolActor>>,
+        services: NodeServices,
         task_interval: Duration,
         exit: tokio::sync::mpsc::Sender<NodeExit>,
     ) -> NodeActor {
         NodeActor {
-            link,
-            pools,
+            services,
             task_interval,
             exit,
             heartbeat_running: false,
@@ -60,12 +57,12 @@ impl Actor for NodeActor {
     type Context = Context<Self>;
 
     fn started(&mut self, context: &mut Context<Self>) {
-        context.run_interval(self.link.heartbeat_interval, |actor, context| {
+        context.run_interval(self.services.link.heartbeat_interval, |actor, context| {
             if std::mem::replace(&mut actor.heartbeat_running, true) {
                 return;
             }
-            let (link, exit) = (actor.link.clone(), actor.exit.clone());
-            async move { heartbeat(&link, &exit).await }
+            let (services, exit) = (actor.services.clone(), actor.exit.clone());
+            async move { heartbeat(&services, &exit).await }
                 .into_actor(actor)
                 .map(|(), actor, _| actor.heartbeat_running = false)
                 .spawn(context);
@@ -74,8 +71,8 @@ impl Actor for NodeActor {
             if std::mem::replace(&mut actor.tasks_running, true) {
                 return;
             }
-            let (link, pools) = (actor.link.clone(), actor.pools.clone());
-            async move { run_tasks(&link, &pools).await }
+            let services = actor.services.clone();
+            async move { run_tasks(&services).await }
                 .into_actor(actor)
                 .map(|(), actor, _| actor.tasks_running = false)
                 .spawn(context);
@@ -84,7 +81,8 @@ impl Actor for NodeActor {
 }
 
 /// One heartbeat; a fenced session ends the node.
-async fn heartbeat(link: &DirectoryLink, exit: &tokio::sync::mpsc::Sender<NodeExit>) {
+async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<NodeExit>) {
+    let link = &services.link;
     let request = DirectoryRequest::Heartbeat {
         acknowledged_through: link.acknowledged_through(),
     };
@@ -99,10 +97,10 @@ async fn heartbeat(link: &DirectoryLink, exit: &tokio::sync::mpsc::Sender<NodeEx
     }
 }
 
-/// Fetches and runs reclaim tasks. Freeing is idempotent: an allocation already freed (a
-/// task handed out again after a lost acknowledgement) is acknowledged too.
-async fn run_tasks(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>) {
-    let tasks = match link
+/// Fetches and runs tasks, then gives back extents that emptied.
+async fn run_tasks(services: &NodeServices) {
+    let tasks = match services
+        .link
         .call(DirectoryRequest::PollTasks {
             max: TASKS_PER_POLL,
         })
@@ -112,38 +110,140 @@ async fn run_tasks(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>
         _ => return,
     };
     for task in tasks {
-        let TaskKind::Reclaim { replica, location } = task.kind;
-        let Some(pool) = pools.get(&location.pool) else {
-            tracing::error!(?location, "reclaim task for a pool this node does not own");
-            continue;
-        };
-        let freed = pool
+        match task.kind {
+            TaskKind::Reclaim { replica, location } => reclaim(services, replica, location).await,
+            TaskKind::Demote {
+                source,
+                target,
+                target_pool,
+            } => demote(services, source, target, target_pool).await,
+        }
+    }
+    give_back_empty_extents(services).await;
+}
+
+/// Frees a retired replica's pages and acknowledges. Idempotent: an allocation already
+/// freed (a task handed out again after a lost acknowledgement) is acknowledged too.
+async fn reclaim(services: &NodeServices, replica: ReplicaId, location: Location) {
+    let Some(pool) = services.pools.get(&location.pool) else {
+        tracing::error!(?location, "reclaim task for a pool this node does not own");
+        return;
+    };
+    let freed = pool
+        .send(Free {
+            allocation: location.allocation,
+            generation: location.generation,
+        })
+        .await;
+    match freed {
+        Ok(
+            Ok(_) | Err(PoolError::StaleGeneration { .. } | PoolError::UnknownAllocation { .. }),
+        ) => {
+            if let Err(error) = services
+                .link
+                .call(DirectoryRequest::ReclaimAck { replica })
+                .await
+            {
+                tracing::warn!(%error, ?replica, "reclaim acknowledgement failed; the task comes back");
+            }
+        }
+        other => tracing::error!(?other, ?location, "reclaim could not free the allocation"),
+    }
+}
+
+/// Copies a replica into a colder pool and commits the copy (the directory then retires
+/// the source). The source is read, then checked still live at its generation, so a copy
+/// of pages reused meanwhile is never committed. On any failure the target is aborted.
+async fn demote(services: &NodeServices, source: Location, target: ReplicaId, target_pool: PoolId) {
+    let copied = copy(services, source, target_pool).await;
+    let location = match copied {
+        Ok(location) => location,
+        Err(reason) => {
+            tracing::debug!(%reason, ?source, "demotion abandoned");
+            services.link.abort(target).await;
+            return;
+        }
+    };
+    match services.link.commit(target, location).await {
+        Ok(Some(CommitOutcome::Committed)) => services
+            .metrics
+            .add_bytes_moved(Direction::Demote, location.length_bytes),
+        // Unknown outcome: the copy's pages stay allocated, never reused on a guess.
+        Err(LinkError::Unresolved(_)) => {}
+        _ => {
+            free(services, location).await;
+            services.link.abort(target).await;
+        }
+    }
+}
+
+/// The copy step of a demotion: read the source, allocate and write the target, check the
+/// source was not reclaimed meanwhile. Returns the target's location.
+async fn copy(
+    services: &NodeServices,
+    source: Location,
+    target_pool: PoolId,
+) -> Result<Location, String> {
+    let (Some(from), Some(to)) = (
+        services.pools.get(&source.pool),
+        services.pools.get(&target_pool),
+    ) else {
+        return Err("a pool of the demotion is not mapped here".into());
+    };
+    let bytes = from
+        .send(ReadAt {
+            offset_bytes: source.offset_bytes,
+            length_bytes: source.length_bytes,
+        })
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
+    from.send(Check { location: source })
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
+    let allocation = allocate(services, to, target_pool, source.length_bytes)
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
+    let location = Location {
+        pool: target_pool,
+        allocation: allocation.id,
+        generation: allocation.generation,
+        offset_bytes: allocation.offset,
+        length_bytes: source.length_bytes,
+    };
+    let written = to
+        .send(WriteAt {
+            offset_bytes: location.offset_bytes,
+            bytes,
+        })
+        .await;
+    if !matches!(written, Ok(Ok(()))) {
+        free(services, location).await;
+        return Err(format!("writing the copy failed: {written:?}"));
+    }
+    Ok(location)
+}
+
+async fn free(services: &NodeServices, location: Location) {
+    if let Some(pool) = services.pools.get(&location.pool) {
+        let _ = pool
             .send(Free {
                 allocation: location.allocation,
                 generation: location.generation,
             })
             .await;
-        match freed {
-            Ok(
-                Ok(_)
-                | Err(PoolError::StaleGeneration { .. } | PoolError::UnknownAllocation { .. }),
-            ) => {
-                if let Err(error) = link.call(DirectoryRequest::ReclaimAck { replica }).await {
-                    tracing::warn!(%error, ?replica, "reclaim acknowledgement failed; the task comes back");
-                }
-            }
-            other => tracing::error!(?other, ?location, "reclaim could not free the allocation"),
-        }
     }
-    give_back_empty_extents(link, pools).await;
 }
 
 /// Returns every extent of a shared pool that holds no allocation any more, so other nodes
 /// can write there; an extent the directory refuses stays in use here.
-async fn give_back_empty_extents(link: &DirectoryLink, pools: &HashMap<PoolId, Addr<PoolActor>>) {
-    for (pool, actor) in pools {
+async fn give_back_empty_extents(services: &NodeServices) {
+    for (pool, actor) in &services.pools {
         while let Ok(Some((offset_bytes, length_bytes))) = actor.send(TakeEmptyExtent).await {
-            let returned = link
+            let returned = services
+                .link
                 .call(DirectoryRequest::ReturnExtent {
                     pool: *pool,
                     offset_bytes,

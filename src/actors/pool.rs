@@ -61,6 +61,71 @@ impl Handler<TakeEmptyExtent> for PoolActor {
     }
 }
 
+/// Copies bytes out of the pool (the node's own transfers, e.g. a demotion).
+pub struct ReadAt {
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+}
+
+impl Message for ReadAt {
+    type Result = Result<Vec<u8>, PoolError>;
+}
+
+impl Handler<ReadAt> for PoolActor {
+    type Result = Result<Vec<u8>, PoolError>;
+
+    fn handle(&mut self, message: ReadAt, _: &mut Context<Self>) -> Self::Result {
+        let length =
+            usize::try_from(message.length_bytes).map_err(|_| PoolError::InvalidLength {
+                length_bytes: message.length_bytes,
+            })?;
+        let mut bytes = vec![0u8; length];
+        self.backend.read_at(message.offset_bytes, &mut bytes)?;
+        Ok(bytes)
+    }
+}
+
+/// Copies bytes into an allocation this node holds and no reader sees yet.
+pub struct WriteAt {
+    pub offset_bytes: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl Message for WriteAt {
+    type Result = Result<(), PoolError>;
+}
+
+impl Handler<WriteAt> for PoolActor {
+    type Result = Result<(), PoolError>;
+
+    fn handle(&mut self, message: WriteAt, _: &mut Context<Self>) -> Self::Result {
+        self.backend.write_at(message.offset_bytes, &message.bytes)
+    }
+}
+
+/// Whether a location still names a live allocation of its generation.
+pub struct Check {
+    pub location: crate::model::Location,
+}
+
+impl Message for Check {
+    type Result = Result<(), PoolError>;
+}
+
+impl Handler<Check> for PoolActor {
+    type Result = Result<(), PoolError>;
+
+    fn handle(&mut self, message: Check, _: &mut Context<Self>) -> Self::Result {
+        let location = message.location;
+        self.backend.check(
+            location.allocation,
+            location.generation,
+            location.offset_bytes,
+            location.length_bytes,
+        )
+    }
+}
+
 /// One pool. See the module documentation.
 pub struct PoolActor {
     backend: Box<dyn PoolBackend>,

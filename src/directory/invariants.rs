@@ -171,6 +171,22 @@ impl Directory {
             open_per_node.values().all(|&count| count <= 1),
             "two open sessions of one node"
         );
+        assert_eq!(
+            self.demotions.len(),
+            self.demoting.len(),
+            "demotion books disagree"
+        );
+        for (target, source) in &self.demotions {
+            assert_eq!(
+                self.replicas.get(*target).map(|replica| replica.state),
+                Some(ReplicaState::Reserved),
+                "demotion target {target:?} not reserved"
+            );
+            assert!(
+                self.demoting.contains(source),
+                "demotion source {source:?} not marked"
+            );
+        }
         assert!(self.replicas.len() <= self.config.replicas_max);
         assert!(self.leases.len() <= self.config.leases_max);
     }

@@ -14,6 +14,7 @@
 //! fence retries; a silent node's replicas are hidden but freed only once it is fenced.
 
 pub mod config;
+mod demotion;
 pub mod error;
 mod invariants;
 mod leases;
@@ -109,6 +110,10 @@ pub struct Directory {
     evictions_unreported: u32,
     /// The `now` of the latest `tick`: the time of operations that take none.
     latest_tick: Timestamp,
+    /// Demotions in flight: target reservation → source replica (bounded by the owners'
+    /// reservations), and the sources, which eviction does not choose again.
+    demotions: HashMap<ReplicaId, ReplicaId>,
+    demoting: HashSet<ReplicaId>,
 }
 
 impl Directory {
@@ -129,6 +134,8 @@ impl Directory {
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,
             latest_tick: Timestamp::ZERO,
+            demotions: HashMap::new(),
+            demoting: HashSet::new(),
             config,
         }
     }
@@ -337,7 +344,10 @@ impl Directory {
                 .chain(node_record.handed_out.drain(..).map(|(_, task)| task))
                 .collect();
             for task in pending {
-                let TaskKind::Reclaim { replica, location } = task.kind;
+                // A demotion's target was one of the session's reservations: aborted above.
+                let TaskKind::Reclaim { replica, location } = task.kind else {
+                    continue;
+                };
                 let waiting = self.replicas.get(replica).is_some_and(|record| {
                     record.state == ReplicaState::Retiring && record.lease_count == 0
                 });
@@ -748,6 +758,7 @@ impl Directory {
                 }
             }
             self.replicas.touch(replica_id);
+            self.finish_demotion(replica_id);
             CommitOutcome::Committed
         };
         if let Some(session) = self.sessions.get_mut(&session_id) {
@@ -839,6 +850,7 @@ impl Directory {
         let (pool, bytes) = (replica.pool, replica.allocated_bytes);
         self.pools[pool.0 as usize].abort(bytes);
         self.replicas.remove(replica_id);
+        self.cancel_demotion(replica_id);
     }
 
     // ----- load: probe, acquire, release -----------------------------------------------
@@ -1193,10 +1205,14 @@ impl Directory {
                     break;
                 }
                 self.nodes[index].handed_out.pop_front();
-                let TaskKind::Reclaim { replica, .. } = task.kind;
-                let waiting = self.replicas.get(replica).is_some_and(|record| {
-                    record.state == ReplicaState::Retiring && record.lease_count == 0
-                });
+                let waiting = match task.kind {
+                    TaskKind::Reclaim { replica, .. } => {
+                        self.replicas.get(replica).is_some_and(|record| {
+                            record.state == ReplicaState::Retiring && record.lease_count == 0
+                        })
+                    }
+                    TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
+                };
                 if waiting {
                     self.nodes[index].tasks.push_back(task);
                 }
@@ -1355,8 +1371,20 @@ impl Directory {
             if used(record) <= high * record.spec.capacity_bytes {
                 continue;
             }
+            // Bytes on their way out to a colder tier (demotions in flight) count as gone.
+            let mut leaving: u64 = self
+                .demoting
+                .iter()
+                .filter_map(|source| self.replicas.get(*source))
+                .filter(|replica| replica.pool == pool)
+                .map(|replica| replica.allocated_bytes)
+                .sum();
+            if used(record).saturating_sub(leaving * 100) <= high * record.spec.capacity_bytes {
+                continue;
+            }
             while evicted < self.config.evictions_per_tick_max
-                && used(&self.pools[index]) > low * self.pools[index].spec.capacity_bytes
+                && used(&self.pools[index]).saturating_sub(leaving * 100)
+                    > low * self.pools[index].spec.capacity_bytes
             {
                 let window: Vec<(ReplicaId, VictimCandidate)> = self
                     .replicas
@@ -1369,7 +1397,8 @@ impl Directory {
                             accesses: u32::from(replica.access_count),
                             idle,
                             age: idle,
-                            leased: replica.lease_count > 0,
+                            // A replica being demoted is spoken for.
+                            leased: replica.lease_count > 0 || self.demoting.contains(&id),
                         };
                         (id, candidate)
                     })
@@ -1379,7 +1408,22 @@ impl Directory {
                 let (Some(chosen), _) = victims::choose(&candidates, &victim_config) else {
                     break;
                 };
-                if self.retire(None, window[chosen].0).is_err() {
+                let victim = window[chosen].0;
+                let target = self
+                    .replicas
+                    .get(victim)
+                    .and_then(|replica| self.demotion_target(replica));
+                if let Some((target_pool, bytes)) = target {
+                    if self.start_demotion(now, victim, target_pool, bytes) {
+                        leaving += self
+                            .replicas
+                            .get(victim)
+                            .map_or(0, |replica| replica.allocated_bytes);
+                        evicted += 1;
+                        continue;
+                    }
+                }
+                if self.retire(None, victim).is_err() {
                     break;
                 }
                 evicted += 1;

@@ -173,6 +173,14 @@ pub enum TaskKind {
         replica: ReplicaId,
         location: Location,
     },
+    /// Demote, don't evict: copy the replica at `source` into `target_pool` (a colder tier
+    /// other nodes can map), then commit the reserved `target`; the source then retires.
+    /// If the copy cannot be made, `abort` the target: the source is evicted later instead.
+    Demote {
+        source: Location,
+        target: ReplicaId,
+        target_pool: PoolId,
+    },
 }
 
 /// A queued task.

@@ -189,6 +189,16 @@ impl Fixture {
         (replica, location)
     }
 
+    /// Probes `object` for `node` after taking and releasing a lease on it.
+    fn acquire_one_release(&mut self, node: &NodeHandle, object: ObjectId) -> ProbeOutcome {
+        if let AcquireOutcome::Leased(lease) = self.acquire_one(node, object) {
+            self.directory
+                .release(node.session, &[lease.lease])
+                .unwrap();
+        }
+        self.directory.probe(node.session, &[object]).unwrap()[0]
+    }
+
     fn acquire_one(&mut self, node: &NodeHandle, object: ObjectId) -> AcquireOutcome {
         self.directory
             .acquire(self.now, node.session, &[object], AcquireMode::Each)
@@ -1211,6 +1221,119 @@ fn an_owner_gives_back_empty_extents() {
             .directory
             .return_extent(a.session, cxl, location.offset_bytes),
         Ok(true)
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
+    let config = DirectoryConfig {
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let objects: Vec<ObjectId> = (0..4).map(|index| fixture.object(index)).collect();
+    for object in &objects {
+        fixture.store(&a, *object, MIB);
+    }
+    assert_eq!(
+        fixture.directory.probe(b.session, &objects).unwrap(),
+        vec![ProbeOutcome::Miss; 4],
+        "private to A"
+    );
+    fixture.now = fixture.now + Duration::from_secs(1);
+    fixture
+        .directory
+        .heartbeat(fixture.now, a.session, None)
+        .unwrap();
+    fixture
+        .directory
+        .heartbeat(fixture.now, b.session, None)
+        .unwrap();
+    let report = fixture.directory.tick(fixture.now);
+    assert_eq!(report.evicted, 2, "from 4 MiB down to 2 MiB");
+    fixture.directory.check_invariants();
+    let tasks = fixture
+        .directory
+        .poll_tasks(fixture.now, a.session, 10)
+        .unwrap();
+    let demotions: Vec<(Location, ReplicaId, PoolId)> = tasks
+        .iter()
+        .filter_map(|task| match task.kind {
+            TaskKind::Demote {
+                source,
+                target,
+                target_pool,
+            } => Some((source, target, target_pool)),
+            TaskKind::Reclaim { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        demotions.len(),
+        2,
+        "both victims are worth keeping one tier colder: {tasks:?}"
+    );
+    assert_eq!(
+        fixture.directory.tick(fixture.now).evicted,
+        0,
+        "sources in flight are not chosen again"
+    );
+    // The sources stay readable while the copies are made.
+    assert!(objects.iter().all(|object| matches!(
+        fixture.acquire_one_release(&a, *object),
+        ProbeOutcome::Hit { .. }
+    )));
+    let (source, target, target_pool) = demotions[0];
+    assert_eq!(target_pool, cxl);
+    let ExtentGrant::Granted(extent) = fixture
+        .directory
+        .grant_extent(fixture.now, a.session, cxl)
+        .unwrap()
+    else {
+        panic!()
+    };
+    let copy = Location {
+        pool: cxl,
+        offset_bytes: extent.offset_bytes,
+        ..source
+    };
+    let operation = fixture.operation();
+    assert_eq!(
+        fixture
+            .directory
+            .commit(fixture.now, a.session, operation, target, copy),
+        Ok(CommitOutcome::Committed)
+    );
+    // The demoted copy is now a hit for B; A's CPU source retires and is reclaimed.
+    let hits = fixture.directory.probe(b.session, &objects).unwrap();
+    assert_eq!(
+        hits.iter()
+            .filter(|outcome| matches!(
+                outcome,
+                ProbeOutcome::Hit {
+                    medium: Medium::Cxl,
+                    ..
+                }
+            ))
+            .count(),
+        1
+    );
+    let reclaims = fixture
+        .directory
+        .poll_tasks(fixture.now, a.session, 10)
+        .unwrap();
+    assert!(
+        matches!(reclaims.as_slice(), [Task { kind: TaskKind::Reclaim { location, .. }, .. }] if *location == source)
+    );
+    // The other copy fails: its source stays READY and may be chosen again.
+    let (_, failed, _) = demotions[1];
+    assert_eq!(
+        fixture.directory.abort(a.session, failed),
+        Ok(AbortOutcome::Aborted)
     );
     fixture.directory.check_invariants();
 }

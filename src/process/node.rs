@@ -95,7 +95,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     }
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
-    NodeActor::new(link.clone(), pools.clone(), TASK_INTERVAL, exit_sender).start();
+
     let shared_pools = mappings
         .iter()
         .filter(|mapping| mapping.medium == Medium::Cxl)
@@ -108,6 +108,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         mappings,
         metrics,
     };
+    NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;

@@ -1,0 +1,142 @@
+//! Demote, don't evict: under pressure a READY replica in a host CPU pool moves one tier
+//! colder, into a shared pool its owner maps, when the cost model says keeping it there pays.
+//! The directory reserves the target and asks the owner to copy; the source stays READY
+//! (readable) until the target commits, then retires. A failed or expired copy cancels the
+//! demotion and the source is evicted later instead. The pairs in flight are bounded by the
+//! owner's reservations.
+
+use super::replicas::Replica;
+use super::{Directory, ReplicaState, Task, TaskKind};
+use crate::model::{Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
+use crate::policy::cost::CostModel;
+use crate::policy::profiles::{TierKind, TierProfile};
+
+/// Prefill cost per token assumed when deciding a demotion: a mid-size model on one GPU
+/// (a namespace-level parameter in the replay; representative here).
+const PREFILL_US_PER_TOKEN: f64 = 100.0;
+
+impl Directory {
+    /// Where `victim` would go one tier colder: a shared pool its owner's session can write,
+    /// with room below its high watermark, holding no replica of the object yet, when
+    /// keeping the bytes there costs less than recomputing them.
+    pub(super) fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
+        let source = &self.pools[victim.pool.0 as usize];
+        if source.spec.medium != Medium::Cpu {
+            return None;
+        }
+        let session_id = self.nodes[victim.owner.0 as usize].session?;
+        let session = self
+            .sessions
+            .get(&session_id)
+            .filter(|session| session.is_open())?;
+        let tokens = self
+            .namespaces
+            .get(&victim.object.namespace)
+            .map_or(0, |descriptor| descriptor.chunk_tokens);
+        let cost = CostModel {
+            prefill_us_per_token: PREFILL_US_PER_TOKEN,
+        };
+        if !cost
+            .keep_in(
+                &TierProfile::representative(TierKind::Cxl),
+                victim.allocated_bytes,
+                tokens,
+            )
+            .keep_pays()
+        {
+            return None;
+        }
+        let high = u64::from(self.config.high_watermark_percent);
+        self.pools.iter().enumerate().find_map(|(index, record)| {
+            let Scope::Domain(domain) = record.spec.scope else {
+                return None;
+            };
+            let bytes = record.spec.rounded_bytes(victim.length_bytes);
+            let after = (record.reserved_bytes + record.ready_bytes + bytes).saturating_mul(100);
+            let present = self.replicas.of_object(&victim.object).any(|(_, replica)| {
+                replica.pool.0 as usize == index && replica.state != ReplicaState::Retiring
+            });
+            (session.domains.contains(&domain)
+                && record.free_bytes() >= bytes
+                && after <= high * record.spec.capacity_bytes
+                && !present)
+                .then_some((PoolId(index as u32), bytes))
+        })
+    }
+
+    /// Reserves the target and queues the copy for the owner. `false` when a bound refuses.
+    pub(super) fn start_demotion(
+        &mut self,
+        now: Timestamp,
+        victim_id: ReplicaId,
+        target_pool: PoolId,
+        bytes: u64,
+    ) -> bool {
+        let Some(victim) = self.replicas.get(victim_id) else {
+            return false;
+        };
+        let (object, owner, length_bytes, source) = (
+            victim.object,
+            victim.owner,
+            victim.length_bytes,
+            victim.location(),
+        );
+        let Some(session_id) = self.nodes[owner.0 as usize].session else {
+            return false;
+        };
+        let full = self.sessions.get(&session_id).is_none_or(|session| {
+            session.reservations.len() >= self.config.reservations_per_session_max as usize
+        });
+        if full || !self.replicas.has_room() {
+            return false;
+        }
+        let deadline = now + self.config.reservation_duration;
+        let target = self.replicas.insert(super::replicas::NewReplica {
+            object,
+            pool: target_pool,
+            owner,
+            length_bytes,
+            allocated_bytes: bytes,
+            deadline,
+        });
+        self.pools[target_pool.0 as usize].reserve(bytes);
+        self.reservation_deadlines.push_back((deadline, target));
+        if let Some(session) = self.sessions.get_mut(&session_id) {
+            session.reservations.insert(target);
+        }
+        self.demotions.insert(target, victim_id);
+        self.demoting.insert(victim_id);
+        let task = Task {
+            id: TaskId(self.next_task),
+            kind: TaskKind::Demote {
+                source,
+                target,
+                target_pool,
+            },
+        };
+        self.next_task += 1;
+        self.nodes[owner.0 as usize].tasks.push_back(task);
+        true
+    }
+
+    /// The target of a demotion was committed: the source retires.
+    pub(super) fn finish_demotion(&mut self, target: ReplicaId) {
+        if let Some(source) = self.demotions.remove(&target) {
+            self.demoting.remove(&source);
+            if self
+                .replicas
+                .get(source)
+                .is_some_and(|replica| replica.state == ReplicaState::Ready)
+            {
+                let _ = self.retire(None, source);
+            }
+        }
+    }
+
+    /// The target of a demotion is gone uncommitted: the source may be chosen again.
+    pub(super) fn cancel_demotion(&mut self, target: ReplicaId) {
+        if let Some(source) = self.demotions.remove(&target) {
+            self.demoting.remove(&source);
+        }
+    }
+}
