@@ -8,8 +8,8 @@ use crate::directory::{
     OpenRequest, ReserveItem, ReserveOutcome,
 };
 use crate::model::{
-    AllocationId, Generation, KvDtype, Location, Medium, NamespaceDescriptor, NodeId, ObjectId,
-    OperationId, PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
+    AllocationId, Generation, Location, Medium, NamespaceDescriptor, NodeId, ObjectId, OperationId,
+    PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
 };
 use anyhow::{bail, Context};
 use serde::Serialize;
@@ -48,24 +48,6 @@ pub struct InProcessReport {
     pub reserve_commit_per_s: f64,
     pub bytes_per_object: f64,
     pub sizes: Vec<SizeReport>,
-}
-
-fn namespace() -> NamespaceDescriptor {
-    NamespaceDescriptor {
-        model: "bench".into(),
-        revision: "1".into(),
-        adapter: None,
-        kv_dtype: KvDtype::BFloat16,
-        quantization: None,
-        layers: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        block_tokens: 16,
-        format_version: 1,
-        chunk_tokens: 256,
-        tensor_parallel: 1,
-        pipeline_parallel: 1,
-    }
 }
 
 /// `count` distinct object ids of one namespace, from a fixed seed.
@@ -117,7 +99,7 @@ pub fn run_in_process(sizes: &[u64], seed: u64, progress: bool) -> anyhow::Resul
 }
 
 fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
-    let descriptor = namespace();
+    let descriptor = crate::demo::demo_namespace();
     let ids = object_ids(&descriptor, objects, seed)?;
     let lookups: Vec<u32> = {
         let mut rng = SplitMix(seed ^ 0x5eed);

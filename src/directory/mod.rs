@@ -576,13 +576,12 @@ impl Directory {
         item: ReserveItem,
     ) -> Result<ReserveOutcome, DirectoryError> {
         let session = self.open_session(session_id)?;
-        match session.ledger.check(operation) {
-            LedgerCheck::Recorded(LedgerEntry::Reserve(outcome)) => return Ok(outcome),
-            LedgerCheck::Recorded(_) | LedgerCheck::Acknowledged => {
-                return Err(DirectoryError::OperationAcknowledged(operation))
-            }
-            LedgerCheck::Full => return Err(DirectoryError::Full(Table::Ledger)),
-            LedgerCheck::New => {}
+        let recorded = replayed(session, operation, |entry| match entry {
+            LedgerEntry::Reserve(outcome) => Some(outcome),
+            _ => None,
+        })?;
+        if let Some(outcome) = recorded {
+            return Ok(outcome);
         }
         if item.length_bytes == 0 || item.length_bytes > OBJECT_BYTES_MAX {
             return Err(DirectoryError::InvalidLength {
@@ -690,13 +689,12 @@ impl Directory {
         location: Location,
     ) -> Result<CommitOutcome, DirectoryError> {
         let session = self.open_session(session_id)?;
-        match session.ledger.check(operation) {
-            LedgerCheck::Recorded(LedgerEntry::Commit(outcome)) => return Ok(outcome),
-            LedgerCheck::Recorded(_) | LedgerCheck::Acknowledged => {
-                return Err(DirectoryError::OperationAcknowledged(operation))
-            }
-            LedgerCheck::Full => return Err(DirectoryError::Full(Table::Ledger)),
-            LedgerCheck::New => {}
+        let recorded = replayed(session, operation, |entry| match entry {
+            LedgerEntry::Commit(outcome) => Some(outcome),
+            _ => None,
+        })?;
+        if let Some(outcome) = recorded {
+            return Ok(outcome);
         }
         let replica = self
             .replicas
@@ -1527,6 +1525,24 @@ impl Directory {
         self.pools
             .iter()
             .any(|record| record.spec.scope == Scope::Domain(domain))
+    }
+}
+
+/// What the ledger says of `operation` for an operation of one kind (`pick` recognizes its
+/// recorded outcome): the first outcome again for a retry, `None` for a new operation, or
+/// the refusal of an acknowledged, burnt or over-the-bound one.
+fn replayed<T>(
+    session: &Session,
+    operation: OperationId,
+    pick: impl Fn(LedgerEntry) -> Option<T>,
+) -> Result<Option<T>, DirectoryError> {
+    match session.ledger.check(operation) {
+        LedgerCheck::Recorded(entry) => pick(entry)
+            .map(Some)
+            .ok_or(DirectoryError::OperationAcknowledged(operation)),
+        LedgerCheck::Acknowledged => Err(DirectoryError::OperationAcknowledged(operation)),
+        LedgerCheck::Full => Err(DirectoryError::Full(Table::Ledger)),
+        LedgerCheck::New => Ok(None),
     }
 }
 
