@@ -63,7 +63,10 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
             ..ClusterSpec::default()
         },
     )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // The client on two threads, as an engine's connector runs it: replies are handled
+    // while another chunk is copied.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     let client = runtime.block_on(Client::connect(&cluster.socket(0)?))?;
