@@ -8,7 +8,7 @@
 //! The actor only counts, checks bounds and applies the finished work to its books.
 
 use super::directory::error_label;
-use super::frames::{frame_stream, spawn_writer};
+use super::frames::{frame_stream, incoming, spawn_writer, Incoming};
 use super::link::{DirectoryLink, LinkError};
 use super::pool::{AddExtent, Allocate, Free, PoolActor};
 use super::session::INFLIGHT_REQUESTS_MAX;
@@ -22,7 +22,7 @@ use crate::wire::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
     PoolMapping, ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
 };
-use crate::wire::{codec, RawFrame, WireError};
+use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::future::Future;
@@ -659,28 +659,14 @@ impl Actor for ClientSessionActor {
 
 impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
     fn handle(&mut self, frame: Result<RawFrame, WireError>, context: &mut Context<Self>) {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(WireError::UnknownVersion { request_id, .. }) => {
-                let error = ProtocolError::UnsupportedVersion {
-                    supported: SUPPORTED_VERSIONS.to_vec(),
-                };
-                return self.reply(request_id, ClientReply::Error(error), context);
+        let (request_id, request) = match incoming::<ClientRequest>(frame) {
+            Incoming::Request(request_id, request) => (request_id, request),
+            Incoming::Refuse(request_id, error) => {
+                return self.reply(request_id, ClientReply::Error(error), context)
             }
-            Err(error) => {
+            Incoming::Close(error) => {
                 tracing::warn!(%error, "closing a client connection that broke the framing");
                 return context.stop();
-            }
-        };
-        let request_id = frame.header.request_id;
-        let request: ClientRequest = match codec::decode(&frame.payload) {
-            Ok(request) => request,
-            Err(error) => {
-                return self.reply(
-                    request_id,
-                    ClientReply::Error(ProtocolError::Malformed(error.to_string())),
-                    context,
-                )
             }
         };
         match (self.greeted, request) {

@@ -1,14 +1,46 @@
 //! The glue between a byte stream and a session actor: a stream of raw frames for the
 //! actor's `StreamHandler`, and a writer task fed by a bounded channel.
 
-use crate::wire::{read_raw_frame, write_frame, RawFrame, WireError};
+use crate::wire::messages::{ProtocolError, SUPPORTED_VERSIONS};
+use crate::wire::{codec, read_raw_frame, write_frame, RawFrame, WireError};
 use futures_util::stream::{self, Stream};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// Replies queued for one connection's writer: as many as requests it may have in flight.
 pub const REPLIES_QUEUED_MAX: usize = 256;
+
+/// What a session does with one item of its frame stream.
+pub enum Incoming<T> {
+    /// A decoded request.
+    Request(u64, T),
+    /// A frame that stays in sync but cannot be served: answer with this typed error.
+    Refuse(u64, ProtocolError),
+    /// The stream broke (truncated, oversized, not a frame): close the connection.
+    Close(WireError),
+}
+
+/// Decodes one item of a frame stream into a request, a typed refusal, or a reason to close.
+pub fn incoming<T: DeserializeOwned>(frame: Result<RawFrame, WireError>) -> Incoming<T> {
+    match frame {
+        Ok(frame) => match codec::decode(&frame.payload) {
+            Ok(request) => Incoming::Request(frame.header.request_id, request),
+            Err(error) => Incoming::Refuse(
+                frame.header.request_id,
+                ProtocolError::Malformed(error.to_string()),
+            ),
+        },
+        Err(WireError::UnknownVersion { request_id, .. }) => Incoming::Refuse(
+            request_id,
+            ProtocolError::UnsupportedVersion {
+                supported: SUPPORTED_VERSIONS.to_vec(),
+            },
+        ),
+        Err(error) => Incoming::Close(error),
+    }
+}
 
 /// Frames read from `reader` until a clean end or an error that desynchronizes the stream
 /// (after a recoverable error — unknown version, malformed payload — reading goes on).

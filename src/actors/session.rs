@@ -5,12 +5,12 @@
 //! with a reason, and every other connection keeps being served.
 
 use super::directory::{Call, DirectoryActor};
-use super::frames::{frame_stream, spawn_writer, REPLIES_QUEUED_MAX};
+use super::frames::{frame_stream, incoming, spawn_writer, Incoming, REPLIES_QUEUED_MAX};
 use crate::model::SessionId;
 use crate::wire::messages::{
     DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS,
 };
-use crate::wire::{codec, RawFrame, WireError};
+use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use tokio::sync::mpsc;
 
@@ -151,29 +151,18 @@ impl Actor for SessionActor {
 
 impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
     fn handle(&mut self, frame: Result<RawFrame, WireError>, context: &mut Context<Self>) {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(WireError::UnknownVersion { request_id, .. }) => {
-                let error = ProtocolError::UnsupportedVersion {
-                    supported: SUPPORTED_VERSIONS.to_vec(),
-                };
-                return self.reply(request_id, DirectoryReply::Error(error), context);
+        let (request_id, request) = match incoming::<DirectoryRequest>(frame) {
+            Incoming::Request(request_id, request) => (request_id, request),
+            Incoming::Refuse(request_id, error) => {
+                return self.reply(request_id, DirectoryReply::Error(error), context)
             }
-            Err(error) => {
+            Incoming::Close(error) => {
                 tracing::warn!(peer = %self.peer, %error, "closing a connection that broke the framing");
                 self.connection.close(
                     quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
                     error.to_string().as_bytes(),
                 );
                 return context.stop();
-            }
-        };
-        let request_id = frame.header.request_id;
-        let request: DirectoryRequest = match codec::decode(&frame.payload) {
-            Ok(request) => request,
-            Err(error) => {
-                let reply = DirectoryReply::Error(ProtocolError::Malformed(error.to_string()));
-                return self.reply(request_id, reply, context);
             }
         };
         match (self.phase, request) {
