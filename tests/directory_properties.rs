@@ -289,7 +289,16 @@ impl Harness {
         target: ReplicaId,
         target_pool: PoolId,
     ) {
-        match self.directory.grant_extent(self.now, session, target_pool) {
+        let node = self
+            .nodes
+            .iter()
+            .position(|state| state.session == session)
+            .expect("a live node polled");
+        let grant_operation = self.operation(node);
+        match self
+            .directory
+            .grant_extent(self.now, session, grant_operation, target_pool)
+        {
             Ok(ExtentGrant::Granted(extent)) => {
                 let location = Location {
                     pool: target_pool,

@@ -534,6 +534,17 @@ impl World {
         );
     }
 
+    fn grant_extent(
+        &mut self,
+        node: usize,
+        session: SessionId,
+        pool: PoolId,
+    ) -> Result<ExtentGrant, DirectoryError> {
+        let operation = self.operation(node);
+        self.directory
+            .grant_extent(self.now, session, operation, pool)
+    }
+
     /// The node frees an allocation it owns; a shared-pool slot returns to its extent.
     fn free(&mut self, node: usize, location: Location) {
         self.memory.remove(&(location.pool, location.allocation));
@@ -549,9 +560,7 @@ impl World {
             return Some(0);
         }
         if self.nodes[node].cxl_offsets.is_empty() {
-            if let Ok(ExtentGrant::Granted(extent)) =
-                self.directory.grant_extent(self.now, session, pool)
-            {
+            if let Ok(ExtentGrant::Granted(extent)) = self.grant_extent(node, session, pool) {
                 let slots = extent.length_bytes / OBJECT_BYTES;
                 self.nodes[node]
                     .cxl_offsets

@@ -494,12 +494,8 @@ pub(super) async fn allocate(
     if !matches!(again, Err(PoolError::Full { .. })) {
         return Ok(again);
     }
-    match services
-        .link
-        .call(DirectoryRequest::GrantExtent { pool })
-        .await
-    {
-        Ok(DirectoryReply::Extent(crate::directory::ExtentGrant::Granted(extent))) => {
+    match services.link.grant_extent(pool).await {
+        Ok(crate::directory::ExtentGrant::Granted(extent)) => {
             match actor
                 .send(AddExtent {
                     offset_bytes: extent.offset_bytes,

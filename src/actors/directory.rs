@@ -244,7 +244,9 @@ fn apply(
         Request::Retire { replica } => core.retire(Some(session), replica).map(Reply::Retired),
         Request::ReclaimAck { replica } => core.reclaim_ack(session, replica).map(Reply::Reclaimed),
         Request::Abort { replica } => core.abort(session, replica).map(Reply::Aborted),
-        Request::GrantExtent { pool } => core.grant_extent(now, session, pool).map(Reply::Extent),
+        Request::GrantExtent { operation, pool } => core
+            .grant_extent(now, session, operation, pool)
+            .map(Reply::Extent),
         Request::ReturnExtent { pool, offset_bytes } => core
             .return_extent(session, pool, offset_bytes)
             .map(Reply::ExtentReturned),

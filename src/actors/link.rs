@@ -5,8 +5,8 @@
 //! id below the oldest one still waiting for a reply, so the directory's ledger stays small.
 
 use super::session::INFLIGHT_REQUESTS_MAX;
-use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome, ResolveOutcome};
-use crate::model::{Epoch, Location, Medium, NodeId, OperationId, ReplicaId, SessionId};
+use crate::directory::{CommitOutcome, ExtentGrant, ReserveItem, ReserveOutcome, ResolveOutcome};
+use crate::model::{Epoch, Location, Medium, NodeId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError};
 use crate::wire::{quic, tls, RpcClient, RpcConfig, WireError};
 use std::collections::BTreeSet;
@@ -261,6 +261,26 @@ impl DirectoryLink {
             Err(LinkError::Wire(_)) => match self.resolve(operation).await {
                 Ok(ResolveOutcome::Committed(outcome)) => Ok(Some(outcome)),
                 Ok(ResolveOutcome::NotApplied) => Ok(None),
+                Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
+            },
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Asks for an extent of a shared pool. A lost reply is resolved: a grant that was not
+    /// applied reads as `Full`.
+    pub async fn grant_extent(&self, pool: PoolId) -> Result<ExtentGrant, LinkError> {
+        let guard = self.begin();
+        let operation = guard.operation;
+        match self
+            .call(DirectoryRequest::GrantExtent { operation, pool })
+            .await
+        {
+            Ok(DirectoryReply::Extent(grant)) => Ok(grant),
+            Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
+            Err(LinkError::Wire(_)) => match self.resolve(operation).await {
+                Ok(ResolveOutcome::ExtentGranted(grant)) => Ok(grant),
+                Ok(ResolveOutcome::NotApplied) => Ok(ExtentGrant::Full),
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
             },
             Err(error) => Err(error),

@@ -4,7 +4,7 @@
 //! its operation ids; entries at or below that point are dropped. The ledger never drops
 //! an unacknowledged entry: when full it refuses new operations.
 
-use super::ops::{CommitOutcome, ReserveOutcome};
+use super::ops::{CommitOutcome, ExtentGrant, ReserveOutcome};
 use crate::model::OperationId;
 use std::collections::BTreeMap;
 
@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 pub enum LedgerEntry {
     Reserve(ReserveOutcome),
     Commit(CommitOutcome),
+    Extent(ExtentGrant),
     /// `resolve` declared it not applied; a late arrival is refused.
     Burnt,
 }

@@ -789,6 +789,7 @@ impl Directory {
         Ok(match record.ledger.get(operation) {
             Some(LedgerEntry::Reserve(outcome)) => ResolveOutcome::Reserved(outcome),
             Some(LedgerEntry::Commit(outcome)) => ResolveOutcome::Committed(outcome),
+            Some(LedgerEntry::Extent(grant)) => ResolveOutcome::ExtentGranted(grant),
             Some(LedgerEntry::Burnt) => ResolveOutcome::NotApplied,
             None if !record.is_open() => ResolveOutcome::NotApplied,
             None => match record.ledger.check(operation) {
@@ -1110,14 +1111,23 @@ impl Directory {
 
     /// Grants the session an extent of a shared pool it maps: a range no other node may
     /// allocate in until the extent is returned. The node sub-allocates pages inside it
-    /// without asking again. `Full` when no extent is free.
+    /// without asking again. `Full` when no extent is free. Idempotent by operation id, so
+    /// a grant whose reply was lost is resolved, not leaked.
     pub fn grant_extent(
         &mut self,
         now: Timestamp,
         session_id: SessionId,
+        operation: OperationId,
         pool: PoolId,
     ) -> Result<ExtentGrant, DirectoryError> {
         let session = self.open_session(session_id)?;
+        let recorded = replayed(session, operation, |entry| match entry {
+            LedgerEntry::Extent(grant) => Some(grant),
+            _ => None,
+        })?;
+        if let Some(grant) = recorded {
+            return Ok(grant);
+        }
         let record = self
             .pools
             .get(pool.0 as usize)
@@ -1146,14 +1156,18 @@ impl Directory {
                 "shared pool without extents".into(),
             ));
         };
-        Ok(match extents.grant(session_id, now) {
+        let grant = match extents.grant(session_id, now) {
             Some((offset_bytes, length_bytes)) => ExtentGrant::Granted(Extent {
                 pool,
                 offset_bytes,
                 length_bytes,
             }),
             None => ExtentGrant::Full,
-        })
+        };
+        if let Some(session) = self.sessions.get_mut(&session_id) {
+            session.ledger.record(operation, LedgerEntry::Extent(grant));
+        }
+        Ok(grant)
     }
 
     /// The owner gives back an extent it no longer allocates in (it holds no committed

@@ -84,6 +84,7 @@ pub enum ResolveOutcome {
     /// It was applied; here is its outcome.
     Reserved(ReserveOutcome),
     Committed(CommitOutcome),
+    ExtentGranted(ExtentGrant),
     /// It was not applied and never will be: the session is fenced, or the operation id
     /// is now burnt so a late arrival is refused.
     NotApplied,

@@ -172,8 +172,7 @@ impl Fixture {
         };
         let mut location = location(pool, replica.0, length_bytes);
         if medium == Medium::Cxl {
-            let Ok(ExtentGrant::Granted(extent)) =
-                self.directory.grant_extent(self.now, node.session, pool)
+            let Ok(ExtentGrant::Granted(extent)) = self.grant_extent(self.now, node.session, pool)
             else {
                 panic!("no extent left for a CXL store");
             };
@@ -197,6 +196,16 @@ impl Fixture {
                 .unwrap();
         }
         self.directory.probe(node.session, &[object]).unwrap()[0]
+    }
+
+    fn grant_extent(
+        &mut self,
+        now: Timestamp,
+        session: SessionId,
+        pool: PoolId,
+    ) -> Result<ExtentGrant, DirectoryError> {
+        let operation = self.operation();
+        self.directory.grant_extent(now, session, operation, pool)
     }
 
     fn acquire_one(&mut self, node: &NodeHandle, object: ObjectId) -> AcquireOutcome {
@@ -913,7 +922,6 @@ fn extents_are_disjoint_and_commits_stay_inside_their_own() {
     let outsider = fixture.node_with("c", MIB, vec![Medium::Cpu], vec![]);
     let grant = |fixture: &mut Fixture, node: &NodeHandle| {
         fixture
-            .directory
             .grant_extent(fixture.now, node.session, cxl)
             .unwrap()
     };
@@ -939,9 +947,7 @@ fn extents_are_disjoint_and_commits_stay_inside_their_own() {
     );
     assert_eq!(grant(&mut fixture, &b), ExtentGrant::Full);
     assert!(matches!(
-        fixture
-            .directory
-            .grant_extent(fixture.now, outsider.session, cxl),
+        fixture.grant_extent(fixture.now, outsider.session, cxl),
         Err(DirectoryError::InvalidPool(_))
     ));
     // B commits into A's extent: refused.
@@ -1006,15 +1012,11 @@ fn a_dead_writers_cxl_replicas_stay_readable_and_are_reclaimed_by_the_directory(
     );
     // The dead writer's extent cools down first (its engines may still hold grants in
     // it), then it is free again: two grants fit.
-    let ExtentGrant::Granted(_) = fixture
-        .directory
-        .grant_extent(later, b.session, cxl)
-        .unwrap()
-    else {
+    let ExtentGrant::Granted(_) = fixture.grant_extent(later, b.session, cxl).unwrap() else {
         panic!()
     };
     assert_eq!(
-        fixture.directory.grant_extent(later, b.session, cxl),
+        fixture.grant_extent(later, b.session, cxl),
         Ok(ExtentGrant::Full),
         "granted while cooling"
     );
@@ -1025,7 +1027,7 @@ fn a_dead_writers_cxl_replicas_stay_readable_and_are_reclaimed_by_the_directory(
         .unwrap();
     fixture.directory.tick(cooled);
     assert!(matches!(
-        fixture.directory.grant_extent(cooled, b.session, cxl),
+        fixture.grant_extent(cooled, b.session, cxl),
         Ok(ExtentGrant::Granted(_))
     ));
     fixture.directory.check_invariants();
@@ -1179,15 +1181,12 @@ fn an_owner_gives_back_empty_extents() {
     let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
     let b = fixture.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
     let (replica, location) = fixture.store(&a, fixture.object(1), 4096);
-    let ExtentGrant::Granted(second) = fixture
-        .directory
-        .grant_extent(fixture.now, a.session, cxl)
-        .unwrap()
+    let ExtentGrant::Granted(second) = fixture.grant_extent(fixture.now, a.session, cxl).unwrap()
     else {
         panic!()
     };
     assert_eq!(
-        fixture.directory.grant_extent(fixture.now, b.session, cxl),
+        fixture.grant_extent(fixture.now, b.session, cxl),
         Ok(ExtentGrant::Full)
     );
     assert_eq!(
@@ -1211,7 +1210,7 @@ fn an_owner_gives_back_empty_extents() {
         Ok(true)
     );
     assert!(matches!(
-        fixture.directory.grant_extent(fixture.now, b.session, cxl),
+        fixture.grant_extent(fixture.now, b.session, cxl),
         Ok(ExtentGrant::Granted(_))
     ));
     fixture.directory.retire(Some(a.session), replica).unwrap();
@@ -1289,10 +1288,7 @@ fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
     )));
     let (source, target, target_pool) = demotions[0];
     assert_eq!(target_pool, cxl);
-    let ExtentGrant::Granted(extent) = fixture
-        .directory
-        .grant_extent(fixture.now, a.session, cxl)
-        .unwrap()
+    let ExtentGrant::Granted(extent) = fixture.grant_extent(fixture.now, a.session, cxl).unwrap()
     else {
         panic!()
     };
@@ -1334,6 +1330,37 @@ fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
     assert_eq!(
         fixture.directory.abort(a.session, failed),
         Ok(AbortOutcome::Aborted)
+    );
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn an_extent_grant_whose_reply_was_lost_is_resolved_not_leaked() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(2 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let operation = fixture.operation();
+    let first = fixture
+        .directory
+        .grant_extent(fixture.now, a.session, operation, cxl)
+        .unwrap();
+    assert_eq!(
+        fixture
+            .directory
+            .grant_extent(fixture.now, a.session, operation, cxl),
+        Ok(first),
+        "a retry gets the same extent"
+    );
+    assert_eq!(
+        fixture.directory.resolve(a.session, a.session, operation),
+        Ok(ResolveOutcome::ExtentGranted(first))
+    );
+    assert!(
+        matches!(
+            fixture.grant_extent(fixture.now, a.session, cxl),
+            Ok(ExtentGrant::Granted(_))
+        ),
+        "one extent was left"
     );
     fixture.directory.check_invariants();
 }

@@ -109,6 +109,7 @@ pub enum DirectoryRequest {
     },
     /// Asks for an extent of a shared pool to allocate in.
     GrantExtent {
+        operation: OperationId,
         pool: PoolId,
     },
     /// Gives back an extent the node no longer allocates in.
