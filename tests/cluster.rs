@@ -244,6 +244,16 @@ fn store_load_isolation_bad_peers_and_metrics() {
             );
             assert!(body.contains("op=\"probe\""));
         }
+        if name == "node-a" {
+            let allocated = body
+                .lines()
+                .filter(|line| {
+                    line.starts_with("kvtier_pool_bytes{") && line.contains("state=\"allocated\"")
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+            assert!(allocated > 0.0, "node-a exports no allocated bytes: {body}");
+        }
     }
 }
 

@@ -6,10 +6,10 @@
 
 use super::client_session::{allocate, NodeServices};
 use super::link::LinkError;
-use super::pool::{AddExtent, Check, Free, ReadAt, TakeEmptyExtent, WriteAt};
+use super::pool::{AddExtent, Check, Free, ReadAt, TakeEmptyExtent, Usage, WriteAt};
 use crate::backends::PoolError;
 use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
-use crate::metrics::Direction;
+use crate::metrics::{Direction, PoolByteState};
 use crate::model::{Location, PoolId, ReplicaId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use actix::prelude::*;
@@ -120,6 +120,18 @@ async fn run_tasks(services: &NodeServices) {
         }
     }
     give_back_empty_extents(services).await;
+    publish_usage(services).await;
+}
+
+/// Exports what this node's allocators hold (the directory exports the replica states).
+async fn publish_usage(services: &NodeServices) {
+    for (pool, actor) in &services.pools {
+        if let Ok(usage) = actor.send(Usage).await {
+            services
+                .metrics
+                .set_pool_bytes(*pool, PoolByteState::Allocated, usage.allocated_bytes);
+        }
+    }
 }
 
 /// Frees a retired replica's pages and acknowledges. Idempotent: an allocation already

@@ -126,6 +126,21 @@ impl Handler<Check> for PoolActor {
     }
 }
 
+/// The pool's allocator usage.
+pub struct Usage;
+
+impl Message for Usage {
+    type Result = crate::backends::AllocatorUsage;
+}
+
+impl Handler<Usage> for PoolActor {
+    type Result = MessageResult<Usage>;
+
+    fn handle(&mut self, _: Usage, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.backend.usage())
+    }
+}
+
 /// One pool. See the module documentation.
 pub struct PoolActor {
     backend: Box<dyn PoolBackend>,
