@@ -245,14 +245,24 @@ fn store_load_isolation_bad_peers_and_metrics() {
             assert!(body.contains("op=\"probe\""));
         }
         if name == "node-a" {
-            let allocated = body
-                .lines()
-                .filter(|line| {
-                    line.starts_with("kvtier_pool_bytes{") && line.contains("state=\"allocated\"")
-                })
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>();
-            assert!(allocated > 0.0, "node-a exports no allocated bytes: {body}");
+            // The node exports its allocator's bytes on its task timer: wait for them.
+            let allocated = |body: &str| -> f64 {
+                body.lines()
+                    .filter(|line| {
+                        line.starts_with("kvtier_pool_bytes{")
+                            && line.contains("state=\"allocated\"")
+                    })
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while allocated(&kvtier::launch::scrape_metrics(address).unwrap()) == 0.0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "node-a exports no allocated bytes"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 }

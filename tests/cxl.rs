@@ -288,15 +288,21 @@ fn pressure_evicts_instead_of_failing() {
         stored
     });
     let metrics = cluster.config.directory.metrics.unwrap();
-    let evictions = kvtier::launch::metric_value(
+    // Evictions are exported on the directory's next tick: wait for them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kvtier::launch::metric_value(
         &kvtier::launch::scrape_metrics(metrics).unwrap(),
         "kvtier_evictions_total",
     )
-    .unwrap_or(0.0);
-    assert!(
-        evictions > 0.0,
-        "a pool past its high watermark evicted nothing"
-    );
+    .unwrap_or(0.0)
+        == 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a pool past its high watermark evicted nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         stored > 16,
         "only {stored} stores landed in an 8-chunk pool"
