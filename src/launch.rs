@@ -485,6 +485,26 @@ pub fn scrape_metrics(address: SocketAddr) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// Scrapes `address` until `holds` is true of the body, for at most `timeout`: metrics are
+/// exported on timers, so a reader waits for them rather than racing them. `false` on
+/// timeout.
+pub fn wait_for_metrics(
+    address: SocketAddr,
+    timeout: Duration,
+    holds: impl Fn(&str) -> bool,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if scrape_metrics(address).is_ok_and(|body| holds(&body)) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The value of an unlabelled counter or gauge in a Prometheus text body.
 pub fn metric_value(body: &str, name: &str) -> Option<f64> {
     body.lines()

@@ -6,13 +6,12 @@ use kvtier::actors::link::{DirectoryAddress, DirectoryLink, LinkError};
 use kvtier::client::{Client, ClientError, StoreOutcome};
 use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
-use kvtier::launch::{ClusterSpec, LocalCluster, BENCH_PEER};
+use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, ObjectId, PrefixDigest};
 use kvtier::wire::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
 use kvtier::wire::{codec, read_frame, tls, FrameHeader};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -222,12 +221,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
 
     // The metrics endpoints serve the named families.
     for (name, address) in cluster.metrics_addresses() {
-        let mut stream = std::net::TcpStream::connect(address).unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut body = String::new();
-        stream.read_to_string(&mut body).unwrap();
+        let body = kvtier::launch::scrape_metrics(address).unwrap();
         for family in [
             "kvtier_requests_total",
             "kvtier_request_duration_seconds",
@@ -255,14 +249,11 @@ fn store_load_isolation_bad_peers_and_metrics() {
                     .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
                     .sum()
             };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while allocated(&kvtier::launch::scrape_metrics(address).unwrap()) == 0.0 {
-                assert!(
-                    Instant::now() < deadline,
-                    "node-a exports no allocated bytes"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            assert!(
+                wait_for_metrics(address, Duration::from_secs(10), |body| allocated(body)
+                    > 0.0),
+                "node-a exports no allocated bytes"
+            );
         }
     }
 }

@@ -4,7 +4,7 @@
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
-use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -119,21 +119,15 @@ fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
     });
     // Usage per medium is exported: eight chunks are READY in CXL.
     let metrics = cluster.config.directory.metrics.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
     let expected = format!(
         "kvtier_medium_bytes{{medium=\"cxl\",state=\"ready\"}} {}",
         8 * CHUNK
     );
-    while !kvtier::launch::scrape_metrics(metrics)
-        .unwrap()
-        .contains(&expected)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no per-medium usage in the metrics"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        wait_for_metrics(metrics, Duration::from_secs(10), |body| body
+            .contains(&expected)),
+        "no per-medium usage in the metrics"
+    );
 }
 
 #[test]
@@ -195,17 +189,12 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         .directory
         .metrics
         .expect("the test cluster serves metrics");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !kvtier::launch::scrape_metrics(metrics)
-        .unwrap()
-        .contains("kvtier_sessions{state=\"fenced\"} 1")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the killed writer was never fenced"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        wait_for_metrics(metrics, Duration::from_secs(30), |body| {
+            body.contains("kvtier_sessions{state=\"fenced\"} 1")
+        }),
+        "the killed writer was never fenced"
+    );
     runtime.block_on(async {
         let (b, _) = connect(&cluster, 1).await;
         let mut buffer = vec![0u8; CHUNK];
@@ -289,20 +278,12 @@ fn pressure_evicts_instead_of_failing() {
     });
     let metrics = cluster.config.directory.metrics.unwrap();
     // Evictions are exported on the directory's next tick: wait for them.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while kvtier::launch::metric_value(
-        &kvtier::launch::scrape_metrics(metrics).unwrap(),
-        "kvtier_evictions_total",
-    )
-    .unwrap_or(0.0)
-        == 0.0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "a pool past its high watermark evicted nothing"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        wait_for_metrics(metrics, Duration::from_secs(10), |body| {
+            metric_value(body, "kvtier_evictions_total").is_some_and(|evictions| evictions > 0.0)
+        }),
+        "a pool past its high watermark evicted nothing"
+    );
     assert!(
         stored > 16,
         "only {stored} stores landed in an 8-chunk pool"

@@ -31,7 +31,7 @@ pub use replicas::ReplicaState;
 pub use sessions::SessionState;
 
 use crate::model::{
-    DomainId, Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
+    Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId, Timestamp,
 };
 use crate::policy::victims::{self, VictimCandidate, VictimConfig};
@@ -1522,23 +1522,9 @@ impl Directory {
         self.replicas.get(replica).map(|record| record.state)
     }
 
-    /// The domains of a registered domain pool, for configuration checks.
-    pub fn pool_scope(&self, pool: PoolId) -> Option<Scope> {
-        self.pools
-            .get(pool.0 as usize)
-            .map(|record| record.spec.scope)
-    }
-
     /// Bytes held by the replica table's arrays.
     pub fn replica_memory_bytes(&self) -> usize {
         self.replicas.memory_bytes()
-    }
-
-    /// Whether `domain` has at least one registered pool.
-    pub fn has_domain(&self, domain: DomainId) -> bool {
-        self.pools
-            .iter()
-            .any(|record| record.spec.scope == Scope::Domain(domain))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Unit tests: one per operation and error, and one per invariant of DESIGN.md section 4.
 
 use super::*;
-use crate::model::{KvDtype, PrefixDigest};
+use crate::model::{DomainId, KvDtype, PrefixDigest};
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
