@@ -5,8 +5,10 @@
 
 use crate::directory::{DirectoryConfig, NamespaceAccess};
 use crate::model::{DomainId, Medium};
+use crate::policy::profiles::ProfileFigures;
 use anyhow::{bail, Context};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +22,10 @@ pub struct ClusterConfig {
     /// Shared CXL pools, each mapped by every node of its sharing domain.
     #[serde(default)]
     pub cxl_pools: Vec<CxlPoolSection>,
+    /// Overrides of tier profiles by medium (`[profiles.cxl]`): what the operator knows
+    /// better than the nodes' start-up probe. A figure given here wins over the measured one.
+    #[serde(default)]
+    pub profiles: BTreeMap<Medium, ProfileFigures>,
 }
 
 /// One shared CXL pool.
@@ -156,6 +162,7 @@ impl ClusterConfig {
         for pool in &mut loaded.cxl_pools {
             pool.path = base.join(&pool.path);
         }
+        loaded.directory.limits.profiles = loaded.profiles.clone();
         loaded.validate()?;
         Ok(loaded)
     }
@@ -251,6 +258,15 @@ mod tests {
             Duration::from_secs(3)
         );
         assert!(config.node("node-c").is_err());
+        let cxl = config.directory.limits.baseline_profile(Medium::Cxl);
+        assert_eq!(cxl.read_latency_us, 0.4);
+        assert_eq!(
+            config
+                .directory
+                .limits
+                .prefill_us_per_token_of("meta-llama/Llama-3.1-8B-Instruct"),
+            60.0
+        );
     }
 
     #[test]

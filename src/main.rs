@@ -38,6 +38,9 @@ enum Command {
     Up(UpArgs),
     /// Replay a Mooncake-format trace through kvtier's policy and baselines (metadata only).
     Replay(kvtier::replay::ReplayArgs),
+    /// Measure this host's tiers as a node's start-up probe does and print them as
+    /// `[profiles.*]` sections for cluster.toml.
+    Probe(ProbeArgs),
     /// Run benchmarks.
     Bench {
         #[command(subcommand)]
@@ -55,6 +58,19 @@ struct UpArgs {
     /// CPU pool capacity in bytes; default: a quarter of available memory, at most 4 GiB.
     #[arg(long)]
     pool_bytes: Option<u64>,
+}
+
+#[derive(Args)]
+struct ProbeArgs {
+    /// Folder of a memory file system to map a scratch CPU pool in.
+    #[arg(long, default_value = "/dev/shm")]
+    memory_dir: PathBuf,
+    /// Folder on the SSD to probe with direct I/O (a scratch file, removed after).
+    #[arg(long)]
+    ssd: Option<PathBuf>,
+    /// Bytes of the SSD scratch file.
+    #[arg(long, default_value_t = 256 << 20)]
+    ssd_bytes: u64,
 }
 
 #[derive(Subcommand)]
@@ -110,6 +126,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),
         Command::Replay(args) => kvtier::replay::run(&args),
+        Command::Probe(args) => probe(&args),
         Command::Bench {
             which: BenchCommand::Directory(args),
         } => kvtier::bench::directory::run(&exe, &args),
@@ -130,6 +147,40 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
+    use kvtier::backends::probe::{probe_disk, probe_memory, ProbeRegion, MEMORY_PROBE_BYTES};
+    let path = args
+        .memory_dir
+        .join(format!("kvtier-probe-{}", std::process::id()));
+    let memory = kvtier::backends::SharedMemory::create(&path, MEMORY_PROBE_BYTES, 0, 64 << 10)
+        .with_context(|| format!("mapping a scratch pool at {}", path.display()));
+    let _ = std::fs::remove_file(&path);
+    let region = ProbeRegion::Writable {
+        offset: 0,
+        length: MEMORY_PROBE_BYTES,
+    };
+    print_profile("cpu", &probe_memory(&memory?, region)?);
+    if let Some(directory) = &args.ssd {
+        print_profile("ssd", &probe_disk(directory, args.ssd_bytes)?);
+    }
+    Ok(())
+}
+
+fn print_profile(medium: &str, measured: &kvtier::policy::profiles::Measurement) {
+    println!("[profiles.{medium}]");
+    println!(
+        "read_latency_us = {:.3}",
+        measured.read_latency_ns as f64 / 1e3
+    );
+    println!(
+        "read_bandwidth_bytes_per_s = {:.3e}",
+        measured.read_bandwidth_bytes_per_s as f64
+    );
+    if let Some(write) = measured.write_bandwidth_bytes_per_s {
+        println!("write_bandwidth_bytes_per_s = {:.3e}", write as f64);
     }
 }
 

@@ -10,9 +10,10 @@
 
 use crate::model::Medium;
 use crate::model::PoolId;
+use crate::policy::profiles::Measurement;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -44,6 +45,13 @@ pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// of nodes while bounding the series count if pool ids churn. Pools beyond it are not
 /// exported and counted in `kvtier_metrics_label_drops_total`.
 pub const POOL_LABELS_MAX: usize = 1024;
+
+/// The values of the `figure` label of `kvtier_pool_profile`.
+const PROFILE_FIGURES: [&str; 3] = [
+    "read_latency_seconds",
+    "read_bytes_per_second",
+    "write_bytes_per_second",
+];
 
 /// Upper bounds of the request-duration buckets, in seconds: 10 µs (a local probe) to 1 s
 /// (a stalled round trip), 1-2.5-5 steps.
@@ -162,6 +170,7 @@ pub struct Metrics {
     registry: Registry,
     pool_capacity_bytes: IntGaugeVec,
     pool_bytes: IntGaugeVec,
+    pool_profile: GaugeVec,
     requests_total: IntCounterVec,
     request_errors_total: IntCounterVec,
     request_duration_seconds: HistogramVec,
@@ -192,6 +201,13 @@ impl Metrics {
                     "Bytes of a pool by usage state; ready and retiring are parts of allocated.",
                 ),
                 &["pool", "state"],
+            )?,
+            pool_profile: GaugeVec::new(
+                Opts::new(
+                    "kvtier_pool_profile",
+                    "A pool's tier profile: on a node what its start-up probe measured, on the directory what the policy prices the pool by.",
+                ),
+                &["pool", "figure"],
             )?,
             requests_total: IntCounterVec::new(
                 Opts::new("kvtier_requests_total", "Requests handled, by operation."),
@@ -262,6 +278,8 @@ impl Metrics {
             .register(Box::new(self.pool_capacity_bytes.clone()))?;
         self.registry.register(Box::new(self.pool_bytes.clone()))?;
         self.registry
+            .register(Box::new(self.pool_profile.clone()))?;
+        self.registry
             .register(Box::new(self.requests_total.clone()))?;
         self.registry
             .register(Box::new(self.request_errors_total.clone()))?;
@@ -316,6 +334,41 @@ impl Metrics {
             .set(saturating_i64(bytes));
     }
 
+    /// Sets the profile of a pool declared by [`Metrics::set_pool_capacity`]: three series,
+    /// `read_latency_seconds`, `read_bytes_per_second`, `write_bytes_per_second` (absent
+    /// when not measured). An undeclared pool's update is dropped and counted.
+    pub fn set_pool_profile(&self, pool: PoolId, profile: &Measurement) {
+        let pools = self.pools();
+        if !pools.contains_key(&pool) {
+            self.label_drops_total.inc();
+            return;
+        }
+        let pool_label = pool.to_string();
+        let figures = [
+            (
+                PROFILE_FIGURES[0],
+                Some(profile.read_latency_ns as f64 / 1e9),
+            ),
+            (
+                PROFILE_FIGURES[1],
+                Some(profile.read_bandwidth_bytes_per_s as f64),
+            ),
+            (
+                PROFILE_FIGURES[2],
+                profile
+                    .write_bandwidth_bytes_per_s
+                    .map(|value| value as f64),
+            ),
+        ];
+        for (figure, value) in figures {
+            if let Some(value) = value {
+                self.pool_profile
+                    .with_label_values(&[pool_label.as_str(), figure])
+                    .set(value);
+            }
+        }
+    }
+
     /// Removes every series of a pool (it was unregistered), freeing its label slot.
     /// Removing an unknown pool does nothing.
     pub fn remove_pool(&self, pool: PoolId) {
@@ -331,6 +384,11 @@ impl Metrics {
             let _ = self
                 .pool_bytes
                 .remove_label_values(&[pool_label.as_str(), state.as_str()]);
+        }
+        for figure in PROFILE_FIGURES {
+            let _ = self
+                .pool_profile
+                .remove_label_values(&[pool_label.as_str(), figure]);
         }
     }
 

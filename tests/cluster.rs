@@ -8,6 +8,7 @@ use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, ObjectId, PrefixDigest};
+use kvtier::policy::profiles::{Measurement, TierKind, TierProfile};
 use kvtier::wire::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
@@ -198,10 +199,20 @@ fn store_load_isolation_bad_peers_and_metrics() {
             reply,
             Err(LinkError::Refused(ProtocolError::Sequence(_)))
         ));
-        assert!(matches!(
-            link.call(DirectoryRequest::Usage).await,
-            Ok(DirectoryReply::Usage(_))
-        ));
+        let Ok(DirectoryReply::Usage(pools)) = link.call(DirectoryRequest::Usage).await else {
+            panic!("usage refused")
+        };
+        // Every node probed its CPU pool at start: the directory prices it by the
+        // measurement, not by the representative DRAM figures.
+        let representative = Measurement::of(&TierProfile::representative(TierKind::Dram));
+        for pool in &pools {
+            assert_ne!(
+                pool.profile, representative,
+                "{:?} was not probed",
+                pool.spec.name
+            );
+            assert!(pool.profile.write_bandwidth_bytes_per_s.is_some());
+        }
         assert!(
             matches!(
                 a.probe(&[first]).await.unwrap()[0],
@@ -228,6 +239,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             "kvtier_pool_capacity_bytes",
             "kvtier_leases",
             "kvtier_sessions",
+            "kvtier_pool_profile{figure=\"read_bytes_per_second\"",
         ] {
             assert!(body.contains(family), "{name} does not serve {family}");
         }

@@ -5,6 +5,7 @@ use crate::directory::NamespaceAccess;
 use crate::directory::{Directory, DirectoryCounts, DirectoryError, OpenRequest, PoolReport};
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, DomainId, Medium, PoolUsage, SessionId};
+use crate::policy::profiles::Measurement;
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError};
 use actix::prelude::*;
 use std::collections::HashMap;
@@ -74,7 +75,13 @@ impl DirectoryActor {
         self.metrics
             .set_sessions(SessionLabel::Fenced, sessions_fenced);
         let mut per_medium: HashMap<Medium, PoolUsage> = HashMap::new();
-        for PoolReport { pool, spec, usage } in self.core.usage() {
+        for PoolReport {
+            pool,
+            spec,
+            usage,
+            profile,
+        } in self.core.usage()
+        {
             let total = per_medium.entry(spec.medium).or_default();
             total.capacity_bytes += usage.capacity_bytes;
             total.reserved_bytes += usage.reserved_bytes;
@@ -85,6 +92,8 @@ impl DirectoryActor {
             total.pinned_bytes += usage.pinned_bytes;
             self.metrics
                 .set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
+            self.metrics
+                .set_pool_profile(pool, &Measurement::of(&profile));
             for (state, bytes) in [
                 (PoolByteState::Reserved, usage.reserved_bytes),
                 (PoolByteState::Allocated, usage.allocated_bytes),
@@ -251,6 +260,9 @@ fn apply(
             .return_extent(session, pool, offset_bytes)
             .map(Reply::ExtentReturned),
         Request::PollTasks { max } => core.poll_tasks(now, session, max).map(Reply::Tasks),
+        Request::ReportProfile { pool, measured } => core
+            .report_profile(session, pool, measured)
+            .map(|profile| Reply::Profile(Measurement::of(&profile))),
         Request::Usage => Ok(Reply::Usage(
             core.usage()
                 .into_iter()
@@ -258,6 +270,7 @@ fn apply(
                     pool: report.pool,
                     spec: report.spec,
                     usage: report.usage,
+                    profile: Measurement::of(&report.profile),
                 })
                 .collect(),
         )),
@@ -273,7 +286,8 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::Open { .. }
         | Request::Resume { .. }
         | Request::RegisterPool(_)
-        | Request::RegisterNamespace(_) => Operation::Open,
+        | Request::RegisterNamespace(_)
+        | Request::ReportProfile { .. } => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
         Request::Reserve { .. } | Request::GrantExtent { .. } | Request::ReturnExtent { .. } => {
@@ -305,6 +319,7 @@ pub fn error_label(error: &ProtocolError) -> &'static str {
             Error::NamespaceDenied => "namespace_denied",
             Error::UnknownPool => "unknown_pool",
             Error::InvalidPool(_) => "invalid_pool",
+            Error::InvalidProfile(_) => "invalid_profile",
             Error::UnknownReplica(_) => "unknown_replica",
             Error::NotOwner(_) => "not_owner",
             Error::InvalidState { .. } => "invalid_state",

@@ -7,11 +7,13 @@
 //! * `shared_memory`: the `MAP_SHARED` mapping and on-media header (CPU and CXL pools).
 //! * `cpu`: the host's CPU DRAM pool, a shared mapping plus an allocator.
 //! * `error`: `PoolError`, the one error type of this boundary.
+//! * `probe`: the start-up measurement of a node's tiers.
 
 pub mod allocator;
 pub mod cpu;
 pub mod cxl;
 pub mod error;
+pub mod probe;
 pub mod shared_memory;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};

@@ -2,12 +2,15 @@
 //! when a bound is reached the operation that would grow the table gets a typed `Full`
 //! error, and nothing already admitted is dropped.
 
+use crate::model::Medium;
+use crate::policy::profiles::{ProfileFigures, TierKind, TierProfile};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Limits and timings of one directory. The defaults size a directory for a few hundred
 /// nodes and tens of millions of cached chunks on one host.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DirectoryConfig {
     /// Replica records (one per cached copy, any state). At ~120 bytes of directory memory
@@ -75,6 +78,17 @@ pub struct DirectoryConfig {
     pub task_ack_timeout: Duration,
     /// Seed of the object index's hash function (from configuration, so runs replay).
     pub hash_seed: u64,
+    /// Prefill time of one token, in microseconds, for a model not named in
+    /// `prefill_us_per_token_by_model`: what recomputing an evicted chunk costs. A
+    /// representative mid-size model on one GPU.
+    pub prefill_us_per_token: f64,
+    /// Prefill time per token by model name (the namespace's `model`), measured by the
+    /// operator on the serving hardware. Bounded by the configuration file.
+    pub prefill_us_per_token_by_model: BTreeMap<String, f64>,
+    /// Operator overrides of tier profiles by medium (`[profiles.<medium>]` of
+    /// `cluster.toml`): they win over what nodes measure.
+    #[serde(skip)]
+    pub profiles: BTreeMap<Medium, ProfileFigures>,
 }
 
 impl DirectoryConfig {
@@ -115,12 +129,49 @@ impl DirectoryConfig {
                 "lease, reservation and task-acknowledgement durations must be positive".into(),
             );
         }
+        let costs = std::iter::once(("default", self.prefill_us_per_token)).chain(
+            self.prefill_us_per_token_by_model
+                .iter()
+                .map(|(model, cost)| (model.as_str(), *cost)),
+        );
+        for (model, cost) in costs {
+            if !(cost.is_finite() && cost > 0.0) {
+                return Err(format!(
+                    "prefill_us_per_token of {model} must be a positive number"
+                ));
+            }
+        }
+        for (medium, figures) in &self.profiles {
+            figures
+                .apply(&TierProfile::representative(TierKind::of_medium(*medium)))
+                .map_err(|error| format!("profiles.{}: {error}", medium.name()))?;
+        }
         if self.low_watermark_percent > self.high_watermark_percent
             || self.high_watermark_percent > 100
         {
             return Err("watermarks must satisfy low <= high <= 100".into());
         }
         Ok(())
+    }
+}
+
+impl DirectoryConfig {
+    /// The prefill time per token of `model`, in microseconds.
+    pub fn prefill_us_per_token_of(&self, model: &str) -> f64 {
+        self.prefill_us_per_token_by_model
+            .get(model)
+            .copied()
+            .unwrap_or(self.prefill_us_per_token)
+    }
+
+    /// The profile a pool of `medium` has before any node measured it: the representative
+    /// one with the operator's overrides.
+    pub fn baseline_profile(&self, medium: Medium) -> TierProfile {
+        let representative = TierProfile::representative(TierKind::of_medium(medium));
+        self.profiles
+            .get(&medium)
+            .and_then(|figures| figures.apply(&representative).ok())
+            .unwrap_or(representative)
     }
 }
 
@@ -150,6 +201,9 @@ impl Default for DirectoryConfig {
             fence_after: Duration::from_secs(15),
             task_ack_timeout: Duration::from_secs(10),
             hash_seed: 0x6b76_7469_6572,
+            prefill_us_per_token: 100.0,
+            prefill_us_per_token_by_model: BTreeMap::new(),
+            profiles: BTreeMap::new(),
         }
     }
 }

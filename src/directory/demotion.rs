@@ -9,16 +9,12 @@ use super::replicas::Replica;
 use super::{Directory, ReplicaState, Task, TaskKind};
 use crate::model::{Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
 use crate::policy::cost::CostModel;
-use crate::policy::profiles::{TierKind, TierProfile};
-
-/// Prefill cost per token assumed when deciding a demotion: a mid-size model on one GPU
-/// (a namespace-level parameter in the replay; representative here).
-const PREFILL_US_PER_TOKEN: f64 = 100.0;
 
 impl Directory {
     /// Where `victim` would go one tier colder: a shared pool its owner's session can write,
     /// with room below its high watermark, holding no replica of the object yet, when
-    /// keeping the bytes there costs less than recomputing them.
+    /// keeping the bytes there (priced by that pool's profile) costs less than recomputing
+    /// them (priced by the namespace's model).
     pub(super) fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
         let source = &self.pools[victim.pool.0 as usize];
         if source.spec.medium != Medium::Cpu {
@@ -29,23 +25,10 @@ impl Directory {
             .sessions
             .get(&session_id)
             .filter(|session| session.is_open())?;
-        let tokens = self
-            .namespaces
-            .get(&victim.object.namespace)
-            .map_or(0, |descriptor| descriptor.chunk_tokens);
+        let descriptor = self.namespaces.get(&victim.object.namespace)?;
         let cost = CostModel {
-            prefill_us_per_token: PREFILL_US_PER_TOKEN,
+            prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
         };
-        if !cost
-            .keep_in(
-                &TierProfile::representative(TierKind::Cxl),
-                victim.allocated_bytes,
-                tokens,
-            )
-            .keep_pays()
-        {
-            return None;
-        }
         let high = u64::from(self.config.high_watermark_percent);
         self.pools.iter().enumerate().find_map(|(index, record)| {
             let Scope::Domain(domain) = record.spec.scope else {
@@ -57,6 +40,13 @@ impl Directory {
                 replica.pool.0 as usize == index && replica.state != ReplicaState::Retiring
             });
             (session.domains.contains(&domain)
+                && cost
+                    .keep_in(
+                        &record.profile,
+                        victim.allocated_bytes,
+                        descriptor.chunk_tokens,
+                    )
+                    .keep_pays()
                 && record.free_bytes() >= bytes
                 && after <= high * record.spec.capacity_bytes
                 && !present)

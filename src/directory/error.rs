@@ -56,6 +56,10 @@ pub enum DirectoryError {
     /// a host pool for another node, an unknown domain...).
     #[error("invalid pool: {0}")]
     InvalidPool(String),
+    /// A measured tier profile is unusable (a zero or non-finite figure). The node keeps
+    /// serving; the pool keeps its previous profile.
+    #[error("invalid profile: {0}")]
+    InvalidProfile(String),
     /// The replica id names no live replica: it was freed, or its slot was reused.
     #[error("unknown or stale replica {0:?}")]
     UnknownReplica(ReplicaId),

@@ -34,6 +34,7 @@ use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId, Timestamp,
 };
+use crate::policy::profiles::{Measurement, TierKind, TierProfile};
 use crate::policy::victims::{self, VictimCandidate, VictimConfig};
 use leases::{LeaseRecord, LeaseTable};
 use ledger::{Ledger, LedgerCheck, LedgerEntry};
@@ -79,11 +80,13 @@ pub struct DirectoryCounts {
 }
 
 /// One registered pool's description and usage.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PoolReport {
     pub pool: PoolId,
     pub spec: PoolSpec,
     pub usage: PoolUsage,
+    /// The profile the policy prices the pool by.
+    pub profile: TierProfile,
 }
 
 /// The directory state machine. See the module documentation for its contract.
@@ -458,16 +461,56 @@ impl Directory {
                     "pool already registered and in use".into(),
                 ));
             }
-            *record = PoolRecord::new(spec, session);
+            let profile = self.config.baseline_profile(spec.medium);
+            *record = PoolRecord::new(spec, session, profile);
             return Ok(pool);
         }
         if self.pools.len() >= self.config.pools_max as usize {
             return Err(DirectoryError::Full(Table::Pools));
         }
         let pool = PoolId(self.pools.len() as u32);
-        self.pools.push(PoolRecord::new(spec, session));
+        let profile = self.config.baseline_profile(spec.medium);
+        self.pools.push(PoolRecord::new(spec, session, profile));
         self.pool_ids.insert(key, pool);
         Ok(pool)
+    }
+
+    /// Records what `session`'s node measured of `pool`, a pool it maps: the policy prices
+    /// the pool by it from now on, except for figures the operator overrides. Returns the
+    /// profile in force.
+    pub fn report_profile(
+        &mut self,
+        session: SessionId,
+        pool: PoolId,
+        measured: Measurement,
+    ) -> Result<TierProfile, DirectoryError> {
+        let record = self.open_session(session)?;
+        let target = self
+            .pools
+            .get(pool.0 as usize)
+            .ok_or(DirectoryError::UnknownPool)?;
+        let maps = match target.spec.scope {
+            Scope::Host(node) => node == record.node && target.owner_session == Some(session),
+            Scope::Domain(domain) => record.domains.contains(&domain),
+        };
+        if !maps {
+            return Err(DirectoryError::InvalidPool(
+                "a profile of a pool this node does not map".into(),
+            ));
+        }
+        let medium = target.spec.medium;
+        let representative = TierProfile::representative(TierKind::of_medium(medium));
+        let mut profile = measured
+            .figures()
+            .apply(&representative)
+            .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
+        if let Some(overrides) = self.config.profiles.get(&medium) {
+            profile = overrides
+                .apply(&profile)
+                .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
+        }
+        self.pools[pool.0 as usize].profile = profile.clone();
+        Ok(profile)
     }
 
     /// Registers a namespace (idempotent) after validating its descriptor.
@@ -1470,6 +1513,7 @@ impl Directory {
                 pool: PoolId(index as u32),
                 spec: record.spec.clone(),
                 usage: record.usage(self.owner_reachable(record)),
+                profile: record.profile.clone(),
             })
             .collect()
     }

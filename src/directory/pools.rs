@@ -3,6 +3,7 @@
 //! holds by construction and is asserted.
 
 use crate::model::{PoolSpec, PoolUsage, SessionId, Timestamp};
+use crate::policy::profiles::TierProfile;
 
 /// The extents of a shared pool: fixed-size ranges the directory grants to one session at a
 /// time, so two nodes never allocate the same bytes. An extent whose session ended stays
@@ -174,11 +175,18 @@ pub struct PoolRecord {
     pub pinned_bytes: u64,
     /// For a shared pool, who may allocate where.
     pub extents: Option<ExtentTable>,
+    /// The profile the policy prices this pool by: representative, then the latest
+    /// measurement a node reported, then the operator's overrides.
+    pub profile: TierProfile,
 }
 
 impl PoolRecord {
     /// A pool with nothing in it.
-    pub fn new(spec: PoolSpec, owner_session: Option<SessionId>) -> PoolRecord {
+    pub fn new(
+        spec: PoolSpec,
+        owner_session: Option<SessionId>,
+        profile: TierProfile,
+    ) -> PoolRecord {
         let extents = spec
             .extent_bytes
             .map(|extent_bytes| ExtentTable::new(spec.capacity_bytes, extent_bytes));
@@ -190,6 +198,7 @@ impl PoolRecord {
             ready_bytes: 0,
             retiring_bytes: 0,
             pinned_bytes: 0,
+            profile,
         }
     }
 

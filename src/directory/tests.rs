@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::model::{DomainId, KvDtype, PrefixDigest};
+use crate::policy::profiles::ProfileFigures;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -1362,5 +1363,102 @@ fn an_extent_grant_whose_reply_was_lost_is_resolved_not_leaked() {
         ),
         "one extent was left"
     );
+    fixture.directory.check_invariants();
+}
+
+/// Fills A's CPU pool (4 MiB, watermarks 90/50) with four 1 MiB objects, ticks, and
+/// counts the demote tasks the pressure produced.
+fn demotions_under_pressure(fixture: &mut Fixture, a: &NodeHandle) -> usize {
+    for index in 0..4 {
+        let object = fixture.object(index);
+        fixture.store(a, object, MIB);
+    }
+    fixture.now = fixture.now + Duration::from_secs(1);
+    fixture
+        .directory
+        .heartbeat(fixture.now, a.session, None)
+        .unwrap();
+    assert_eq!(fixture.directory.tick(fixture.now).evicted, 2);
+    fixture
+        .directory
+        .poll_tasks(fixture.now, a.session, 10)
+        .unwrap()
+        .iter()
+        .filter(|task| matches!(task.kind, TaskKind::Demote { .. }))
+        .count()
+}
+
+#[test]
+fn measured_profiles_price_demotion_and_operator_overrides_win() {
+    let config = DirectoryConfig {
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..DirectoryConfig::default()
+    };
+    let crawling = Measurement {
+        read_latency_ns: 1_000,
+        read_bandwidth_bytes_per_s: 1_000,
+        write_bandwidth_bytes_per_s: Some(1_000),
+    };
+    // Who may report what.
+    let mut fixture = Fixture::with_config(config.clone());
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let outsider = fixture.node_with("o", MIB, vec![Medium::Cpu], vec![]);
+    let directory = &mut fixture.directory;
+    assert!(directory.report_profile(a.session, a.cpu, crawling).is_ok());
+    for (session, pool) in [(a.session, outsider.cpu), (outsider.session, cxl)] {
+        assert!(matches!(
+            directory.report_profile(session, pool, crawling),
+            Err(DirectoryError::InvalidPool(_))
+        ));
+    }
+    assert_eq!(
+        directory.report_profile(a.session, PoolId(99), crawling),
+        Err(DirectoryError::UnknownPool)
+    );
+    let zero = Measurement {
+        read_bandwidth_bytes_per_s: 0,
+        ..crawling
+    };
+    assert!(matches!(
+        directory.report_profile(a.session, cxl, zero),
+        Err(DirectoryError::InvalidProfile(_))
+    ));
+    let usage = directory.usage();
+    assert_eq!(
+        usage[a.cpu.0 as usize].profile.read_bandwidth_bytes_per_s,
+        1e3
+    );
+    assert_eq!(
+        usage[cxl.0 as usize].profile,
+        TierProfile::representative(TierKind::Cxl),
+        "a refused report changes nothing"
+    );
+    // A CXL pool measured far too slow to pay back 256 tokens: victims are evicted.
+    directory.report_profile(a.session, cxl, crawling).unwrap();
+    assert_eq!(demotions_under_pressure(&mut fixture, &a), 0);
+    // The operator knows better: the override wins over the measurement.
+    let mut fixture = Fixture::with_config(DirectoryConfig {
+        profiles: [(
+            Medium::Cxl,
+            ProfileFigures {
+                read_bandwidth_bytes_per_s: Some(5e9),
+                write_bandwidth_bytes_per_s: Some(5e9),
+                ..ProfileFigures::default()
+            },
+        )]
+        .into(),
+        ..config
+    });
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let in_force = fixture
+        .directory
+        .report_profile(a.session, cxl, crawling)
+        .unwrap();
+    assert_eq!(in_force.read_bandwidth_bytes_per_s, 5e9);
+    assert_eq!(in_force.read_latency_us, 1.0, "measured, not overridden");
+    assert_eq!(demotions_under_pressure(&mut fixture, &a), 2);
     fixture.directory.check_invariants();
 }

@@ -5,6 +5,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
+use crate::model::Medium;
+
 /// The kinds of tier kvtier knows, hottest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TierKind {
@@ -214,6 +218,93 @@ impl TierProfile {
     }
 }
 
+/// The figures of a tier that a probe measures or an operator overrides; a field left
+/// `None` keeps the value underneath. Measured figures travel from a node to the directory
+/// in this shape, and `[profiles.<medium>]` of `cluster.toml` is parsed into it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFigures {
+    /// Latency of the first byte of a read, in microseconds.
+    pub read_latency_us: Option<f64>,
+    /// Sustained read bandwidth, in bytes per second.
+    pub read_bandwidth_bytes_per_s: Option<f64>,
+    /// Sustained write bandwidth, in bytes per second.
+    pub write_bandwidth_bytes_per_s: Option<f64>,
+}
+
+impl ProfileFigures {
+    /// `profile` with every figure given here replacing its own. Fails, leaving nothing
+    /// half-applied, when a given figure is not a positive finite number.
+    pub fn apply(&self, profile: &TierProfile) -> Result<TierProfile, ProfileError> {
+        let mut applied = profile.clone();
+        if let Some(value) = self.read_latency_us {
+            applied.read_latency_us = value;
+        }
+        if let Some(value) = self.read_bandwidth_bytes_per_s {
+            applied.read_bandwidth_bytes_per_s = value;
+        }
+        if let Some(value) = self.write_bandwidth_bytes_per_s {
+            applied.write_bandwidth_bytes_per_s = value;
+        }
+        applied.validate()?;
+        Ok(applied)
+    }
+
+    /// Every figure of `profile`.
+    pub fn of(profile: &TierProfile) -> Self {
+        Self {
+            read_latency_us: Some(profile.read_latency_us),
+            read_bandwidth_bytes_per_s: Some(profile.read_bandwidth_bytes_per_s),
+            write_bandwidth_bytes_per_s: Some(profile.write_bandwidth_bytes_per_s),
+        }
+    }
+}
+
+/// A probe's figures in whole units, as they travel from a node to the directory and back
+/// in usage reports (integers keep the wire types comparable and their encoding exact).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Latency of the first byte of a small read, in nanoseconds.
+    pub read_latency_ns: u64,
+    /// Sustained read (copy-out) bandwidth, in bytes per second.
+    pub read_bandwidth_bytes_per_s: u64,
+    /// Sustained write (copy-in) bandwidth, in bytes per second; `None` when the probe had
+    /// nowhere it could write (a shared pool with no free extent).
+    pub write_bandwidth_bytes_per_s: Option<u64>,
+}
+
+impl Measurement {
+    /// The figures measured; a zero figure stays and is refused by [`ProfileFigures::apply`].
+    pub fn figures(&self) -> ProfileFigures {
+        ProfileFigures {
+            read_latency_us: Some(self.read_latency_ns as f64 / 1e3),
+            read_bandwidth_bytes_per_s: Some(self.read_bandwidth_bytes_per_s as f64),
+            write_bandwidth_bytes_per_s: self.write_bandwidth_bytes_per_s.map(|value| value as f64),
+        }
+    }
+
+    /// `profile`'s figures, rounded to whole units.
+    pub fn of(profile: &TierProfile) -> Self {
+        Self {
+            read_latency_ns: (profile.read_latency_us * 1e3).round() as u64,
+            read_bandwidth_bytes_per_s: profile.read_bandwidth_bytes_per_s.round() as u64,
+            write_bandwidth_bytes_per_s: Some(profile.write_bandwidth_bytes_per_s.round() as u64),
+        }
+    }
+}
+
+impl TierKind {
+    /// The tier a pool of `medium` serves: a CPU pool is DRAM, a CXL pool CXL, an SSD store
+    /// SSD.
+    pub fn of_medium(medium: Medium) -> Self {
+        match medium {
+            Medium::Cpu => TierKind::Dram,
+            Medium::Cxl => TierKind::Cxl,
+            Medium::Ssd => TierKind::Ssd,
+        }
+    }
+}
+
 impl fmt::Display for TierKind {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = match self {
@@ -288,5 +379,46 @@ mod tests {
             Err(ProfileError::NotPositive { .. })
         ));
         assert!("tape".parse::<TierKind>().is_err());
+    }
+
+    #[test]
+    fn figures_replace_only_what_they_give_and_refuse_nonsense() {
+        let cxl = TierProfile::representative(TierKind::Cxl);
+        let measured = ProfileFigures {
+            read_bandwidth_bytes_per_s: Some(3.0e9),
+            ..ProfileFigures::default()
+        };
+        let applied = measured.apply(&cxl).unwrap();
+        assert_eq!(applied.read_bandwidth_bytes_per_s, 3.0e9);
+        assert_eq!(
+            applied.write_bandwidth_bytes_per_s,
+            cxl.write_bandwidth_bytes_per_s
+        );
+        assert_eq!(ProfileFigures::of(&applied).apply(&cxl).unwrap(), applied);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let figures = ProfileFigures {
+                read_latency_us: Some(bad),
+                ..ProfileFigures::default()
+            };
+            assert!(figures.apply(&cxl).is_err(), "{bad}");
+        }
+        let text = r#"{"read_latency_us": 0.3, "write_bandwidth_bytes_per_s": 4e9}"#;
+        let parsed: ProfileFigures = serde_json::from_str(text).unwrap();
+        assert_eq!(parsed.write_bandwidth_bytes_per_s, Some(4e9));
+        assert!(serde_json::from_str::<ProfileFigures>(r#"{"read_bandwith": 1}"#).is_err());
+        assert_eq!(TierKind::of_medium(Medium::Cxl), TierKind::Cxl);
+        let measured = Measurement::of(&applied);
+        assert_eq!(measured.read_latency_ns, 400);
+        assert_eq!(measured.figures().apply(&cxl).unwrap(), applied);
+        let unwritable = Measurement {
+            write_bandwidth_bytes_per_s: None,
+            ..measured
+        };
+        assert_eq!(unwritable.figures().apply(&cxl).unwrap(), applied);
+        let zero = Measurement {
+            read_bandwidth_bytes_per_s: 0,
+            ..measured
+        };
+        assert!(zero.figures().apply(&cxl).is_err());
     }
 }

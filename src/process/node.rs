@@ -7,10 +7,13 @@ use crate::actors::client_session::{ClientSessionActor, NodeServices};
 use crate::actors::link::{DirectoryAddress, DirectoryLink};
 use crate::actors::node::{NodeActor, NodeExit};
 use crate::actors::pool::PoolActor;
+use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPool, CpuPoolConfig, CxlPool};
 use crate::config::{ClusterConfig, NodeSection};
+use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Medium, PoolId, PoolSpec, Scope};
+use crate::policy::profiles::Measurement;
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
 use crate::wire::uds::{self, SocketMode};
 use actix::prelude::*;
@@ -80,9 +83,19 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::new()?);
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
+    // The pool is fresh: nothing is allocated in it yet, so the probe may write anywhere.
+    let region = ProbeRegion::Writable {
+        offset: 0,
+        length: pool.memory().data_bytes(),
+    };
+    let probed = probe::probe_memory(pool.memory(), region);
+    report_probe(&link, &metrics, pool_id, probed).await;
     let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
     let mut mappings = vec![mapping];
     for (pool_id, cxl) in locate_cxl_pools(&link, cxl_pools).await? {
+        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
+        let probed = probe_shared_pool(&link, pool_id, &cxl).await;
+        report_probe(&link, &metrics, pool_id, probed).await;
         mappings.push(PoolMapping {
             pool: pool_id,
             medium: Medium::Cxl,
@@ -90,7 +103,6 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
             pool_uuid: cxl.memory().pool_uuid(),
             data_bytes: cxl.memory().data_bytes(),
         });
-        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
         pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
     }
     serve_metrics(section.metrics, metrics.clone()).await?;
@@ -137,6 +149,71 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
             let _ = link.call(DirectoryRequest::Close).await;
             Ok(())
         }
+    }
+}
+
+/// Probes a shared pool: through an extent granted for the probe (unused, so the write
+/// figure is measured too) and given back at once, or, when none is free, by reading the
+/// first bytes of the pool only.
+async fn probe_shared_pool(
+    link: &DirectoryLink,
+    pool: PoolId,
+    cxl: &CxlPool,
+) -> Result<Measurement, probe::ProbeError> {
+    let Ok(ExtentGrant::Granted(extent)) = link.grant_extent(pool).await else {
+        let region = ProbeRegion::ReadOnly {
+            offset: 0,
+            length: cxl.memory().data_bytes(),
+        };
+        return probe::probe_memory(cxl.memory(), region);
+    };
+    let region = ProbeRegion::Writable {
+        offset: extent.offset_bytes,
+        length: extent.length_bytes,
+    };
+    let measured = probe::probe_memory(cxl.memory(), region);
+    let offset_bytes = extent.offset_bytes;
+    if let Err(error) = link
+        .call(DirectoryRequest::ReturnExtent { pool, offset_bytes })
+        .await
+    {
+        tracing::warn!(%error, ?pool, "giving back the probe's extent failed");
+    }
+    measured
+}
+
+/// Reports what a probe measured to the directory and the node's metrics. A failed probe
+/// or report leaves the pool priced by the directory's defaults: the node serves either way.
+async fn report_probe(
+    link: &DirectoryLink,
+    metrics: &Metrics,
+    pool: PoolId,
+    probed: Result<Measurement, probe::ProbeError>,
+) {
+    let measured = match probed {
+        Ok(measured) => measured,
+        Err(error) => {
+            tracing::warn!(%error, ?pool, "probing the pool failed; it keeps default figures");
+            return;
+        }
+    };
+    tracing::info!(
+        ?pool,
+        read_gb_per_s = measured.read_bandwidth_bytes_per_s as f64 / 1e9,
+        write_gb_per_s = measured
+            .write_bandwidth_bytes_per_s
+            .map(|value| value as f64 / 1e9),
+        read_latency_ns = measured.read_latency_ns,
+        "pool probed"
+    );
+    metrics.set_pool_profile(pool, &measured);
+    match link
+        .call(DirectoryRequest::ReportProfile { pool, measured })
+        .await
+    {
+        Ok(DirectoryReply::Profile(_)) => {}
+        Ok(other) => tracing::warn!(?other, ?pool, "profile report refused"),
+        Err(error) => tracing::warn!(%error, ?pool, "profile report failed"),
     }
 }
 

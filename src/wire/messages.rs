@@ -11,6 +11,7 @@ use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
 };
+use crate::policy::profiles::Measurement;
 use serde::{Deserialize, Serialize};
 
 /// Protocol versions this build speaks, newest last.
@@ -120,6 +121,11 @@ pub enum DirectoryRequest {
     ReclaimAck {
         replica: ReplicaId,
     },
+    /// What the node's start-up probe measured of a pool it maps.
+    ReportProfile {
+        pool: PoolId,
+        measured: Measurement,
+    },
     Usage,
     PollTasks {
         max: u32,
@@ -132,6 +138,8 @@ pub struct PoolUsageReport {
     pub pool: PoolId,
     pub spec: PoolSpec,
     pub usage: PoolUsage,
+    /// The profile the directory's policy prices the pool by.
+    pub profile: Measurement,
 }
 
 /// The directory's reply, one per request.
@@ -156,6 +164,8 @@ pub enum DirectoryReply {
     /// Whether a returned extent was taken back.
     ExtentReturned(bool),
     Reclaimed(ReclaimOutcome),
+    /// The profile in force after a report.
+    Profile(Measurement),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
     Error(ProtocolError),
