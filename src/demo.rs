@@ -10,7 +10,8 @@ use crate::bench::histogram::Histogram;
 use crate::client::{Client, StoreOutcome};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
-use crate::model::{KvDtype, NamespaceDescriptor, NamespaceId, ObjectId, PrefixDigest};
+use crate::model::{KvDtype, NamespaceDescriptor, ObjectId, PrefixDigest};
+use crate::replay::cluster::chain;
 use anyhow::{bail, Context};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -181,31 +182,9 @@ async fn replay(
     Ok(tally)
 }
 
-/// The object ids and digests of a prompt's blocks, chained from the root.
-fn chain(namespace: NamespaceId, hash_ids: &[u64]) -> (Vec<ObjectId>, Vec<PrefixDigest>) {
-    let mut digest = PrefixDigest::ROOT;
-    let digests: Vec<PrefixDigest> = hash_ids
-        .iter()
-        .map(|hash_id| {
-            digest = digest.chain(&[(*hash_id & 0xffff_ffff) as u32, (*hash_id >> 32) as u32]);
-            digest
-        })
-        .collect();
-    let objects = digests
-        .iter()
-        .map(|prefix| ObjectId {
-            namespace,
-            prefix: *prefix,
-            shard: 0,
-            part: 0,
-        })
-        .collect();
-    (objects, digests)
-}
-
 /// Loads the leading run of `objects` into `buffers`; returns how many loaded (a replica
 /// retired between probe and acquire shortens the run: an expected miss).
-async fn load_prefix(
+pub(crate) async fn load_prefix(
     client: &Client,
     objects: &[ObjectId],
     buffers: &mut Vec<Vec<u8>>,

@@ -45,6 +45,8 @@ pub struct ClusterSpec {
     /// The directory's eviction watermarks, in percent of a pool's capacity.
     pub high_watermark_percent: u8,
     pub low_watermark_percent: u8,
+    /// The directory's `policy_time_scale`: how much faster than recorded a trace runs.
+    pub policy_time_scale: f64,
 }
 
 impl Default for ClusterSpec {
@@ -60,8 +62,9 @@ impl Default for ClusterSpec {
             cxl_extent_bytes: 16 << 20,
             netns: false,
             write_order: vec![Medium::Cpu, Medium::Cxl],
-            high_watermark_percent: 95,
-            low_watermark_percent: 85,
+            high_watermark_percent: 98,
+            low_watermark_percent: 95,
+            policy_time_scale: 1.0,
         }
     }
 }
@@ -139,13 +142,14 @@ impl LocalCluster {
             SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
         };
         let mut toml = format!(
-            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\n",
+            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\n",
             listen,
             metrics_address(spec.metrics)?,
             spec.suspect_after_ms,
             spec.fence_after_ms,
             spec.high_watermark_percent,
             spec.low_watermark_percent,
+            spec.policy_time_scale,
         );
         let domains = if spec.cxl_pool_bytes > 0 {
             toml.push_str(&format!(

@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),
-        Command::Replay(args) => kvtier::replay::run(&args),
+        Command::Replay(args) => kvtier::replay::run(&exe, &args),
         Command::Probe(args) => probe(&args),
         Command::Bench {
             which: BenchCommand::Directory(args),

@@ -1,15 +1,20 @@
 //! Replays the bundled conversation trace at 1k, 3k, 10k and 30k blocks and checks the
 //! replayer's LRU and Belady hit tokens against straightforward implementations written
-//! here, independently of `src/`, and the kvtier targets against the baselines.
+//! here, independently of `src/`, and the kvtier targets against the baselines — both the
+//! replayed policy and the directory core that runs it in the cluster. Then drives a live
+//! cluster with the trace and checks it agrees with the directory core's replay.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use kvtier::directory::DirectoryConfig;
 use kvtier::policy::cost::CostModel;
 use kvtier::policy::eviction::KvtierConfig;
 use kvtier::policy::placement::PlacementConfig;
 use kvtier::policy::profiles::{TierKind, TierProfile};
+use kvtier::replay::cluster::{self, ClusterSimConfig, Pricing};
 use kvtier::replay::sim::{self, PolicyKind, SimConfig, TierSpec};
-use kvtier::replay::trace;
+use kvtier::replay::{live, trace};
+use std::time::Duration;
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -169,7 +174,66 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
             replay_belady.hit_tokens >= kvtier.hit_tokens,
             "kvtier beat the optimum at {capacity}"
         );
+        // The same policy as the directory runs it, watermarks and reclaim lag included.
+        let directory = cluster::simulate(&requests, &directory_replay(capacity, 1.0), &mut |_| {})
+            .expect("directory replay");
+        assert!(
+            directory.hit_tokens >= replay_lru.hit_tokens,
+            "the directory's policy < lru at {capacity}"
+        );
+        assert!(
+            directory.hit_tokens >= s3fifo.hit_tokens,
+            "the directory's policy < s3fifo at {capacity}"
+        );
     }
+}
+
+/// One node's CPU pool of `blocks` 64 KiB chunks, the directory's defaults, the trace
+/// `speedup` times faster than recorded.
+fn directory_replay(blocks: usize, speedup: f64) -> ClusterSimConfig {
+    ClusterSimConfig {
+        blocks: blocks as u64,
+        chunk_bytes: 64 << 10,
+        directory: DirectoryConfig {
+            policy_time_scale: speedup,
+            ..DirectoryConfig::default()
+        },
+        speedup,
+        period: Duration::from_millis(50),
+        pricing: Pricing {
+            cost: CostModel {
+                prefill_us_per_token: 100.0,
+            },
+            profile: TierProfile::representative(TierKind::Dram),
+            block_bytes: 64 << 20,
+        },
+    }
+}
+
+#[test]
+fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
+    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
+    // The first 1,000 requests (330 s of trace) at 60×: about 6 s, a pool of 400 chunks
+    // under constant pressure.
+    let requests = &requests[..1_000];
+    let config = directory_replay(400, 60.0);
+    let outcome = live::run(
+        std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
+        requests,
+        &config,
+    )
+    .expect("live replay");
+    assert!(outcome.verified_chunks > 1_000, "{outcome:?}");
+    assert!(
+        outcome.live.skipped > 0 && outcome.simulated.skipped > 0,
+        "the pool was never full: {outcome:?}"
+    );
+    assert!(
+        outcome.agrees(),
+        "live {:.4} vs simulated {:.4}: {outcome:?}",
+        outcome.live.token_hit_ratio(),
+        outcome.simulated.token_hit_ratio()
+    );
 }
 
 /// DRAM 1k + CXL 3k + SSD 30k blocks, representative profiles, 64 MiB blocks.

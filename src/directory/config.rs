@@ -85,6 +85,10 @@ pub struct DirectoryConfig {
     /// Prefill time per token by model name (the namespace's `model`), measured by the
     /// operator on the serving hardware. Bounded by the configuration file.
     pub prefill_us_per_token_by_model: BTreeMap<String, f64>,
+    /// How many seconds of policy time one second of the directory's clock is: 1 in
+    /// service. A trace replayed N times faster than recorded (`kvtier replay --live`)
+    /// sets N, so idle times weigh in eviction as they did in the trace.
+    pub policy_time_scale: f64,
     /// Operator overrides of tier profiles by medium (`[profiles.<medium>]` of
     /// `cluster.toml`): they win over what nodes measure.
     #[serde(skip)]
@@ -141,6 +145,9 @@ impl DirectoryConfig {
                 ));
             }
         }
+        if !(self.policy_time_scale.is_finite() && self.policy_time_scale > 0.0) {
+            return Err("policy_time_scale must be a positive number".into());
+        }
         for (medium, figures) in &self.profiles {
             figures
                 .apply(&TierProfile::representative(TierKind::of_medium(*medium)))
@@ -191,8 +198,8 @@ impl Default for DirectoryConfig {
             tasks_per_poll_max: 1024,
             reservations_per_session_max: 1 << 16,
             extents_per_session_max: 4096,
-            high_watermark_percent: 95,
-            low_watermark_percent: 85,
+            high_watermark_percent: 98,
+            low_watermark_percent: 95,
             eviction_window: 16,
             evictions_per_tick_max: 4096,
             lease_duration: Duration::from_secs(30),
@@ -204,6 +211,7 @@ impl Default for DirectoryConfig {
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             profiles: BTreeMap::new(),
+            policy_time_scale: 1.0,
         }
     }
 }

@@ -79,8 +79,12 @@ impl Directory {
         }
         let mut extent_replicas: HashMap<(u32, usize), u32> = HashMap::new();
         let mut listed: HashMap<u32, u64> = HashMap::new();
+        let mut listed_count: HashMap<u32, u64> = HashMap::new();
         for (index, pool) in self.pools.iter().enumerate() {
-            for (id, replica) in self.replicas.coldest(crate::model::PoolId(index as u32)) {
+            let pool_id = crate::model::PoolId(index as u32);
+            let listed_replicas = (0..crate::policy::history::FREQUENCY_CLASSES)
+                .flat_map(|class| self.replicas.coldest(pool_id, class));
+            for (id, replica) in listed_replicas {
                 assert_eq!(
                     replica.state,
                     ReplicaState::Ready,
@@ -91,6 +95,7 @@ impl Directory {
                     "{id:?} on another pool's recency list"
                 );
                 *listed.entry(index as u32).or_default() += replica.allocated_bytes;
+                *listed_count.entry(index as u32).or_default() += 1;
             }
             if let Some(extents) = &pool.extents {
                 for (id, replica) in self
@@ -132,6 +137,11 @@ impl Directory {
                 listed.get(&(index as u32)).copied().unwrap_or(0),
                 pool.ready_bytes,
                 "recency list of pool {index} misses READY replicas"
+            );
+            assert_eq!(
+                listed_count.get(&(index as u32)).copied().unwrap_or(0),
+                pool.ready_replicas,
+                "READY replicas of pool {index}"
             );
             let [reserved, ready, retiring, pinned] =
                 per_pool.get(&(index as u32)).copied().unwrap_or_default();

@@ -34,6 +34,7 @@ use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, TaskId, Timestamp,
 };
+use crate::policy::history::{frequency_class, History, FREQUENCY_CLASSES};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
 use crate::policy::victims::{self, VictimCandidate, VictimConfig};
 use leases::{LeaseRecord, LeaseTable};
@@ -42,6 +43,7 @@ use pools::PoolRecord;
 use replicas::{NewReplica, ReplicaTable};
 use sessions::{NodeRecord, Session};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
 
 /// Largest accepted object, in bytes: a chunk of KV state is megabytes, never terabytes.
 pub const OBJECT_BYTES_MAX: u64 = 1 << 32;
@@ -117,6 +119,10 @@ pub struct Directory {
     /// reservations), and the sources, which eviction does not choose again.
     demotions: HashMap<ReplicaId, ReplicaId>,
     demoting: HashSet<ReplicaId>,
+    /// Accesses per object (reads and stores), kept past eviction, and the reuse
+    /// probability per frequency class learned from them. Bounded by
+    /// [`crate::policy::history::HISTORY_ENTRIES_MAX`].
+    history: History,
 }
 
 impl Directory {
@@ -139,6 +145,7 @@ impl Directory {
             latest_tick: Timestamp::ZERO,
             demotions: HashMap::new(),
             demoting: HashSet::new(),
+            history: History::new(),
             config,
         }
     }
@@ -632,8 +639,16 @@ impl Directory {
             });
         }
         self.check_namespace(session, item.object.namespace)?;
+        // A store is an access: the engine needed the chunk and did not find it.
+        let class = self.record_access(now, &item.object);
+        let session = self.open_session(session_id)?;
         let outcome = match self.existing_for(session, &item.object) {
-            Some(outcome) => outcome,
+            Some((outcome, ready)) => {
+                if let Some(ready) = ready {
+                    self.replicas.touch(ready, class);
+                }
+                outcome
+            }
             None => match self.place(session_id, session, item.length_bytes) {
                 None => ReserveOutcome::Skip,
                 Some((pool, allocated_bytes)) => {
@@ -684,21 +699,26 @@ impl Directory {
         Ok(outcome)
     }
 
-    /// `AlreadyPresent` or `Pending` when the session can already read the object.
-    fn existing_for(&self, session: &Session, object: &ObjectId) -> Option<ReserveOutcome> {
+    /// `AlreadyPresent` (with the READY replica) or `Pending` when the session can already
+    /// read the object.
+    fn existing_for(
+        &self,
+        session: &Session,
+        object: &ObjectId,
+    ) -> Option<(ReserveOutcome, Option<ReplicaId>)> {
         let view = self.read_view(session);
         let mut pending = false;
-        for (_, replica) in self.replicas.of_object(object) {
+        for (id, replica) in self.replicas.of_object(object) {
             if view.rank(replica.pool).is_none() {
                 continue;
             }
             match replica.state {
-                ReplicaState::Ready => return Some(ReserveOutcome::AlreadyPresent),
+                ReplicaState::Ready => return Some((ReserveOutcome::AlreadyPresent, Some(id))),
                 ReplicaState::Reserved => pending = true,
                 ReplicaState::Retiring | ReplicaState::Free => {}
             }
         }
-        pending.then_some(ReserveOutcome::Pending)
+        pending.then_some((ReserveOutcome::Pending, None))
     }
 
     /// The first writable pool in the node's write order with room for `length_bytes`.
@@ -798,7 +818,8 @@ impl Directory {
                     extents.add_replica(location.offset_bytes);
                 }
             }
-            self.replicas.touch(replica_id);
+            let class = self.access_class(&object);
+            self.replicas.touch(replica_id, class);
             self.finish_demotion(replica_id);
             CommitOutcome::Committed
         };
@@ -989,16 +1010,25 @@ impl Directory {
         }
         let deadline = now + self.config.lease_duration;
         let outcomes = selected
-            .into_iter()
+            .iter()
             .map(|choice| match choice {
                 None => AcquireOutcome::Miss,
                 Some(replica_id) => {
-                    AcquireOutcome::Leased(self.grant_lease(now, session_id, replica_id, deadline))
+                    AcquireOutcome::Leased(self.grant_lease(now, session_id, *replica_id, deadline))
                 }
             })
             .collect();
         if let Some(session) = self.sessions.get_mut(&session_id) {
             session.leases += found;
+        }
+        // Every read is an access. The batch is a prompt's chunks in order, so they are
+        // touched last chunk first: the head of a prefix ends most recent, and a prefix
+        // loses its tail before its head (a tail is worthless without its head).
+        for (object, replica_id) in objects.iter().zip(&selected).rev() {
+            if let Some(replica_id) = replica_id {
+                let class = self.record_access(now, object);
+                self.replicas.touch(*replica_id, class);
+            }
         }
         Ok(outcomes)
     }
@@ -1015,13 +1045,11 @@ impl Directory {
             session,
             deadline,
         });
-        self.replicas.touch(replica_id);
         let replica = self
             .replicas
             .get_mut(replica_id)
             .expect("selected replica is live");
         replica.lease_count += 1;
-        replica.access_count = replica.access_count.saturating_add(1);
         replica.last_access = now;
         let (location, first) = (replica.location(), replica.lease_count == 1);
         let bytes = replica.allocated_bytes;
@@ -1408,14 +1436,13 @@ impl Directory {
         report
     }
 
-    /// Retires READY replicas of every pool above its high watermark until it is at or below
-    /// its low watermark, at most `evictions_per_tick_max` per call. Victims come from the
-    /// least recently used end of the pool, the victim policy choosing among the first
-    /// `eviction_window` there; leased and young replicas are never chosen.
+    /// Retires (or demotes) READY replicas of every pool above its high watermark until it
+    /// is at or below its low watermark, at most `evictions_per_tick_max` per call. The
+    /// victim policy chooses among the least recently used replicas of each frequency class
+    /// (the first `eviction_window` of each); leased and young replicas are never chosen.
     fn evict(&mut self, now: Timestamp) -> u32 {
         let high = u64::from(self.config.high_watermark_percent);
         let low = u64::from(self.config.low_watermark_percent);
-        let victim_config = VictimConfig::default();
         let mut evicted = 0;
         for index in 0..self.pools.len() {
             let pool = PoolId(index as u32);
@@ -1437,21 +1464,29 @@ impl Directory {
             if used(record).saturating_sub(leaving * 100) <= high * record.spec.capacity_bytes {
                 continue;
             }
+            let victim_config = VictimConfig::for_capacity(self.pools[index].object_capacity());
             while evicted < self.config.evictions_per_tick_max
                 && used(&self.pools[index]).saturating_sub(leaving * 100)
                     > low * self.pools[index].spec.capacity_bytes
             {
-                let window: Vec<(ReplicaId, VictimCandidate)> = self
-                    .replicas
-                    .coldest(pool)
-                    .take(self.config.eviction_window as usize)
-                    .map(|(id, replica)| {
-                        let idle = now.saturating_since(replica.last_access);
+                let window: Vec<(ReplicaId, VictimCandidate)> = (0..FREQUENCY_CLASSES)
+                    .flat_map(|class| {
+                        let reuse_probability = self.history.reuse_probability(class as u32 + 1);
+                        self.replicas
+                            .coldest(pool, class)
+                            .take(self.config.eviction_window as usize)
+                            .map(move |(id, replica)| (id, replica, reuse_probability))
+                    })
+                    .map(|(id, replica, reuse_probability)| {
+                        let age = now.saturating_since(replica.last_access);
+                        let idle_ms = self
+                            .policy_ms(now)
+                            .saturating_sub(self.policy_ms(replica.last_access));
                         let candidate = VictimCandidate {
                             bytes: replica.allocated_bytes,
-                            accesses: u32::from(replica.access_count),
-                            idle,
-                            age: idle,
+                            reuse_probability,
+                            idle: Duration::from_millis(idle_ms),
+                            age,
                             // A replica being demoted is spoken for.
                             leased: replica.lease_count > 0 || self.demoting.contains(&id),
                         };
@@ -1485,6 +1520,25 @@ impl Directory {
             }
         }
         evicted
+    }
+
+    /// Records an access to `object` in the history; returns its frequency class.
+    fn record_access(&mut self, now: Timestamp, object: &ObjectId) -> usize {
+        let key = self.replicas.key_of(object);
+        let stats = self.history.record(key, self.policy_ms(now));
+        frequency_class(stats.count)
+    }
+
+    /// The frequency class of `object` from its recorded accesses.
+    fn access_class(&self, object: &ObjectId) -> usize {
+        let key = self.replicas.key_of(object);
+        frequency_class(self.history.stats(key).map_or(1, |stats| stats.count))
+    }
+
+    /// `now` on the policy's clock, in milliseconds: the directory's clock times
+    /// `policy_time_scale` (1 except when a trace is replayed faster than it was recorded).
+    fn policy_ms(&self, now: Timestamp) -> u64 {
+        (now.0 as f64 / 1e6 * self.config.policy_time_scale) as u64
     }
 
     /// A lease was removed by expiry: update its replica.

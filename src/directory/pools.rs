@@ -171,6 +171,8 @@ pub struct PoolRecord {
     pub owner_session: Option<SessionId>,
     pub reserved_bytes: u64,
     pub ready_bytes: u64,
+    /// READY replicas, counted beside `ready_bytes` for the pool's mean object size.
+    pub ready_replicas: u64,
     pub retiring_bytes: u64,
     pub pinned_bytes: u64,
     /// For a shared pool, who may allocate where.
@@ -196,6 +198,7 @@ impl PoolRecord {
             owner_session,
             reserved_bytes: 0,
             ready_bytes: 0,
+            ready_replicas: 0,
             retiring_bytes: 0,
             pinned_bytes: 0,
             profile,
@@ -225,27 +228,46 @@ impl PoolRecord {
     pub fn commit(&mut self, bytes: u64) {
         self.abort(bytes);
         self.ready_bytes += bytes;
+        self.ready_replicas += 1;
     }
 
     /// A READY replica starts retiring.
     pub fn retire(&mut self, bytes: u64) {
+        self.drop_ready(bytes);
+        self.retiring_bytes += bytes;
+    }
+
+    fn drop_ready(&mut self, bytes: u64) {
         self.ready_bytes = self
             .ready_bytes
             .checked_sub(bytes)
             .expect("ready bytes underflow");
-        self.retiring_bytes += bytes;
+        self.ready_replicas = self
+            .ready_replicas
+            .checked_sub(1)
+            .expect("ready replicas underflow");
+    }
+
+    /// About how many objects the pool holds when full: its capacity over the mean size of
+    /// its READY objects (over its page size while it holds none).
+    pub fn object_capacity(&self) -> u64 {
+        let object_bytes = self
+            .ready_bytes
+            .checked_div(self.ready_replicas)
+            .unwrap_or(self.spec.page_bytes);
+        self.spec.capacity_bytes / object_bytes.max(1)
     }
 
     /// A replica's storage was reclaimed (or dropped with its owner's epoch).
     pub fn free(&mut self, bytes: u64, retiring: bool) {
-        let counter = if retiring {
-            &mut self.retiring_bytes
+        if retiring {
+            self.retiring_bytes = self
+                .retiring_bytes
+                .checked_sub(bytes)
+                .expect("retiring bytes underflow");
         } else {
-            &mut self.ready_bytes
-        };
-        *counter = counter
-            .checked_sub(bytes)
-            .expect("allocated bytes underflow");
+            self.drop_ready(bytes);
+        }
     }
 
     /// A replica's first lease was granted (`pinned`) or its last released.

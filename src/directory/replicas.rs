@@ -2,11 +2,13 @@
 //! the object's first replica. An object's replicas form an intrusive list through their
 //! records, so a single-replica object costs one slab record and one 4-byte index entry.
 //! Replica ids carry the slot's reuse count, so an id kept after its replica was freed
-//! never names the slot's next occupant.
+//! never names the slot's next occupant. READY replicas are also on recency lists, one per
+//! pool and frequency class, so eviction finds each class's least recent replica at once.
 
 use crate::model::{
     AllocationId, Generation, Location, NodeId, ObjectId, PoolId, ReplicaId, Timestamp,
 };
+use crate::policy::history::FREQUENCY_CLASSES;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
@@ -51,8 +53,6 @@ pub struct Replica {
     pub owner: NodeId,
     pub state: ReplicaState,
     pub lease_count: u32,
-    /// Saturating count of acquires.
-    pub access_count: u16,
     /// Last acquire; while reserved, the reservation deadline.
     pub last_access: Timestamp,
     /// Logical length in bytes.
@@ -69,6 +69,8 @@ pub struct Replica {
     /// Neighbours in its pool's recency list (READY replicas only), or `NONE`.
     newer: u32,
     older: u32,
+    /// The frequency class whose recency list holds it (meaningful while listed).
+    class: u8,
 }
 
 impl Replica {
@@ -106,8 +108,9 @@ pub struct ReplicaTable {
     index: HashTable<u32>,
     hasher: foldhash::fast::FixedState,
     replicas_max: u32,
-    /// Per pool: the most and least recently used READY replica (slot indices).
-    recency: Vec<(u32, u32)>,
+    /// Per pool and frequency class: the most and least recently used READY replica (slot
+    /// indices).
+    recency: Vec<[(u32, u32); FREQUENCY_CLASSES]>,
 }
 
 fn split(id: ReplicaId) -> (u32, u32) {
@@ -146,6 +149,11 @@ impl ReplicaTable {
 
     fn hash(&self, object: &ObjectId) -> u64 {
         self.hasher.hash_one(object)
+    }
+
+    /// A 64-bit key of `object` (its index hash), for tables that outlive its replicas.
+    pub fn key_of(&self, object: &ObjectId) -> u64 {
+        self.hash(object)
     }
 
     /// The replica named by `id`, if it is live and the id is current.
@@ -204,7 +212,6 @@ impl ReplicaTable {
             owner: new.owner,
             state: ReplicaState::Reserved,
             lease_count: 0,
-            access_count: 0,
             last_access: new.deadline,
             length_bytes: new.length_bytes,
             allocated_bytes: new.allocated_bytes,
@@ -215,6 +222,7 @@ impl ReplicaTable {
             next: head.unwrap_or(NONE),
             newer: NONE,
             older: NONE,
+            class: 0,
         };
         let slot = if self.free_head != NONE {
             let slot = self.free_head;
@@ -303,25 +311,28 @@ impl ReplicaTable {
         Some(removed)
     }
 
-    /// Puts a READY replica at the most recent end of its pool's recency list (linking it
-    /// if it is not listed yet).
-    pub fn touch(&mut self, id: ReplicaId) {
+    /// Puts a READY replica at the most recent end of the recency list of its pool and
+    /// frequency `class` (clamped to the last class), moving it from the list it was on.
+    pub fn touch(&mut self, id: ReplicaId, class: usize) {
         let Some(pool) = self.get(id).map(|replica| replica.pool.0 as usize) else {
             return;
         };
+        let class = class.min(FREQUENCY_CLASSES - 1);
         self.unlink_recency(id);
         let (slot, _) = split(id);
         if self.recency.len() <= pool {
-            self.recency.resize(pool + 1, (NONE, NONE));
+            self.recency
+                .resize(pool + 1, [(NONE, NONE); FREQUENCY_CLASSES]);
         }
-        let (newest, oldest) = self.recency[pool];
+        let (newest, oldest) = self.recency[pool][class];
         let entry = &mut self.slots[slot as usize];
         entry.newer = NONE;
         entry.older = newest;
+        entry.class = class as u8;
         if newest != NONE {
             self.slots[newest as usize].newer = slot;
         }
-        self.recency[pool] = (slot, if oldest == NONE { slot } else { oldest });
+        self.recency[pool][class] = (slot, if oldest == NONE { slot } else { oldest });
     }
 
     /// Takes a replica off its pool's recency list (no-op when not listed).
@@ -330,20 +341,25 @@ impl ReplicaTable {
             return;
         };
         let (slot, _) = split(id);
-        let (pool, newer, older) = (replica.pool.0 as usize, replica.newer, replica.older);
-        let Some(&(newest, oldest)) = self.recency.get(pool) else {
+        let (pool, class, newer, older) = (
+            replica.pool.0 as usize,
+            replica.class as usize,
+            replica.newer,
+            replica.older,
+        );
+        let Some(&(newest, oldest)) = self.recency.get(pool).map(|lists| &lists[class]) else {
             return;
         };
         if newer == NONE && older == NONE && newest != slot {
             return;
         }
         if newer == NONE {
-            self.recency[pool].0 = older;
+            self.recency[pool][class].0 = older;
         } else {
             self.slots[newer as usize].older = older;
         }
         if older == NONE {
-            self.recency[pool].1 = newer;
+            self.recency[pool][class].1 = newer;
         } else {
             self.slots[older as usize].newer = newer;
         }
@@ -353,11 +369,16 @@ impl ReplicaTable {
         entry.older = NONE;
     }
 
-    /// READY replicas of `pool`, least recently used first.
-    pub fn coldest(&self, pool: PoolId) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
+    /// READY replicas of `pool` in frequency `class`, least recently used first.
+    pub fn coldest(
+        &self,
+        pool: PoolId,
+        class: usize,
+    ) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
         let mut cursor = self
             .recency
             .get(pool.0 as usize)
+            .and_then(|lists| lists.get(class))
             .map_or(NONE, |(_, oldest)| *oldest);
         std::iter::from_fn(move || {
             if cursor == NONE {

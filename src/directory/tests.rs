@@ -1462,3 +1462,90 @@ fn measured_profiles_price_demotion_and_operator_overrides_win() {
     assert_eq!(demotions_under_pressure(&mut fixture, &a), 2);
     fixture.directory.check_invariants();
 }
+
+impl Fixture {
+    /// Leases `objects` in one batch (a prompt's chunks in order) and releases them.
+    fn load_batch(&mut self, node: &NodeHandle, objects: &[ObjectId]) {
+        let leases: Vec<LeaseId> = self
+            .directory
+            .acquire(self.now, node.session, objects, AcquireMode::Each)
+            .unwrap()
+            .into_iter()
+            .map(|outcome| match outcome {
+                AcquireOutcome::Leased(lease) => lease.lease,
+                other => panic!("expected a lease: {other:?}"),
+            })
+            .collect();
+        self.directory.release(node.session, &leases).unwrap();
+    }
+
+    /// Advances the clock by `seconds`, keeps `node` alive, ticks, and returns which of
+    /// `objects` are still hits.
+    fn tick_after(&mut self, seconds: u64, node: &NodeHandle, objects: &[ObjectId]) -> Vec<bool> {
+        self.now = self.now + Duration::from_secs(seconds);
+        self.directory
+            .heartbeat(self.now, node.session, None)
+            .unwrap();
+        self.directory.tick(self.now);
+        self.directory.check_invariants();
+        self.directory
+            .probe(node.session, objects)
+            .unwrap()
+            .iter()
+            .map(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+            .collect()
+    }
+}
+
+#[test]
+fn eviction_keeps_what_is_reused_over_what_is_recent() {
+    let config = DirectoryConfig {
+        high_watermark_percent: 90,
+        low_watermark_percent: 50,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![]);
+    let objects: Vec<ObjectId> = (0..4).map(|index| fixture.object(index)).collect();
+    for object in &objects[..2] {
+        fixture.store(&a, *object, MIB);
+    }
+    for _ in 0..3 {
+        fixture.now = fixture.now + Duration::from_secs(1);
+        fixture.load_batch(&a, &objects[..2]);
+    }
+    // Two one-timers, stored after the reused pair was last read.
+    fixture.now = fixture.now + Duration::from_secs(5);
+    for object in &objects[2..] {
+        fixture.store(&a, *object, MIB);
+    }
+    assert_eq!(
+        fixture.tick_after(1, &a, &objects),
+        [true, true, false, false],
+        "the one-timers go although they are the most recent"
+    );
+}
+
+#[test]
+fn a_prefix_loses_its_tail_before_its_head() {
+    let config = DirectoryConfig {
+        high_watermark_percent: 90,
+        low_watermark_percent: 75,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![]);
+    let objects: Vec<ObjectId> = (0..4).map(|index| fixture.object(index)).collect();
+    for object in &objects {
+        fixture.store(&a, *object, MIB);
+    }
+    // Two prompts of two chunks each, read at the same moment: equal frequency and age.
+    fixture.now = fixture.now + Duration::from_secs(1);
+    fixture.load_batch(&a, &objects[..2]);
+    fixture.load_batch(&a, &objects[2..]);
+    assert_eq!(
+        fixture.tick_after(1, &a, &objects),
+        [true, false, true, true],
+        "one eviction takes the first prompt's tail, not its head"
+    );
+}

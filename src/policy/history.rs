@@ -1,14 +1,15 @@
 //! Access history: per-object frequency and recency, and the reuse probability per
 //! frequency class learned from it — the online stand-in for Belady's knowledge of the
-//! future. Bounded by [`HISTORY_ENTRIES_MAX`].
+//! future. Bounded by [`HISTORY_ENTRIES_MAX`] with two generations: when the current one
+//! is full it becomes the previous one and the older is forgotten, so a long-running
+//! directory keeps learning new objects and forgets those unseen for two generations.
 
 use std::collections::HashMap;
 
 use super::BlockId;
 
-/// Most objects whose history is remembered. 2^21 entries (about 48 MiB of metadata) is
-/// eleven times the distinct blocks of the bundled trace; past it new objects are counted
-/// as dropped and treated as first seen.
+/// Most objects whose history is remembered, over both generations. 2^21 entries (about
+/// 64 MiB of metadata) is seven times the distinct blocks of the bundled trace.
 pub const HISTORY_ENTRIES_MAX: usize = 1 << 21;
 
 /// Number of frequency classes: seen once, twice, three times, four or more. More classes
@@ -25,12 +26,16 @@ pub struct AccessStats {
 }
 
 /// Frequency and recency of every object seen, and per-class reuse counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct History {
     entries: HashMap<BlockId, AccessStats>,
+    /// The generation before `entries`; consulted (and moved from) on an access.
+    previous: HashMap<BlockId, AccessStats>,
+    /// Entries per generation: `HISTORY_ENTRIES_MAX / 2` unless built smaller for a test.
+    generation_entries: usize,
     class_entered: [u64; FREQUENCY_CLASSES],
     class_reused: [u64; FREQUENCY_CLASSES],
-    dropped: u64,
+    forgotten: u64,
 }
 
 /// The class of an object accessed `count` times (1-based; 0 is treated as 1).
@@ -38,49 +43,79 @@ pub fn frequency_class(count: u32) -> usize {
     (count.max(1) as usize).min(FREQUENCY_CLASSES) - 1
 }
 
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl History {
-    /// An empty history.
+    /// An empty history of at most [`HISTORY_ENTRIES_MAX`] entries.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_entries(HISTORY_ENTRIES_MAX)
+    }
+
+    /// An empty history of at most `entries` entries (at least 2).
+    pub fn with_entries(entries: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            previous: HashMap::new(),
+            generation_entries: (entries / 2).max(1),
+            class_entered: [0; FREQUENCY_CLASSES],
+            class_reused: [0; FREQUENCY_CLASSES],
+            forgotten: 0,
+        }
     }
 
     /// Records an access to `block` at `now_ms` and returns its stats including it.
-    /// When the history is full a new object is not remembered (counted in
-    /// [`History::dropped`]) and reported as first seen.
     pub fn record(&mut self, block: BlockId, now_ms: u64) -> AccessStats {
-        let full = self.entries.len() >= HISTORY_ENTRIES_MAX;
-        let stats = match self.entries.get_mut(&block) {
+        let known = match self.entries.get(&block) {
+            Some(stats) => Some(*stats),
+            None => self.previous.remove(&block),
+        };
+        let stats = match known {
             Some(stats) => {
                 self.class_reused[frequency_class(stats.count)] += 1;
-                stats.count = stats.count.saturating_add(1);
-                stats.last_ms = stats.last_ms.max(now_ms);
-                *stats
-            }
-            None => {
-                let stats = AccessStats {
-                    count: 1,
-                    last_ms: now_ms,
-                };
-                if full {
-                    self.dropped += 1;
-                } else {
-                    self.entries.insert(block, stats);
+                AccessStats {
+                    count: stats.count.saturating_add(1),
+                    last_ms: stats.last_ms.max(now_ms),
                 }
-                stats
             }
+            None => AccessStats {
+                count: 1,
+                last_ms: now_ms,
+            },
         };
+        if !self.entries.contains_key(&block) && self.entries.len() >= self.generation_entries {
+            self.forgotten += self.previous.len() as u64;
+            self.previous = std::mem::take(&mut self.entries);
+        }
+        self.entries.insert(block, stats);
         self.class_entered[frequency_class(stats.count)] += 1;
         stats
     }
 
     /// The stats of `block`, if remembered.
     pub fn stats(&self, block: BlockId) -> Option<AccessStats> {
-        self.entries.get(&block).copied()
+        self.entries
+            .get(&block)
+            .or_else(|| self.previous.get(&block))
+            .copied()
     }
 
-    /// Objects not remembered because the history was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
+    /// Objects forgotten because two newer generations filled up since their last access.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
+    /// Objects remembered now.
+    pub fn len(&self) -> usize {
+        self.entries.len() + self.previous.len()
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The learned probability that an object accessed `count` times is accessed again:
@@ -136,5 +171,27 @@ mod tests {
         assert!(history.reuse_probability(100) >= history.reuse_probability(2));
         assert_eq!(frequency_class(0), 0);
         assert_eq!(frequency_class(u32::MAX), FREQUENCY_CLASSES - 1);
+    }
+
+    #[test]
+    fn a_full_history_ages_by_generations_and_stays_bounded() {
+        let mut history = History::with_entries(4);
+        history.record(1, 0);
+        history.record(1, 1);
+        history.record(2, 2);
+        // Generation full (2 entries): 3 starts a new one; 1 and 2 are still known.
+        history.record(3, 3);
+        assert_eq!(history.stats(1).map(|stats| stats.count), Some(2));
+        // An access moves 1 into the current generation with its count.
+        assert_eq!(history.record(1, 4).count, 3);
+        // The next rotation forgets 2, never accessed since.
+        history.record(4, 5);
+        assert_eq!(history.stats(2), None);
+        assert_eq!(history.forgotten(), 1);
+        assert_eq!(history.stats(1).map(|stats| stats.count), Some(3));
+        for block in 10..1_000 {
+            history.record(block, block);
+            assert!(history.len() <= 4);
+        }
     }
 }

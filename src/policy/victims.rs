@@ -1,19 +1,21 @@
-//! Victim choice for pool eviction: among the least recently used READY replicas of a pool
-//! under pressure, which one is worth least. Pure: candidates in, a choice and its reason
-//! out; the directory retires the choice.
+//! Victim choice for pool eviction: among the least recently used READY replicas of each
+//! frequency class of a pool under pressure, which one is worth least. Pure: candidates in,
+//! a choice and its reason out; the directory retires (or demotes) the choice.
 //!
-//! Worth is expected reuse per byte held: `(accesses + 1) / (idle + horizon) / bytes`.
-//! Frequency protects hot prefixes that were not touched in the last moments, recency
-//! protects new ones, size makes a large cold object go before a small cold one. Leased
+//! Worth is kvtier's value ([`super::eviction::Kvtier`]) per byte held:
+//! `reuse_probability / (idle + horizon) / bytes`. The reuse probability is learned per
+//! frequency class from the access history, the hazard `1 / (idle + horizon)` decays with
+//! idle time, and size makes a large cold object go before a small cold one. Leased
 //! replicas and replicas younger than the minimum residency are never chosen.
 
 use std::time::Duration;
 
+use super::eviction::horizon_ms_for_capacity;
+
 /// Settings of victim choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VictimConfig {
-    /// Idle time added to every candidate's, so a replica never idle is not infinitely
-    /// valuable; about the reuse distance of a hot prefix.
+    /// Idle time at which a replica's hazard has halved; see [`VictimConfig::for_capacity`].
     pub horizon: Duration,
     /// A replica committed or read more recently than this is not evicted: the engine that
     /// stored a chunk usually reads it back within moments (a burst of stores must not
@@ -22,23 +24,30 @@ pub struct VictimConfig {
     pub min_residency: Duration,
 }
 
-impl Default for VictimConfig {
-    fn default() -> Self {
+/// The shortest residency before a replica may be evicted.
+pub const MIN_RESIDENCY: Duration = Duration::from_millis(20);
+
+impl VictimConfig {
+    /// The settings for a pool holding about `objects` objects: the horizon kvtier's
+    /// order uses for a cache of that many blocks (a small cache weighs frequency, a
+    /// large one recency).
+    pub fn for_capacity(objects: u64) -> Self {
         VictimConfig {
-            horizon: Duration::from_secs(120),
-            min_residency: Duration::from_millis(20),
+            horizon: Duration::from_millis(horizon_ms_for_capacity(objects)),
+            min_residency: MIN_RESIDENCY,
         }
     }
 }
 
 /// One eviction candidate, as the directory sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct VictimCandidate {
     pub bytes: u64,
-    pub accesses: u32,
-    /// Time since its last access (or its commit, if never read).
+    /// The learned probability that an object of its frequency class is accessed again.
+    pub reuse_probability: f64,
+    /// Time since its last access (or its commit, if never read), on the policy's clock.
     pub idle: Duration,
-    /// Time since its commit.
+    /// Time since its last access or commit, on the directory's clock.
     pub age: Duration,
     pub leased: bool,
 }
@@ -54,8 +63,13 @@ pub enum VictimReason {
 
 /// Expected reuse per byte of a candidate (higher is more valuable).
 pub fn worth(candidate: &VictimCandidate, config: &VictimConfig) -> f64 {
-    let idle_seconds = (candidate.idle + config.horizon).as_secs_f64();
-    (f64::from(candidate.accesses) + 1.0) / idle_seconds / candidate.bytes.max(1) as f64
+    let hazard = 1.0 / (candidate.idle + config.horizon).as_secs_f64().max(1e-9);
+    candidate.reuse_probability * hazard / candidate.bytes.max(1) as f64
+}
+
+/// Whether the candidate may be evicted at all.
+pub fn eligible(candidate: &VictimCandidate, config: &VictimConfig) -> bool {
+    !candidate.leased && candidate.age >= config.min_residency
 }
 
 /// The index of the candidate to evict, or `None` with the reason.
@@ -66,7 +80,7 @@ pub fn choose(
     let chosen = candidates
         .iter()
         .enumerate()
-        .filter(|(_, candidate)| !candidate.leased && candidate.age >= config.min_residency)
+        .filter(|(_, candidate)| eligible(candidate, config))
         .min_by(|(_, left), (_, right)| worth(left, config).total_cmp(&worth(right, config)))
         .map(|(index, _)| index);
     match chosen {
@@ -78,11 +92,12 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::eviction::{HORIZON_MS_MAX, HORIZON_MS_MIN};
 
-    fn candidate(bytes: u64, accesses: u32, idle_seconds: u64) -> VictimCandidate {
+    fn candidate(bytes: u64, reuse_probability: f64, idle_seconds: u64) -> VictimCandidate {
         VictimCandidate {
             bytes,
-            accesses,
+            reuse_probability,
             idle: Duration::from_secs(idle_seconds),
             age: Duration::from_secs(600),
             leased: false,
@@ -91,22 +106,25 @@ mod tests {
 
     #[test]
     fn table_of_choices() {
-        let config = VictimConfig::default();
+        let config = VictimConfig {
+            horizon: Duration::from_secs(120),
+            min_residency: MIN_RESIDENCY,
+        };
         let cases: Vec<(&str, Vec<VictimCandidate>, Option<usize>)> = vec![
             ("empty", vec![], None),
             (
                 "colder goes first",
-                vec![candidate(1 << 20, 1, 10), candidate(1 << 20, 1, 500)],
+                vec![candidate(1 << 20, 0.2, 10), candidate(1 << 20, 0.2, 500)],
                 Some(1),
             ),
             (
-                "frequency protects",
-                vec![candidate(1 << 20, 50, 300), candidate(1 << 20, 0, 100)],
+                "a likely reuse protects",
+                vec![candidate(1 << 20, 0.9, 300), candidate(1 << 20, 0.1, 100)],
                 Some(1),
             ),
             (
                 "larger goes first",
-                vec![candidate(1 << 20, 1, 100), candidate(4 << 20, 1, 100)],
+                vec![candidate(1 << 20, 0.2, 100), candidate(4 << 20, 0.2, 100)],
                 Some(1),
             ),
             (
@@ -114,9 +132,9 @@ mod tests {
                 vec![
                     VictimCandidate {
                         leased: true,
-                        ..candidate(1, 0, 9999)
+                        ..candidate(1, 0.01, 9999)
                     },
-                    candidate(1 << 20, 9, 1),
+                    candidate(1 << 20, 0.9, 1),
                 ],
                 Some(1),
             ),
@@ -124,7 +142,7 @@ mod tests {
                 "young never",
                 vec![VictimCandidate {
                     age: Duration::ZERO,
-                    ..candidate(1, 0, 9999)
+                    ..candidate(1, 0.01, 9999)
                 }],
                 None,
             ),
@@ -132,7 +150,7 @@ mod tests {
                 "all leased",
                 vec![VictimCandidate {
                     leased: true,
-                    ..candidate(1, 0, 1)
+                    ..candidate(1, 0.01, 1)
                 }],
                 None,
             ),
@@ -141,5 +159,21 @@ mod tests {
             assert_eq!(choose(&candidates, &config).0, expected, "{name}");
         }
         assert_eq!(choose(&[], &config).1, VictimReason::NoneEligible);
+    }
+
+    #[test]
+    fn the_horizon_follows_kvtiers_order() {
+        assert_eq!(
+            VictimConfig::for_capacity(3_000).horizon,
+            Duration::from_millis(160_000)
+        );
+        assert_eq!(
+            VictimConfig::for_capacity(0).horizon,
+            Duration::from_millis(HORIZON_MS_MAX)
+        );
+        assert_eq!(
+            VictimConfig::for_capacity(u64::MAX).horizon,
+            Duration::from_millis(HORIZON_MS_MIN)
+        );
     }
 }

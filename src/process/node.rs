@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 /// How long a starting node keeps trying to reach the directory.
 const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
-/// How often the node fetches tasks (reclaims) from the directory.
-const TASK_INTERVAL: Duration = Duration::from_millis(50);
+/// How often the node fetches tasks (reclaims) from the directory; also the directory's
+/// default tick.
+pub const TASK_INTERVAL: Duration = Duration::from_millis(50);
 /// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
 const ALLOCATIONS_MAX: u32 = 1 << 22;
 

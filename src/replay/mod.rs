@@ -1,7 +1,12 @@
 //! `kvtier replay`: replays a Mooncake-format trace through the tiers, in process and
 //! metadata only, under kvtier's policy and the LRU, S3-FIFO and Belady baselines at the
 //! same capacity, and reports hit ratio, prefill saved, bytes moved and estimated TTFT.
+//! On one tier it also replays the trace through the directory core itself
+//! (`kvtier_directory`: the policy as the cluster runs it, watermarks and reclaim lag
+//! included), and `--live` drives a running cluster with it ([`live`]).
 
+pub mod cluster;
+pub mod live;
 pub mod report;
 pub mod sim;
 pub mod trace;
@@ -54,15 +59,55 @@ pub struct ReplayArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also drive a running cluster (a directory and one node started on loopback) with
+    /// the trace, storing and loading real chunks, and compare its hit ratio with the
+    /// directory core's replay. One DRAM tier only.
+    #[arg(long)]
+    pub live: bool,
+    /// Replay only the first REQUESTS requests of the trace.
+    #[arg(long, value_name = "REQUESTS")]
+    pub requests: Option<usize>,
+    /// With --live: how many times faster than recorded the trace runs.
+    #[arg(long, value_name = "FACTOR", default_value_t = 60.0)]
+    pub speedup: f64,
+    /// With --live: bytes of the chunk stored per block (a power of two; the node's pool
+    /// holds capacity × this).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
+    pub chunk_bytes: u64,
 }
 
 /// Runs the replay described by `args` and prints its report on stdout (a progress bar
-/// goes to stderr when it is a terminal). Fails on an unreadable or malformed trace or
-/// invalid options.
-pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let (source, requests) = load(args.trace.as_deref())?;
+/// goes to stderr when it is a terminal); `exe` is this binary, started as the cluster's
+/// processes by `--live`. Fails on an unreadable or malformed trace or invalid options.
+pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
+    let (source, mut requests) = load(args.trace.as_deref())?;
+    if let Some(limit) = args.requests {
+        requests.truncate(limit);
+    }
     let config = sim_config(args)?;
-    let report = replay(&requests, &config, &policies(&args.policy), &source)?;
+    let mut report = replay(&requests, &config, &policies(&args.policy), &source)?;
+    if config.tiers.len() == 1 {
+        let simulation = directory_replay(args, &config, 1.0)?;
+        let mut bar = ProgressBar::new(report::KVTIER_DIRECTORY, requests.len());
+        let tally = cluster::simulate(&requests, &simulation, &mut |done| bar.update(done))?;
+        bar.finish();
+        report.results.push(report::PolicyReport::new(
+            report::KVTIER_DIRECTORY.to_string(),
+            &tally.outcome(),
+        ));
+    }
+    if args.live {
+        anyhow::ensure!(
+            config.tiers.len() == 1 && config.tiers[0].profile.kind == TierKind::Dram,
+            "--live drives one node with one CPU pool: give --capacity, or --tiers with one dram tier"
+        );
+        anyhow::ensure!(
+            args.speedup.is_finite() && args.speedup >= 1.0,
+            "--speedup must be at least 1"
+        );
+        let simulation = directory_replay(args, &config, args.speedup)?;
+        report.live = Some(live::run(exe, &requests, &simulation)?);
+    }
     let mut stdout = std::io::stdout().lock();
     if args.json {
         writeln!(stdout, "{}", report.to_json())?;
@@ -70,6 +115,34 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         write!(stdout, "{}", report.to_table())?;
     }
     Ok(())
+}
+
+/// The replay of the single tier of `config` through the directory core at `speedup`.
+fn directory_replay(
+    args: &ReplayArgs,
+    config: &SimConfig,
+    speedup: f64,
+) -> anyhow::Result<cluster::ClusterSimConfig> {
+    anyhow::ensure!(
+        args.chunk_bytes.is_power_of_two(),
+        "--chunk-bytes must be a power of two"
+    );
+    let tier = &config.tiers[0];
+    Ok(cluster::ClusterSimConfig {
+        blocks: u64::try_from(tier.blocks)?,
+        chunk_bytes: args.chunk_bytes,
+        directory: crate::directory::DirectoryConfig {
+            policy_time_scale: speedup,
+            ..crate::directory::DirectoryConfig::default()
+        },
+        speedup,
+        period: crate::process::node::TASK_INTERVAL,
+        pricing: cluster::Pricing {
+            cost: config.cost,
+            profile: tier.profile.clone(),
+            block_bytes: u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token),
+        },
+    })
 }
 
 fn policies(chosen: &[PolicyKind]) -> Vec<PolicyKind> {
@@ -217,6 +290,7 @@ pub fn replay(
         requests: requests.len(),
         tiers: config.tiers.clone(),
         results,
+        live: None,
     })
 }
 
@@ -294,6 +368,10 @@ mod tests {
             wear_admit_frequency_min: 1,
             policy: Vec::new(),
             json: true,
+            live: false,
+            requests: None,
+            speedup: 60.0,
+            chunk_bytes: 64 << 10,
         };
         let report = replay(
             &requests,

@@ -5,10 +5,14 @@ use std::fmt::Write;
 
 use serde_json::{json, Value};
 
+use super::live::{LiveOutcome, AGREEMENT_TOLERANCE};
 use super::sim::{Outcome, PolicyKind, TierSpec};
 
 /// Report key of LRU restricted to the hottest tier (printed with several tiers).
 pub const LRU_TOP_TIER_ONLY: &str = "lru_top_tier_only";
+/// Report key of the replay through the directory core: kvtier's policy as the cluster
+/// runs it (one tier).
+pub const KVTIER_DIRECTORY: &str = "kvtier_directory";
 
 /// The report key of `policy`.
 pub fn policy_name(policy: PolicyKind) -> &'static str {
@@ -83,6 +87,8 @@ pub struct Report {
     pub tiers: Vec<TierSpec>,
     /// One entry per run, in run order.
     pub results: Vec<PolicyReport>,
+    /// The live run against a cluster and its simulation, with `--live`.
+    pub live: Option<LiveOutcome>,
 }
 
 impl Report {
@@ -99,12 +105,18 @@ impl Report {
     /// single tier and the gap is not zero. 1 means as good as Belady; negative means worse
     /// than LRU. Over several tiers Belady per tier is no longer an optimum, so none.
     pub fn belady_gap_closed(&self) -> Option<f64> {
+        self.gap_closed_by("kvtier")
+    }
+
+    /// The fraction of the LRU→Belady gap the run `name` closes (see
+    /// [`Report::belady_gap_closed`]).
+    pub fn gap_closed_by(&self, name: &str) -> Option<f64> {
         if self.tiers.len() != 1 {
             return None;
         }
-        let (lru, belady, kvtier) = (self.get("lru")?, self.get("belady")?, self.get("kvtier")?);
+        let (lru, belady, policy) = (self.get("lru")?, self.get("belady")?, self.get(name)?);
         let gap = belady.token_hit_ratio - lru.token_hit_ratio;
-        (gap.abs() > f64::EPSILON).then(|| (kvtier.token_hit_ratio - lru.token_hit_ratio) / gap)
+        (gap.abs() > f64::EPSILON).then(|| (policy.token_hit_ratio - lru.token_hit_ratio) / gap)
     }
 
     /// One JSON object: `capacity_blocks`, `tiers`, `requests`, `trace`, `policies` keyed
@@ -137,6 +149,22 @@ impl Report {
         }
         if let Some(closed) = self.belady_gap_closed() {
             object["belady_gap_closed"] = json!(closed);
+        }
+        if let Some(live) = &self.live {
+            object["live"] = json!({
+                "token_hit_ratio": live.live.token_hit_ratio(),
+                "simulated_token_hit_ratio": live.simulated.token_hit_ratio(),
+                "difference": live.difference(),
+                "tolerance": AGREEMENT_TOLERANCE,
+                "agrees": live.agrees(),
+                "chunks_stored": live.live.stored,
+                "chunks_skipped": live.live.skipped,
+                "simulated_chunks_stored": live.simulated.stored,
+                "simulated_chunks_skipped": live.simulated.skipped,
+                "chunks_verified": live.verified_chunks,
+                "schedule_lag_max_ms": live.lag_max.as_secs_f64() * 1e3,
+                "elapsed_s": live.elapsed.as_secs_f64(),
+            });
         }
         object.to_string()
     }
@@ -171,11 +199,34 @@ impl Report {
                 result.ttft_p95_ms
             );
         }
-        if let Some(closed) = self.belady_gap_closed() {
+        for name in ["kvtier", KVTIER_DIRECTORY] {
+            if let Some(closed) = self.gap_closed_by(name) {
+                let _ = writeln!(
+                    out,
+                    "{name} closes {:.1}% of the LRU→Belady gap",
+                    closed * 100.0
+                );
+            }
+        }
+        if let Some(live) = &self.live {
             let _ = writeln!(
                 out,
-                "kvtier closes {:.1}% of the LRU→Belady gap",
-                closed * 100.0
+                "live cluster: token hit ratio {:.4} against {:.4} for its directory core replayed in process: {} (|difference| {:.4}, tolerance {AGREEMENT_TOLERANCE})",
+                live.live.token_hit_ratio(),
+                live.simulated.token_hit_ratio(),
+                if live.agrees() { "they agree" } else { "they DISAGREE" },
+                live.difference()
+            );
+            let _ = writeln!(
+                out,
+                "  chunks stored {} / skipped {} (simulated {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
+                live.live.stored,
+                live.live.skipped,
+                live.simulated.stored,
+                live.simulated.skipped,
+                live.verified_chunks,
+                live.lag_max.as_secs_f64() * 1e3,
+                live.elapsed.as_secs_f64()
             );
         }
         out

@@ -46,12 +46,17 @@ impl KvtierConfig {
     /// stack, so every tier ranks blocks alike): the horizon shrinks as the capacity grows,
     /// `HORIZON_BLOCK_MS / blocks` clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
     pub fn for_capacity(blocks: usize) -> Self {
-        let blocks = u64::try_from(blocks.max(1)).unwrap_or(u64::MAX);
         Self {
-            horizon_ms: (HORIZON_BLOCK_MS / blocks).clamp(HORIZON_MS_MIN, HORIZON_MS_MAX),
+            horizon_ms: horizon_ms_for_capacity(u64::try_from(blocks).unwrap_or(u64::MAX)),
             ..Self::default()
         }
     }
+}
+
+/// The horizon of a cache of `blocks` blocks, in milliseconds: `HORIZON_BLOCK_MS / blocks`
+/// clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
+pub fn horizon_ms_for_capacity(blocks: u64) -> u64 {
+    (HORIZON_BLOCK_MS / blocks.max(1)).clamp(HORIZON_MS_MIN, HORIZON_MS_MAX)
 }
 
 impl Default for KvtierConfig {

@@ -8,7 +8,7 @@ mod lru;
 mod s3fifo;
 
 pub use belady::Belady;
-pub use kvtier::{Kvtier, KvtierConfig};
+pub use kvtier::{horizon_ms_for_capacity, Kvtier, KvtierConfig, HORIZON_MS_MAX, HORIZON_MS_MIN};
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 

@@ -1,0 +1,309 @@
+//! The cluster's policy, replayed in process: the trace drives the directory core (the
+//! state machine the directory process runs, with its watermarks, victim choice and
+//! reclaim tasks) through an injected clock, metadata only. It steps the way the running
+//! cluster does: the directory ticks and the node polls its tasks every
+//! [`ClusterSimConfig::period`]; a load is probe, acquire, release; a store is reserve then
+//! commit. `kvtier replay --live` runs the same requests against real processes, and the two
+//! hit ratios must agree.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::sim::Outcome;
+use super::trace::Request;
+use crate::demo::demo_namespace;
+use crate::directory::{
+    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, OpenRequest,
+    ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
+};
+use crate::model::{
+    AllocationId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId, PoolSpec,
+    PrefixDigest, Scope, SessionId, Timestamp,
+};
+use crate::policy::cost::CostModel;
+use crate::policy::profiles::TierProfile;
+
+/// How the replayed cluster is built and clocked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSimConfig {
+    /// Blocks the one node's CPU pool holds.
+    pub blocks: u64,
+    /// Bytes of one block's chunk (the pool's page size: a power of two).
+    pub chunk_bytes: u64,
+    /// The directory's limits (watermarks, leases, victim window).
+    pub directory: DirectoryConfig,
+    /// Trace time runs this many times faster than the cluster's clock sees it: the live
+    /// run replays an hour-long trace in a minute, and the simulation clocks the directory
+    /// the same way so its time-dependent choices match.
+    pub speedup: f64,
+    /// How often the directory ticks and the node polls its tasks, on the cluster's clock.
+    pub period: Duration,
+    /// How the time to first token is estimated.
+    pub pricing: Pricing,
+}
+
+/// The cost model that turns hits into an estimated time to first token: the model's
+/// prefill cost, and the profile and block size the cached blocks are read at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pricing {
+    pub cost: CostModel,
+    /// The tier the pool models (DRAM for a CPU pool).
+    pub profile: TierProfile,
+    /// Bytes of a 512-token block of the modelled model (not the replayed chunk's size).
+    pub block_bytes: u64,
+}
+
+impl Pricing {
+    /// Estimated time to first token of `request` when its first `loaded` blocks are read
+    /// from the cache and the rest is prefilled, in microseconds.
+    pub fn ttft_us(&self, request: &Request, loaded: usize) -> f64 {
+        let served: f64 = (0..loaded)
+            .map(|position| {
+                self.cost.serve_us(
+                    &self.profile,
+                    self.block_bytes,
+                    request.block_tokens(position),
+                )
+            })
+            .sum();
+        let hit: u64 = (0..loaded)
+            .map(|position| u64::from(request.block_tokens(position)))
+            .sum();
+        let missed = u64::from(request.input_tokens).saturating_sub(hit);
+        served + missed as f64 * self.cost.prefill_us_per_token
+    }
+}
+
+/// The hit accounting of one replay through a cluster (simulated or live).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterTally {
+    /// Prompt tokens of all requests.
+    pub input_tokens: u64,
+    /// Prompt tokens served from the cache: the leading blocks found and read.
+    pub hit_tokens: u64,
+    /// Chunks written.
+    pub stored: u64,
+    /// Stores refused for want of room.
+    pub skipped: u64,
+    /// Estimated time to first token of each request, in microseconds, in trace order.
+    pub ttft_us: Vec<f64>,
+}
+
+impl ClusterTally {
+    /// Hit tokens over input tokens.
+    pub fn token_hit_ratio(&self) -> f64 {
+        self.hit_tokens as f64 / self.input_tokens.max(1) as f64
+    }
+
+    /// Counts one request whose first `loaded` blocks came from the cache.
+    pub fn count_request(&mut self, request: &Request, loaded: usize, pricing: &Pricing) {
+        self.input_tokens += u64::from(request.input_tokens);
+        self.hit_tokens += (0..loaded)
+            .map(|position| u64::from(request.block_tokens(position)))
+            .sum::<u64>();
+        self.ttft_us.push(pricing.ttft_us(request, loaded));
+    }
+
+    /// The replay outcome these counts make (one tier: nothing moves between tiers).
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            input_tokens: self.input_tokens,
+            hit_tokens: self.hit_tokens,
+            bytes_moved: 0,
+            ttft_us: self.ttft_us.clone(),
+        }
+    }
+}
+
+/// The object ids of a prompt's blocks, chained from the root as an engine connector
+/// names them, with their digests (which also seed the chunks' verifiable bytes).
+pub fn chain(namespace: NamespaceId, hash_ids: &[u64]) -> (Vec<ObjectId>, Vec<PrefixDigest>) {
+    let mut digest = PrefixDigest::ROOT;
+    let digests: Vec<PrefixDigest> = hash_ids
+        .iter()
+        .map(|hash_id| {
+            digest = digest.chain(&[(*hash_id & 0xffff_ffff) as u32, (*hash_id >> 32) as u32]);
+            digest
+        })
+        .collect();
+    let objects = digests
+        .iter()
+        .map(|prefix| ObjectId {
+            namespace,
+            prefix: *prefix,
+            shard: 0,
+            part: 0,
+        })
+        .collect();
+    (objects, digests)
+}
+
+/// One node and its directory, stepped by the trace.
+struct SimulatedCluster {
+    directory: Directory,
+    session: SessionId,
+    namespace: NamespaceId,
+    chunk_bytes: u64,
+    next_operation: u64,
+    next_allocation: u64,
+    next_period: Timestamp,
+    period: Duration,
+}
+
+impl SimulatedCluster {
+    fn start(config: &ClusterSimConfig) -> anyhow::Result<Self> {
+        let mut directory = Directory::new(config.directory.clone());
+        let opened = directory.open(
+            Timestamp::ZERO,
+            OpenRequest {
+                node_name: "node-0".into(),
+                write_order: vec![Medium::Cpu],
+                read_order: vec![Medium::Cpu],
+                domains: Vec::new(),
+                namespaces: crate::directory::NamespaceAccess::Any,
+            },
+        )?;
+        directory.register_pool(
+            Some(opened.session),
+            PoolSpec {
+                name: "node-0-cpu".into(),
+                medium: Medium::Cpu,
+                scope: Scope::Host(opened.node),
+                capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
+                page_bytes: config.chunk_bytes,
+                extent_bytes: None,
+            },
+        )?;
+        let namespace = directory.register_namespace(opened.session, demo_namespace())?;
+        Ok(Self {
+            directory,
+            session: opened.session,
+            namespace,
+            chunk_bytes: config.chunk_bytes,
+            next_operation: 1,
+            next_allocation: 1,
+            next_period: Timestamp::ZERO,
+            period: config.period,
+        })
+    }
+
+    fn operation(&mut self) -> OperationId {
+        self.next_operation += 1;
+        OperationId(self.next_operation)
+    }
+
+    /// Runs every period boundary up to `now`: heartbeat (acknowledging every operation),
+    /// tick, and the node's task poll, which frees what eviction retired.
+    fn advance(&mut self, now: Timestamp) -> anyhow::Result<()> {
+        while self.next_period <= now {
+            let at = self.next_period;
+            let acknowledged = OperationId(self.next_operation);
+            self.directory
+                .heartbeat(at, self.session, Some(acknowledged))?;
+            self.directory.tick(at);
+            for task in self.directory.poll_tasks(at, self.session, u32::MAX)? {
+                match task.kind {
+                    TaskKind::Reclaim { replica, .. } => {
+                        self.directory.reclaim_ack(self.session, replica)?;
+                    }
+                    TaskKind::Demote { .. } => bail!("a single-tier cluster cannot demote"),
+                }
+            }
+            self.next_period = at + self.period;
+        }
+        Ok(())
+    }
+
+    /// The leading blocks cached, leased and released as a load does; returns their count.
+    fn load_prefix(&mut self, now: Timestamp, objects: &[ObjectId]) -> anyhow::Result<usize> {
+        let probed = self.directory.probe(self.session, objects)?;
+        let hits = probed
+            .iter()
+            .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+            .count();
+        let acquired =
+            self.directory
+                .acquire(now, self.session, &objects[..hits], AcquireMode::Each)?;
+        let leases: Vec<_> = acquired
+            .iter()
+            .filter_map(|outcome| match outcome {
+                AcquireOutcome::Leased(lease) => Some(lease.lease),
+                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
+            })
+            .collect();
+        let loaded = acquired
+            .iter()
+            .take_while(|outcome| matches!(outcome, AcquireOutcome::Leased(_)))
+            .count();
+        self.directory.release(self.session, &leases)?;
+        Ok(loaded)
+    }
+
+    /// Stores each object in prompt order (as the live driver does: when the pool fills
+    /// mid-prompt, the head is kept and the tail skipped, and a tail is worthless without
+    /// its head): reserve, then commit at a fresh allocation.
+    fn store(
+        &mut self,
+        now: Timestamp,
+        objects: &[ObjectId],
+        tally: &mut ClusterTally,
+    ) -> anyhow::Result<()> {
+        for object in objects {
+            let operation = self.operation();
+            let item = ReserveItem {
+                object: *object,
+                length_bytes: self.chunk_bytes,
+            };
+            match self.directory.reserve(now, self.session, operation, item)? {
+                ReserveOutcome::Granted { replica, pool, .. } => {
+                    let location = Location {
+                        pool,
+                        allocation: AllocationId(self.next_allocation),
+                        generation: Generation(0),
+                        offset_bytes: 0,
+                        length_bytes: self.chunk_bytes,
+                    };
+                    self.next_allocation += 1;
+                    let operation = self.operation();
+                    match self
+                        .directory
+                        .commit(now, self.session, operation, replica, location)?
+                    {
+                        CommitOutcome::Committed => tally.stored += 1,
+                        CommitOutcome::AlreadyPresent => {}
+                    }
+                }
+                ReserveOutcome::Skip => tally.skipped += 1,
+                ReserveOutcome::AlreadyPresent | ReserveOutcome::Pending => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The cluster's clock at a request of the trace.
+pub fn cluster_time(request: &Request, speedup: f64) -> Duration {
+    Duration::from_secs_f64(request.timestamp_ms as f64 / 1e3 / speedup.max(1e-9))
+}
+
+/// Replays `requests` through the directory core as one node storing every block it
+/// misses and loading the cached prefix. Deterministic. `progress` gets the count done.
+pub fn simulate(
+    requests: &[Request],
+    config: &ClusterSimConfig,
+    progress: &mut dyn FnMut(usize),
+) -> anyhow::Result<ClusterTally> {
+    let mut cluster = SimulatedCluster::start(config).context("starting the simulated cluster")?;
+    let mut tally = ClusterTally::default();
+    for (index, request) in requests.iter().enumerate() {
+        let now = Timestamp::ZERO + cluster_time(request, config.speedup);
+        cluster.advance(now)?;
+        let (objects, _) = chain(cluster.namespace, &request.hash_ids);
+        let loaded = cluster.load_prefix(now, &objects)?;
+        tally.count_request(request, loaded, &config.pricing);
+        cluster.store(now, &objects[loaded..], &mut tally)?;
+        progress(index + 1);
+    }
+    Ok(tally)
+}

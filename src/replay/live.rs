@@ -1,0 +1,190 @@
+//! `kvtier replay --live`: drives a running cluster (a directory and one node as processes
+//! on loopback, real QUIC, a real shared-memory pool) with a trace, storing and loading
+//! real chunks whose bytes are verified, and compares its hit ratio with the same trace
+//! replayed through the directory core in process ([`super::cluster`]) and with the
+//! metadata-only policies at the same capacity.
+//!
+//! The trace runs `speedup` times faster than recorded; the directory is told so
+//! (`policy_time_scale`), so idle times weigh in its eviction as they did in the trace.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::cluster::{self, chain, cluster_time, ClusterSimConfig, ClusterTally};
+use super::trace::Request;
+use crate::client::{Client, StoreOutcome};
+use crate::demo::{demo_namespace, fill_chunk};
+use crate::directory::ProbeOutcome;
+use crate::launch::{ClusterSpec, LocalCluster};
+use crate::model::{ObjectId, PrefixDigest};
+
+/// Largest difference of token hit ratio between the live cluster and its simulation
+/// that still counts as agreement: the live run differs only by timing (reclaims land a
+/// round trip later, stores of one prompt commit concurrently, the driver may fall behind
+/// the schedule in a burst).
+pub const AGREEMENT_TOLERANCE: f64 = 0.01;
+
+/// What a live replay measured, beside its simulation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveOutcome {
+    /// The running cluster.
+    pub live: ClusterTally,
+    /// The directory core in process, same requests, same clock.
+    pub simulated: ClusterTally,
+    /// Chunks loaded and checked byte for byte.
+    pub verified_chunks: u64,
+    /// How far the driver fell behind the trace's schedule at worst.
+    pub lag_max: Duration,
+    /// Wall time of the live run.
+    pub elapsed: Duration,
+}
+
+impl LiveOutcome {
+    /// The absolute difference of the two token hit ratios.
+    pub fn difference(&self) -> f64 {
+        (self.live.token_hit_ratio() - self.simulated.token_hit_ratio()).abs()
+    }
+
+    /// Whether live and simulated agree within [`AGREEMENT_TOLERANCE`].
+    pub fn agrees(&self) -> bool {
+        self.difference() <= AGREEMENT_TOLERANCE
+    }
+}
+
+/// Replays `requests` live against a cluster started from `exe` and built as `config`
+/// describes, then through the directory core in process with the same `config`.
+pub fn run(
+    exe: &Path,
+    requests: &[Request],
+    config: &ClusterSimConfig,
+) -> anyhow::Result<LiveOutcome> {
+    if !config.chunk_bytes.is_power_of_two() || config.blocks == 0 {
+        bail!("--live needs a capacity and a power-of-two --chunk-bytes");
+    }
+    let directory = &config.directory;
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: config.blocks.saturating_mul(config.chunk_bytes),
+        page_bytes: config.chunk_bytes,
+        metrics: false,
+        high_watermark_percent: directory.high_watermark_percent,
+        low_watermark_percent: directory.low_watermark_percent,
+        policy_time_scale: directory.policy_time_scale,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(exe, &spec).context("starting the live cluster")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    let (live, verified_chunks, lag_max) = runtime.block_on(drive(&cluster, requests, config))?;
+    let elapsed = started.elapsed();
+    drop(cluster);
+    let simulated = cluster::simulate(requests, config, &mut |_| {})?;
+    Ok(LiveOutcome {
+        live,
+        simulated,
+        verified_chunks,
+        lag_max,
+        elapsed,
+    })
+}
+
+/// One client replays the trace on its schedule: probe the prompt's chunks, load the
+/// cached prefix and check every byte, store the rest.
+async fn drive(
+    cluster: &LocalCluster,
+    requests: &[Request],
+    config: &ClusterSimConfig,
+) -> anyhow::Result<(ClusterTally, u64, Duration)> {
+    let client = Client::connect(&cluster.socket(0)?).await?;
+    let namespace = client.register_namespace(demo_namespace()).await?;
+    let chunk_bytes = usize::try_from(config.chunk_bytes)?;
+    let mut tally = ClusterTally::default();
+    let mut verified = 0u64;
+    let mut lag_max = Duration::ZERO;
+    let mut buffers: Vec<Vec<u8>> = Vec::new();
+    let mut expected = vec![0u8; chunk_bytes];
+    let progress = std::io::stderr().is_terminal();
+    let start = tokio::time::Instant::now();
+    for (index, request) in requests.iter().enumerate() {
+        // The trace's arrival schedule, compressed: a request is not sent before its time.
+        let due = start + cluster_time(request, config.speedup);
+        tokio::time::sleep_until(due).await;
+        lag_max = lag_max.max(tokio::time::Instant::now().saturating_duration_since(due));
+        if request.hash_ids.is_empty() {
+            tally.count_request(request, 0, &config.pricing);
+            continue;
+        }
+        let (objects, digests) = chain(namespace, &request.hash_ids);
+        let probed = client.probe(&objects).await?;
+        let hits = probed
+            .iter()
+            .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+            .count();
+        let loaded =
+            crate::demo::load_prefix(&client, &objects[..hits], &mut buffers, chunk_bytes).await?;
+        for (position, buffer) in buffers.iter().take(loaded).enumerate() {
+            fill_chunk(&digests[position], &mut expected);
+            if buffer[..] != expected[..] {
+                bail!("request {index}: chunk {position} loaded wrong bytes");
+            }
+        }
+        verified += loaded as u64;
+        tally.count_request(request, loaded, &config.pricing);
+        store(
+            &client,
+            &objects[loaded..],
+            &digests[loaded..],
+            chunk_bytes,
+            &mut tally,
+        )
+        .await?;
+        if progress && index % 100 == 0 {
+            eprint!(
+                "\r  live: {index}/{} requests, token hit ratio {:.3}",
+                requests.len(),
+                tally.token_hit_ratio()
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    if progress {
+        eprint!("\r{:<70}\r", "");
+    }
+    Ok((tally, verified, lag_max))
+}
+
+/// Stores the chunks of `objects` in prompt order, pipelined.
+async fn store(
+    client: &Client,
+    objects: &[ObjectId],
+    digests: &[PrefixDigest],
+    chunk_bytes: usize,
+    tally: &mut ClusterTally,
+) -> anyhow::Result<()> {
+    let chunks: Vec<Vec<u8>> = digests
+        .iter()
+        .map(|digest| {
+            let mut chunk = vec![0u8; chunk_bytes];
+            fill_chunk(digest, &mut chunk);
+            chunk
+        })
+        .collect();
+    let items: Vec<(ObjectId, &[u8])> = objects
+        .iter()
+        .copied()
+        .zip(chunks.iter().map(Vec::as_slice))
+        .collect();
+    for outcome in client.store_many(&items).await {
+        match outcome.context("storing a chunk")? {
+            StoreOutcome::Stored => tally.stored += 1,
+            StoreOutcome::Skipped => tally.skipped += 1,
+            StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
+        }
+    }
+    Ok(())
+}
