@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::FixedState;
+
 use super::BlockId;
 
 /// Most objects whose history is remembered, over both generations. 2^21 entries (about
@@ -28,9 +30,9 @@ pub struct AccessStats {
 /// Frequency and recency of every object seen, and per-class reuse counters.
 #[derive(Debug)]
 pub struct History {
-    entries: HashMap<BlockId, AccessStats>,
+    entries: HashMap<BlockId, AccessStats, FixedState>,
     /// The generation before `entries`; consulted (and moved from) on an access.
-    previous: HashMap<BlockId, AccessStats>,
+    previous: HashMap<BlockId, AccessStats, FixedState>,
     /// Entries per generation: `HISTORY_ENTRIES_MAX / 2` unless built smaller for a test.
     generation_entries: usize,
     class_entered: [u64; FREQUENCY_CLASSES],
@@ -58,8 +60,8 @@ impl History {
     /// An empty history of at most `entries` entries (at least 2).
     pub fn with_entries(entries: usize) -> Self {
         Self {
-            entries: HashMap::new(),
-            previous: HashMap::new(),
+            entries: HashMap::default(),
+            previous: HashMap::default(),
             generation_entries: (entries / 2).max(1),
             class_entered: [0; FREQUENCY_CLASSES],
             class_reused: [0; FREQUENCY_CLASSES],
