@@ -12,3 +12,5 @@ for capacity in 1000 3000 10000 30000; do
     "$kvtier" replay --capacity "$capacity" --json
 done
 "$kvtier" replay --tiers dram=1000,cxl=3000,ssd=30000 --json
+# The trace against a running cluster (about a minute), beside its in-process replay.
+"$kvtier" replay --capacity 1000 --live --json

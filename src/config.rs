@@ -259,7 +259,7 @@ mod tests {
         );
         assert!(config.node("node-c").is_err());
         let cxl = config.directory.limits.baseline_profile(Medium::Cxl);
-        assert_eq!(cxl.read_latency_us, 0.4);
+        assert_eq!(cxl.read_latency_us, 0.6);
         assert_eq!(
             config
                 .directory

@@ -56,6 +56,10 @@ pub struct ReplayArgs {
     /// Policies to run (comma-separated); default all four.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<PolicyKind>,
+    /// A cluster.toml whose `[profiles.<medium>]` replace the representative figures of
+    /// the tiers they describe (cpu: dram, cxl, ssd); `kvtier probe` measures this host's.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -196,6 +200,20 @@ pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
             blocks: args.capacity,
         }],
     };
+    let mut tiers = tiers;
+    if let Some(path) = &args.config {
+        let cluster = crate::config::ClusterConfig::load(path)?;
+        for (medium, figures) in &cluster.profiles {
+            for tier in tiers
+                .iter_mut()
+                .filter(|tier| tier.profile.kind == TierKind::of_medium(*medium))
+            {
+                tier.profile = figures
+                    .apply(&tier.profile)
+                    .with_context(|| format!("{}: profiles.{}", path.display(), medium.name()))?;
+            }
+        }
+    }
     let total_blocks = tiers.iter().map(|tier| tier.blocks).sum();
     Ok(SimConfig {
         tiers,
@@ -356,10 +374,27 @@ mod tests {
     }
 
     #[test]
-    fn embedded_sample_replays() {
-        let requests = trace::parse_str(SAMPLE_TRACE).unwrap();
-        assert_eq!(requests.len(), 500);
+    fn profiles_of_a_cluster_configuration_replace_representative_figures() {
         let args = ReplayArgs {
+            tiers: Some("dram=10,cxl=10".into()),
+            config: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster.toml")),
+            ..sample_args()
+        };
+        let config = sim_config(&args).unwrap();
+        assert_eq!(config.tiers[1].profile.read_latency_us, 0.6);
+        assert_eq!(
+            config.tiers[0].profile,
+            TierProfile::representative(TierKind::Dram)
+        );
+        let missing = ReplayArgs {
+            config: Some("/nonexistent/cluster.toml".into()),
+            ..sample_args()
+        };
+        assert!(sim_config(&missing).is_err());
+    }
+
+    fn sample_args() -> ReplayArgs {
+        ReplayArgs {
             trace: None,
             capacity: 1_000,
             tiers: None,
@@ -368,11 +403,19 @@ mod tests {
             wear_admit_frequency_min: 1,
             policy: Vec::new(),
             json: true,
+            config: None,
             live: false,
             requests: None,
             speedup: 60.0,
             chunk_bytes: 64 << 10,
-        };
+        }
+    }
+
+    #[test]
+    fn embedded_sample_replays() {
+        let requests = trace::parse_str(SAMPLE_TRACE).unwrap();
+        assert_eq!(requests.len(), 500);
+        let args = sample_args();
         let report = replay(
             &requests,
             &sim_config(&args).unwrap(),
