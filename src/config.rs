@@ -258,6 +258,8 @@ mod tests {
             Duration::from_secs(3)
         );
         assert!(config.node("node-c").is_err());
+        let ttl = config.directory.limits.ttl[&Medium::Cpu];
+        assert!(ttl.spill_on_expiry && ttl.resident_ttl_ms == 1_800_000);
         let cxl = config.directory.limits.baseline_profile(Medium::Cxl);
         assert_eq!(cxl.read_latency_us, 0.6);
         assert_eq!(

@@ -178,6 +178,7 @@ pub struct Metrics {
     sessions: IntGaugeVec,
     bytes_moved_total: IntCounterVec,
     evictions_total: IntCounter,
+    expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
     label_drops_total: IntCounter,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
@@ -248,6 +249,10 @@ impl Metrics {
                 "kvtier_evictions_total",
                 "READY replicas retired by the eviction policy under pool pressure.",
             )?,
+            expirations_total: IntCounter::new(
+                "kvtier_expirations_total",
+                "READY replicas that outlived their tier's time to live, retired or demoted.",
+            )?,
             label_drops_total: IntCounter::new(
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
@@ -291,6 +296,8 @@ impl Metrics {
             .register(Box::new(self.bytes_moved_total.clone()))?;
         self.registry
             .register(Box::new(self.evictions_total.clone()))?;
+        self.registry
+            .register(Box::new(self.expirations_total.clone()))?;
         self.registry
             .register(Box::new(self.medium_bytes.clone()))?;
         self.registry
@@ -436,6 +443,11 @@ impl Metrics {
     /// Counts replicas the eviction policy started retiring.
     pub fn add_evictions(&self, evictions: u64) {
         self.evictions_total.inc_by(evictions);
+    }
+
+    /// Counts replicas that left their pool at the end of their time to live.
+    pub fn add_expirations(&self, expirations: u64) {
+        self.expirations_total.inc_by(expirations);
     }
 
     /// Every family in the Prometheus text format (version 0.0.4). Encoding fails only on

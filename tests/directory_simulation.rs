@@ -7,6 +7,7 @@
 
 use kvtier::directory::*;
 use kvtier::model::*;
+use kvtier::policy::lifecycle::LifecyclePolicy;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -138,6 +139,8 @@ struct World {
     cxl: PoolId,
     verified_reads: u64,
     stores_committed: u64,
+    /// Replicas that left by their tier's time to live.
+    expired: u64,
 }
 
 fn descriptor() -> NamespaceDescriptor {
@@ -167,6 +170,26 @@ impl World {
             fence_after: Duration::from_millis(1200),
             ledger_entries_per_session_max: 64,
             hash_seed: seed,
+            // Replicas also leave by age: CPU ones spill to CXL, CXL ones are freed.
+            ttl: [
+                (
+                    Medium::Cpu,
+                    LifecyclePolicy {
+                        resident_ttl_ms: 1_500,
+                        expiring_grace_ms: 500,
+                        spill_on_expiry: true,
+                    },
+                ),
+                (
+                    Medium::Cxl,
+                    LifecyclePolicy {
+                        resident_ttl_ms: 3_000,
+                        expiring_grace_ms: 0,
+                        spill_on_expiry: false,
+                    },
+                ),
+            ]
+            .into(),
             ..DirectoryConfig::default()
         };
         let mut directory = Directory::new(config);
@@ -211,6 +234,7 @@ impl World {
             cxl,
             verified_reads: 0,
             stores_committed: 0,
+            expired: 0,
         }
     }
 
@@ -734,7 +758,7 @@ impl World {
 
     fn step(&mut self) {
         self.now = self.now + Duration::from_millis(1 + self.rng.below(20));
-        self.directory.tick(self.now);
+        self.expired += u64::from(self.directory.tick(self.now).expired);
         let mut due: Vec<Message> = Vec::new();
         let mut index = 0;
         while index < self.network.len() {
@@ -768,12 +792,12 @@ fn operation_of(request: &Request) -> Option<OperationId> {
     }
 }
 
-fn run(seed: u64, steps: u32) -> (u64, u64) {
+fn run(seed: u64, steps: u32) -> (u64, u64, u64) {
     let mut world = World::new(seed);
     for _ in 0..steps {
         world.step();
     }
-    (world.stores_committed, world.verified_reads)
+    (world.stores_committed, world.verified_reads, world.expired)
 }
 
 #[test]
@@ -782,13 +806,14 @@ fn simulated_cluster_keeps_every_invariant() {
         Ok(seed) => vec![seed.parse().expect("KVTIER_SIM_SEED must be a u64")],
         Err(_) => (1..=24).collect(),
     };
-    let mut totals = (0, 0);
+    let mut totals = (0, 0, 0);
     for seed in seeds {
         let outcome = std::panic::catch_unwind(|| run(seed, 2500));
         match outcome {
-            Ok((stores, reads)) => {
+            Ok((stores, reads, expired)) => {
                 totals.0 += stores;
                 totals.1 += reads;
+                totals.2 += expired;
             }
             Err(panic) => {
                 eprintln!("simulation failed: seed={seed} (replay with KVTIER_SIM_SEED={seed})");
@@ -797,7 +822,7 @@ fn simulated_cluster_keeps_every_invariant() {
         }
     }
     assert!(
-        totals.0 > 100 && totals.1 > 100,
+        totals.0 > 100 && totals.1 > 100 && totals.2 > 10,
         "the simulation did too little work: {totals:?}"
     );
 }

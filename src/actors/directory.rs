@@ -129,6 +129,7 @@ impl Actor for DirectoryActor {
         context.run_interval(self.tick_interval, |actor, _| {
             let report = actor.core.tick(actor.clock.now());
             actor.metrics.add_evictions(u64::from(report.evicted));
+            actor.metrics.add_expirations(u64::from(report.expired));
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
             }

@@ -3,6 +3,7 @@
 //! error, and nothing already admitted is dropped.
 
 use crate::model::Medium;
+use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::profiles::{ProfileFigures, TierKind, TierProfile};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -89,6 +90,11 @@ pub struct DirectoryConfig {
     /// service. A trace replayed N times faster than recorded (`kvtier replay --live`)
     /// sets N, so idle times weigh in eviction as they did in the trace.
     pub policy_time_scale: f64,
+    /// Time to live of READY replicas by medium (`[directory.limits.ttl.cpu]`): idle past
+    /// `resident_ttl_ms` + `expiring_grace_ms`, a replica leaves its pool — demoted one tier
+    /// colder with `spill_on_expiry`, else freed. A medium without one keeps replicas until
+    /// pressure evicts them.
+    pub ttl: BTreeMap<Medium, LifecyclePolicy>,
     /// Operator overrides of tier profiles by medium (`[profiles.<medium>]` of
     /// `cluster.toml`): they win over what nodes measure.
     #[serde(skip)]
@@ -147,6 +153,16 @@ impl DirectoryConfig {
         }
         if !(self.policy_time_scale.is_finite() && self.policy_time_scale > 0.0) {
             return Err("policy_time_scale must be a positive number".into());
+        }
+        if let Some((medium, _)) = self
+            .ttl
+            .iter()
+            .find(|(_, policy)| policy.resident_ttl_ms == 0)
+        {
+            return Err(format!(
+                "ttl.{}: resident_ttl_ms must be positive",
+                medium.name()
+            ));
         }
         for (medium, figures) in &self.profiles {
             figures
@@ -211,6 +227,7 @@ impl Default for DirectoryConfig {
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             profiles: BTreeMap::new(),
+            ttl: BTreeMap::new(),
             policy_time_scale: 1.0,
         }
     }

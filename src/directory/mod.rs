@@ -16,6 +16,7 @@
 pub mod config;
 mod demotion;
 pub mod error;
+mod expiry;
 mod invariants;
 mod leases;
 pub mod ledger;
@@ -67,6 +68,8 @@ pub struct TickReport {
     pub expired_reservations: u32,
     /// READY replicas the eviction policy started retiring.
     pub evicted: u32,
+    /// READY replicas that outlived their tier's time to live (retired or demoted).
+    pub expired: u32,
     pub transitions: Vec<SessionTransition>,
 }
 
@@ -1371,8 +1374,13 @@ impl Directory {
         self.latest_tick = self.latest_tick.max(now);
         self.requeue_overdue_tasks(now);
         let evicted = self.evict(now) + std::mem::take(&mut self.evictions_unreported);
+        let expired = self.expire(
+            now,
+            self.config.evictions_per_tick_max.saturating_sub(evicted),
+        );
         let mut report = TickReport {
             evicted,
+            expired,
             ..TickReport::default()
         };
         while let Some((_, lease)) = self.leases.pop_expired(now) {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::model::{DomainId, KvDtype, PrefixDigest};
+use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::profiles::ProfileFigures;
 use std::time::Duration;
 
@@ -1548,4 +1549,70 @@ fn a_prefix_loses_its_tail_before_its_head() {
         [true, false, true, true],
         "one eviction takes the first prompt's tail, not its head"
     );
+}
+
+#[test]
+fn replicas_past_their_tiers_time_to_live_leave_without_pressure() {
+    let lifetime = |spill_on_expiry| LifecyclePolicy {
+        resident_ttl_ms: 10_000,
+        expiring_grace_ms: 5_000,
+        spill_on_expiry,
+    };
+    for spill_on_expiry in [true, false] {
+        let config = DirectoryConfig {
+            ttl: [(Medium::Cpu, lifetime(spill_on_expiry))].into(),
+            ..DirectoryConfig::default()
+        };
+        let mut fixture = Fixture::with_config(config);
+        let cxl = fixture.cxl(8 * MIB);
+        let a = fixture.node_with("a", 64 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+        let objects: Vec<ObjectId> = (0..2).map(|index| fixture.object(index)).collect();
+        let locations: Vec<Location> = objects
+            .iter()
+            .map(|object| fixture.store(&a, *object, MIB).1)
+            .collect();
+        // 12 s idle: expiring, still readable; reading the first revives it.
+        assert_eq!(fixture.tick_after(12, &a, &objects), [true, true]);
+        fixture.load_batch(&a, &objects[..1]);
+        // 16 s: the second is past its grace and leaves; the first lives on.
+        assert_eq!(
+            fixture.tick_after(4, &a, &objects),
+            [true, spill_on_expiry],
+            "spill={spill_on_expiry}: a spilled replica stays readable until its copy commits"
+        );
+        let tasks = fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 10)
+            .unwrap();
+        let demoted = tasks.iter().any(
+            |task| matches!(task.kind, TaskKind::Demote { target_pool, .. } if target_pool == cxl),
+        );
+        let reclaimed = tasks
+            .iter()
+            .any(|task| matches!(task.kind, TaskKind::Reclaim { .. }));
+        assert_eq!((demoted, reclaimed), (spill_on_expiry, !spill_on_expiry));
+        // 34 s: the revived one's time is up too.
+        assert_eq!(fixture.tick_after(18, &a, &objects[..1]), [spill_on_expiry]);
+        let tasks = fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 10)
+            .unwrap();
+        let first_leaves = tasks.iter().any(|task| match task.kind {
+            TaskKind::Demote { source, .. } => spill_on_expiry && source == locations[0],
+            TaskKind::Reclaim { location, .. } => !spill_on_expiry && location == locations[0],
+        });
+        assert!(first_leaves, "{tasks:?}");
+    }
+    let refused = DirectoryConfig {
+        ttl: [(
+            Medium::Cpu,
+            LifecyclePolicy {
+                resident_ttl_ms: 0,
+                ..lifetime(false)
+            },
+        )]
+        .into(),
+        ..DirectoryConfig::default()
+    };
+    assert!(refused.validate().is_err());
 }

@@ -6,14 +6,17 @@
 //! revives the object to resident. Time only enters through the `now_ms` arguments.
 
 /// Per-tier lifecycle settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LifecyclePolicy {
     /// Idle time after which a resident object starts expiring, in milliseconds.
     /// `u64::MAX` means never.
     pub resident_ttl_ms: u64,
     /// How long an expiring object waits for an access before it leaves, in milliseconds.
+    #[serde(default)]
     pub expiring_grace_ms: u64,
     /// Whether an object leaving this tier is spilled to a colder tier (true) or expires.
+    #[serde(default)]
     pub spill_on_expiry: bool,
 }
 
