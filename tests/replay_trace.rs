@@ -193,6 +193,7 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
 fn directory_replay(blocks: usize, speedup: f64) -> ClusterSimConfig {
     ClusterSimConfig {
         blocks: blocks as u64,
+        cxl_blocks: 0,
         chunk_bytes: 64 << 10,
         directory: DirectoryConfig {
             policy_time_scale: speedup,
@@ -204,7 +205,8 @@ fn directory_replay(blocks: usize, speedup: f64) -> ClusterSimConfig {
             cost: CostModel {
                 prefill_us_per_token: 100.0,
             },
-            profile: TierProfile::representative(TierKind::Dram),
+            cpu: TierProfile::representative(TierKind::Dram),
+            cxl: TierProfile::representative(TierKind::Cxl),
             block_bytes: 64 << 20,
         },
     }

@@ -13,10 +13,15 @@ use crate::metrics::{Direction, PoolByteState};
 use crate::model::{Location, PoolId, ReplicaId};
 use crate::wire::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use actix::prelude::*;
+use futures_util::StreamExt;
 use std::time::Duration;
 
 /// Tasks fetched per round.
 pub const TASKS_PER_POLL: u32 = 256;
+/// Tasks of one poll run at once: each waits on a round trip to the directory (an
+/// acknowledgement, a commit), so running them one after another would make reclaim lag
+/// behind eviction under load. Within the link's bound of requests in flight.
+pub const TASKS_IN_FLIGHT_MAX: usize = 32;
 
 /// Why the node stopped on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,16 +114,20 @@ async fn run_tasks(services: &NodeServices) {
         Ok(DirectoryReply::Tasks(tasks)) => tasks,
         _ => return,
     };
-    for task in tasks {
-        match task.kind {
-            TaskKind::Reclaim { replica, location } => reclaim(services, replica, location).await,
-            TaskKind::Demote {
-                source,
-                target,
-                target_pool,
-            } => demote(services, source, target, target_pool).await,
-        }
-    }
+    futures_util::stream::iter(tasks)
+        .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
+            match task.kind {
+                TaskKind::Reclaim { replica, location } => {
+                    reclaim(services, replica, location).await
+                }
+                TaskKind::Demote {
+                    source,
+                    target,
+                    target_pool,
+                } => demote(services, source, target, target_pool).await,
+            }
+        })
+        .await;
     give_back_empty_extents(services).await;
     publish_usage(services).await;
 }

@@ -3,23 +3,25 @@
 //! reclaim tasks) through an injected clock, metadata only. It steps the way the running
 //! cluster does: the directory ticks and the node polls its tasks every
 //! [`ClusterSimConfig::period`]; a load is probe, acquire, release; a store is reserve then
-//! commit. `kvtier replay --live` runs the same requests against real processes, and the two
-//! hit ratios must agree.
+//! commit (in CXL, inside an extent the directory granted). With a CXL pool the node stores
+//! in the order `[cpu, cxl]` and pressure on the CPU pool demotes into CXL.
+//! `kvtier replay --live` runs the same requests against real processes, and the two hit
+//! ratios must agree.
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use super::sim::Outcome;
 use super::trace::Request;
 use crate::demo::demo_namespace;
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, OpenRequest,
-    ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
+    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, ExtentGrant,
+    OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
 };
 use crate::model::{
-    AllocationId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId, PoolSpec,
-    PrefixDigest, Scope, SessionId, Timestamp,
+    AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
+    PoolId, PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
 };
 use crate::policy::cost::CostModel;
 use crate::policy::profiles::TierProfile;
@@ -29,6 +31,8 @@ use crate::policy::profiles::TierProfile;
 pub struct ClusterSimConfig {
     /// Blocks the one node's CPU pool holds.
     pub blocks: u64,
+    /// Blocks of the CXL pool the node maps; 0 for none.
+    pub cxl_blocks: u64,
     /// Bytes of one block's chunk (the pool's page size: a power of two).
     pub chunk_bytes: u64,
     /// The directory's limits (watermarks, leases, victim window).
@@ -48,26 +52,31 @@ pub struct ClusterSimConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pricing {
     pub cost: CostModel,
-    /// The tier the pool models (DRAM for a CPU pool).
-    pub profile: TierProfile,
+    /// The profile a CPU pool's hits are read at (DRAM).
+    pub cpu: TierProfile,
+    /// The profile a CXL pool's hits are read at.
+    pub cxl: TierProfile,
     /// Bytes of a 512-token block of the modelled model (not the replayed chunk's size).
     pub block_bytes: u64,
 }
 
 impl Pricing {
-    /// Estimated time to first token of `request` when its first `loaded` blocks are read
-    /// from the cache and the rest is prefilled, in microseconds.
-    pub fn ttft_us(&self, request: &Request, loaded: usize) -> f64 {
-        let served: f64 = (0..loaded)
-            .map(|position| {
-                self.cost.serve_us(
-                    &self.profile,
-                    self.block_bytes,
-                    request.block_tokens(position),
-                )
+    /// Estimated time to first token of `request` when its first blocks were read from
+    /// the cache, from the media in `loaded`, and the rest is prefilled, in microseconds.
+    pub fn ttft_us(&self, request: &Request, loaded: &[Medium]) -> f64 {
+        let served: f64 = loaded
+            .iter()
+            .enumerate()
+            .map(|(position, medium)| {
+                let profile = match medium {
+                    Medium::Cxl => &self.cxl,
+                    Medium::Cpu | Medium::Ssd => &self.cpu,
+                };
+                self.cost
+                    .serve_us(profile, self.block_bytes, request.block_tokens(position))
             })
             .sum();
-        let hit: u64 = (0..loaded)
+        let hit: u64 = (0..loaded.len())
             .map(|position| u64::from(request.block_tokens(position)))
             .sum();
         let missed = u64::from(request.input_tokens).saturating_sub(hit);
@@ -86,6 +95,8 @@ pub struct ClusterTally {
     pub stored: u64,
     /// Stores refused for want of room.
     pub skipped: u64,
+    /// Chunks copied one tier colder by demotion.
+    pub demoted: u64,
     /// Estimated time to first token of each request, in microseconds, in trace order.
     pub ttft_us: Vec<f64>,
 }
@@ -96,21 +107,23 @@ impl ClusterTally {
         self.hit_tokens as f64 / self.input_tokens.max(1) as f64
     }
 
-    /// Counts one request whose first `loaded` blocks came from the cache.
-    pub fn count_request(&mut self, request: &Request, loaded: usize, pricing: &Pricing) {
+    /// Counts one request whose first blocks came from the cache, from the media in
+    /// `loaded`.
+    pub fn count_request(&mut self, request: &Request, loaded: &[Medium], pricing: &Pricing) {
         self.input_tokens += u64::from(request.input_tokens);
-        self.hit_tokens += (0..loaded)
+        self.hit_tokens += (0..loaded.len())
             .map(|position| u64::from(request.block_tokens(position)))
             .sum::<u64>();
         self.ttft_us.push(pricing.ttft_us(request, loaded));
     }
 
-    /// The replay outcome these counts make (one tier: nothing moves between tiers).
-    pub fn outcome(&self) -> Outcome {
+    /// The replay outcome these counts make; the bytes moved between tiers are the
+    /// demoted chunks at `block_bytes` each.
+    pub fn outcome(&self, block_bytes: u64) -> Outcome {
         Outcome {
             input_tokens: self.input_tokens,
             hit_tokens: self.hit_tokens,
-            bytes_moved: 0,
+            bytes_moved: self.demoted.saturating_mul(block_bytes),
             ttft_us: self.ttft_us.clone(),
         }
     }
@@ -139,28 +152,62 @@ pub fn chain(namespace: NamespaceId, hash_ids: &[u64]) -> (Vec<ObjectId>, Vec<Pr
     (objects, digests)
 }
 
+/// Most chunks in one CXL extent; fewer when needed for the pool to hold whole extents.
+pub const EXTENT_CHUNKS_MAX: u64 = 256;
+
+/// Chunks per extent of a CXL pool of `blocks` chunks: the largest divisor of `blocks` up
+/// to [`EXTENT_CHUNKS_MAX`], so the pool is exactly `blocks` chunks of whole extents.
+pub fn extent_chunks(blocks: u64) -> u64 {
+    (1..=EXTENT_CHUNKS_MAX.min(blocks.max(1)))
+        .rev()
+        .find(|chunks| blocks % chunks == 0)
+        .unwrap_or(1)
+}
+
 /// One node and its directory, stepped by the trace.
 struct SimulatedCluster {
     directory: Directory,
     session: SessionId,
     namespace: NamespaceId,
     chunk_bytes: u64,
+    /// The CXL pool and its extent size, when there is one.
+    cxl: Option<(PoolId, u64)>,
+    /// Free chunk offsets inside the CXL extents granted to the node.
+    cxl_free: Vec<u64>,
     next_operation: u64,
     next_allocation: u64,
     next_period: Timestamp,
     period: Duration,
+    demoted: u64,
 }
 
 impl SimulatedCluster {
     fn start(config: &ClusterSimConfig) -> anyhow::Result<Self> {
         let mut directory = Directory::new(config.directory.clone());
+        let cxl = if config.cxl_blocks > 0 {
+            let extent_bytes = extent_chunks(config.cxl_blocks) * config.chunk_bytes;
+            let pool = directory.register_pool(
+                None,
+                PoolSpec {
+                    name: "cxl0".into(),
+                    medium: Medium::Cxl,
+                    scope: Scope::Domain(DomainId(0)),
+                    capacity_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
+                    page_bytes: config.chunk_bytes,
+                    extent_bytes: Some(extent_bytes),
+                },
+            )?;
+            Some((pool, extent_bytes))
+        } else {
+            None
+        };
         let opened = directory.open(
             Timestamp::ZERO,
             OpenRequest {
                 node_name: "node-0".into(),
-                write_order: vec![Medium::Cpu],
-                read_order: vec![Medium::Cpu],
-                domains: Vec::new(),
+                write_order: vec![Medium::Cpu, Medium::Cxl],
+                read_order: vec![Medium::Cpu, Medium::Cxl],
+                domains: vec![DomainId(0)],
                 namespaces: crate::directory::NamespaceAccess::Any,
             },
         )?;
@@ -181,10 +228,13 @@ impl SimulatedCluster {
             session: opened.session,
             namespace,
             chunk_bytes: config.chunk_bytes,
+            cxl,
+            cxl_free: Vec::new(),
             next_operation: 1,
             next_allocation: 1,
             next_period: Timestamp::ZERO,
             period: config.period,
+            demoted: 0,
         })
     }
 
@@ -204,10 +254,37 @@ impl SimulatedCluster {
             self.directory.tick(at);
             for task in self.directory.poll_tasks(at, self.session, u32::MAX)? {
                 match task.kind {
-                    TaskKind::Reclaim { replica, .. } => {
+                    TaskKind::Reclaim { replica, location } => {
+                        if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
+                            self.cxl_free.push(location.offset_bytes);
+                        }
                         self.directory.reclaim_ack(self.session, replica)?;
                     }
-                    TaskKind::Demote { .. } => bail!("a single-tier cluster cannot demote"),
+                    TaskKind::Demote {
+                        target,
+                        target_pool,
+                        ..
+                    } => {
+                        // The copy is instant here; the live node copies, then commits.
+                        match self.location(at, target_pool)? {
+                            Some(location) => {
+                                let operation = self.operation();
+                                let committed = self.directory.commit(
+                                    at,
+                                    self.session,
+                                    operation,
+                                    target,
+                                    location,
+                                )?;
+                                if committed == CommitOutcome::Committed {
+                                    self.demoted += 1;
+                                }
+                            }
+                            None => {
+                                self.directory.abort(self.session, target)?;
+                            }
+                        }
+                    }
                 }
             }
             self.next_period = at + self.period;
@@ -215,8 +292,53 @@ impl SimulatedCluster {
         Ok(())
     }
 
-    /// The leading blocks cached, leased and released as a load does; returns their count.
-    fn load_prefix(&mut self, now: Timestamp, objects: &[ObjectId]) -> anyhow::Result<usize> {
+    /// Where a chunk granted in `pool` is written: anywhere in the CPU pool (the node's
+    /// allocator is not modelled), inside an extent of the node's in CXL (asking for
+    /// another extent when those are full; `None` when the pool has none left).
+    fn location(&mut self, now: Timestamp, pool: PoolId) -> anyhow::Result<Option<Location>> {
+        let offset_bytes = match self.cxl {
+            Some((cxl, extent_bytes)) if cxl == pool => {
+                if self.cxl_free.is_empty() {
+                    let operation = self.operation();
+                    match self
+                        .directory
+                        .grant_extent(now, self.session, operation, pool)?
+                    {
+                        ExtentGrant::Granted(extent) => {
+                            let chunks = extent_bytes / self.chunk_bytes;
+                            self.cxl_free.extend(
+                                (0..chunks)
+                                    .rev()
+                                    .map(|chunk| extent.offset_bytes + chunk * self.chunk_bytes),
+                            );
+                        }
+                        ExtentGrant::Full => return Ok(None),
+                    }
+                }
+                match self.cxl_free.pop() {
+                    Some(offset) => offset,
+                    None => return Ok(None),
+                }
+            }
+            _ => 0,
+        };
+        self.next_allocation += 1;
+        Ok(Some(Location {
+            pool,
+            allocation: AllocationId(self.next_allocation),
+            generation: Generation(0),
+            offset_bytes,
+            length_bytes: self.chunk_bytes,
+        }))
+    }
+
+    /// The leading blocks cached, leased and released as a load does; returns the media
+    /// they were read from.
+    fn load_prefix(
+        &mut self,
+        now: Timestamp,
+        objects: &[ObjectId],
+    ) -> anyhow::Result<Vec<Medium>> {
         let probed = self.directory.probe(self.session, objects)?;
         let hits = probed
             .iter()
@@ -234,8 +356,11 @@ impl SimulatedCluster {
             .collect();
         let loaded = acquired
             .iter()
-            .take_while(|outcome| matches!(outcome, AcquireOutcome::Leased(_)))
-            .count();
+            .map_while(|outcome| match outcome {
+                AcquireOutcome::Leased(lease) => Some(lease.medium),
+                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
+            })
+            .collect();
         self.directory.release(self.session, &leases)?;
         Ok(loaded)
     }
@@ -257,14 +382,12 @@ impl SimulatedCluster {
             };
             match self.directory.reserve(now, self.session, operation, item)? {
                 ReserveOutcome::Granted { replica, pool, .. } => {
-                    let location = Location {
-                        pool,
-                        allocation: AllocationId(self.next_allocation),
-                        generation: Generation(0),
-                        offset_bytes: 0,
-                        length_bytes: self.chunk_bytes,
+                    let Some(location) = self.location(now, pool)? else {
+                        // The live node cannot allocate either: it gives the grant back.
+                        self.directory.abort(self.session, replica)?;
+                        tally.skipped += 1;
+                        continue;
                     };
-                    self.next_allocation += 1;
                     let operation = self.operation();
                     match self
                         .directory
@@ -301,9 +424,10 @@ pub fn simulate(
         cluster.advance(now)?;
         let (objects, _) = chain(cluster.namespace, &request.hash_ids);
         let loaded = cluster.load_prefix(now, &objects)?;
-        tally.count_request(request, loaded, &config.pricing);
-        cluster.store(now, &objects[loaded..], &mut tally)?;
+        tally.count_request(request, &loaded, &config.pricing);
+        cluster.store(now, &objects[loaded.len()..], &mut tally)?;
         progress(index + 1);
     }
+    tally.demoted = cluster.demoted;
     Ok(tally)
 }

@@ -19,7 +19,7 @@ use crate::client::{Client, StoreOutcome};
 use crate::demo::{demo_namespace, fill_chunk};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
-use crate::model::{ObjectId, PrefixDigest};
+use crate::model::{Medium, ObjectId, PrefixDigest};
 
 /// Largest difference of token hit ratio between the live cluster and its simulation
 /// that still counts as agreement: the live run differs only by timing (reclaims land a
@@ -73,6 +73,8 @@ pub fn run(
         high_watermark_percent: directory.high_watermark_percent,
         low_watermark_percent: directory.low_watermark_percent,
         policy_time_scale: directory.policy_time_scale,
+        cxl_pool_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
+        cxl_extent_bytes: cluster::extent_chunks(config.cxl_blocks) * config.chunk_bytes,
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(exe, &spec).context("starting the live cluster")?;
@@ -116,7 +118,7 @@ async fn drive(
         tokio::time::sleep_until(due).await;
         lag_max = lag_max.max(tokio::time::Instant::now().saturating_duration_since(due));
         if request.hash_ids.is_empty() {
-            tally.count_request(request, 0, &config.pricing);
+            tally.count_request(request, &[], &config.pricing);
             continue;
         }
         let (objects, digests) = chain(namespace, &request.hash_ids);
@@ -134,7 +136,14 @@ async fn drive(
             }
         }
         verified += loaded as u64;
-        tally.count_request(request, loaded, &config.pricing);
+        let media: Vec<Medium> = probed[..loaded]
+            .iter()
+            .filter_map(|outcome| match outcome {
+                ProbeOutcome::Hit { medium, .. } => Some(*medium),
+                ProbeOutcome::Pending | ProbeOutcome::Miss => None,
+            })
+            .collect();
+        tally.count_request(request, &media, &config.pricing);
         store(
             &client,
             &objects[loaded..],

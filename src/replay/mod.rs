@@ -1,9 +1,10 @@
 //! `kvtier replay`: replays a Mooncake-format trace through the tiers, in process and
 //! metadata only, under kvtier's policy and the LRU, S3-FIFO and Belady baselines at the
 //! same capacity, and reports hit ratio, prefill saved, bytes moved and estimated TTFT.
-//! On one tier it also replays the trace through the directory core itself
-//! (`kvtier_directory`: the policy as the cluster runs it, watermarks and reclaim lag
-//! included), and `--live` drives a running cluster with it ([`live`]).
+//! On tiers a cluster holds (DRAM, or DRAM and CXL) it also replays the trace through the
+//! directory core itself (`kvtier_directory`: the policy as the cluster runs it,
+//! watermarks, demotions and reclaim lag included), and `--live` drives a running cluster
+//! with it ([`live`]).
 
 pub mod cluster;
 pub mod live;
@@ -90,26 +91,26 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
     }
     let config = sim_config(args)?;
     let mut report = replay(&requests, &config, &policies(&args.policy), &source)?;
-    if config.tiers.len() == 1 {
-        let simulation = directory_replay(args, &config, 1.0)?;
+    let block_bytes = u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token);
+    if let Some(simulation) = directory_replay(args, &config, 1.0)? {
         let mut bar = ProgressBar::new(report::KVTIER_DIRECTORY, requests.len());
         let tally = cluster::simulate(&requests, &simulation, &mut |done| bar.update(done))?;
         bar.finish();
         report.results.push(report::PolicyReport::new(
             report::KVTIER_DIRECTORY.to_string(),
-            &tally.outcome(),
+            &tally.outcome(block_bytes),
         ));
     }
     if args.live {
         anyhow::ensure!(
-            config.tiers.len() == 1 && config.tiers[0].profile.kind == TierKind::Dram,
-            "--live drives one node with one CPU pool: give --capacity, or --tiers with one dram tier"
-        );
-        anyhow::ensure!(
             args.speedup.is_finite() && args.speedup >= 1.0,
             "--speedup must be at least 1"
         );
-        let simulation = directory_replay(args, &config, args.speedup)?;
+        let Some(simulation) = directory_replay(args, &config, args.speedup)? else {
+            anyhow::bail!(
+                "--live drives one node with a CPU pool and optionally a CXL pool: give --capacity, or --tiers dram=N or dram=N,cxl=M"
+            );
+        };
         report.live = Some(live::run(exe, &requests, &simulation)?);
     }
     let mut stdout = std::io::stdout().lock();
@@ -121,19 +122,31 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The replay of the single tier of `config` through the directory core at `speedup`.
+/// The cluster that holds the tiers of `config` — one node's CPU pool for a DRAM tier and
+/// a CXL pool it maps for a CXL tier — replayed through the directory core at `speedup`;
+/// `None` for tiers a cluster has no pool for (SSD, GPU, remote) or in another order.
 fn directory_replay(
     args: &ReplayArgs,
     config: &SimConfig,
     speedup: f64,
-) -> anyhow::Result<cluster::ClusterSimConfig> {
+) -> anyhow::Result<Option<cluster::ClusterSimConfig>> {
     anyhow::ensure!(
         args.chunk_bytes.is_power_of_two(),
         "--chunk-bytes must be a power of two"
     );
-    let tier = &config.tiers[0];
-    Ok(cluster::ClusterSimConfig {
-        blocks: u64::try_from(tier.blocks)?,
+    let kinds: Vec<TierKind> = config.tiers.iter().map(|tier| tier.profile.kind).collect();
+    let cxl_blocks = match kinds.as_slice() {
+        [TierKind::Dram] => 0,
+        [TierKind::Dram, TierKind::Cxl] => u64::try_from(config.tiers[1].blocks)?,
+        _ => return Ok(None),
+    };
+    let cxl = config
+        .tiers
+        .get(1)
+        .map_or_else(|| TierProfile::representative(TierKind::Cxl), |tier| tier.profile.clone());
+    Ok(Some(cluster::ClusterSimConfig {
+        blocks: u64::try_from(config.tiers[0].blocks)?,
+        cxl_blocks,
         chunk_bytes: args.chunk_bytes,
         directory: crate::directory::DirectoryConfig {
             policy_time_scale: speedup,
@@ -143,10 +156,11 @@ fn directory_replay(
         period: crate::process::node::TASK_INTERVAL,
         pricing: cluster::Pricing {
             cost: config.cost,
-            profile: tier.profile.clone(),
+            cpu: config.tiers[0].profile.clone(),
+            cxl,
             block_bytes: u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token),
         },
-    })
+    }))
 }
 
 fn policies(chosen: &[PolicyKind]) -> Vec<PolicyKind> {
