@@ -175,8 +175,9 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
             "kvtier beat the optimum at {capacity}"
         );
         // The same policy as the directory runs it, watermarks and reclaim lag included.
-        let directory = cluster::simulate(&requests, &directory_replay(capacity, 1.0), &mut |_| {})
-            .expect("directory replay");
+        let directory =
+            cluster::simulate(&requests, &directory_replay(capacity, 0, 1.0), &mut |_| {})
+                .expect("directory replay");
         assert!(
             directory.hit_tokens >= replay_lru.hit_tokens,
             "the directory's policy < lru at {capacity}"
@@ -188,12 +189,12 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
     }
 }
 
-/// One node's CPU pool of `blocks` 64 KiB chunks, the directory's defaults, the trace
-/// `speedup` times faster than recorded.
-fn directory_replay(blocks: usize, speedup: f64) -> ClusterSimConfig {
+/// One node's CPU pool of `blocks` 64 KiB chunks and a CXL pool of `cxl_blocks`, the
+/// directory's defaults, the trace `speedup` times faster than recorded.
+fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimConfig {
     ClusterSimConfig {
         blocks: blocks as u64,
-        cxl_blocks: 0,
+        cxl_blocks,
         chunk_bytes: 64 << 10,
         directory: DirectoryConfig {
             policy_time_scale: speedup,
@@ -215,27 +216,35 @@ fn directory_replay(blocks: usize, speedup: f64) -> ClusterSimConfig {
 #[test]
 fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
     let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
-    // The first 1,000 requests (330 s of trace) at 60×: about 6 s, a pool of 400 chunks
-    // under constant pressure.
+    // The first 1,000 requests (330 s of trace) at 60×: about 6 s per run, pools of a
+    // few hundred chunks under constant pressure. One CPU pool, then a CPU pool whose
+    // victims are demoted into a CXL pool. One after the other, so neither slows the other.
     let requests = &requests[..1_000];
-    let config = directory_replay(400, 60.0);
-    let outcome = live::run(
-        std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
-        requests,
-        &config,
-    )
-    .expect("live replay");
-    assert!(outcome.verified_chunks > 1_000, "{outcome:?}");
-    assert!(
-        outcome.live.skipped > 0 && outcome.simulated.skipped > 0,
-        "the pool was never full: {outcome:?}"
-    );
-    assert!(
-        outcome.agrees(),
-        "live {:.4} vs simulated {:.4}: {outcome:?}",
-        outcome.live.token_hit_ratio(),
-        outcome.simulated.token_hit_ratio()
-    );
+    for (blocks, cxl_blocks) in [(400, 0), (200, 400)] {
+        let config = directory_replay(blocks, cxl_blocks, 60.0);
+        let outcome = live::run(
+            std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
+            requests,
+            &config,
+        )
+        .expect("live replay");
+        assert!(outcome.verified_chunks > 500, "{outcome:?}");
+        assert!(
+            outcome.live.skipped > 0 && outcome.simulated.skipped > 0,
+            "the pools were never full: {outcome:?}"
+        );
+        assert_eq!(
+            outcome.simulated.demoted > 0,
+            cxl_blocks > 0,
+            "demotions only with a CXL pool: {outcome:?}"
+        );
+        assert!(
+            outcome.agrees(),
+            "dram={blocks} cxl={cxl_blocks}: live {:.4} vs simulated {:.4}: {outcome:?}",
+            outcome.live.token_hit_ratio(),
+            outcome.simulated.token_hit_ratio()
+        );
+    }
 }
 
 /// DRAM 1k + CXL 3k + SSD 30k blocks, representative profiles, 64 MiB blocks.

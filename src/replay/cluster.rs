@@ -177,6 +177,7 @@ struct SimulatedCluster {
     next_operation: u64,
     next_allocation: u64,
     next_period: Timestamp,
+    next_poll: Timestamp,
     period: Duration,
     demoted: u64,
 }
@@ -233,6 +234,7 @@ impl SimulatedCluster {
             next_operation: 1,
             next_allocation: 1,
             next_period: Timestamp::ZERO,
+            next_poll: Timestamp::ZERO + config.period / 2,
             period: config.period,
             demoted: 0,
         })
@@ -243,51 +245,65 @@ impl SimulatedCluster {
         OperationId(self.next_operation)
     }
 
-    /// Runs every period boundary up to `now`: heartbeat (acknowledging every operation),
-    /// tick, and the node's task poll, which frees what eviction retired.
+    /// Runs every timer due by `now`, in time order: the directory's tick (with the node's
+    /// heartbeat, acknowledging every operation) on period boundaries, and the node's task
+    /// poll, which frees what eviction retired and copies what it demotes, half a period
+    /// later (the two processes' timers are not aligned; half a period is their mean lag).
     fn advance(&mut self, now: Timestamp) -> anyhow::Result<()> {
-        while self.next_period <= now {
-            let at = self.next_period;
-            let acknowledged = OperationId(self.next_operation);
-            self.directory
-                .heartbeat(at, self.session, Some(acknowledged))?;
-            self.directory.tick(at);
-            for task in self.directory.poll_tasks(at, self.session, u32::MAX)? {
-                match task.kind {
-                    TaskKind::Reclaim { replica, location } => {
-                        if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
-                            self.cxl_free.push(location.offset_bytes);
-                        }
-                        self.directory.reclaim_ack(self.session, replica)?;
+        loop {
+            let at = self.next_period.min(self.next_poll);
+            if at > now {
+                return Ok(());
+            }
+            if self.next_period <= self.next_poll {
+                let acknowledged = OperationId(self.next_operation);
+                self.directory
+                    .heartbeat(at, self.session, Some(acknowledged))?;
+                self.directory.tick(at);
+                self.next_period = at + self.period;
+            } else {
+                self.poll(at)?;
+                self.next_poll = at + self.period;
+            }
+        }
+    }
+
+    /// The node's task poll at `at`: reclaims acknowledged, demotions copied and committed.
+    fn poll(&mut self, at: Timestamp) -> anyhow::Result<()> {
+        for task in self.directory.poll_tasks(at, self.session, u32::MAX)? {
+            match task.kind {
+                TaskKind::Reclaim { replica, location } => {
+                    if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
+                        self.cxl_free.push(location.offset_bytes);
                     }
-                    TaskKind::Demote {
-                        target,
-                        target_pool,
-                        ..
-                    } => {
-                        // The copy is instant here; the live node copies, then commits.
-                        match self.location(at, target_pool)? {
-                            Some(location) => {
-                                let operation = self.operation();
-                                let committed = self.directory.commit(
-                                    at,
-                                    self.session,
-                                    operation,
-                                    target,
-                                    location,
-                                )?;
-                                if committed == CommitOutcome::Committed {
-                                    self.demoted += 1;
-                                }
+                    self.directory.reclaim_ack(self.session, replica)?;
+                }
+                TaskKind::Demote {
+                    target,
+                    target_pool,
+                    ..
+                } => {
+                    // The copy is instant here; the live node copies, then commits.
+                    match self.location(at, target_pool)? {
+                        Some(location) => {
+                            let operation = self.operation();
+                            let committed = self.directory.commit(
+                                at,
+                                self.session,
+                                operation,
+                                target,
+                                location,
+                            )?;
+                            if committed == CommitOutcome::Committed {
+                                self.demoted += 1;
                             }
-                            None => {
-                                self.directory.abort(self.session, target)?;
-                            }
+                        }
+                        None => {
+                            self.directory.abort(self.session, target)?;
                         }
                     }
                 }
             }
-            self.next_period = at + self.period;
         }
         Ok(())
     }
@@ -334,11 +350,7 @@ impl SimulatedCluster {
 
     /// The leading blocks cached, leased and released as a load does; returns the media
     /// they were read from.
-    fn load_prefix(
-        &mut self,
-        now: Timestamp,
-        objects: &[ObjectId],
-    ) -> anyhow::Result<Vec<Medium>> {
+    fn load_prefix(&mut self, now: Timestamp, objects: &[ObjectId]) -> anyhow::Result<Vec<Medium>> {
         let probed = self.directory.probe(self.session, objects)?;
         let hits = probed
             .iter()

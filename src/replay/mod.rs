@@ -140,10 +140,10 @@ fn directory_replay(
         [TierKind::Dram, TierKind::Cxl] => u64::try_from(config.tiers[1].blocks)?,
         _ => return Ok(None),
     };
-    let cxl = config
-        .tiers
-        .get(1)
-        .map_or_else(|| TierProfile::representative(TierKind::Cxl), |tier| tier.profile.clone());
+    let cxl = config.tiers.get(1).map_or_else(
+        || TierProfile::representative(TierKind::Cxl),
+        |tier| tier.profile.clone(),
+    );
     Ok(Some(cluster::ClusterSimConfig {
         blocks: u64::try_from(config.tiers[0].blocks)?,
         cxl_blocks,
