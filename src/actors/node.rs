@@ -16,8 +16,11 @@ use actix::prelude::*;
 use futures_util::StreamExt;
 use std::time::Duration;
 
-/// Tasks fetched per round.
+/// Tasks fetched per poll.
 pub const TASKS_PER_POLL: u32 = 256;
+/// Polls per round while full batches keep coming: a node keeps up with up to 4096 tasks
+/// per task interval (eviction under a burst of stores) without one round running forever.
+pub const POLLS_PER_ROUND_MAX: usize = 16;
 /// Tasks of one poll run at once: each waits on a round trip to the directory (an
 /// acknowledgement, a commit), so running them one after another would make reclaim lag
 /// behind eviction under load. Within the link's bound of requests in flight.
@@ -102,32 +105,39 @@ async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<Nod
     }
 }
 
-/// Fetches and runs tasks, then gives back extents that emptied.
+/// Fetches and runs tasks until a poll returns less than a full batch (at most
+/// [`POLLS_PER_ROUND_MAX`] polls), then gives back extents that emptied.
 async fn run_tasks(services: &NodeServices) {
-    let tasks = match services
-        .link
-        .call(DirectoryRequest::PollTasks {
-            max: TASKS_PER_POLL,
-        })
-        .await
-    {
-        Ok(DirectoryReply::Tasks(tasks)) => tasks,
-        _ => return,
-    };
-    futures_util::stream::iter(tasks)
-        .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
-            match task.kind {
-                TaskKind::Reclaim { replica, location } => {
-                    reclaim(services, replica, location).await
+    for _ in 0..POLLS_PER_ROUND_MAX {
+        let tasks = match services
+            .link
+            .call(DirectoryRequest::PollTasks {
+                max: TASKS_PER_POLL,
+            })
+            .await
+        {
+            Ok(DirectoryReply::Tasks(tasks)) => tasks,
+            _ => break,
+        };
+        let drained = tasks.len() < TASKS_PER_POLL as usize;
+        futures_util::stream::iter(tasks)
+            .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
+                match task.kind {
+                    TaskKind::Reclaim { replica, location } => {
+                        reclaim(services, replica, location).await
+                    }
+                    TaskKind::Demote {
+                        source,
+                        target,
+                        target_pool,
+                    } => demote(services, source, target, target_pool).await,
                 }
-                TaskKind::Demote {
-                    source,
-                    target,
-                    target_pool,
-                } => demote(services, source, target, target_pool).await,
-            }
-        })
-        .await;
+            })
+            .await;
+        if drained {
+            break;
+        }
+    }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
 }

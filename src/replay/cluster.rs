@@ -1,9 +1,9 @@
 //! The cluster's policy, replayed in process: the trace drives the directory core (the
-//! state machine the directory process runs, with its watermarks, victim choice and
-//! reclaim tasks) through an injected clock, metadata only. It steps the way the running
-//! cluster does: the directory ticks and the node polls its tasks every
-//! [`ClusterSimConfig::period`]; a load is probe, acquire, release; a store is reserve then
-//! commit (in CXL, inside an extent the directory granted). With a CXL pool the node stores
+//! state machine the directory process runs, with its watermarks, victim choice,
+//! demotions and reclaim tasks) through an injected clock, metadata only. It steps the way
+//! the running cluster does: the directory ticks every [`ClusterSimConfig::period`] and the
+//! node polls its tasks as often, half a period later; a load is probe, acquire, release; a
+//! store is reserve then commit (in CXL, inside an extent the directory granted). With a CXL pool the node stores
 //! in the order `[cpu, cxl]` and pressure on the CPU pool demotes into CXL.
 //! `kvtier replay --live` runs the same requests against real processes, and the two hit
 //! ratios must agree.

@@ -1,8 +1,8 @@
 //! `kvtier replay --live`: drives a running cluster (a directory and one node as processes
-//! on loopback, real QUIC, a real shared-memory pool) with a trace, storing and loading
-//! real chunks whose bytes are verified, and compares its hit ratio with the same trace
-//! replayed through the directory core in process ([`super::cluster`]) and with the
-//! metadata-only policies at the same capacity.
+//! on loopback, real QUIC, a real shared-memory CPU pool and optionally an emulated CXL
+//! pool) with a trace, storing and loading real chunks whose bytes are verified, and
+//! compares its hit ratio with the same trace replayed through the directory core in
+//! process ([`super::cluster`]) and with the metadata-only policies at the same capacity.
 //!
 //! The trace runs `speedup` times faster than recorded; the directory is told so
 //! (`policy_time_scale`), so idle times weigh in its eviction as they did in the trace.
