@@ -130,25 +130,15 @@ async fn replay(
     let namespace = clients[0].register_namespace(demo_namespace()).await?;
     clients[1].register_namespace(demo_namespace()).await?;
     let mut tally = Tally::default();
-    let mut buffers: Vec<Vec<u8>> = Vec::new();
-    let mut expected = vec![0u8; chunk_bytes];
+    let mut buffers = PrefixBuffers::new(chunk_bytes);
     let progress = std::io::stderr().is_terminal();
     for (index, request) in requests.iter().enumerate() {
         let client = &clients[index % 2];
         let (objects, digests) = chain(namespace, &request.hash_ids);
-        let probed = client.probe(&objects).await?;
-        let hits = probed
-            .iter()
-            .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
-            .count();
         let load_started = Instant::now();
-        let loaded = load_prefix(client, &objects[..hits], &mut buffers, chunk_bytes).await?;
-        for (position, buffer) in buffers.iter().take(loaded).enumerate() {
-            fill_chunk(&digests[position], &mut expected);
-            if buffer[..] != expected[..] {
-                bail!("request {index}: block {position} loaded wrong bytes");
-            }
-        }
+        let (_, loaded) = load_cached_prefix(client, &objects, &digests, &mut buffers)
+            .await
+            .with_context(|| format!("request {index}"))?;
         if loaded > 0 {
             tally.load_latency.record(load_started.elapsed());
         }
@@ -158,14 +148,17 @@ async fn replay(
         tally.chunks_loaded += loaded as u64;
         tally.bytes_moved += (loaded * chunk_bytes) as u64;
         let store_started = Instant::now();
-        store_rest(
-            client,
-            &objects[loaded..],
-            &digests[loaded..],
-            chunk_bytes,
-            &mut tally,
-        )
-        .await?;
+        let stored = store_chunks(client, &objects[loaded..], &digests[loaded..], chunk_bytes);
+        for outcome in stored.await? {
+            match outcome {
+                StoreOutcome::Stored => {
+                    tally.chunks_stored += 1;
+                    tally.bytes_moved += chunk_bytes as u64;
+                }
+                StoreOutcome::Skipped => tally.chunks_skipped += 1,
+                StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
+            }
+        }
         tally.transfer_time += store_started.elapsed();
         if progress && index % 50 == 0 {
             eprint!(
@@ -182,36 +175,69 @@ async fn replay(
     Ok(tally)
 }
 
-/// Loads the leading run of `objects` into `buffers`; returns how many loaded (a replica
-/// retired between probe and acquire shortens the run: an expected miss).
-pub(crate) async fn load_prefix(
-    client: &Client,
-    objects: &[ObjectId],
-    buffers: &mut Vec<Vec<u8>>,
-    chunk_bytes: usize,
-) -> anyhow::Result<usize> {
-    while buffers.len() < objects.len() {
-        buffers.push(vec![0u8; chunk_bytes]);
-    }
-    let mut targets: Vec<&mut [u8]> = buffers
-        .iter_mut()
-        .take(objects.len())
-        .map(|buffer| buffer.as_mut_slice())
-        .collect();
-    let hits = client
-        .load_into(objects, &mut targets)
-        .await
-        .context("loading a prefix")?;
-    Ok(hits.iter().take_while(|hit| **hit).count())
+/// Reusable buffers a prefix is loaded into, and one to check each chunk against.
+pub(crate) struct PrefixBuffers {
+    chunks: Vec<Vec<u8>>,
+    expected: Vec<u8>,
 }
 
-async fn store_rest(
+impl PrefixBuffers {
+    /// Buffers for chunks of `chunk_bytes`.
+    pub(crate) fn new(chunk_bytes: usize) -> Self {
+        Self {
+            chunks: Vec::new(),
+            expected: vec![0u8; chunk_bytes],
+        }
+    }
+}
+
+/// Probes a prompt's chunks, loads the leading run that is cached and checks every byte
+/// against what [`fill_chunk`] makes of its digest. Returns the probe's outcomes and how
+/// many chunks loaded (a replica retired between probe and acquire shortens the run: an
+/// expected miss). Fails on a wrong byte or a refused request.
+pub(crate) async fn load_cached_prefix(
+    client: &Client,
+    objects: &[ObjectId],
+    digests: &[PrefixDigest],
+    buffers: &mut PrefixBuffers,
+) -> anyhow::Result<(Vec<ProbeOutcome>, usize)> {
+    let probed = client.probe(objects).await?;
+    let hits = probed
+        .iter()
+        .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+        .count();
+    let chunk_bytes = buffers.expected.len();
+    while buffers.chunks.len() < hits {
+        buffers.chunks.push(vec![0u8; chunk_bytes]);
+    }
+    let mut targets: Vec<&mut [u8]> = buffers
+        .chunks
+        .iter_mut()
+        .take(hits)
+        .map(|buffer| buffer.as_mut_slice())
+        .collect();
+    let loaded = client
+        .load_into(&objects[..hits], &mut targets)
+        .await
+        .context("loading a prefix")?;
+    let loaded = loaded.iter().take_while(|hit| **hit).count();
+    for (position, buffer) in buffers.chunks.iter().take(loaded).enumerate() {
+        fill_chunk(&digests[position], &mut buffers.expected);
+        if buffer[..] != buffers.expected[..] {
+            bail!("chunk {position} of the prefix loaded wrong bytes");
+        }
+    }
+    Ok((probed, loaded))
+}
+
+/// Stores the chunks of `objects` (their bytes made from `digests`), pipelined, in order;
+/// one outcome per object.
+pub(crate) async fn store_chunks(
     client: &Client,
     objects: &[ObjectId],
     digests: &[PrefixDigest],
     chunk_bytes: usize,
-    tally: &mut Tally,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<StoreOutcome>> {
     let chunks: Vec<Vec<u8>> = digests
         .iter()
         .map(|digest| {
@@ -225,17 +251,12 @@ async fn store_rest(
         .copied()
         .zip(chunks.iter().map(Vec::as_slice))
         .collect();
-    for outcome in client.store_many(&items).await {
-        match outcome.context("storing a block")? {
-            StoreOutcome::Stored => {
-                tally.chunks_stored += 1;
-                tally.bytes_moved += chunk_bytes as u64;
-            }
-            StoreOutcome::Skipped => tally.chunks_skipped += 1,
-            StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
-        }
-    }
-    Ok(())
+    client
+        .store_many(&items)
+        .await
+        .into_iter()
+        .map(|outcome| outcome.context("storing a chunk"))
+        .collect()
 }
 
 fn print_summary(tally: &Tally, elapsed: Duration) {
@@ -257,7 +278,7 @@ fn print_summary(tally: &Tally, elapsed: Duration) {
         tally.bytes_moved as f64 / seconds / 1e9
     );
     println!(
-        "  prefix load latency    p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} loads",
+        "  prefix probe+load      p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} loads",
         tally.load_latency.quantile(0.5).as_secs_f64() * 1e6,
         tally.load_latency.quantile(0.99).as_secs_f64() * 1e6,
         tally.load_latency.max().as_secs_f64() * 1e6,

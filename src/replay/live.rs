@@ -16,10 +16,10 @@ use anyhow::{bail, Context};
 use super::cluster::{self, chain, cluster_time, ClusterSimConfig, ClusterTally};
 use super::trace::Request;
 use crate::client::{Client, StoreOutcome};
-use crate::demo::{demo_namespace, fill_chunk};
+use crate::demo::{demo_namespace, load_cached_prefix, store_chunks, PrefixBuffers};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
-use crate::model::{Medium, ObjectId, PrefixDigest};
+use crate::model::Medium;
 
 /// Largest difference of token hit ratio between the live cluster and its simulation
 /// that still counts as agreement: the live run differs only by timing (reclaims land a
@@ -108,8 +108,7 @@ async fn drive(
     let mut tally = ClusterTally::default();
     let mut verified = 0u64;
     let mut lag_max = Duration::ZERO;
-    let mut buffers: Vec<Vec<u8>> = Vec::new();
-    let mut expected = vec![0u8; chunk_bytes];
+    let mut buffers = PrefixBuffers::new(chunk_bytes);
     let progress = std::io::stderr().is_terminal();
     let start = tokio::time::Instant::now();
     for (index, request) in requests.iter().enumerate() {
@@ -122,19 +121,9 @@ async fn drive(
             continue;
         }
         let (objects, digests) = chain(namespace, &request.hash_ids);
-        let probed = client.probe(&objects).await?;
-        let hits = probed
-            .iter()
-            .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
-            .count();
-        let loaded =
-            crate::demo::load_prefix(&client, &objects[..hits], &mut buffers, chunk_bytes).await?;
-        for (position, buffer) in buffers.iter().take(loaded).enumerate() {
-            fill_chunk(&digests[position], &mut expected);
-            if buffer[..] != expected[..] {
-                bail!("request {index}: chunk {position} loaded wrong bytes");
-            }
-        }
+        let (probed, loaded) = load_cached_prefix(&client, &objects, &digests, &mut buffers)
+            .await
+            .with_context(|| format!("request {index}"))?;
         verified += loaded as u64;
         let media: Vec<Medium> = probed[..loaded]
             .iter()
@@ -144,14 +133,14 @@ async fn drive(
             })
             .collect();
         tally.count_request(request, &media, &config.pricing);
-        store(
-            &client,
-            &objects[loaded..],
-            &digests[loaded..],
-            chunk_bytes,
-            &mut tally,
-        )
-        .await?;
+        let stored = store_chunks(&client, &objects[loaded..], &digests[loaded..], chunk_bytes);
+        for outcome in stored.await? {
+            match outcome {
+                StoreOutcome::Stored => tally.stored += 1,
+                StoreOutcome::Skipped => tally.skipped += 1,
+                StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
+            }
+        }
         if progress && index % 100 == 0 {
             eprint!(
                 "\r  live: {index}/{} requests, token hit ratio {:.3}",
@@ -165,35 +154,4 @@ async fn drive(
         eprint!("\r{:<70}\r", "");
     }
     Ok((tally, verified, lag_max))
-}
-
-/// Stores the chunks of `objects` in prompt order, pipelined.
-async fn store(
-    client: &Client,
-    objects: &[ObjectId],
-    digests: &[PrefixDigest],
-    chunk_bytes: usize,
-    tally: &mut ClusterTally,
-) -> anyhow::Result<()> {
-    let chunks: Vec<Vec<u8>> = digests
-        .iter()
-        .map(|digest| {
-            let mut chunk = vec![0u8; chunk_bytes];
-            fill_chunk(digest, &mut chunk);
-            chunk
-        })
-        .collect();
-    let items: Vec<(ObjectId, &[u8])> = objects
-        .iter()
-        .copied()
-        .zip(chunks.iter().map(Vec::as_slice))
-        .collect();
-    for outcome in client.store_many(&items).await {
-        match outcome.context("storing a chunk")? {
-            StoreOutcome::Stored => tally.stored += 1,
-            StoreOutcome::Skipped => tally.skipped += 1,
-            StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
-        }
-    }
-    Ok(())
 }
