@@ -642,14 +642,10 @@ impl Directory {
             });
         }
         self.check_namespace(session, item.object.namespace)?;
-        // A store is an access: the engine needed the chunk and did not find it.
-        let class = self.record_access(now, &item.object);
-        let session = self.open_session(session_id)?;
+        let mut present = None;
         let outcome = match self.existing_for(session, &item.object) {
             Some((outcome, ready)) => {
-                if let Some(ready) = ready {
-                    self.replicas.touch(ready, class);
-                }
+                present = ready;
                 outcome
             }
             None => match self.place(session_id, session, item.length_bytes) {
@@ -689,6 +685,12 @@ impl Directory {
                 }
             },
         };
+        // A store is an access: the engine needed the chunk (and a READY copy it did not
+        // look for is as good as read).
+        let class = self.record_access(now, &item.object);
+        if let Some(ready) = present {
+            self.replicas.touch(ready, class);
+        }
         if outcome == ReserveOutcome::Skip {
             // Make room now rather than at the next tick: this store is skipped, the next
             // ones find the space once the owners reclaim.
