@@ -158,7 +158,7 @@ fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
     let memory = kvtier::backends::SharedMemory::create(&path, MEMORY_PROBE_BYTES, 0, 64 << 10)
         .with_context(|| format!("mapping a scratch pool at {}", path.display()));
     let _ = std::fs::remove_file(&path);
-    let region = ProbeRegion::Writable {
+    let region = ProbeRegion {
         offset: 0,
         length: MEMORY_PROBE_BYTES,
     };

@@ -203,7 +203,8 @@ fn store_load_isolation_bad_peers_and_metrics() {
             panic!("usage refused")
         };
         // Every node probed its CPU pool at start: the directory prices it by the
-        // measurement, not by the representative DRAM figures.
+        // measurement, not by the representative DRAM figures (the nodes' own metrics,
+        // checked below, carry the write figure they measured).
         let representative = Measurement::of(&TierProfile::representative(TierKind::Dram));
         for pool in &pools {
             assert_ne!(
@@ -211,7 +212,6 @@ fn store_load_isolation_bad_peers_and_metrics() {
                 "{:?} was not probed",
                 pool.spec.name
             );
-            assert!(pool.profile.write_bandwidth_bytes_per_s.is_some());
         }
         assert!(
             matches!(
@@ -240,6 +240,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             "kvtier_leases",
             "kvtier_sessions",
             "kvtier_pool_profile{figure=\"read_bytes_per_second\"",
+            "kvtier_pool_profile{figure=\"write_bytes_per_second\"",
         ] {
             assert!(body.contains(family), "{name} does not serve {family}");
         }

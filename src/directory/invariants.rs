@@ -78,6 +78,7 @@ impl Directory {
             }
         }
         let mut extent_replicas: HashMap<(u32, usize), u32> = HashMap::new();
+        self.replicas.check_recency();
         let mut listed: HashMap<u32, u64> = HashMap::new();
         let mut listed_count: HashMap<u32, u64> = HashMap::new();
         for (index, pool) in self.pools.iter().enumerate() {

@@ -66,7 +66,8 @@ pub struct SessionTransition {
 pub struct TickReport {
     pub expired_leases: u32,
     pub expired_reservations: u32,
-    /// READY replicas the eviction policy started retiring.
+    /// READY replicas the eviction policy chose under pressure (retired, or demoted one
+    /// tier colder).
     pub evicted: u32,
     /// READY replicas that outlived their tier's time to live (retired or demoted).
     pub expired: u32,
@@ -689,6 +690,9 @@ impl Directory {
         // look for is as good as read).
         let class = self.record_access(now, &item.object);
         if let Some(ready) = present {
+            if let Some(replica) = self.replicas.get_mut(ready) {
+                replica.last_access = now;
+            }
             self.replicas.touch(ready, class);
         }
         if outcome == ReserveOutcome::Skip {

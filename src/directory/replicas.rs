@@ -390,6 +390,32 @@ impl ReplicaTable {
         })
     }
 
+    /// Panics unless every recency list is well linked: each entry's older neighbour links
+    /// back to it, the recorded ends are the list's ends, each entry is on the list of its
+    /// pool and class. Walks at most `live + 1` entries a list, so a cycle fails, not hangs.
+    pub fn check_recency(&self) {
+        for (pool, lists) in self.recency.iter().enumerate() {
+            for (class, &(newest, oldest)) in lists.iter().enumerate() {
+                let (mut cursor, mut previous, mut steps) = (oldest, NONE, 0u32);
+                while cursor != NONE {
+                    assert!(
+                        steps <= self.live,
+                        "recency list {pool}/{class} has a cycle"
+                    );
+                    let entry = &self.slots[cursor as usize];
+                    assert_eq!(entry.older, previous, "broken link in list {pool}/{class}");
+                    assert_eq!(
+                        (entry.pool.0 as usize, entry.class as usize),
+                        (pool, class),
+                        "replica on another pool's or class's list"
+                    );
+                    (previous, cursor, steps) = (cursor, entry.newer, steps + 1);
+                }
+                assert_eq!(previous, newest, "newest end of list {pool}/{class}");
+            }
+        }
+    }
+
     /// Every live replica, in slot order (for invariant checks and bulk decisions).
     pub fn iter(&self) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
         (0..self.slots.len() as u32)

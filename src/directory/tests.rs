@@ -1616,3 +1616,35 @@ fn replicas_past_their_tiers_time_to_live_leave_without_pressure() {
     };
     assert!(refused.validate().is_err());
 }
+
+#[test]
+fn storing_an_object_already_ready_counts_as_an_access() {
+    let config = DirectoryConfig {
+        ttl: [(
+            Medium::Cpu,
+            LifecyclePolicy {
+                resident_ttl_ms: 10_000,
+                expiring_grace_ms: 0,
+                spill_on_expiry: false,
+            },
+        )]
+        .into(),
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node_with("a", 8 * MIB, vec![Medium::Cpu], vec![]);
+    let objects: Vec<ObjectId> = (0..2).map(|index| fixture.object(index)).collect();
+    for object in &objects {
+        fixture.store(&a, *object, MIB);
+    }
+    fixture.now = fixture.now + Duration::from_secs(8);
+    assert_eq!(
+        fixture.reserve(&a, objects[0], MIB),
+        ReserveOutcome::AlreadyPresent
+    );
+    assert_eq!(
+        fixture.tick_after(4, &a, &objects),
+        [true, false],
+        "the one stored again 4 s ago stays; the other is 12 s idle"
+    );
+}

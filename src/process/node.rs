@@ -8,7 +8,7 @@ use crate::actors::link::{DirectoryAddress, DirectoryLink};
 use crate::actors::node::{NodeActor, NodeExit};
 use crate::actors::pool::PoolActor;
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPool, CpuPoolConfig, CxlPool};
+use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 /// How long a starting node keeps trying to reach the directory.
 const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
-/// How often the node fetches tasks (reclaims) from the directory; also the directory's
-/// default tick.
+/// How often the node fetches tasks (reclaims, demotions) from the directory; the same as
+/// the directory's default tick (`tick_interval_ms`).
 pub const TASK_INTERVAL: Duration = Duration::from_millis(50);
 /// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
 const ALLOCATIONS_MAX: u32 = 1 << 22;
@@ -85,7 +85,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new()?);
     metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
     // The pool is fresh: nothing is allocated in it yet, so the probe may write anywhere.
-    let region = ProbeRegion::Writable {
+    let region = ProbeRegion {
         offset: 0,
         length: pool.memory().data_bytes(),
     };
@@ -153,32 +153,37 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Probes a shared pool: through an extent granted for the probe (unused, so the write
-/// figure is measured too) and given back at once, or, when none is free, by reading the
-/// first bytes of the pool only.
+/// Probes a shared pool through an extent granted for the probe (unused, so the probe may
+/// overwrite it), then gives the extent back. With no free extent the pool is not probed:
+/// reading bytes other nodes own would measure their caches, not the device. An extent the
+/// directory did not take back is handed to the pool's allocator, whose empty extents the
+/// node returns on its task timer.
 async fn probe_shared_pool(
     link: &DirectoryLink,
     pool: PoolId,
     cxl: &CxlPool,
 ) -> Result<Measurement, probe::ProbeError> {
     let Ok(ExtentGrant::Granted(extent)) = link.grant_extent(pool).await else {
-        let region = ProbeRegion::ReadOnly {
-            offset: 0,
-            length: cxl.memory().data_bytes(),
-        };
-        return probe::probe_memory(cxl.memory(), region);
+        return Err(probe::ProbeError::NoRoom);
     };
-    let region = ProbeRegion::Writable {
+    let region = ProbeRegion {
         offset: extent.offset_bytes,
         length: extent.length_bytes,
     };
     let measured = probe::probe_memory(cxl.memory(), region);
     let offset_bytes = extent.offset_bytes;
-    if let Err(error) = link
+    let returned = link
         .call(DirectoryRequest::ReturnExtent { pool, offset_bytes })
-        .await
-    {
-        tracing::warn!(%error, ?pool, "giving back the probe's extent failed");
+        .await;
+    if !matches!(returned, Ok(DirectoryReply::ExtentReturned(true))) {
+        tracing::warn!(
+            ?returned,
+            ?pool,
+            "the probe's extent was not taken back; the allocator returns it when idle"
+        );
+        if let Err(error) = cxl.add_extent(extent.offset_bytes, extent.length_bytes) {
+            tracing::warn!(%error, ?pool, "the probe's extent stays with this session");
+        }
     }
     measured
 }

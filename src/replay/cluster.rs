@@ -16,8 +16,8 @@ use super::sim::Outcome;
 use super::trace::Request;
 use crate::demo::demo_namespace;
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, ExtentGrant,
-    OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
+    AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
+    ExtentGrant, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
 };
 use crate::model::{
     AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
@@ -318,9 +318,9 @@ impl SimulatedCluster {
                     let operation = self.operation();
                     match self
                         .directory
-                        .grant_extent(now, self.session, operation, pool)?
+                        .grant_extent(now, self.session, operation, pool)
                     {
-                        ExtentGrant::Granted(extent) => {
+                        Ok(ExtentGrant::Granted(extent)) => {
                             let chunks = extent_bytes / self.chunk_bytes;
                             self.cxl_free.extend(
                                 (0..chunks)
@@ -328,7 +328,10 @@ impl SimulatedCluster {
                                     .map(|chunk| extent.offset_bytes + chunk * self.chunk_bytes),
                             );
                         }
-                        ExtentGrant::Full => return Ok(None),
+                        // Every extent held, or this session's bound on extents reached: the
+                        // live node cannot allocate either.
+                        Ok(ExtentGrant::Full) | Err(DirectoryError::Full(_)) => return Ok(None),
+                        Err(error) => return Err(error.into()),
                     }
                 }
                 match self.cxl_free.pop() {

@@ -69,7 +69,8 @@ pub fn run(
         nodes: 1,
         cpu_pool_bytes: config.blocks.saturating_mul(config.chunk_bytes),
         page_bytes: config.chunk_bytes,
-        metrics: false,
+        // The node's metrics tell how many chunks it demoted.
+        metrics: true,
         high_watermark_percent: directory.high_watermark_percent,
         low_watermark_percent: directory.low_watermark_percent,
         policy_time_scale: directory.policy_time_scale,
@@ -82,8 +83,10 @@ pub fn run(
         .enable_all()
         .build()?;
     let started = Instant::now();
-    let (live, verified_chunks, lag_max) = runtime.block_on(drive(&cluster, requests, config))?;
+    let (mut live, verified_chunks, lag_max) =
+        runtime.block_on(drive(&cluster, requests, config))?;
     let elapsed = started.elapsed();
+    live.demoted = demoted_chunks(&cluster, config.chunk_bytes)?;
     drop(cluster);
     let simulated = cluster::simulate(requests, config, &mut |_| {})?;
     Ok(LiveOutcome {
@@ -93,6 +96,20 @@ pub fn run(
         lag_max,
         elapsed,
     })
+}
+
+/// Chunks the cluster's node copied one tier colder, from its `kvtier_bytes_moved_total`.
+fn demoted_chunks(cluster: &LocalCluster, chunk_bytes: u64) -> anyhow::Result<u64> {
+    let node = cluster
+        .metrics_addresses()
+        .into_iter()
+        .find(|(name, _)| name != "directory")
+        .context("the live node serves no metrics")?;
+    let body = crate::launch::scrape_metrics(node.1)?;
+    let bytes =
+        crate::launch::metric_value(&body, "kvtier_bytes_moved_total{direction=\"demote\"}")
+            .context("the node exports no demoted bytes")?;
+    Ok(bytes as u64 / chunk_bytes.max(1))
 }
 
 /// One client replays the trace on its schedule: probe the prompt's chunks, load the

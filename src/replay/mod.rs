@@ -64,9 +64,9 @@ pub struct ReplayArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also drive a running cluster (a directory and one node started on loopback) with
-    /// the trace, storing and loading real chunks, and compare its hit ratio with the
-    /// directory core's replay. One DRAM tier only.
+    /// Also drive a running cluster (a directory and one node started on loopback, with a
+    /// CXL pool for a cxl tier) with the trace, storing and loading real chunks, and
+    /// compare its hit ratio with the directory core's replay. Tiers: dram, or dram,cxl.
     #[arg(long)]
     pub live: bool,
     /// Replay only the first REQUESTS requests of the trace.

@@ -11,7 +11,7 @@ use super::sim::{Outcome, PolicyKind, TierSpec};
 /// Report key of LRU restricted to the hottest tier (printed with several tiers).
 pub const LRU_TOP_TIER_ONLY: &str = "lru_top_tier_only";
 /// Report key of the replay through the directory core: kvtier's policy as the cluster
-/// runs it (one tier).
+/// runs it (DRAM, or DRAM and CXL).
 pub const KVTIER_DIRECTORY: &str = "kvtier_directory";
 
 /// The report key of `policy`.
@@ -161,6 +161,8 @@ impl Report {
                 "chunks_skipped": live.live.skipped,
                 "simulated_chunks_stored": live.simulated.stored,
                 "simulated_chunks_skipped": live.simulated.skipped,
+                "chunks_demoted": live.live.demoted,
+                "simulated_chunks_demoted": live.simulated.demoted,
                 "chunks_verified": live.verified_chunks,
                 "schedule_lag_max_ms": live.lag_max.as_secs_f64() * 1e3,
                 "elapsed_s": live.elapsed.as_secs_f64(),
@@ -219,11 +221,13 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  chunks stored {} / skipped {} (simulated {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
+                "  chunks stored {} / skipped {} / demoted {} (simulated {} / {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
                 live.live.stored,
                 live.live.skipped,
+                live.live.demoted,
                 live.simulated.stored,
                 live.simulated.skipped,
+                live.simulated.demoted,
                 live.verified_chunks,
                 live.lag_max.as_secs_f64() * 1e3,
                 live.elapsed.as_secs_f64()

@@ -14,8 +14,9 @@ use crate::model::{
 use crate::policy::profiles::Measurement;
 use serde::{Deserialize, Serialize};
 
-/// Protocol versions this build speaks, newest last.
-pub const SUPPORTED_VERSIONS: &[u16] = &[1];
+/// Message-set versions this build speaks, newest last. 2 added profile reports and the
+/// profile in usage reports; a version-1 peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[2];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
