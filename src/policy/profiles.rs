@@ -249,15 +249,6 @@ impl ProfileFigures {
         applied.validate()?;
         Ok(applied)
     }
-
-    /// Every figure of `profile`.
-    pub fn of(profile: &TierProfile) -> Self {
-        Self {
-            read_latency_us: Some(profile.read_latency_us),
-            read_bandwidth_bytes_per_s: Some(profile.read_bandwidth_bytes_per_s),
-            write_bandwidth_bytes_per_s: Some(profile.write_bandwidth_bytes_per_s),
-        }
-    }
 }
 
 /// A probe's figures in whole units, as they travel from a node to the directory and back
@@ -394,7 +385,10 @@ mod tests {
             applied.write_bandwidth_bytes_per_s,
             cxl.write_bandwidth_bytes_per_s
         );
-        assert_eq!(ProfileFigures::of(&applied).apply(&cxl).unwrap(), applied);
+        assert_eq!(
+            Measurement::of(&applied).figures().apply(&cxl).unwrap(),
+            applied
+        );
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             let figures = ProfileFigures {
                 read_latency_us: Some(bad),
