@@ -157,7 +157,7 @@ impl LocalCluster {
                 spec.cxl_pool_bytes,
                 spec.page_bytes,
                 spec.cxl_extent_bytes,
-                crate::process::node::fresh_uuid(),
+                crate::actors::node::process::fresh_uuid(),
             ));
             "[0]"
         } else {

@@ -116,12 +116,12 @@ fn main() -> anyhow::Result<()> {
         Command::Directory { config } => {
             init_tracing();
             let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::process::directory::run(config))
+            actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config))
         }
         Command::Node { config, name } => {
             init_tracing();
             let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::process::node::run(config, &name))
+            actix_rt::System::new().block_on(kvtier::actors::node::process::run(config, &name))
         }
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),
@@ -204,7 +204,7 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
         let waited = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map(|runtime| runtime.block_on(kvtier::process::shutdown_signal()));
+            .map(|runtime| runtime.block_on(kvtier::actors::process::shutdown_signal()));
         if let Ok(Err(error)) | Err(error) = waited.map_err(anyhow::Error::from) {
             eprintln!("cannot wait for signals: {error}");
         }

@@ -2,14 +2,14 @@
 //! loopback, QUIC with mutual TLS, shared-memory pools under /dev/shm and engine clients on
 //! Unix sockets. Each waits on conditions with deadlines, never on fixed sleeps.
 
-use kvtier::actors::link::{DirectoryAddress, DirectoryLink, LinkError};
+use kvtier::actors::node::link::{DirectoryAddress, DirectoryLink, LinkError};
 use kvtier::client::{Client, ClientError, StoreOutcome};
 use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, ObjectId, PrefixDigest};
 use kvtier::policy::profiles::{Measurement, TierKind, TierProfile};
-use kvtier::wire::messages::{
+use kvtier::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
 use kvtier::wire::{codec, read_frame, tls, FrameHeader};
@@ -181,7 +181,13 @@ fn store_load_isolation_bad_peers_and_metrics() {
         let mut target = bench_link_target(&cluster);
         target.certs = foreign;
         target.node_name = "node-a".into();
-        let refused = DirectoryLink::open(target, vec![Medium::Cpu], vec![Medium::Cpu]).await;
+        let refused = DirectoryLink::open(
+            target,
+            vec![Medium::Cpu],
+            vec![Medium::Cpu],
+            Default::default(),
+        )
+        .await;
         assert!(
             matches!(refused, Err(LinkError::Wire(_))),
             "wrong-CA peer was not refused"
@@ -191,6 +197,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             bench_link_target(&cluster),
             vec![Medium::Cpu],
             vec![Medium::Cpu],
+            Default::default(),
         )
         .await
         .unwrap();
@@ -291,6 +298,7 @@ fn killed_node_is_hidden_then_restarts_with_a_new_epoch() {
             bench_link_target(&cluster),
             vec![Medium::Cpu],
             vec![Medium::Cpu],
+            Default::default(),
         )
         .await
         .unwrap();

@@ -1,7 +1,7 @@
 //! The glue between a byte stream and a session actor: a stream of raw frames for the
 //! actor's `StreamHandler`, and a writer task fed by a bounded channel.
 
-use crate::wire::messages::{ProtocolError, SUPPORTED_VERSIONS};
+use crate::protocol::messages::{ProtocolError, SUPPORTED_VERSIONS};
 use crate::wire::{codec, read_raw_frame, write_frame, RawFrame, WireError};
 use futures_util::stream::{self, Stream};
 use serde::de::DeserializeOwned;
@@ -11,6 +11,9 @@ use tokio::sync::mpsc;
 
 /// Replies queued for one connection's writer: as many as requests it may have in flight.
 pub const REPLIES_QUEUED_MAX: usize = 256;
+/// Requests of one connection being processed at once; more get `Busy`. Every one may
+/// finish at once, so the writer queues as many replies.
+pub const INFLIGHT_REQUESTS_MAX: usize = REPLIES_QUEUED_MAX;
 
 /// What a session does with one item of its frame stream.
 pub enum Incoming<T> {

@@ -13,6 +13,7 @@ pub mod allocator;
 pub mod cpu;
 pub mod cxl;
 pub mod error;
+pub mod extent_allocator;
 pub mod probe;
 pub mod shared_memory;
 

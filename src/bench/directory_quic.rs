@@ -5,12 +5,12 @@
 use super::directory::{object_ids, DirectoryBenchArgs};
 use super::histogram::Histogram;
 use super::SplitMix;
-use crate::actors::link::{DirectoryAddress, DirectoryLink};
+use crate::actors::node::link::{DirectoryAddress, DirectoryLink};
 use crate::demo::demo_namespace;
 use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
 use crate::launch::{ClusterSpec, LocalCluster, BENCH_PEER};
 use crate::model::{AllocationId, Generation, Location, Medium, PoolSpec, Scope};
-use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, Hello};
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
@@ -64,7 +64,15 @@ async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::R
         node_name: BENCH_PEER.into(),
         bind: "127.0.0.1:0".parse()?,
     };
-    let link = Arc::new(DirectoryLink::open(target, vec![Medium::Cpu], vec![Medium::Cpu]).await?);
+    let link = Arc::new(
+        DirectoryLink::open(
+            target,
+            vec![Medium::Cpu],
+            vec![Medium::Cpu],
+            Default::default(),
+        )
+        .await?,
+    );
     let pool_spec = PoolSpec {
         name: "bench-cpu".into(),
         medium: Medium::Cpu,

@@ -14,7 +14,7 @@ use crate::directory::{
 use crate::model::{
     Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::wire::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
+use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! its operation ids; entries at or below that point are dropped. The ledger never drops
 //! an unacknowledged entry: when full it refuses new operations.
 
-use super::ops::{CommitOutcome, ExtentGrant, ReserveOutcome};
+use super::ops::{CommitOutcome, ExtentGrant, ExtentReturn, ReserveOutcome};
 use crate::model::OperationId;
 use std::collections::BTreeMap;
 
@@ -14,6 +14,7 @@ pub enum LedgerEntry {
     Reserve(ReserveOutcome),
     Commit(CommitOutcome),
     Extent(ExtentGrant),
+    ExtentReturn(ExtentReturn),
     /// `resolve` declared it not applied; a late arrival is refused.
     Burnt,
 }

@@ -863,6 +863,7 @@ impl Directory {
             Some(LedgerEntry::Reserve(outcome)) => ResolveOutcome::Reserved(outcome),
             Some(LedgerEntry::Commit(outcome)) => ResolveOutcome::Committed(outcome),
             Some(LedgerEntry::Extent(grant)) => ResolveOutcome::ExtentGranted(grant),
+            Some(LedgerEntry::ExtentReturn(answer)) => ResolveOutcome::ExtentReturned(answer),
             Some(LedgerEntry::Burnt) => ResolveOutcome::NotApplied,
             None if !record.is_open() => ResolveOutcome::NotApplied,
             None => match record.ledger.check(operation) {
@@ -1250,21 +1251,40 @@ impl Directory {
         Ok(grant)
     }
 
-    /// The owner gives back an extent it no longer allocates in (it holds no committed
-    /// replica and the node has no allocation in flight there). `false` when refused.
+    /// The owner gives back an extent it no longer allocates in (the node's allocator holds
+    /// nothing there). `Returned`: the extent cools down for a reservation's duration
+    /// (a stalled engine may still write into a grant it held) and may then go to any
+    /// node. Idempotent by operation id, so a return whose reply was lost is resolved,
+    /// never guessed.
     pub fn return_extent(
         &mut self,
+        now: Timestamp,
         session_id: SessionId,
+        operation: OperationId,
         pool: PoolId,
         offset_bytes: u64,
-    ) -> Result<bool, DirectoryError> {
-        self.open_session(session_id)?;
+    ) -> Result<ExtentReturn, DirectoryError> {
+        let session = self.open_session(session_id)?;
+        let recorded = replayed(session, operation, |entry| match entry {
+            LedgerEntry::ExtentReturn(answer) => Some(answer),
+            _ => None,
+        })?;
+        if let Some(answer) = recorded {
+            return Ok(answer);
+        }
+        let cool_until = now + self.config.reservation_duration;
         let extents = self
             .pools
             .get_mut(pool.0 as usize)
             .and_then(|record| record.extents.as_mut())
             .ok_or(DirectoryError::UnknownPool)?;
-        Ok(extents.give_back(session_id, offset_bytes))
+        let answer = extents.give_back(session_id, offset_bytes, cool_until);
+        if let Some(session) = self.sessions.get_mut(&session_id) {
+            session
+                .ledger
+                .record(operation, LedgerEntry::ExtentReturn(answer));
+        }
+        Ok(answer)
     }
 
     /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`). A

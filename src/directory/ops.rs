@@ -85,6 +85,7 @@ pub enum ResolveOutcome {
     Reserved(ReserveOutcome),
     Committed(CommitOutcome),
     ExtentGranted(ExtentGrant),
+    ExtentReturned(ExtentReturn),
     /// It was not applied and never will be: the session is fenced, or the operation id
     /// is now burnt so a late arrival is refused.
     NotApplied,
@@ -214,4 +215,18 @@ pub enum ExtentGrant {
     Granted(Extent),
     /// Every extent is held: the pool is full for new writers.
     Full,
+}
+
+/// The outcome of a node giving an extent back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExtentReturn {
+    /// The directory took it back: it cools down, then may be granted to any node. The
+    /// node must never allocate in it again.
+    Returned,
+    /// It is still the node's (committed replicas inside, not yet reclaimed): the node may
+    /// keep allocating in it.
+    InUse,
+    /// It is not the node's (another session's, not an extent boundary, or already
+    /// returned): the node must never allocate in it.
+    NotOwner,
 }

@@ -2,6 +2,7 @@
 //! here, each of which moves bytes between states, so `reserved + allocated <= capacity`
 //! holds by construction and is asserted.
 
+use super::ops::ExtentReturn;
 use crate::model::{PoolSpec, PoolUsage, SessionId, Timestamp};
 use crate::policy::profiles::TierProfile;
 
@@ -127,24 +128,29 @@ impl ExtentTable {
         }
     }
 
-    /// The live owner gives back an extent it no longer allocates in. Refused (false) when
-    /// the extent is not its own or still holds committed replicas.
-    pub fn give_back(&mut self, session: SessionId, offset_bytes: u64) -> bool {
+    /// The live owner gives back an extent it no longer allocates in: released to cool
+    /// until `cool_until` when it holds no committed replica; `InUse` when it still does;
+    /// `NotOwner` when it is not `session`'s or `offset_bytes` is not its start.
+    pub fn give_back(
+        &mut self,
+        session: SessionId,
+        offset_bytes: u64,
+        cool_until: Timestamp,
+    ) -> ExtentReturn {
         let index = self.index_of(offset_bytes);
         match self.slots.get_mut(index) {
-            Some(slot)
-                if slot.owner == Some(session)
-                    && slot.replicas == 0
-                    && offset_bytes % self.extent_bytes == 0 =>
-            {
+            Some(slot) if slot.owner == Some(session) && offset_bytes % self.extent_bytes == 0 => {
+                if slot.replicas > 0 {
+                    return ExtentReturn::InUse;
+                }
                 *slot = ExtentSlot {
                     owner: None,
                     replicas: 0,
-                    cool_until: Timestamp::ZERO,
+                    cool_until,
                 };
-                true
+                ExtentReturn::Returned
             }
-            _ => false,
+            _ => ExtentReturn::NotOwner,
         }
     }
 

@@ -200,6 +200,17 @@ impl Fixture {
         self.directory.probe(node.session, &[object]).unwrap()[0]
     }
 
+    fn return_extent(
+        &mut self,
+        session: SessionId,
+        pool: PoolId,
+        offset_bytes: u64,
+    ) -> Result<ExtentReturn, DirectoryError> {
+        let operation = self.operation();
+        self.directory
+            .return_extent(self.now, session, operation, pool, offset_bytes)
+    }
+
     fn grant_extent(
         &mut self,
         now: Timestamp,
@@ -1192,36 +1203,58 @@ fn an_owner_gives_back_empty_extents() {
         Ok(ExtentGrant::Full)
     );
     assert_eq!(
-        fixture
-            .directory
-            .return_extent(a.session, cxl, location.offset_bytes),
-        Ok(false),
+        fixture.return_extent(a.session, cxl, location.offset_bytes),
+        Ok(ExtentReturn::InUse),
         "holds a replica"
     );
     assert_eq!(
-        fixture
-            .directory
-            .return_extent(b.session, cxl, second.offset_bytes),
-        Ok(false),
+        fixture.return_extent(b.session, cxl, second.offset_bytes),
+        Ok(ExtentReturn::NotOwner),
         "not B's"
     );
     assert_eq!(
+        fixture.return_extent(a.session, cxl, second.offset_bytes + 4096),
+        Ok(ExtentReturn::NotOwner),
+        "not an extent's start"
+    );
+    let operation = fixture.operation();
+    let now = fixture.now;
+    let returned =
         fixture
             .directory
-            .return_extent(a.session, cxl, second.offset_bytes),
-        Ok(true)
+            .return_extent(now, a.session, operation, cxl, second.offset_bytes);
+    assert_eq!(returned, Ok(ExtentReturn::Returned));
+    assert_eq!(
+        fixture
+            .directory
+            .return_extent(now, a.session, operation, cxl, second.offset_bytes),
+        Ok(ExtentReturn::Returned),
+        "a retry gets the first answer"
     );
-    assert!(matches!(
+    assert_eq!(
+        fixture.directory.resolve(a.session, a.session, operation),
+        Ok(ResolveOutcome::ExtentReturned(ExtentReturn::Returned)),
+        "a lost reply is resolved"
+    );
+    assert_eq!(
         fixture.grant_extent(fixture.now, b.session, cxl),
+        Ok(ExtentGrant::Full),
+        "a returned extent cools down first"
+    );
+    let cooled = fixture.now + fixture.directory.config().reservation_duration;
+    fixture
+        .directory
+        .heartbeat(cooled, b.session, None)
+        .unwrap();
+    assert!(matches!(
+        fixture.grant_extent(cooled, b.session, cxl),
         Ok(ExtentGrant::Granted(_))
     ));
     fixture.directory.retire(Some(a.session), replica).unwrap();
     fixture.directory.reclaim_ack(a.session, replica).unwrap();
     assert_eq!(
-        fixture
-            .directory
-            .return_extent(a.session, cxl, location.offset_bytes),
-        Ok(true)
+        fixture.return_extent(a.session, cxl, location.offset_bytes),
+        Ok(ExtentReturn::Returned)
     );
     fixture.directory.check_invariants();
 }

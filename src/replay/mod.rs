@@ -153,7 +153,7 @@ fn directory_replay(
             ..crate::directory::DirectoryConfig::default()
         },
         speedup,
-        period: crate::process::node::TASK_INTERVAL,
+        period: crate::actors::node::process::TASK_INTERVAL,
         pricing: cluster::Pricing {
             cost: config.cost,
             cpu: config.tiers[0].profile.clone(),

@@ -10,7 +10,6 @@
 pub mod codec;
 pub mod error;
 pub mod frame;
-pub mod messages;
 pub mod quic;
 pub mod rpc;
 pub mod tls;

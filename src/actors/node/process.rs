@@ -2,24 +2,26 @@
 //! epoch), registers the pool, and serves local engines on a Unix socket until a signal.
 //! On exit it closes its session and removes its socket and pool file.
 
-use super::{serve_metrics, shutdown_signal};
-use crate::actors::client_session::{ClientSessionActor, NodeServices};
-use crate::actors::link::{DirectoryAddress, DirectoryLink};
-use crate::actors::node::{NodeActor, NodeExit};
-use crate::actors::pool::PoolActor;
+use super::actor::{NodeActor, NodeExit};
+use super::client_session::ClientSessionActor;
+use super::link::{DirectoryAddress, DirectoryLink};
+use super::pool::PoolActor;
+use super::services::NodeServices;
+use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
-use crate::model::{Medium, PoolId, PoolSpec, Scope};
+use crate::model::{Clock, Medium, PoolId, PoolSpec, Scope};
+use crate::node::{ExtentAction, NodeCore, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
-use crate::wire::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
 use crate::wire::uds::{self, SocketMode};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a starting node keeps trying to reach the directory.
@@ -59,7 +61,8 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     // Whatever happens from here on, the pool file and the socket go with the process.
     let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
     let _socket_file = RemoveOnExit(section.socket.clone());
-    let link = Arc::new(open_link(target, &section).await?);
+    let core = Arc::new(Mutex::new(NodeCore::new(CLIENT_LIMITS)));
+    let link = Arc::new(open_link(target, &section, core.clone()).await?);
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
@@ -120,6 +123,8 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         pools,
         mappings,
         metrics,
+        core,
+        clock: Clock::start(),
     };
     NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
     if let Some(parent) = section.socket.parent() {
@@ -131,9 +136,12 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     actix_rt::spawn(async move {
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => {
-                    ClientSessionActor::new(services.clone(), stream).start();
-                }
+                Ok((stream, _)) => match services.core().connect_client() {
+                    Ok(client) => {
+                        ClientSessionActor::new(services.clone(), stream, client).start();
+                    }
+                    Err(refusal) => tracing::warn!(?refusal, "refusing a client connection"),
+                },
                 Err(error) => tracing::warn!(%error, "accepting a client failed"),
             }
         }
@@ -171,17 +179,17 @@ async fn probe_shared_pool(
         length: extent.length_bytes,
     };
     let measured = probe::probe_memory(cxl.memory(), region);
-    let offset_bytes = extent.offset_bytes;
-    let returned = link
-        .call(DirectoryRequest::ReturnExtent { pool, offset_bytes })
+    let action = link
+        .give_back_extent(pool, extent.offset_bytes, extent.length_bytes)
         .await;
-    if !matches!(returned, Ok(DirectoryReply::ExtentReturned(true))) {
-        tracing::warn!(
-            ?returned,
-            ?pool,
-            "the probe's extent was not taken back; the allocator returns it when idle"
-        );
-        if let Err(error) = cxl.add_extent(extent.offset_bytes, extent.length_bytes) {
+    if let ExtentAction::AddBack {
+        offset_bytes,
+        length_bytes,
+        ..
+    } = action
+    {
+        // Still this node's: the allocator gives it back when idle.
+        if let Err(error) = cxl.add_extent(offset_bytes, length_bytes) {
             tracing::warn!(%error, ?pool, "the probe's extent stays with this session");
         }
     }
@@ -251,7 +259,7 @@ fn map_cxl_pools(
                     path.display()
                 )
             })?;
-            crate::process::directory::check_geometry(&pool, mapped.memory())?;
+            crate::actors::directory::process::check_geometry(&pool, mapped.memory())?;
             Ok((pool.name, mapped))
         })
         .collect()
@@ -306,6 +314,7 @@ fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
 async fn open_link(
     target: DirectoryAddress,
     section: &NodeSection,
+    core: Arc<Mutex<NodeCore>>,
 ) -> anyhow::Result<DirectoryLink> {
     let deadline = Instant::now() + DIRECTORY_WAIT;
     loop {
@@ -313,6 +322,7 @@ async fn open_link(
             target.clone(),
             section.write_order.clone(),
             section.read_order.clone(),
+            core.clone(),
         )
         .await
         {

@@ -4,8 +4,8 @@
 //! one reply with the same request id.
 
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, OpenReply, ProbeOutcome,
-    ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
+    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, ExtentReturn, OpenReply,
+    ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
@@ -15,8 +15,9 @@ use crate::policy::profiles::Measurement;
 use serde::{Deserialize, Serialize};
 
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the
-/// profile in usage reports; a version-1 peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[2];
+/// profile in usage reports; 3 gave extent returns an operation id and a typed outcome. An
+/// older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[3];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -114,8 +115,10 @@ pub enum DirectoryRequest {
         operation: OperationId,
         pool: PoolId,
     },
-    /// Gives back an extent the node no longer allocates in.
+    /// Gives back an extent the node no longer allocates in; idempotent by operation id
+    /// and resolvable like a store, so a lost reply never lets the node guess.
     ReturnExtent {
+        operation: OperationId,
         pool: PoolId,
         offset_bytes: u64,
     },
@@ -163,7 +166,7 @@ pub enum DirectoryReply {
     Aborted(crate::directory::AbortOutcome),
     Extent(crate::directory::ExtentGrant),
     /// Whether a returned extent was taken back.
-    ExtentReturned(bool),
+    ExtentReturned(ExtentReturn),
     Reclaimed(ReclaimOutcome),
     /// The profile in force after a report.
     Profile(Measurement),
@@ -285,4 +288,39 @@ pub enum ClientReply {
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
     Error(ProtocolError),
+}
+
+impl ProtocolError {
+    /// A bounded label for the error (its variant, never its payload), for metrics.
+    pub fn label(&self) -> &'static str {
+        use DirectoryError as Error;
+        match self {
+            ProtocolError::Directory(error) => match error {
+                Error::UnknownSession => "unknown_session",
+                Error::Fenced { .. } => "fenced",
+                Error::Full(_) => "full",
+                Error::BatchTooLarge { .. } => "batch_too_large",
+                Error::InvalidNamespace(_) => "invalid_namespace",
+                Error::UnknownNamespace => "unknown_namespace",
+                Error::NamespaceDenied => "namespace_denied",
+                Error::UnknownPool => "unknown_pool",
+                Error::InvalidPool(_) => "invalid_pool",
+                Error::InvalidProfile(_) => "invalid_profile",
+                Error::UnknownReplica(_) => "unknown_replica",
+                Error::NotOwner(_) => "not_owner",
+                Error::InvalidState { .. } => "invalid_state",
+                Error::LocationMismatch(_) => "location_mismatch",
+                Error::InvalidLength { .. } => "invalid_length",
+                Error::OperationAcknowledged(_) => "operation_acknowledged",
+                Error::ForeignSession => "foreign_session",
+                Error::NotDrained { .. } => "not_drained",
+            },
+            ProtocolError::UnsupportedVersion { .. } => "unsupported_version",
+            ProtocolError::Sequence(_) => "sequence",
+            ProtocolError::Malformed(_) => "malformed",
+            ProtocolError::UnknownPeer(_) => "unknown_peer",
+            ProtocolError::Busy => "busy",
+            ProtocolError::Node(_) => "node",
+        }
+    }
 }

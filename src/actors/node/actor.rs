@@ -4,14 +4,14 @@
 //! acknowledge; demote tasks copy a replica one tier colder and commit the copy. A node
 //! whose session was fenced stops: its pool's state is void, and a restart opens a new epoch.
 
-use super::client_session::{allocate, NodeServices};
 use super::link::LinkError;
-use super::pool::{AddExtent, Check, Free, ReadAt, TakeEmptyExtent, Usage, WriteAt};
-use crate::backends::PoolError;
-use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
+use super::pool::{Check, Free, ReadAt, TakeEmptyExtent, Usage, WriteAt};
+use super::services::NodeServices;
+use crate::directory::{DirectoryError, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
 use crate::model::{Location, PoolId, ReplicaId};
-use crate::wire::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use crate::node::{after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use actix::prelude::*;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -167,9 +167,7 @@ async fn reclaim(services: &NodeServices, replica: ReplicaId, location: Location
         })
         .await;
     match freed {
-        Ok(
-            Ok(_) | Err(PoolError::StaleGeneration { .. } | PoolError::UnknownAllocation { .. }),
-        ) => {
+        Ok(freed) if reclaim_done(&freed) => {
             if let Err(error) = services
                 .link
                 .call(DirectoryRequest::ReclaimAck { replica })
@@ -195,16 +193,29 @@ async fn demote(services: &NodeServices, source: Location, target: ReplicaId, ta
             return;
         }
     };
-    match services.link.commit(target, location).await {
-        Ok(Some(CommitOutcome::Committed)) => services
+    let result = commit_result(services.link.commit(target, location).await);
+    match after_commit(result) {
+        PagesAfterCommit::Published => services
             .metrics
             .add_bytes_moved(Direction::Demote, location.length_bytes),
-        // Unknown outcome: the copy's pages stay allocated, never reused on a guess.
-        Err(LinkError::Unresolved(_)) => {}
-        _ => {
-            free(services, location).await;
+        PagesAfterCommit::Keep => {}
+        PagesAfterCommit::Free => services.free(location).await,
+        PagesAfterCommit::FreeAndAbort => {
+            services.free(location).await;
             services.link.abort(target).await;
         }
+    }
+}
+
+/// How a commit through the link ended, for the node core's rule on its pages.
+pub fn commit_result(
+    committed: Result<Option<crate::directory::CommitOutcome>, LinkError>,
+) -> CommitResult {
+    match committed {
+        Ok(Some(outcome)) => CommitResult::Applied(outcome),
+        Ok(None) => CommitResult::NotApplied,
+        Err(LinkError::Refused(_) | LinkError::Busy) => CommitResult::Refused,
+        Err(_) => CommitResult::Unknown,
     }
 }
 
@@ -233,7 +244,8 @@ async fn copy(
         .await
         .map_err(|error| error.to_string())?
         .map_err(|error| error.to_string())?;
-    let allocation = allocate(services, to, target_pool, source.length_bytes)
+    let allocation = services
+        .allocate(to, target_pool, source.length_bytes)
         .await
         .map_err(|error| error.to_string())?
         .map_err(|error| error.to_string())?;
@@ -251,42 +263,27 @@ async fn copy(
         })
         .await;
     if !matches!(written, Ok(Ok(()))) {
-        free(services, location).await;
+        services.free(location).await;
         return Err(format!("writing the copy failed: {written:?}"));
     }
     Ok(location)
 }
 
-async fn free(services: &NodeServices, location: Location) {
-    if let Some(pool) = services.pools.get(&location.pool) {
-        let _ = pool
-            .send(Free {
-                allocation: location.allocation,
-                generation: location.generation,
-            })
-            .await;
-    }
-}
-
-/// Returns every extent of a shared pool that holds no allocation any more, so other nodes
-/// can write there; an extent the directory refuses stays in use here.
+/// Resolves earlier returns whose replies were lost, then gives back every extent of a
+/// shared pool that holds no allocation any more, so other nodes can write there. Stops at
+/// a pool's first extent that does not leave (still in use there, or unknown).
 async fn give_back_empty_extents(services: &NodeServices) {
+    for action in services.link.resolve_returns().await {
+        services.apply_extent_action(action).await;
+    }
     for (pool, actor) in &services.pools {
         while let Ok(Some((offset_bytes, length_bytes))) = actor.send(TakeEmptyExtent).await {
-            let returned = services
+            let action = services
                 .link
-                .call(DirectoryRequest::ReturnExtent {
-                    pool: *pool,
-                    offset_bytes,
-                })
+                .give_back_extent(*pool, offset_bytes, length_bytes)
                 .await;
-            if !matches!(returned, Ok(DirectoryReply::ExtentReturned(true))) {
-                let _ = actor
-                    .send(AddExtent {
-                        offset_bytes,
-                        length_bytes,
-                    })
-                    .await;
+            services.apply_extent_action(action).await;
+            if action != ExtentAction::Forget {
                 break;
             }
         }

@@ -4,16 +4,18 @@
 //! of assuming either outcome. The link acknowledges, with each heartbeat, every operation
 //! id below the oldest one still waiting for a reply, so the directory's ledger stays small.
 
-use super::session::INFLIGHT_REQUESTS_MAX;
-use crate::directory::{CommitOutcome, ExtentGrant, ReserveItem, ReserveOutcome, ResolveOutcome};
+use super::services::lock_core;
+use crate::actors::frames::INFLIGHT_REQUESTS_MAX;
+use crate::directory::{
+    CommitOutcome, ExtentGrant, ExtentReturn, ReserveItem, ReserveOutcome, ResolveOutcome,
+};
 use crate::model::{Epoch, Location, Medium, NodeId, OperationId, PoolId, ReplicaId, SessionId};
-use crate::wire::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError};
+use crate::node::{ExtentAction, NodeCore};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError};
 use crate::wire::{quic, tls, RpcClient, RpcConfig, WireError};
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -40,6 +42,9 @@ pub enum LinkError {
     /// The outcome of a store could not be resolved; its storage must not be reused.
     #[error("outcome of operation {0:?} is unknown")]
     Unresolved(OperationId),
+    /// The node has as many operations outstanding as the directory keeps for it.
+    #[error("too many operations outstanding")]
+    Busy,
 }
 
 /// How to reach the directory.
@@ -89,10 +94,8 @@ pub struct DirectoryLink {
     pub node: NodeId,
     /// The heartbeat period the directory asked for.
     pub heartbeat_interval: Duration,
-    next_operation: AtomicU64,
-    /// Operation ids sent and not yet answered (at most `DIRECTORY_INFLIGHT_MAX` plus those
-    /// being resolved).
-    outstanding: Mutex<BTreeSet<u64>>,
+    /// The node's books: operation ids and extents being given back live there.
+    core: Arc<Mutex<NodeCore>>,
 }
 
 /// Removes an operation id from the outstanding set when the operation ends, however it
@@ -104,9 +107,7 @@ struct Outstanding<'a> {
 
 impl Drop for Outstanding<'_> {
     fn drop(&mut self) {
-        if let Ok(mut outstanding) = self.link.outstanding.lock() {
-            outstanding.remove(&self.operation.0);
-        }
+        self.link.core().operations.end(self.operation);
     }
 }
 
@@ -117,6 +118,7 @@ impl DirectoryLink {
         target: DirectoryAddress,
         write_order: Vec<Medium>,
         read_order: Vec<Medium>,
+        core: Arc<Mutex<NodeCore>>,
     ) -> Result<DirectoryLink, LinkError> {
         let endpoint = quic::client_endpoint(target.bind)?;
         let rpc = connect(&endpoint, &target).await?;
@@ -140,9 +142,12 @@ impl DirectoryLink {
             epoch: opened.epoch,
             node: opened.node,
             heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
-            next_operation: AtomicU64::new(1),
-            outstanding: Mutex::new(BTreeSet::new()),
+            core,
         })
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, NodeCore> {
+        lock_core(&self.core)
     }
 
     fn current(&self) -> Result<(Rpc, u64), LinkError> {
@@ -201,28 +206,21 @@ impl DirectoryLink {
 
     /// The highest operation id below every one still waiting for its reply.
     pub fn acknowledged_through(&self) -> Option<OperationId> {
-        let oldest = self.outstanding.lock().ok()?.first().copied();
-        let through = oldest
-            .unwrap_or_else(|| self.next_operation.load(Ordering::Relaxed))
-            .checked_sub(1)?;
-        (through > 0).then_some(OperationId(through))
+        self.core().operations.acknowledged_through()
     }
 
-    fn begin(&self) -> Outstanding<'_> {
-        let operation = OperationId(self.next_operation.fetch_add(1, Ordering::Relaxed));
-        if let Ok(mut outstanding) = self.outstanding.lock() {
-            outstanding.insert(operation.0);
-        }
-        Outstanding {
+    fn begin(&self) -> Result<Outstanding<'_>, LinkError> {
+        let operation = self.core().operations.begin().ok_or(LinkError::Busy)?;
+        Ok(Outstanding {
             link: self,
             operation,
-        }
+        })
     }
 
     /// Reserves room for a store. A lost reply is resolved: a reservation that was not
     /// applied reads as `Skip`.
     pub async fn reserve(&self, item: ReserveItem) -> Result<ReserveOutcome, LinkError> {
-        let guard = self.begin();
+        let guard = self.begin()?;
         let operation = guard.operation;
         match self
             .call(DirectoryRequest::Reserve { operation, item })
@@ -246,7 +244,7 @@ impl DirectoryLink {
         replica: ReplicaId,
         location: Location,
     ) -> Result<Option<CommitOutcome>, LinkError> {
-        let guard = self.begin();
+        let guard = self.begin()?;
         let operation = guard.operation;
         match self
             .call(DirectoryRequest::Commit {
@@ -270,7 +268,7 @@ impl DirectoryLink {
     /// Asks for an extent of a shared pool. A lost reply is resolved: a grant that was not
     /// applied reads as `Full`.
     pub async fn grant_extent(&self, pool: PoolId) -> Result<ExtentGrant, LinkError> {
-        let guard = self.begin();
+        let guard = self.begin()?;
         let operation = guard.operation;
         match self
             .call(DirectoryRequest::GrantExtent { operation, pool })
@@ -292,6 +290,75 @@ impl DirectoryLink {
         if let Err(error) = self.call(DirectoryRequest::Abort { replica }).await {
             tracing::debug!(%error, ?replica, "abort failed; the reservation will expire");
         }
+    }
+
+    /// Gives back an extent that left its pool's allocator empty, and says what to do with
+    /// it: `AddBack` an extent still this node's into the allocator; `Forget` one the
+    /// directory took (or that is not this node's); one whose answer is unknown stays out
+    /// of the allocator (`Resolve`), quarantined in the node core until
+    /// [`DirectoryLink::resolve_returns`] learns what became of it. The caller applies the
+    /// action; it never lets an extent have two writers.
+    pub async fn give_back_extent(
+        &self,
+        pool: PoolId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> ExtentAction {
+        let begun = {
+            let mut core = self.core();
+            core.operations.begin().and_then(|operation| {
+                let begun = core
+                    .returns
+                    .begin(pool, offset_bytes, length_bytes, operation);
+                if begun.is_err() {
+                    core.operations.end(operation);
+                }
+                begun.ok().map(|()| operation)
+            })
+        };
+        let Some(operation) = begun else {
+            return ExtentAction::AddBack {
+                pool,
+                offset_bytes,
+                length_bytes,
+            };
+        };
+        let request = DirectoryRequest::ReturnExtent {
+            operation,
+            pool,
+            offset_bytes,
+        };
+        let answer = match self.call(request).await {
+            Ok(DirectoryReply::ExtentReturned(answer)) => Some(answer),
+            // A refusal (a fenced session, a full ledger) proves nothing about who may
+            // write there next: never allocate in it again.
+            Err(LinkError::Refused(_)) => Some(ExtentReturn::NotOwner),
+            _ => None,
+        };
+        let mut core = self.core();
+        let action = core.returns.answered(pool, offset_bytes, answer);
+        // A lost return keeps its id outstanding, so the directory keeps its outcome until
+        // it is resolved.
+        if action != ExtentAction::Resolve {
+            core.operations.end(operation);
+        }
+        action
+    }
+
+    /// Resolves the extent returns whose replies were lost: what to do with each extent
+    /// (those still unknown stay quarantined and are not listed).
+    pub async fn resolve_returns(&self) -> Vec<ExtentAction> {
+        let unresolved = self.core().returns.unresolved();
+        let mut actions = Vec::with_capacity(unresolved.len());
+        for (pool, offset_bytes, operation) in unresolved {
+            let Ok(outcome) = self.resolve(operation).await else {
+                continue;
+            };
+            let mut core = self.core();
+            core.operations.end(operation);
+            actions.push(core.returns.resolved(pool, offset_bytes, outcome));
+        }
+        actions
     }
 
     async fn resolve(&self, operation: OperationId) -> Result<ResolveOutcome, LinkError> {

@@ -1,14 +1,15 @@
 //! `kvtier directory`: the directory actor, a QUIC endpoint with mutual TLS, a session
 //! actor per node connection, and the metrics exporter.
 
-use super::{serve_metrics, shutdown_signal};
-use crate::actors::directory::{DirectoryActor, NodeGrant};
-use crate::actors::session::SessionActor;
+use super::actor::DirectoryActor;
+use super::session::SessionActor;
+use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
+use crate::protocol::directory::NodeGrant;
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;

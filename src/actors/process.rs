@@ -1,8 +1,5 @@
-//! Process entry points: what `kvtier directory` and `kvtier node` run. They build the
-//! actors, bind the sockets, accept connections and shut down cleanly on a signal.
-
-pub mod directory;
-pub mod node;
+//! What the directory and node processes share: the metrics endpoint and the signals that
+//! end them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

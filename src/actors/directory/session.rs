@@ -4,18 +4,17 @@
 //! decode gets a typed error reply; a frame that breaks the stream closes the connection
 //! with a reason, and every other connection keeps being served.
 
-use super::directory::{Call, DirectoryActor};
-use super::frames::{frame_stream, incoming, spawn_writer, Incoming, REPLIES_QUEUED_MAX};
+use super::actor::{Call, DirectoryActor};
+use crate::actors::frames::{
+    frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
+};
 use crate::model::SessionId;
-use crate::wire::messages::{
+use crate::protocol::messages::{
     DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS,
 };
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use tokio::sync::mpsc;
-
-/// Requests of one connection being processed at once; more get `Busy`.
-pub const INFLIGHT_REQUESTS_MAX: usize = REPLIES_QUEUED_MAX;
 
 /// Close code sent when the peer broke the framing.
 const CLOSE_PROTOCOL_ERROR: u32 = 1;

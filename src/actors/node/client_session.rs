@@ -1,0 +1,561 @@
+//! The `ClientSessionActor`: one per local engine connection on the node's Unix socket.
+//! It turns the engine's store and load requests into directory operations and pool
+//! allocations, and keeps the books of the grants and leases it handed out, so that a
+//! client that disconnects gives them back.
+//!
+//! Each request's work runs as a detached task that always finishes: if the connection is
+//! gone when it does, the task itself frees what it allocated and releases what it leased.
+//! The actor only counts, checks bounds and applies the finished work to its books.
+
+use super::actor::commit_result;
+use super::link::LinkError;
+use super::services::NodeServices;
+use crate::actors::frames::{
+    frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
+};
+use crate::directory::{AcquireOutcome, ReleaseOutcome, ReserveItem, ReserveOutcome};
+use crate::metrics::Operation;
+use crate::model::{LeaseId, Location, Timestamp};
+use crate::node::{after_commit, ClientId, ClientRefusal, PagesAfterCommit, Ticket};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
+    ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
+};
+use crate::wire::{RawFrame, WireError};
+use actix::prelude::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::sync::mpsc;
+
+/// How often expired leases and grants are dropped from the books.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a finished request changes the client's books.
+enum Change {
+    None,
+    /// A store was granted (its ticket number and grant).
+    Ticket(u64, Ticket),
+    /// Leases granted, valid on this node's clock until the given instant.
+    Leases(Vec<(LeaseId, Timestamp)>),
+}
+
+/// What a finished request needs from the books: the slots it reserved at dispatch.
+#[derive(Clone, Copy)]
+enum Slots {
+    None,
+    Ticket,
+    Leases(usize),
+}
+
+/// The result of a detached request, sent back to the actor.
+struct Finished {
+    request_id: u64,
+    reply: ClientReply,
+    change: Change,
+    slots: Slots,
+    operation: Option<Operation>,
+    started: Instant,
+}
+
+impl Message for Finished {
+    type Result = ();
+}
+
+type Work = Pin<Box<dyn Future<Output = (ClientReply, Change)>>>;
+
+/// One engine connection. See the module documentation.
+pub struct ClientSessionActor {
+    services: NodeServices,
+    /// This client's books in the node core.
+    client: ClientId,
+    replies: mpsc::Sender<(u64, ClientReply)>,
+    reader: Option<OwnedReadHalf>,
+    greeted: bool,
+    inflight: usize,
+}
+
+/// What admission made of a request: an answer now, or work to run detached.
+enum Admitted {
+    Reply(ClientReply),
+    Work(Work, Slots),
+}
+
+impl ClientSessionActor {
+    /// A session over an accepted Unix socket connection, whose books the node core
+    /// admitted as `client`.
+    pub fn new(
+        services: NodeServices,
+        stream: tokio::net::UnixStream,
+        client: ClientId,
+    ) -> ClientSessionActor {
+        let (reader, writer) = stream.into_split();
+        ClientSessionActor {
+            services,
+            client,
+            replies: spawn_writer(writer, |error| {
+                ClientReply::Error(ProtocolError::Node(error))
+            }),
+            reader: Some(reader),
+            greeted: false,
+            inflight: 0,
+        }
+    }
+
+    fn reply(&self, request_id: u64, reply: ClientReply, context: &mut Context<Self>) {
+        if self.replies.try_send((request_id, reply)).is_err() {
+            context.stop();
+        }
+    }
+
+    /// Calls this client's books in the node core (`None` once the client was removed).
+    fn books<T>(&self, call: impl FnOnce(&mut crate::node::ClientBooks) -> T) -> Option<T> {
+        self.services.core().client(self.client).map(call)
+    }
+
+    /// Aborts, at the directory, the reservations of grants the books took back.
+    fn send_aborts(&self) {
+        let aborts = self.books(|books| books.take_aborts()).unwrap_or_default();
+        for replica in aborts {
+            let services = self.services.clone();
+            actix_rt::spawn(async move { services.link.abort(replica).await });
+        }
+    }
+
+    /// Drops expired leases and takes back expired grants.
+    fn prune(&mut self) {
+        let now = self.services.clock.now();
+        self.books(|books| books.prune(now));
+        self.send_aborts();
+    }
+
+    fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
+        if self.inflight >= INFLIGHT_REQUESTS_MAX {
+            return self.reply(request_id, ClientReply::Error(ProtocolError::Busy), context);
+        }
+        let operation = operation_label(&request);
+        let started = Instant::now();
+        let admitted = self.admit(request);
+        self.send_aborts();
+        let (work, slots) = match admitted {
+            Admitted::Reply(reply) => return self.reply(request_id, reply, context),
+            Admitted::Work(work, slots) => (work, slots),
+        };
+        self.inflight += 1;
+        let address = context.address();
+        let services = self.services.clone();
+        actix_rt::spawn(async move {
+            let (reply, change) = work.await;
+            let finished = Finished {
+                request_id,
+                reply,
+                change,
+                slots,
+                operation,
+                started,
+            };
+            if let Err(SendError::Full(finished) | SendError::Closed(finished)) =
+                address.try_send(finished)
+            {
+                undo(&services, finished.change).await;
+            }
+        });
+    }
+
+    /// Checks a request against the books and turns it into a reply or detached work.
+    fn admit(&mut self, request: ClientRequest) -> Admitted {
+        let services = self.services.clone();
+        let now = services.clock.now();
+        match request {
+            ClientRequest::Hello(_) => {
+                Admitted::Reply(error(ProtocolError::Sequence("hello sent twice".into())))
+            }
+            ClientRequest::Describe => Admitted::Reply(ClientReply::Described(NodeDescription {
+                node: services.link.node,
+                epoch: services.link.epoch,
+                pools: services.mappings.clone(),
+            })),
+            ClientRequest::BeginStore {
+                object,
+                length_bytes,
+            } => match self.books(|books| (books.admit_store(now), books.ticket_duration())) {
+                Some((Ok(ticket), valid)) => {
+                    let item = ReserveItem {
+                        object,
+                        length_bytes,
+                    };
+                    let work = begin_store(services, ticket, item, valid);
+                    Admitted::Work(Box::pin(work), Slots::Ticket)
+                }
+                Some((Err(refusal), _)) => Admitted::Reply(busy(refusal)),
+                None => Admitted::Reply(error(gone())),
+            },
+            ClientRequest::CommitStore { ticket } => match self.take_ticket(ticket) {
+                Some(granted) => {
+                    Admitted::Work(Box::pin(commit_store(services, granted)), Slots::None)
+                }
+                None => Admitted::Reply(error(unknown_ticket())),
+            },
+            ClientRequest::AbortStore { ticket } => match self.take_ticket(ticket) {
+                Some(granted) => Admitted::Work(
+                    Box::pin(async move {
+                        give_back(&services, granted).await;
+                        (ClientReply::Aborted, Change::None)
+                    }),
+                    Slots::None,
+                ),
+                None => Admitted::Reply(error(unknown_ticket())),
+            },
+            ClientRequest::Acquire { objects, mode } => {
+                let wanted = objects.len();
+                match self.books(|books| books.admit_acquire(wanted, now)) {
+                    Some(Ok(())) => Admitted::Work(
+                        Box::pin(acquire(services, objects, mode)),
+                        Slots::Leases(wanted),
+                    ),
+                    Some(Err(refusal)) => Admitted::Reply(busy(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
+            }
+            ClientRequest::Release { leases } => {
+                // Only this client's own leases: another engine's are not its to end.
+                let owned = self
+                    .books(|books| books.release(&leases))
+                    .unwrap_or_else(|| vec![false; leases.len()]);
+                Admitted::Work(Box::pin(release(services, leases, owned)), Slots::None)
+            }
+            request => Admitted::Work(Box::pin(forward(services, request)), Slots::None),
+        }
+    }
+
+    fn take_ticket(&self, ticket: u64) -> Option<Ticket> {
+        self.books(|books| books.take_ticket(ticket)).flatten()
+    }
+}
+
+impl Handler<Finished> for ClientSessionActor {
+    type Result = ();
+
+    fn handle(&mut self, finished: Finished, context: &mut Context<Self>) {
+        self.inflight -= 1;
+        let now = self.services.clock.now();
+        let (slots, change) = (finished.slots, finished.change);
+        let applied = self.books(|books| match (slots, change) {
+            (Slots::Ticket, Change::Ticket(ticket, granted)) => {
+                books.store_granted(ticket, granted, now)
+            }
+            (Slots::Ticket, _) => books.store_ended(),
+            (Slots::Leases(count), Change::Leases(leases)) => books.leases_granted(count, leases),
+            (Slots::Leases(count), _) => books.leases_granted(count, Vec::new()),
+            (Slots::None, _) => {}
+        });
+        debug_assert!(applied.is_some(), "a live session's books exist");
+        let error = match &finished.reply {
+            ClientReply::Error(error) => Some(error.label()),
+            _ => None,
+        };
+        if let Some(operation) = finished.operation {
+            self.services
+                .metrics
+                .observe_request(operation, finished.started.elapsed(), error);
+        }
+        self.reply(finished.request_id, finished.reply, context);
+    }
+}
+
+/// Gives back what a finished request obtained for a client that is gone.
+async fn undo(services: &NodeServices, change: Change) {
+    match change {
+        Change::None => {}
+        Change::Ticket(_, granted) => give_back(services, granted).await,
+        Change::Leases(leases) => {
+            let leases = leases.into_iter().map(|(lease, _)| lease).collect();
+            let _ = services
+                .link
+                .call(DirectoryRequest::Release { leases })
+                .await;
+        }
+    }
+}
+
+fn error(error: ProtocolError) -> ClientReply {
+    ClientReply::Error(error)
+}
+
+fn busy(refusal: ClientRefusal) -> ClientReply {
+    tracing::debug!(?refusal, "client request refused by its bounds");
+    ClientReply::Error(ProtocolError::Busy)
+}
+
+fn gone() -> ProtocolError {
+    ProtocolError::Node("this client's books were removed".into())
+}
+
+/// A request the node passes to the directory as it is, and the client reply it becomes.
+async fn forward(services: NodeServices, request: ClientRequest) -> (ClientReply, Change) {
+    let request = match request {
+        ClientRequest::RegisterNamespace(descriptor) => {
+            DirectoryRequest::RegisterNamespace(descriptor)
+        }
+        ClientRequest::Probe { objects } => DirectoryRequest::Probe { objects },
+        ClientRequest::Retire { replica } => DirectoryRequest::Retire { replica },
+        other => {
+            let reason = format!("the node does not forward {other:?}");
+            return (error(ProtocolError::Node(reason)), Change::None);
+        }
+    };
+    let reply = match services.link.call(request).await {
+        Ok(DirectoryReply::Namespace(id)) => ClientReply::Namespace(id),
+        Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
+        Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
+        other => error(refusal(other)),
+    };
+    (reply, Change::None)
+}
+
+/// The metrics label of a client request (none for what the node answers itself).
+fn operation_label(request: &ClientRequest) -> Option<Operation> {
+    Some(match request {
+        ClientRequest::Hello(_) | ClientRequest::Describe => return None,
+        ClientRequest::RegisterNamespace(_) => Operation::Open,
+        ClientRequest::BeginStore { .. } => Operation::Reserve,
+        ClientRequest::CommitStore { .. } | ClientRequest::AbortStore { .. } => Operation::Commit,
+        ClientRequest::Probe { .. } => Operation::Probe,
+        ClientRequest::Acquire { .. } => Operation::Acquire,
+        ClientRequest::Release { .. } => Operation::Release,
+        ClientRequest::Retire { .. } => Operation::Retire,
+    })
+}
+
+fn unknown_ticket() -> ProtocolError {
+    ProtocolError::Sequence("unknown store ticket".into())
+}
+
+/// The protocol error a failed directory call becomes for the client.
+fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
+    match result {
+        Err(LinkError::Refused(error)) => error,
+        Err(error) => ProtocolError::Node(error.to_string()),
+        Ok(reply) => ProtocolError::Node(format!("unexpected directory reply {reply:?}")),
+    }
+}
+
+/// Frees an unwritten grant's pages and gives its reservation back to the directory.
+async fn give_back(services: &NodeServices, granted: Ticket) {
+    services.free(granted.location).await;
+    services.link.abort(granted.replica).await;
+}
+
+async fn begin_store(
+    services: NodeServices,
+    ticket: u64,
+    item: ReserveItem,
+    valid: Duration,
+) -> (ClientReply, Change) {
+    let grant = match services.link.reserve(item).await {
+        Ok(grant) => grant,
+        Err(error) => return (ClientReply::Error(refusal(Err(error))), Change::None),
+    };
+    let (replica, pool) = match grant {
+        ReserveOutcome::Granted { replica, pool, .. } => (replica, pool),
+        ReserveOutcome::AlreadyPresent => {
+            return (ClientReply::Grant(StoreGrant::AlreadyPresent), Change::None)
+        }
+        ReserveOutcome::Pending => return (ClientReply::Grant(StoreGrant::Pending), Change::None),
+        ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
+    };
+    let allocated = match services.pools.get(&pool) {
+        Some(actor) => services.allocate(actor, pool, item.length_bytes).await,
+        None => {
+            services.link.abort(replica).await;
+            return (
+                ClientReply::Error(ProtocolError::Node(format!(
+                    "pool {pool} is not mapped by this node"
+                ))),
+                Change::None,
+            );
+        }
+    };
+    match allocated {
+        Ok(Ok(allocation)) => {
+            let location = Location {
+                pool,
+                allocation: allocation.id,
+                generation: allocation.generation,
+                offset_bytes: allocation.offset,
+                length_bytes: item.length_bytes,
+            };
+            (
+                ClientReply::Grant(StoreGrant::Write {
+                    ticket,
+                    location,
+                    valid_ms: valid.as_millis() as u64,
+                }),
+                Change::Ticket(ticket, Ticket { replica, location }),
+            )
+        }
+        // The pool's hard limit holds even when the directory's budget lags: skip the store
+        // and give the reservation back.
+        other => {
+            tracing::debug!(
+                ?other,
+                "local pool refused an allocation the directory granted"
+            );
+            services.link.abort(replica).await;
+            (ClientReply::Grant(StoreGrant::Skip), Change::None)
+        }
+    }
+}
+
+/// Publishes a written grant; its pages follow the node core's rule for the outcome.
+async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, Change) {
+    let committed = services
+        .link
+        .commit(granted.replica, granted.location)
+        .await;
+    let reply = match &committed {
+        Ok(Some(outcome)) => ClientReply::Stored(*outcome),
+        Ok(None) => error(ProtocolError::Node("the commit was not applied".into())),
+        Err(LinkError::Refused(refused)) => error(refused.clone()),
+        Err(other) => error(ProtocolError::Node(other.to_string())),
+    };
+    match after_commit(commit_result(committed)) {
+        PagesAfterCommit::Published | PagesAfterCommit::Keep => {}
+        PagesAfterCommit::Free => services.free(granted.location).await,
+        PagesAfterCommit::FreeAndAbort => give_back(&services, granted).await,
+    }
+    (reply, Change::None)
+}
+
+async fn acquire(
+    services: NodeServices,
+    objects: Vec<crate::model::ObjectId>,
+    mode: crate::directory::AcquireMode,
+) -> (ClientReply, Change) {
+    let sent = services.clock.now();
+    match services
+        .link
+        .call(DirectoryRequest::Acquire { objects, mode })
+        .await
+    {
+        Ok(DirectoryReply::Acquired(outcomes)) => {
+            let leases = outcomes
+                .iter()
+                .filter_map(|outcome| match outcome {
+                    AcquireOutcome::Leased(lease) => {
+                        Some((lease.lease, sent + Duration::from_millis(lease.duration_ms)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            (ClientReply::Acquired(outcomes), Change::Leases(leases))
+        }
+        other => (ClientReply::Error(refusal(other)), Change::None),
+    }
+}
+
+async fn release(
+    services: NodeServices,
+    leases: Vec<LeaseId>,
+    owned: Vec<bool>,
+) -> (ClientReply, Change) {
+    let mine: Vec<LeaseId> = leases
+        .iter()
+        .zip(&owned)
+        .filter(|(_, owned)| **owned)
+        .map(|(lease, _)| *lease)
+        .collect();
+    let mut outcomes = match services
+        .link
+        .call(DirectoryRequest::Release { leases: mine })
+        .await
+    {
+        Ok(DirectoryReply::Released(outcomes)) => outcomes.into_iter(),
+        other => return (ClientReply::Error(refusal(other)), Change::None),
+    };
+    let merged = owned
+        .iter()
+        .map(|owned| {
+            if *owned {
+                outcomes.next().unwrap_or(ReleaseOutcome::Unknown)
+            } else {
+                ReleaseOutcome::Unknown
+            }
+        })
+        .collect();
+    (ClientReply::Released(merged), Change::None)
+}
+
+impl Actor for ClientSessionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, context: &mut Context<Self>) {
+        // Every request in flight may finish at once.
+        context.set_mailbox_capacity(INFLIGHT_REQUESTS_MAX);
+        context.run_interval(PRUNE_INTERVAL, |actor, _| actor.prune());
+        if let Some(reader) = self.reader.take() {
+            context.add_stream(frame_stream(reader));
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        let services = self.services.clone();
+        let cleanup = services.core().disconnect_client(self.client);
+        actix_rt::spawn(async move {
+            for ticket in cleanup.tickets {
+                give_back(&services, ticket).await;
+            }
+            for location in cleanup.expired_pages {
+                services.free(location).await;
+            }
+            for chunk in cleanup.leases.chunks(1024) {
+                let _ = services
+                    .link
+                    .call(DirectoryRequest::Release {
+                        leases: chunk.to_vec(),
+                    })
+                    .await;
+            }
+        });
+    }
+}
+
+impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
+    fn handle(&mut self, frame: Result<RawFrame, WireError>, context: &mut Context<Self>) {
+        let (request_id, request) = match incoming::<ClientRequest>(frame) {
+            Incoming::Request(request_id, request) => (request_id, request),
+            Incoming::Refuse(request_id, error) => {
+                return self.reply(request_id, ClientReply::Error(error), context)
+            }
+            Incoming::Close(error) => {
+                tracing::warn!(%error, "closing a client connection that broke the framing");
+                return context.stop();
+            }
+        };
+        match (self.greeted, request) {
+            (false, ClientRequest::Hello(hello)) => match Hello::ours().negotiate(&hello) {
+                Some(agreed) => {
+                    self.greeted = true;
+                    self.reply(request_id, ClientReply::Hello(agreed), context);
+                }
+                None => {
+                    let error = ProtocolError::UnsupportedVersion {
+                        supported: SUPPORTED_VERSIONS.to_vec(),
+                    };
+                    self.reply(request_id, ClientReply::Error(error), context);
+                    context.stop();
+                }
+            },
+            (false, _) => {
+                let error = ProtocolError::Sequence("the first frame must be hello".into());
+                self.reply(request_id, ClientReply::Error(error), context);
+            }
+            (true, request) => self.dispatch(request_id, request, context),
+        }
+    }
+
+    fn finished(&mut self, context: &mut Context<Self>) {
+        context.stop();
+    }
+}

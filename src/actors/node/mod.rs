@@ -1,0 +1,16 @@
+//! The node's shells: they receive, call the node core (`crate::node`), and send.
+//!
+//! * `process`: `kvtier node` — creates the pools, opens the session, serves clients.
+//! * `actor`: the `NodeActor` (heartbeats, the directory's tasks, extents given back).
+//! * `services`: what every node actor shares (link, pools, core, metrics) and the pool
+//!   allocation path that asks the directory for shared-pool extents.
+//! * `client_session`: a `ClientSessionActor` per local engine connection (Unix socket).
+//! * `pool`: a `PoolActor` per pool (allocation and reclaim of pages).
+//! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
+
+pub mod actor;
+pub mod client_session;
+pub mod link;
+pub mod pool;
+pub mod process;
+pub mod services;

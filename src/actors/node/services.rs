@@ -1,0 +1,134 @@
+//! What every actor of a node shares: the link to the directory, the pool actors, the node
+//! core, the clock and the metrics; and the pool allocation path, which in a shared pool
+//! asks the directory for another extent when the granted ones are full.
+
+use super::link::DirectoryLink;
+use super::pool::{AddExtent, Allocate, Free, PoolActor};
+use crate::backends::{Allocation, PoolError};
+use crate::directory::ExtentGrant;
+use crate::metrics::Metrics;
+use crate::model::{Clock, Location, PoolId};
+use crate::node::{ExtentAction, NodeCore};
+use crate::protocol::messages::PoolMapping;
+use actix::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What the node shares with every client session and its node actor.
+#[derive(Clone)]
+pub struct NodeServices {
+    pub link: Arc<DirectoryLink>,
+    pub pools: HashMap<PoolId, Addr<PoolActor>>,
+    pub mappings: Vec<PoolMapping>,
+    pub metrics: Arc<Metrics>,
+    /// The node's books; held only for the length of one core call.
+    pub core: Arc<Mutex<NodeCore>>,
+    /// The clock every core call is given.
+    pub clock: Clock,
+    /// The shared (CXL) pools among `pools`, whose pages come in extents, each with the
+    /// lock that serializes this node's extent requests for it.
+    pub shared_pools: HashMap<PoolId, Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl NodeServices {
+    /// The node core, for one call.
+    pub fn core(&self) -> MutexGuard<'_, NodeCore> {
+        lock_core(&self.core)
+    }
+
+    /// Frees an allocation this node holds; logs when the pool refuses.
+    pub async fn free(&self, location: Location) {
+        if let Some(pool) = self.pools.get(&location.pool) {
+            let freed = pool
+                .send(Free {
+                    allocation: location.allocation,
+                    generation: location.generation,
+                })
+                .await;
+            if !matches!(freed, Ok(Ok(_))) {
+                tracing::error!(?location, ?freed, "could not free an allocation");
+            }
+        }
+    }
+
+    /// Allocates in a pool; in a shared pool whose granted extents are full, asks the
+    /// directory for another extent and retries. Extent requests of one pool are
+    /// serialized, so a burst of stores that finds the extents full asks for one extent,
+    /// not one each.
+    pub async fn allocate(
+        &self,
+        actor: &Addr<PoolActor>,
+        pool: PoolId,
+        length_bytes: u64,
+    ) -> Result<Result<Allocation, PoolError>, MailboxError> {
+        let first = actor.send(Allocate { length_bytes }).await?;
+        let Some(extent_lock) = self.shared_pools.get(&pool) else {
+            return Ok(first);
+        };
+        if !matches!(first, Err(PoolError::Full { .. })) {
+            return Ok(first);
+        }
+        let _serialized = extent_lock.lock().await;
+        let again = actor.send(Allocate { length_bytes }).await?;
+        if !matches!(again, Err(PoolError::Full { .. })) {
+            return Ok(again);
+        }
+        let Ok(ExtentGrant::Granted(extent)) = self.link.grant_extent(pool).await else {
+            return Ok(again);
+        };
+        let added = actor
+            .send(AddExtent {
+                offset_bytes: extent.offset_bytes,
+                length_bytes: extent.length_bytes,
+            })
+            .await?;
+        match added {
+            Ok(()) => actor.send(Allocate { length_bytes }).await,
+            Err(error) => {
+                // Never keep an extent this node cannot use: give it back.
+                let action = self
+                    .link
+                    .give_back_extent(pool, extent.offset_bytes, extent.length_bytes)
+                    .await;
+                self.apply_extent_action(action).await;
+                Ok(Err(error))
+            }
+        }
+    }
+}
+
+impl NodeServices {
+    /// Puts an extent back into its pool's allocator when `action` says it is still ours.
+    pub async fn apply_extent_action(&self, action: ExtentAction) {
+        let ExtentAction::AddBack {
+            pool,
+            offset_bytes,
+            length_bytes,
+        } = action
+        else {
+            return;
+        };
+        let Some(actor) = self.pools.get(&pool) else {
+            return;
+        };
+        let added = actor
+            .send(AddExtent {
+                offset_bytes,
+                length_bytes,
+            })
+            .await;
+        if !matches!(added, Ok(Ok(()))) {
+            tracing::warn!(
+                ?added,
+                offset_bytes,
+                "an extent could not go back into its allocator"
+            );
+        }
+    }
+}
+
+/// Locks the node core. Poisoned only if a core assertion fired: a bug, which propagates.
+pub fn lock_core(core: &Mutex<NodeCore>) -> MutexGuard<'_, NodeCore> {
+    core.lock()
+        .expect("node core poisoned by a failed invariant")
+}

@@ -1,0 +1,118 @@
+//! The node core: the books of a node's session with the directory and of its local
+//! clients, as plain structs with an injected clock (no runtime, socket or file). The
+//! actors in `actors::node` receive, call this core, and send what it answers; the
+//! whole-cluster simulation (`sim`) drives the same core.
+//!
+//! * `operations`: the session's operation ids and acknowledgement window.
+//! * `extents`: extents being given back, quarantined until the directory's answer is known.
+//! * `clients`: one local client's tickets, leases and bounds.
+//! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
+//!   reclaim may be acknowledged.
+
+pub mod clients;
+pub mod extents;
+pub mod operations;
+pub mod stores;
+
+pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
+pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
+pub use operations::OperationWindow;
+pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
+
+use std::collections::HashMap;
+
+/// Local clients one node serves at once: each holds a socket, a session actor and books.
+pub const CLIENTS_MAX: usize = 1024;
+
+/// A local client connection, numbered by the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(pub u64);
+
+/// Why the node refused a new client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeRefusal {
+    /// [`CLIENTS_MAX`] clients are connected.
+    TooManyClients,
+}
+
+/// The books of one node session. See the module documentation.
+#[derive(Debug)]
+pub struct NodeCore {
+    /// The session's operation ids.
+    pub operations: OperationWindow,
+    /// Extents being given back.
+    pub returns: ExtentReturns,
+    clients: HashMap<ClientId, ClientBooks>,
+    next_client: u64,
+    limits: ClientLimits,
+}
+
+impl Default for NodeCore {
+    /// The books of a new session under the default client bounds ([`CLIENT_LIMITS`]).
+    fn default() -> Self {
+        NodeCore::new(CLIENT_LIMITS)
+    }
+}
+
+impl NodeCore {
+    /// The books of a new session, whose clients get `limits`.
+    pub fn new(limits: ClientLimits) -> NodeCore {
+        NodeCore {
+            operations: OperationWindow::new(),
+            returns: ExtentReturns::new(),
+            clients: HashMap::new(),
+            next_client: 1,
+            limits,
+        }
+    }
+
+    /// Admits a client connection, with empty books.
+    pub fn connect_client(&mut self) -> Result<ClientId, NodeRefusal> {
+        if self.clients.len() >= CLIENTS_MAX {
+            return Err(NodeRefusal::TooManyClients);
+        }
+        let id = ClientId(self.next_client);
+        self.next_client += 1;
+        self.clients.insert(id, ClientBooks::new(self.limits));
+        Ok(id)
+    }
+
+    /// A connected client's books.
+    pub fn client(&mut self, id: ClientId) -> Option<&mut ClientBooks> {
+        self.clients.get_mut(&id)
+    }
+
+    /// The client left: what to give back (nothing for an unknown client).
+    pub fn disconnect_client(&mut self, id: ClientId) -> ClientCleanup {
+        self.clients
+            .remove(&id)
+            .map(|mut books| books.close())
+            .unwrap_or_default()
+    }
+
+    /// Clients connected.
+    pub fn clients(&self) -> usize {
+        self.clients.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_bounded_and_leave_their_books_behind() {
+        let mut core = NodeCore::new(CLIENT_LIMITS);
+        let ids: Vec<ClientId> = (0..CLIENTS_MAX)
+            .map(|_| core.connect_client().unwrap())
+            .collect();
+        assert_eq!(core.connect_client(), Err(NodeRefusal::TooManyClients));
+        let first = ids[0];
+        let now = crate::model::Timestamp::ZERO;
+        core.client(first).unwrap().admit_acquire(1, now).unwrap();
+        core.disconnect_client(first);
+        assert!(core.client(first).is_none());
+        assert_eq!(core.clients(), CLIENTS_MAX - 1);
+        assert!(core.connect_client().is_ok());
+    }
+}
