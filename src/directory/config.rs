@@ -104,28 +104,7 @@ pub struct DirectoryConfig {
 impl DirectoryConfig {
     /// Checks what the types cannot: non-zero bounds, ordered timings and watermarks.
     pub fn validate(&self) -> Result<(), String> {
-        let zero_bound = [
-            ("replicas_max", self.replicas_max),
-            ("leases_max", self.leases_max),
-            ("leases_per_session_max", self.leases_per_session_max),
-            ("sessions_max", self.sessions_max),
-            ("batch_items_max", self.batch_items_max),
-            (
-                "ledger_entries_per_session_max",
-                self.ledger_entries_per_session_max,
-            ),
-            (
-                "reservations_per_session_max",
-                self.reservations_per_session_max,
-            ),
-            ("tasks_per_poll_max", self.tasks_per_poll_max),
-            ("extents_per_session_max", self.extents_per_session_max),
-            ("eviction_window", self.eviction_window),
-            ("evictions_per_tick_max", self.evictions_per_tick_max),
-        ]
-        .into_iter()
-        .find(|(_, value)| *value == 0);
-        if let Some((name, _)) = zero_bound {
+        if let Some(name) = self.zero_bound() {
             return Err(format!("{name} must be positive"));
         }
         if self.suspect_after.is_zero() || self.fence_after <= self.suspect_after {
@@ -175,6 +154,32 @@ impl DirectoryConfig {
             return Err("watermarks must satisfy low <= high <= 100".into());
         }
         Ok(())
+    }
+
+    /// The name of the first bound that is zero, if any.
+    fn zero_bound(&self) -> Option<&'static str> {
+        [
+            ("replicas_max", self.replicas_max),
+            ("leases_max", self.leases_max),
+            ("leases_per_session_max", self.leases_per_session_max),
+            ("sessions_max", self.sessions_max),
+            ("batch_items_max", self.batch_items_max),
+            (
+                "ledger_entries_per_session_max",
+                self.ledger_entries_per_session_max,
+            ),
+            (
+                "reservations_per_session_max",
+                self.reservations_per_session_max,
+            ),
+            ("tasks_per_poll_max", self.tasks_per_poll_max),
+            ("extents_per_session_max", self.extents_per_session_max),
+            ("eviction_window", self.eviction_window),
+            ("evictions_per_tick_max", self.evictions_per_tick_max),
+        ]
+        .into_iter()
+        .find(|(_, value)| *value == 0)
+        .map(|(name, _)| name)
     }
 }
 

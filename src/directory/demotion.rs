@@ -5,17 +5,57 @@
 //! demotion and the source is evicted later instead. The pairs in flight are bounded by the
 //! owner's reservations.
 
-use super::replicas::Replica;
+use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, Task, TaskKind};
 use crate::model::{Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
 use crate::policy::cost::CostModel;
 
+/// How a replica chosen to leave its pool (by eviction or by its time to live) left.
+pub(super) enum Departure {
+    /// A copy one tier colder is under way; the replica's `allocated_bytes` are leaving.
+    Demoted { allocated_bytes: u64 },
+    /// Retired where it is.
+    Retired,
+    /// Neither: it cannot retire.
+    Refused,
+}
+
 impl Directory {
+    /// Moves `victim` one tier colder when `demote` and a colder pool takes it, else
+    /// retires it.
+    pub(super) fn demote_or_retire(
+        &mut self,
+        now: Timestamp,
+        victim: ReplicaId,
+        demote: bool,
+    ) -> Departure {
+        let target = if demote {
+            self.replicas
+                .get(victim)
+                .and_then(|replica| self.demotion_target(replica))
+        } else {
+            None
+        };
+        if let Some((target_pool, bytes)) = target {
+            if self.start_demotion(now, victim, target_pool, bytes) {
+                let allocated_bytes = self
+                    .replicas
+                    .get(victim)
+                    .map_or(0, |replica| replica.allocated_bytes);
+                return Departure::Demoted { allocated_bytes };
+            }
+        }
+        match self.retire(None, victim) {
+            Ok(_) => Departure::Retired,
+            Err(_) => Departure::Refused,
+        }
+    }
+
     /// Where `victim` would go one tier colder: a shared pool its owner's session can write,
     /// with room below its high watermark, holding no replica of the object yet, when
     /// keeping the bytes there (priced by that pool's profile) costs less than recomputing
     /// them (priced by the namespace's model).
-    pub(super) fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
+    fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
         let source = &self.pools[victim.pool.0 as usize];
         if source.spec.medium != Medium::Cpu {
             return None;
@@ -55,7 +95,7 @@ impl Directory {
     }
 
     /// Reserves the target and queues the copy for the owner. `false` when a bound refuses.
-    pub(super) fn start_demotion(
+    fn start_demotion(
         &mut self,
         now: Timestamp,
         victim_id: ReplicaId,
@@ -80,17 +120,14 @@ impl Directory {
         if full || !self.replicas.has_room() {
             return false;
         }
-        let deadline = now + self.config.reservation_duration;
-        let target = self.replicas.insert(super::replicas::NewReplica {
+        let target = self.insert_reservation(NewReplica {
             object,
             pool: target_pool,
             owner,
             length_bytes,
             allocated_bytes: bytes,
-            deadline,
+            deadline: now + self.config.reservation_duration,
         });
-        self.pools[target_pool.0 as usize].reserve(bytes);
-        self.reservation_deadlines.push_back((deadline, target));
         if let Some(session) = self.sessions.get_mut(&session_id) {
             session.reservations.insert(target);
         }

@@ -5,6 +5,7 @@
 //! expiring replica because it restarts the replica's clock. Each tick looks at no more
 //! than `eviction_window` replicas per frequency class and pool.
 
+use super::demotion::Departure;
 use super::{Directory, ReplicaId};
 use crate::model::{PoolId, Timestamp};
 use crate::policy::history::FREQUENCY_CLASSES;
@@ -51,21 +52,10 @@ impl Directory {
                 if expired >= budget {
                     return expired;
                 }
-                let target = match state {
-                    LifeState::Spilled => self
-                        .replicas
-                        .get(id)
-                        .and_then(|replica| self.demotion_target(replica)),
-                    _ => None,
-                };
-                if let Some((target_pool, bytes)) = target {
-                    if self.start_demotion(now, id, target_pool, bytes) {
-                        expired += 1;
-                        continue;
-                    }
-                }
-                if self.retire(None, id).is_ok() {
-                    expired += 1;
+                let demote = state == LifeState::Spilled;
+                match self.demote_or_retire(now, id, demote) {
+                    Departure::Demoted { .. } | Departure::Retired => expired += 1,
+                    Departure::Refused => {}
                 }
             }
         }

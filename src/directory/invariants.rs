@@ -1,16 +1,45 @@
 //! Whole-state invariant checks, run after every step of the unit, property and simulation
 //! tests. Each failure is a bug: it panics with the broken invariant.
 
+use super::pools::ExtentTable;
 use super::replicas::ReplicaState;
 use super::sessions::SessionState;
 use super::Directory;
-use crate::model::Scope;
+use crate::model::{PoolId, Scope};
+use crate::policy::history::FREQUENCY_CLASSES;
 use std::collections::HashMap;
+
+/// Leases counted per replica and per session (by raw id).
+type LeaseCounts = (HashMap<u64, u32>, HashMap<u64, u32>);
 
 impl Directory {
     /// Checks every cross-record invariant in O(records). Panics on the first violation.
     pub fn check_invariants(&self) {
-        let mut per_pool: HashMap<u32, [u64; 4]> = HashMap::new();
+        let (leases_per_replica, leases_per_session) = self.check_leases();
+        let per_pool = self.check_replicas(&leases_per_replica);
+        self.replicas.check_recency();
+        let listed: Vec<(u64, u64)> = self
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(index, pool)| {
+                let listed = self.check_recency_list(index);
+                if let Some(extents) = &pool.extents {
+                    self.check_extents(index, extents);
+                }
+                listed
+            })
+            .collect();
+        self.check_pool_books(&per_pool, &listed);
+        self.check_sessions(&leases_per_session);
+        self.check_demotions();
+        assert!(self.replicas.len() <= self.config.replicas_max);
+        assert!(self.leases.len() <= self.config.leases_max);
+    }
+
+    /// Every lease is on a READY or RETIRING replica, held by a remembered session, open
+    /// unless the replica is in a shared pool. Returns the leases per replica and session.
+    fn check_leases(&self) -> LeaseCounts {
         let mut leases_per_replica: HashMap<u64, u32> = HashMap::new();
         let mut leases_per_session: HashMap<u64, u32> = HashMap::new();
         for (_, lease) in self.leases.iter() {
@@ -34,6 +63,14 @@ impl Directory {
             *leases_per_replica.entry(lease.replica.0).or_default() += 1;
             *leases_per_session.entry(lease.session.0).or_default() += 1;
         }
+        (leases_per_replica, leases_per_session)
+    }
+
+    /// Every replica's lease count, object index entry, host pool owner and reservation
+    /// owner agree with the other tables. Returns the reserved, READY, retiring and pinned
+    /// bytes per pool.
+    fn check_replicas(&self, leases_per_replica: &HashMap<u64, u32>) -> HashMap<u32, [u64; 4]> {
+        let mut per_pool: HashMap<u32, [u64; 4]> = HashMap::new();
         for (id, replica) in self.replicas.iter() {
             let counters = per_pool.entry(replica.pool.0).or_default();
             let slot = match replica.state {
@@ -77,71 +114,81 @@ impl Directory {
                 );
             }
         }
-        let mut extent_replicas: HashMap<(u32, usize), u32> = HashMap::new();
-        self.replicas.check_recency();
-        let mut listed: HashMap<u32, u64> = HashMap::new();
-        let mut listed_count: HashMap<u32, u64> = HashMap::new();
-        for (index, pool) in self.pools.iter().enumerate() {
-            let pool_id = crate::model::PoolId(index as u32);
-            let listed_replicas = (0..crate::policy::history::FREQUENCY_CLASSES)
-                .flat_map(|class| self.replicas.coldest(pool_id, class));
-            for (id, replica) in listed_replicas {
-                assert_eq!(
-                    replica.state,
-                    ReplicaState::Ready,
-                    "{id:?} on a recency list but not READY"
+        per_pool
+    }
+
+    /// Every replica on pool `index`'s recency lists is READY and of that pool. Returns the
+    /// bytes and the count listed.
+    fn check_recency_list(&self, index: usize) -> (u64, u64) {
+        let (mut listed_bytes, mut listed_count) = (0, 0);
+        let listed_replicas = (0..FREQUENCY_CLASSES)
+            .flat_map(|class| self.replicas.coldest(PoolId(index as u32), class));
+        for (id, replica) in listed_replicas {
+            assert_eq!(
+                replica.state,
+                ReplicaState::Ready,
+                "{id:?} on a recency list but not READY"
+            );
+            assert_eq!(
+                replica.pool.0 as usize, index,
+                "{id:?} on another pool's recency list"
+            );
+            listed_bytes += replica.allocated_bytes;
+            listed_count += 1;
+        }
+        (listed_bytes, listed_count)
+    }
+
+    /// Every committed replica of shared pool `index` lies in a granted extent, each
+    /// extent's replica count is right, and an ended session holds only extents with
+    /// replicas.
+    fn check_extents(&self, index: usize, extents: &ExtentTable) {
+        let mut extent_replicas: HashMap<usize, u32> = HashMap::new();
+        for (id, replica) in self
+            .replicas
+            .iter()
+            .filter(|(_, replica)| replica.pool.0 as usize == index)
+        {
+            if matches!(replica.state, ReplicaState::Ready | ReplicaState::Retiring) {
+                assert!(
+                    extents.owner_of(replica.offset_bytes).is_some(),
+                    "{id:?} outside any granted extent"
                 );
-                assert_eq!(
-                    replica.pool.0 as usize, index,
-                    "{id:?} on another pool's recency list"
-                );
-                *listed.entry(index as u32).or_default() += replica.allocated_bytes;
-                *listed_count.entry(index as u32).or_default() += 1;
-            }
-            if let Some(extents) = &pool.extents {
-                for (id, replica) in self
-                    .replicas
-                    .iter()
-                    .filter(|(_, replica)| replica.pool.0 as usize == index)
-                {
-                    if matches!(replica.state, ReplicaState::Ready | ReplicaState::Retiring) {
-                        assert!(
-                            extents.owner_of(replica.offset_bytes).is_some(),
-                            "{id:?} outside any granted extent"
-                        );
-                        *extent_replicas
-                            .entry((index as u32, extents.index_of(replica.offset_bytes)))
-                            .or_default() += 1;
-                    }
-                }
-                for (extent, owner, count) in extents.replica_counts() {
-                    assert_eq!(
-                        count,
-                        extent_replicas
-                            .get(&(index as u32, extent))
-                            .copied()
-                            .unwrap_or(0),
-                        "replicas of extent {extent} of pool {index}"
-                    );
-                    if let Some(owner) = owner {
-                        let open = self
-                            .sessions
-                            .get(&owner)
-                            .is_some_and(|session| session.is_open());
-                        assert!(open || count > 0, "extent {extent} of pool {index} held by an ended session with no replica");
-                    }
-                }
+                *extent_replicas
+                    .entry(extents.index_of(replica.offset_bytes))
+                    .or_default() += 1;
             }
         }
-        for (index, pool) in self.pools.iter().enumerate() {
+        for (extent, owner, count) in extents.replica_counts() {
             assert_eq!(
-                listed.get(&(index as u32)).copied().unwrap_or(0),
-                pool.ready_bytes,
+                count,
+                extent_replicas.get(&extent).copied().unwrap_or(0),
+                "replicas of extent {extent} of pool {index}"
+            );
+            if let Some(owner) = owner {
+                let open = self
+                    .sessions
+                    .get(&owner)
+                    .is_some_and(|session| session.is_open());
+                assert!(
+                    open || count > 0,
+                    "extent {extent} of pool {index} held by an ended session with no replica"
+                );
+            }
+        }
+    }
+
+    /// Every pool's byte counters equal the sums over its replicas (`per_pool`) and its
+    /// recency lists (`listed`: bytes and count per pool), within its capacity.
+    fn check_pool_books(&self, per_pool: &HashMap<u32, [u64; 4]>, listed: &[(u64, u64)]) {
+        for (index, pool) in self.pools.iter().enumerate() {
+            let (listed_bytes, listed_count) = listed[index];
+            assert_eq!(
+                listed_bytes, pool.ready_bytes,
                 "recency list of pool {index} misses READY replicas"
             );
             assert_eq!(
-                listed_count.get(&(index as u32)).copied().unwrap_or(0),
-                pool.ready_replicas,
+                listed_count, pool.ready_replicas,
                 "READY replicas of pool {index}"
             );
             let [reserved, ready, retiring, pinned] =
@@ -161,6 +208,11 @@ impl Directory {
                 "pool {index} over capacity"
             );
         }
+    }
+
+    /// Every session's lease count is right, an ended session holds no reservation, and a
+    /// node has at most one open session.
+    fn check_sessions(&self, leases_per_session: &HashMap<u64, u32>) {
         let mut open_per_node: HashMap<u32, u32> = HashMap::new();
         for (id, session) in &self.sessions {
             let leases = leases_per_session.get(&id.0).copied().unwrap_or(0);
@@ -182,6 +234,10 @@ impl Directory {
             open_per_node.values().all(|&count| count <= 1),
             "two open sessions of one node"
         );
+    }
+
+    /// The demotion books agree: every target is reserved and every source marked.
+    fn check_demotions(&self) {
         assert_eq!(
             self.demotions.len(),
             self.demoting.len(),
@@ -198,7 +254,5 @@ impl Directory {
                 "demotion source {source:?} not marked"
             );
         }
-        assert!(self.replicas.len() <= self.config.replicas_max);
-        assert!(self.leases.len() <= self.config.leases_max);
     }
 }

@@ -1,9 +1,11 @@
 //! Unit tests: one per operation and error, and one per invariant of DESIGN.md section 4.
 
 use super::*;
-use crate::model::{DomainId, KvDtype, PrefixDigest};
+use crate::model::{
+    DomainId, Epoch, KvDtype, LeaseId, Location, Medium, ObjectId, OperationId, PrefixDigest,
+};
 use crate::policy::lifecycle::LifecyclePolicy;
-use crate::policy::profiles::ProfileFigures;
+use crate::policy::profiles::{Measurement, ProfileFigures, TierKind};
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;

@@ -265,9 +265,9 @@ mod tests {
         books.leases_granted(2, vec![(LeaseId(1), at(50)), (LeaseId(2), at(500))]);
         assert_eq!(books.release(&[LeaseId(1), LeaseId(9)]), vec![true, false]);
         // The expired lease is pruned to make room.
-        books.admit_acquire(2, at(600)).unwrap();
+        books.admit_acquire(3, at(600)).unwrap();
         assert_eq!(books.leases_held(), 0);
-        books.leases_granted(2, vec![(LeaseId(3), at(900))]);
+        books.leases_granted(3, vec![(LeaseId(3), at(900))]);
         assert_eq!(books.close().leases, vec![LeaseId(3)]);
     }
 

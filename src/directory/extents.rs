@@ -1,0 +1,90 @@
+//! Extents of shared pools: granting a session an extent it alone allocates in, and taking
+//! it back. Both are idempotent by operation id.
+
+use super::idempotency::LedgerStep;
+use super::{Directory, DirectoryError, Extent, ExtentGrant, ExtentReturn, Table};
+use crate::model::{OperationId, PoolId, Scope, SessionId, Timestamp};
+
+impl Directory {
+    /// Grants the session an extent of a shared pool it maps: a range no other node may
+    /// allocate in until the extent is returned. The node sub-allocates pages inside it
+    /// without asking again. `Full` when no extent is free. Idempotent by operation id, so
+    /// a grant whose reply was lost is resolved, not leaked.
+    pub fn grant_extent(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        operation: OperationId,
+        pool: PoolId,
+    ) -> Result<ExtentGrant, DirectoryError> {
+        let session = match self.check_ledger(session_id, operation)? {
+            LedgerStep::Replay(grant) => return Ok(grant),
+            LedgerStep::Proceed(session) => session,
+        };
+        let record = self
+            .pools
+            .get(pool.0 as usize)
+            .ok_or(DirectoryError::UnknownPool)?;
+        let Scope::Domain(domain) = record.spec.scope else {
+            return Err(DirectoryError::InvalidPool(
+                "extents exist only in shared pools".into(),
+            ));
+        };
+        if !session.domains.contains(&domain) {
+            return Err(DirectoryError::InvalidPool(
+                "the node does not map this pool's domain".into(),
+            ));
+        }
+        let held = self
+            .pools
+            .iter()
+            .filter_map(|record| record.extents.as_ref())
+            .map(|extents| extents.held_by(session_id))
+            .sum::<u32>();
+        if held >= self.config.extents_per_session_max {
+            return Err(DirectoryError::Full(Table::Extents));
+        }
+        let Some(extents) = self.pools[pool.0 as usize].extents.as_mut() else {
+            return Err(DirectoryError::InvalidPool(
+                "shared pool without extents".into(),
+            ));
+        };
+        let grant = match extents.grant(session_id, now) {
+            Some((offset_bytes, length_bytes)) => ExtentGrant::Granted(Extent {
+                pool,
+                offset_bytes,
+                length_bytes,
+            }),
+            None => ExtentGrant::Full,
+        };
+        self.record_outcome(session_id, operation, grant);
+        Ok(grant)
+    }
+
+    /// The owner gives back an extent it no longer allocates in (the node's allocator holds
+    /// nothing there). `Returned`: the extent cools down for a reservation's duration (a
+    /// stalled engine may still write into a grant it held) and may then go to any node.
+    /// Idempotent by operation id, so a return whose reply was lost is resolved, never
+    /// guessed.
+    pub fn return_extent(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        operation: OperationId,
+        pool: PoolId,
+        offset_bytes: u64,
+    ) -> Result<ExtentReturn, DirectoryError> {
+        if let LedgerStep::Replay(answer) = self.check_ledger(session_id, operation)? {
+            return Ok(answer);
+        }
+        let cool_until = now + self.config.reservation_duration;
+        let extents = self
+            .pools
+            .get_mut(pool.0 as usize)
+            .and_then(|record| record.extents.as_mut())
+            .ok_or(DirectoryError::UnknownPool)?;
+        let answer = extents.give_back(session_id, offset_bytes, cool_until);
+        self.record_outcome(session_id, operation, answer);
+        Ok(answer)
+    }
+}

@@ -1,0 +1,271 @@
+//! The load path: probe, acquire (the atomic READY check and lease), release, and the
+//! per-request read view that decides which replicas a node may see. Leases and their
+//! expiry live here too.
+
+use super::leases::LeaseRecord;
+use super::sessions::Session;
+use super::{
+    AcquireMode, AcquireOutcome, Directory, DirectoryError, Lease, ProbeOutcome, ReleaseOutcome,
+    ReplicaState, SessionState, Table,
+};
+use crate::model::{LeaseId, Medium, ObjectId, PoolId, ReplicaId, Scope, SessionId, Timestamp};
+
+impl Directory {
+    /// For each object, in order: a hit when a READY replica the requester can map exists,
+    /// pending when one is being written, else a miss. Reserves and leases nothing.
+    pub fn probe(
+        &self,
+        session_id: SessionId,
+        objects: &[ObjectId],
+    ) -> Result<Vec<ProbeOutcome>, DirectoryError> {
+        self.check_batch(objects.len())?;
+        let session = self.open_session(session_id)?;
+        self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
+        let view = self.read_view(session);
+        Ok(objects
+            .iter()
+            .map(|object| {
+                let mut pending = false;
+                let mut best: Option<(usize, Medium, u64)> = None;
+                for (_, replica) in self.replicas.of_object(object) {
+                    let Some(rank) = view.rank(replica.pool) else {
+                        continue;
+                    };
+                    match replica.state {
+                        ReplicaState::Ready => {
+                            if best.is_none_or(|(best_rank, ..)| rank < best_rank) {
+                                let medium = self.pools[replica.pool.0 as usize].spec.medium;
+                                best = Some((rank, medium, replica.length_bytes));
+                            }
+                        }
+                        ReplicaState::Reserved => pending = true,
+                        ReplicaState::Retiring | ReplicaState::Free => {}
+                    }
+                }
+                match best {
+                    Some((_, medium, length_bytes)) => ProbeOutcome::Hit {
+                        medium,
+                        length_bytes,
+                    },
+                    None if pending => ProbeOutcome::Pending,
+                    None => ProbeOutcome::Miss,
+                }
+            })
+            .collect())
+    }
+
+    /// The cheapest READY replica of `object` the session can map.
+    fn select_replica(&self, view: &ReadView, object: &ObjectId) -> Option<ReplicaId> {
+        self.replicas
+            .of_object(object)
+            .filter(|(_, replica)| replica.state == ReplicaState::Ready)
+            .filter_map(|(id, replica)| view.rank(replica.pool).map(|rank| (rank, id)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, id)| id)
+    }
+
+    /// Leases, for each object in order, the cheapest READY replica the requester can map.
+    /// The check and the lease are one step: no retire can come between them. In
+    /// `Manifest` mode, one miss means no item is leased (`Withheld`).
+    pub fn acquire(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        objects: &[ObjectId],
+        mode: AcquireMode,
+    ) -> Result<Vec<AcquireOutcome>, DirectoryError> {
+        self.check_batch(objects.len())?;
+        let session = self.open_session(session_id)?;
+        self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
+        let view = self.read_view(session);
+        let selected: Vec<Option<ReplicaId>> = objects
+            .iter()
+            .map(|object| self.select_replica(&view, object))
+            .collect();
+        let found = selected.iter().flatten().count() as u32;
+        if mode == AcquireMode::Manifest && (found as usize) < objects.len() {
+            return Ok(selected
+                .iter()
+                .map(|choice| {
+                    if choice.is_some() {
+                        AcquireOutcome::Withheld
+                    } else {
+                        AcquireOutcome::Miss
+                    }
+                })
+                .collect());
+        }
+        if !self.leases.has_room(found) {
+            return Err(DirectoryError::Full(Table::Leases));
+        }
+        if session.leases.saturating_add(found) > self.config.leases_per_session_max {
+            return Err(DirectoryError::Full(Table::SessionLeases));
+        }
+        let deadline = now + self.config.lease_duration;
+        let outcomes = selected
+            .iter()
+            .map(|choice| match choice {
+                None => AcquireOutcome::Miss,
+                Some(replica_id) => {
+                    AcquireOutcome::Leased(self.grant_lease(now, session_id, *replica_id, deadline))
+                }
+            })
+            .collect();
+        if let Some(session) = self.sessions.get_mut(&session_id) {
+            session.leases += found;
+        }
+        // Every read is an access. The batch is a prompt's chunks in order, so they are
+        // touched last chunk first: the head of a prefix ends most recent, and a prefix
+        // loses its tail before its head (a tail is worthless without its head).
+        for (object, replica_id) in objects.iter().zip(&selected).rev() {
+            if let Some(replica_id) = replica_id {
+                let class = self.record_access(now, object);
+                self.replicas.touch(*replica_id, class);
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn grant_lease(
+        &mut self,
+        now: Timestamp,
+        session: SessionId,
+        replica_id: ReplicaId,
+        deadline: Timestamp,
+    ) -> Lease {
+        let lease = self.leases.insert(LeaseRecord {
+            replica: replica_id,
+            session,
+            deadline,
+        });
+        let replica = self
+            .replicas
+            .get_mut(replica_id)
+            .expect("selected replica is live");
+        replica.lease_count += 1;
+        replica.last_access = now;
+        let (location, first) = (replica.location(), replica.lease_count == 1);
+        let bytes = replica.allocated_bytes;
+        let record = &mut self.pools[location.pool.0 as usize];
+        if first {
+            record.pin(bytes, true);
+        }
+        Lease {
+            lease,
+            duration_ms: u64::try_from(self.config.lease_duration.as_millis()).unwrap_or(u64::MAX),
+            replica: replica_id,
+            medium: record.spec.medium,
+            location,
+            deadline,
+        }
+    }
+
+    /// Releases leases held by this session. The last release of a retiring replica
+    /// queues its reclaim. Releasing an unknown or expired lease is harmless.
+    pub fn release(
+        &mut self,
+        session_id: SessionId,
+        leases: &[LeaseId],
+    ) -> Result<Vec<ReleaseOutcome>, DirectoryError> {
+        self.check_batch(leases.len())?;
+        self.open_session(session_id)?;
+        Ok(leases
+            .iter()
+            .map(|&lease| match self.leases.get(lease) {
+                Some(record) if record.session == session_id => {
+                    self.drop_lease(lease);
+                    if let Some(session) = self.sessions.get_mut(&session_id) {
+                        session.leases -= 1;
+                    }
+                    ReleaseOutcome::Released
+                }
+                _ => ReleaseOutcome::Unknown,
+            })
+            .collect())
+    }
+
+    /// Removes a lease and updates its replica; does not touch the session's count.
+    pub(super) fn drop_lease(&mut self, lease: LeaseId) {
+        let Some(record) = self.leases.remove(lease) else {
+            return;
+        };
+        self.after_lease_removed(record.replica);
+    }
+
+    /// Removes the leases whose deadline passed, with their sessions' counts; returns how
+    /// many.
+    pub(super) fn expire_leases(&mut self, now: Timestamp) -> u32 {
+        let mut expired = 0;
+        while let Some((_, lease)) = self.leases.pop_expired(now) {
+            expired += 1;
+            if let Some(session) = self.sessions.get_mut(&lease.session) {
+                session.leases = session.leases.saturating_sub(1);
+            }
+            self.after_lease_removed(lease.replica);
+        }
+        expired
+    }
+
+    /// A lease of `replica_id` was removed (released, voided or expired): the last one
+    /// unpins the replica's bytes and lets a retiring replica be reclaimed.
+    fn after_lease_removed(&mut self, replica_id: ReplicaId) {
+        let Some(replica) = self.replicas.get_mut(replica_id) else {
+            return;
+        };
+        replica.lease_count -= 1;
+        if replica.lease_count == 0 {
+            let (pool, bytes, state) = (replica.pool, replica.allocated_bytes, replica.state);
+            self.pools[pool.0 as usize].pin(bytes, false);
+            if state == ReplicaState::Retiring {
+                self.queue_reclaim(replica_id);
+            }
+        }
+    }
+
+    fn check_batch(&self, items: usize) -> Result<(), DirectoryError> {
+        let max = self.config.batch_items_max as usize;
+        if items > max {
+            return Err(DirectoryError::BatchTooLarge { items, max });
+        }
+        Ok(())
+    }
+
+    /// What `session` can read, pool by pool: a host pool only by its own node while the
+    /// owner session is live; a domain pool by every node of the domain. Computed once per
+    /// request, so per-object checks are an array index.
+    pub(super) fn read_view(&self, session: &Session) -> ReadView {
+        ReadView {
+            ranks: self
+                .pools
+                .iter()
+                .map(|record| {
+                    let readable = match record.spec.scope {
+                        Scope::Host(owner) => {
+                            owner == session.node
+                                && record
+                                    .owner_session
+                                    .and_then(|owner_session| self.sessions.get(&owner_session))
+                                    .is_some_and(|owner_session| {
+                                        owner_session.state == SessionState::Live
+                                    })
+                        }
+                        Scope::Domain(domain) => session.domains.contains(&domain),
+                    };
+                    readable.then(|| session.read_rank(record.spec.medium))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A requester's read rank per pool (`None`: it cannot map the pool or the pool's
+/// replicas are hidden).
+pub(super) struct ReadView {
+    ranks: Vec<Option<usize>>,
+}
+
+impl ReadView {
+    pub(super) fn rank(&self, pool: PoolId) -> Option<usize> {
+        self.ranks.get(pool.0 as usize).copied().flatten()
+    }
+}

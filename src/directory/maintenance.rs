@@ -1,0 +1,196 @@
+//! Time and pressure: `tick` (expiry of leases, reservations and silent sessions), eviction
+//! under pressure, the access history the policies learn from, and the reports for metrics.
+
+use super::demotion::Departure;
+use super::pools::PoolRecord;
+use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
+use crate::model::{ObjectId, PoolId, ReplicaId, Scope, Timestamp};
+use crate::policy::history::{frequency_class, FREQUENCY_CLASSES};
+use crate::policy::victims::{self, VictimCandidate, VictimConfig};
+use std::time::Duration;
+
+impl Directory {
+    /// Advances time: expires leases and reservations whose deadline passed, marks silent
+    /// sessions suspect (hiding their host replicas) and fences those silent past
+    /// `fence_after`. Returns what changed.
+    pub fn tick(&mut self, now: Timestamp) -> TickReport {
+        self.latest_tick = self.latest_tick.max(now);
+        self.requeue_overdue_tasks(now);
+        let evicted = self.evict(now) + std::mem::take(&mut self.evictions_unreported);
+        let expired = self.expire(
+            now,
+            self.config.evictions_per_tick_max.saturating_sub(evicted),
+        );
+        let expired_leases = self.expire_leases(now);
+        let expired_reservations = self.expire_reservations(now);
+        let transitions = self.advance_silent_sessions(now);
+        TickReport {
+            expired_leases,
+            expired_reservations,
+            evicted,
+            expired,
+            transitions,
+        }
+    }
+
+    /// Retires (or demotes) READY replicas of every pool above its high watermark until it
+    /// is at or below its low watermark, at most `evictions_per_tick_max` per call. The
+    /// victim policy chooses among the least recently used replicas of each frequency class
+    /// (the first `eviction_window` of each); leased and young replicas are never chosen.
+    pub(super) fn evict(&mut self, now: Timestamp) -> u32 {
+        let high = u64::from(self.config.high_watermark_percent);
+        let low = u64::from(self.config.low_watermark_percent);
+        let mut evicted = 0;
+        for index in 0..self.pools.len() {
+            let pool = PoolId(index as u32);
+            if !self.used_above(pool, 0, high) {
+                continue;
+            }
+            // Bytes on their way out to a colder tier (demotions in flight) count as gone.
+            let mut leaving = self.demoting_bytes(pool);
+            if !self.used_above(pool, leaving, high) {
+                continue;
+            }
+            let victim_config = VictimConfig::for_capacity(self.pools[index].object_capacity());
+            while evicted < self.config.evictions_per_tick_max
+                && self.used_above(pool, leaving, low)
+            {
+                let window = self.victim_window(now, pool);
+                let candidates: Vec<VictimCandidate> =
+                    window.iter().map(|(_, candidate)| *candidate).collect();
+                let (Some(chosen), _) = victims::choose(&candidates, &victim_config) else {
+                    break;
+                };
+                match self.demote_or_retire(now, window[chosen].0, true) {
+                    Departure::Demoted { allocated_bytes } => leaving += allocated_bytes,
+                    Departure::Retired => {}
+                    Departure::Refused => break,
+                }
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    /// Whether `pool`'s reserved and READY bytes, less the `leaving_bytes` on their way out,
+    /// are above `percent` of its capacity.
+    fn used_above(&self, pool: PoolId, leaving_bytes: u64, percent: u64) -> bool {
+        let record = &self.pools[pool.0 as usize];
+        (record.reserved_bytes + record.ready_bytes)
+            .saturating_mul(100)
+            .saturating_sub(leaving_bytes * 100)
+            > percent * record.spec.capacity_bytes
+    }
+
+    /// Bytes of `pool`'s replicas being demoted.
+    fn demoting_bytes(&self, pool: PoolId) -> u64 {
+        self.demoting
+            .iter()
+            .filter_map(|source| self.replicas.get(*source))
+            .filter(|replica| replica.pool == pool)
+            .map(|replica| replica.allocated_bytes)
+            .sum()
+    }
+
+    /// What the victim policy chooses from in `pool`: the first `eviction_window` least
+    /// recently used READY replicas of each frequency class, priced by their class's reuse
+    /// probability, idle time and age.
+    fn victim_window(&self, now: Timestamp, pool: PoolId) -> Vec<(ReplicaId, VictimCandidate)> {
+        (0..FREQUENCY_CLASSES)
+            .flat_map(|class| {
+                let reuse_probability = self.history.reuse_probability(class as u32 + 1);
+                self.replicas
+                    .coldest(pool, class)
+                    .take(self.config.eviction_window as usize)
+                    .map(move |(id, replica)| (id, replica, reuse_probability))
+            })
+            .map(|(id, replica, reuse_probability)| {
+                let age = now.saturating_since(replica.last_access);
+                let idle_ms = self
+                    .policy_ms(now)
+                    .saturating_sub(self.policy_ms(replica.last_access));
+                let candidate = VictimCandidate {
+                    bytes: replica.allocated_bytes,
+                    reuse_probability,
+                    idle: Duration::from_millis(idle_ms),
+                    age,
+                    // A replica being demoted is spoken for.
+                    leased: replica.lease_count > 0 || self.demoting.contains(&id),
+                };
+                (id, candidate)
+            })
+            .collect()
+    }
+
+    /// Records an access to `object` in the history; returns its frequency class.
+    pub(super) fn record_access(&mut self, now: Timestamp, object: &ObjectId) -> usize {
+        let key = self.replicas.key_of(object);
+        let stats = self.history.record(key, self.policy_ms(now));
+        frequency_class(stats.count)
+    }
+
+    /// The frequency class of `object` from its recorded accesses.
+    pub(super) fn access_class(&self, object: &ObjectId) -> usize {
+        let key = self.replicas.key_of(object);
+        frequency_class(self.history.stats(key).map_or(1, |stats| stats.count))
+    }
+
+    /// `now` on the policy's clock, in milliseconds: the directory's clock times
+    /// `policy_time_scale` (1 except when a trace is replayed faster than it was recorded).
+    pub(super) fn policy_ms(&self, now: Timestamp) -> u64 {
+        (now.0 as f64 / 1e6 * self.config.policy_time_scale) as u64
+    }
+
+    /// Usage of every registered pool.
+    pub fn usage(&self) -> Vec<PoolReport> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(index, record)| PoolReport {
+                pool: PoolId(index as u32),
+                spec: record.spec.clone(),
+                usage: record.usage(self.owner_reachable(record)),
+                profile: record.profile.clone(),
+            })
+            .collect()
+    }
+
+    fn owner_reachable(&self, record: &PoolRecord) -> bool {
+        match record.spec.scope {
+            Scope::Domain(_) => true,
+            Scope::Host(_) => record
+                .owner_session
+                .and_then(|session| self.sessions.get(&session))
+                .is_some_and(|session| session.state == SessionState::Live),
+        }
+    }
+
+    /// Object, replica, lease and session counts.
+    pub fn counts(&self) -> DirectoryCounts {
+        let mut counts = DirectoryCounts {
+            objects: self.replicas.object_count() as u64,
+            replicas: u64::from(self.replicas.len()),
+            leases: u64::from(self.leases.len()),
+            ..DirectoryCounts::default()
+        };
+        for session in self.sessions.values() {
+            match session.state {
+                SessionState::Live => counts.sessions_live += 1,
+                SessionState::Suspect => counts.sessions_suspect += 1,
+                SessionState::Fenced => counts.sessions_fenced += 1,
+                SessionState::Closed => {}
+            }
+        }
+        counts
+    }
+
+    /// A replica's state, if it is live.
+    pub fn replica_state(&self, replica: ReplicaId) -> Option<ReplicaState> {
+        self.replicas.get(replica).map(|record| record.state)
+    }
+
+    /// Bytes held by the replica table's arrays.
+    pub fn replica_memory_bytes(&self) -> usize {
+        self.replicas.memory_bytes()
+    }
+}

@@ -1,0 +1,187 @@
+//! Retirement and reclaim: retiring READY replicas, the owners' reclaim task queues
+//! (handed out, re-handed when overdue, acknowledged), and freeing a replica's bytes.
+
+use super::replicas::Replica;
+use super::sessions::Session;
+use super::{
+    Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
+};
+use crate::model::{ReplicaId, SessionId, TaskId, Timestamp};
+
+impl Directory {
+    /// Starts retiring a READY replica: new acquires no longer see it. Once no lease
+    /// remains, its owner gets a reclaim task. The owner node, or the directory's own
+    /// policy (with `session = None`), may retire.
+    pub fn retire(
+        &mut self,
+        session_id: Option<SessionId>,
+        replica_id: ReplicaId,
+    ) -> Result<RetireOutcome, DirectoryError> {
+        let replica = self
+            .replicas
+            .get(replica_id)
+            .ok_or(DirectoryError::UnknownReplica(replica_id))?;
+        if let Some(session_id) = session_id {
+            if self.open_session(session_id)?.node != replica.owner {
+                return Err(DirectoryError::NotOwner(replica_id));
+            }
+        }
+        if replica.state != ReplicaState::Ready {
+            return Err(DirectoryError::InvalidState {
+                replica: replica_id,
+                state: replica.state.name().into(),
+                needed: "ready".into(),
+            });
+        }
+        let (pool, bytes, leases) = (replica.pool, replica.allocated_bytes, replica.lease_count);
+        self.replicas.unlink_recency(replica_id);
+        if let Some(replica) = self.replicas.get_mut(replica_id) {
+            replica.state = ReplicaState::Retiring;
+        }
+        self.pools[pool.0 as usize].retire(bytes);
+        if leases == 0 {
+            self.queue_reclaim(replica_id);
+            Ok(RetireOutcome::Reclaimable)
+        } else {
+            Ok(RetireOutcome::AwaitingReaders { leases })
+        }
+    }
+
+    pub(super) fn queue_reclaim(&mut self, replica_id: ReplicaId) {
+        let Some(replica) = self.replicas.get(replica_id) else {
+            return;
+        };
+        if self.reclaimed_by_directory(replica) {
+            self.free_replica(replica_id);
+            return;
+        }
+        let task = Task {
+            id: TaskId(self.next_task),
+            kind: TaskKind::Reclaim {
+                replica: replica_id,
+                location: replica.location(),
+            },
+        };
+        self.next_task += 1;
+        self.nodes[replica.owner.0 as usize].tasks.push_back(task);
+    }
+
+    /// Whether the directory itself may free `replica`: its bytes are in an extent whose
+    /// owning session has ended, so no node sub-allocates there any more and nothing but
+    /// the directory's books needs to change.
+    pub(super) fn reclaimed_by_directory(&self, replica: &Replica) -> bool {
+        let Some(extents) = &self.pools[replica.pool.0 as usize].extents else {
+            return false;
+        };
+        extents
+            .owner_of(replica.offset_bytes)
+            .is_none_or(|session| !self.sessions.get(&session).is_some_and(Session::is_open))
+    }
+
+    /// Hands the node up to `tasks_per_poll_max` of its pending tasks (at most `max`). A
+    /// task not acknowledged within `task_ack_timeout` is handed out again, so acting on a
+    /// task must be idempotent (freeing an already freed allocation is acknowledged).
+    pub fn poll_tasks(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        max: u32,
+    ) -> Result<Vec<Task>, DirectoryError> {
+        let node = self.open_session(session_id)?.node;
+        let count = max.min(self.config.tasks_per_poll_max) as usize;
+        let record = &mut self.nodes[node.0 as usize];
+        let count = count.min(record.tasks.len());
+        let tasks: Vec<Task> = record.tasks.drain(..count).collect();
+        let retry_at = now + self.config.task_ack_timeout;
+        record
+            .handed_out
+            .extend(tasks.iter().map(|task| (retry_at, *task)));
+        Ok(tasks)
+    }
+
+    /// Hands out again the tasks whose acknowledgement is overdue and whose replica still
+    /// waits for its reclaim.
+    pub(super) fn requeue_overdue_tasks(&mut self, now: Timestamp) {
+        for index in 0..self.nodes.len() {
+            while let Some(&(retry_at, task)) = self.nodes[index].handed_out.front() {
+                if retry_at > now {
+                    break;
+                }
+                self.nodes[index].handed_out.pop_front();
+                let waiting = match task.kind {
+                    TaskKind::Reclaim { replica, .. } => self.awaits_reclaim(replica),
+                    TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
+                };
+                if waiting {
+                    self.nodes[index].tasks.push_back(task);
+                }
+            }
+        }
+    }
+
+    /// Whether `replica` waits for its owner's reclaim: retiring, with no lease left.
+    pub(super) fn awaits_reclaim(&self, replica: ReplicaId) -> bool {
+        self.replicas
+            .get(replica)
+            .is_some_and(|record| record.state == ReplicaState::Retiring && record.lease_count == 0)
+    }
+
+    /// The owner freed the replica's storage (its allocation generation moved on): the
+    /// bytes count as free and the replica is gone. Only a retiring replica with no lease
+    /// is reclaimed; repeating the ack is harmless.
+    pub fn reclaim_ack(
+        &mut self,
+        session_id: SessionId,
+        replica_id: ReplicaId,
+    ) -> Result<ReclaimOutcome, DirectoryError> {
+        let node = self.open_session(session_id)?.node;
+        let Some(replica) = self.replicas.get(replica_id) else {
+            return Ok(ReclaimOutcome::Unknown);
+        };
+        if replica.owner != node {
+            return Err(DirectoryError::NotOwner(replica_id));
+        }
+        if replica.state != ReplicaState::Retiring || replica.lease_count > 0 {
+            return Err(DirectoryError::InvalidState {
+                replica: replica_id,
+                state: replica.state.name().into(),
+                needed: "retiring without leases".into(),
+            });
+        }
+        self.nodes[node.0 as usize]
+            .handed_out
+            .retain(|(_, task)| !matches!(task.kind, TaskKind::Reclaim { replica, .. } if replica == replica_id));
+        self.free_replica(replica_id);
+        Ok(ReclaimOutcome::Freed)
+    }
+
+    /// Removes a committed replica and returns its bytes; its leases must be gone.
+    pub(super) fn free_replica(&mut self, replica_id: ReplicaId) {
+        let Some(replica) = self.replicas.remove(replica_id) else {
+            return;
+        };
+        let record = &mut self.pools[replica.pool.0 as usize];
+        match replica.state {
+            ReplicaState::Reserved => record.abort(replica.allocated_bytes),
+            ReplicaState::Ready | ReplicaState::Retiring => record.free(
+                replica.allocated_bytes,
+                replica.state == ReplicaState::Retiring,
+            ),
+            ReplicaState::Free => {}
+        }
+        if replica.lease_count > 0 {
+            record.pin(replica.allocated_bytes, false);
+        }
+        if let (Some(extents), ReplicaState::Ready | ReplicaState::Retiring) =
+            (&mut record.extents, replica.state)
+        {
+            let sessions = &self.sessions;
+            let cool_until = self.latest_tick + self.config.reservation_duration;
+            extents.remove_replica(
+                replica.offset_bytes,
+                |session| sessions.get(&session).is_some_and(Session::is_open),
+                cool_until,
+            );
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Registration: pools (host pools from their node, shared pools from the directory), the
+//! tier profiles nodes measure, and namespaces with the access checks every object
+//! operation makes.
+
+use super::pools::PoolRecord;
+use super::sessions::Session;
+use super::{
+    Directory, DirectoryError, NamespaceAccess, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX,
+};
+use crate::model::{NamespaceDescriptor, NamespaceId, PoolId, PoolSpec, Scope, SessionId};
+use crate::policy::profiles::{Measurement, TierKind, TierProfile};
+
+impl Directory {
+    /// Registers a pool. A host pool must belong to the session's node; a node
+    /// re-registering the same pool name after a restart gets the same pool id back.
+    /// A shared (domain) pool is registered by the directory itself with `session = None`.
+    pub fn register_pool(
+        &mut self,
+        session: Option<SessionId>,
+        spec: PoolSpec,
+    ) -> Result<PoolId, DirectoryError> {
+        check_pool_spec(&spec)?;
+        match (session, spec.scope) {
+            (Some(session), Scope::Host(node)) => {
+                if self.open_session(session)?.node != node {
+                    return Err(DirectoryError::InvalidPool(
+                        "host pool of another node".into(),
+                    ));
+                }
+            }
+            (None, Scope::Domain(_)) => {}
+            _ => {
+                return Err(DirectoryError::InvalidPool(
+                    "host pools come from their node, shared pools from the directory".into(),
+                ))
+            }
+        }
+        // A shared pool holds whole extents only: a tail no extent covers is not capacity.
+        let mut spec = spec;
+        if let Some(extent_bytes) = spec.extent_bytes {
+            spec.capacity_bytes -= spec.capacity_bytes % extent_bytes;
+        }
+        let key = (spec.scope, spec.name.clone());
+        if let Some(&pool) = self.pool_ids.get(&key) {
+            let record = &mut self.pools[pool.0 as usize];
+            if record.owner_session.is_some()
+                || record.reserved_bytes + record.ready_bytes + record.retiring_bytes > 0
+            {
+                if record.spec == spec && record.owner_session == session {
+                    return Ok(pool);
+                }
+                return Err(DirectoryError::InvalidPool(
+                    "pool already registered and in use".into(),
+                ));
+            }
+            let profile = self.config.baseline_profile(spec.medium);
+            *record = PoolRecord::new(spec, session, profile);
+            return Ok(pool);
+        }
+        if self.pools.len() >= self.config.pools_max as usize {
+            return Err(DirectoryError::Full(Table::Pools));
+        }
+        let pool = PoolId(self.pools.len() as u32);
+        let profile = self.config.baseline_profile(spec.medium);
+        self.pools.push(PoolRecord::new(spec, session, profile));
+        self.pool_ids.insert(key, pool);
+        Ok(pool)
+    }
+
+    /// Records what `session`'s node measured of `pool`, a pool it maps: the policy prices
+    /// the pool by it from now on, except for figures the operator overrides. Returns the
+    /// profile in force.
+    pub fn report_profile(
+        &mut self,
+        session: SessionId,
+        pool: PoolId,
+        measured: Measurement,
+    ) -> Result<TierProfile, DirectoryError> {
+        let record = self.open_session(session)?;
+        let target = self
+            .pools
+            .get(pool.0 as usize)
+            .ok_or(DirectoryError::UnknownPool)?;
+        let maps = match target.spec.scope {
+            Scope::Host(node) => node == record.node && target.owner_session == Some(session),
+            Scope::Domain(domain) => record.domains.contains(&domain),
+        };
+        if !maps {
+            return Err(DirectoryError::InvalidPool(
+                "a profile of a pool this node does not map".into(),
+            ));
+        }
+        let medium = target.spec.medium;
+        let representative = TierProfile::representative(TierKind::of_medium(medium));
+        let mut profile = measured
+            .figures()
+            .apply(&representative)
+            .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
+        if let Some(overrides) = self.config.profiles.get(&medium) {
+            profile = overrides
+                .apply(&profile)
+                .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
+        }
+        self.pools[pool.0 as usize].profile = profile.clone();
+        Ok(profile)
+    }
+
+    /// Registers a namespace (idempotent) after validating its descriptor.
+    pub fn register_namespace(
+        &mut self,
+        session: SessionId,
+        descriptor: NamespaceDescriptor,
+    ) -> Result<NamespaceId, DirectoryError> {
+        let record = self.open_session(session)?;
+        let id = descriptor.id().map_err(DirectoryError::InvalidNamespace)?;
+        if !permits(&record.namespaces, &descriptor) {
+            return Err(DirectoryError::NamespaceDenied);
+        }
+        if !self.namespaces.contains_key(&id) {
+            if self.namespaces.len() >= self.config.namespaces_max as usize {
+                return Err(DirectoryError::Full(Table::Namespaces));
+            }
+            self.namespaces.insert(id, descriptor);
+        }
+        Ok(id)
+    }
+
+    pub(super) fn check_namespace(
+        &self,
+        session: &Session,
+        namespace: NamespaceId,
+    ) -> Result<(), DirectoryError> {
+        match self.namespaces.get(&namespace) {
+            None => Err(DirectoryError::UnknownNamespace),
+            Some(descriptor) if !permits(&session.namespaces, descriptor) => {
+                Err(DirectoryError::NamespaceDenied)
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Checks every item's namespace, looking up each distinct namespace once in a run.
+    pub(super) fn check_namespaces(
+        &self,
+        session: &Session,
+        objects: impl Iterator<Item = NamespaceId>,
+    ) -> Result<(), DirectoryError> {
+        let mut last_checked = None;
+        for namespace in objects {
+            if last_checked != Some(namespace) {
+                self.check_namespace(session, namespace)?;
+                last_checked = Some(namespace);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks what a pool's description must satisfy on its own: capacity, extents (a shared
+/// pool has them, a host pool has none), page size and name.
+fn check_pool_spec(spec: &PoolSpec) -> Result<(), DirectoryError> {
+    if spec.capacity_bytes == 0 {
+        return Err(DirectoryError::InvalidPool("zero capacity".into()));
+    }
+    match (spec.scope, spec.extent_bytes) {
+        (Scope::Host(_), None) => {}
+        (Scope::Domain(_), Some(extent_bytes))
+            if extent_bytes > 0
+                && extent_bytes % spec.page_bytes.max(1) == 0
+                && spec.capacity_bytes / extent_bytes >= 1
+                && spec.capacity_bytes / extent_bytes <= EXTENTS_PER_POOL_MAX => {}
+        _ => {
+            return Err(DirectoryError::InvalidPool(format!(
+                "a shared pool needs extents (a multiple of the page size, at most {EXTENTS_PER_POOL_MAX} per pool); a host pool has none"
+            )))
+        }
+    }
+    if !spec.page_bytes.is_power_of_two() || spec.page_bytes > spec.capacity_bytes {
+        return Err(DirectoryError::InvalidPool(
+            "page size must be a power of two within capacity".into(),
+        ));
+    }
+    if spec.name.is_empty() || spec.name.len() > NAME_BYTES_MAX {
+        return Err(DirectoryError::InvalidPool(
+            "pool name empty or too long".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `access` lets a node use `descriptor`'s namespace.
+fn permits(access: &NamespaceAccess, descriptor: &NamespaceDescriptor) -> bool {
+    match access {
+        NamespaceAccess::Any => true,
+        NamespaceAccess::Models(models) => models.contains(&descriptor.model),
+    }
+}
