@@ -21,3 +21,4 @@ pub mod policy;
 pub mod protocol;
 pub mod replay;
 pub mod wire;
+pub mod workload;

@@ -87,4 +87,33 @@ impl Directory {
         self.record_outcome(session_id, operation, answer);
         Ok(answer)
     }
+
+    /// Grants no extent of shared pool `pool` before `until`. A directory that starts over a
+    /// pool that already held data (a restart) calls it with the longest lease, grant and
+    /// fence window the previous incarnation could have issued: until then, nodes of that
+    /// incarnation may still write into extents it granted them and engines may still read
+    /// under its leases, so nothing unclaimed is reused.
+    pub fn hold_extents_until(
+        &mut self,
+        pool: PoolId,
+        until: Timestamp,
+    ) -> Result<(), DirectoryError> {
+        let extents = self
+            .pools
+            .get_mut(pool.0 as usize)
+            .and_then(|record| record.extents.as_mut())
+            .ok_or(DirectoryError::UnknownPool)?;
+        extents.hold_until(until);
+        Ok(())
+    }
+
+    /// The longest window the previous incarnation of a directory with this configuration
+    /// could have left open: a lease, an unwritten grant, or a silent node not yet fenced.
+    pub fn recovery_window(&self) -> std::time::Duration {
+        let config = &self.config;
+        config
+            .lease_duration
+            .max(config.reservation_duration)
+            .max(config.fence_after)
+    }
 }

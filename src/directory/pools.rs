@@ -154,6 +154,13 @@ impl ExtentTable {
         }
     }
 
+    /// No free extent is granted before `until` (extents cooling longer keep their time).
+    pub fn hold_until(&mut self, until: Timestamp) {
+        for slot in self.slots.iter_mut().filter(|slot| slot.owner.is_none()) {
+            slot.cool_until = slot.cool_until.max(until);
+        }
+    }
+
     /// Committed replicas per extent, for invariant checks.
     pub fn replica_counts(&self) -> impl Iterator<Item = (usize, Option<SessionId>, u32)> + '_ {
         self.slots

@@ -1,0 +1,107 @@
+//! The simulated network between the nodes and the directory: every message may be
+//! dropped, duplicated, delayed and so reordered, as the seed decides. Bounded: a message
+//! sent while [`IN_FLIGHT_MAX`] are in flight is dropped, as a full socket buffer would.
+
+use crate::workload::rng::SplitMix64;
+use crate::model::Timestamp;
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use std::time::Duration;
+
+/// Messages in flight at once.
+pub const IN_FLIGHT_MAX: usize = 4096;
+
+/// How the network misbehaves, in percent of messages and milliseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Faults {
+    pub drop_percent: u64,
+    pub duplicate_percent: u64,
+    pub delay_ms_max: u64,
+}
+
+/// What travels: a node's request to the directory, or the directory's reply.
+#[derive(Clone, Debug)]
+pub enum Payload {
+    Request(DirectoryRequest),
+    Reply(DirectoryReply),
+}
+
+/// One message of node `node`'s connection, sent in its incarnation `incarnation` (a
+/// restarted node never receives what was meant for its previous process).
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub node: usize,
+    pub incarnation: u64,
+    pub request_id: u64,
+    pub payload: Payload,
+    deliver_at: Timestamp,
+    order: u64,
+}
+
+/// The messages in flight. See the module documentation.
+#[derive(Debug)]
+pub struct Network {
+    faults: Faults,
+    in_flight: Vec<Message>,
+    order: u64,
+}
+
+impl Network {
+    /// An empty network with `faults`.
+    pub fn new(faults: Faults) -> Network {
+        Network {
+            faults,
+            in_flight: Vec::new(),
+            order: 0,
+        }
+    }
+
+    /// Sends a message at `now`; the network may lose, copy or delay it.
+    pub fn send(
+        &mut self,
+        rng: &mut SplitMix64,
+        now: Timestamp,
+        node: usize,
+        incarnation: u64,
+        request_id: u64,
+        payload: Payload,
+    ) {
+        if rng.chance(self.faults.drop_percent) {
+            return;
+        }
+        let copies = if rng.chance(self.faults.duplicate_percent) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            if self.in_flight.len() >= IN_FLIGHT_MAX {
+                return;
+            }
+            let delay = Duration::from_millis(rng.below(self.faults.delay_ms_max + 1));
+            self.order += 1;
+            self.in_flight.push(Message {
+                node,
+                incarnation,
+                request_id,
+                payload: payload.clone(),
+                deliver_at: now + delay,
+                order: self.order,
+            });
+        }
+    }
+
+    /// Takes every message due at `now`, in delivery order.
+    pub fn due(&mut self, now: Timestamp) -> Vec<Message> {
+        let (mut due, later): (Vec<Message>, Vec<Message>) = std::mem::take(&mut self.in_flight)
+            .into_iter()
+            .partition(|message| message.deliver_at <= now);
+        self.in_flight = later;
+        due.sort_by_key(|message| (message.deliver_at, message.order));
+        due
+    }
+
+    /// Messages in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}

@@ -1,0 +1,326 @@
+//! The simulated cluster: one directory core (restarted now and then as a new incarnation
+//! over the same shared pools), the nodes, the network, the bytes each pool holds, and the
+//! checks run after every step.
+
+use super::network::{Faults, Message, Network, Payload};
+use super::node::{HeldLease, SimNode};
+use super::SeedReport;
+use crate::directory::{Directory, DirectoryConfig, NamespaceAccess};
+use crate::model::{
+    DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
+    PrefixDigest, Scope, Timestamp,
+};
+use crate::policy::lifecycle::LifecyclePolicy;
+use crate::protocol::directory::{handle, NodeGrant};
+use crate::protocol::messages::DirectoryReply;
+use crate::workload::rng::SplitMix64;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Nodes of the simulated cluster; node `i` maps the CXL domains `NODE_DOMAINS[i]`.
+pub const NODE_DOMAINS: [&[u32]; 3] = [&[0], &[0, 1], &[1]];
+/// Distinct objects the clients store and load.
+pub const OBJECTS: u32 = 48;
+/// Every object's size.
+pub const OBJECT_BYTES: u64 = 64 << 10;
+/// Each node's CPU pool, in objects.
+pub const CPU_POOL_OBJECTS: u64 = 6;
+/// Each shared pool, in objects, and its extents, in objects.
+pub const CXL_POOL_OBJECTS: u64 = 16;
+pub const EXTENT_OBJECTS: u64 = 4;
+/// Percent of steps at which the directory restarts.
+const DIRECTORY_RESTART_PERCENT: u64 = 1;
+
+/// Where bytes live, stable across directory incarnations (pool ids are not): a node
+/// process's CPU pool, or one of the shared pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Space {
+    Cpu { node: usize, incarnation: u64 },
+    Cxl(u32),
+}
+
+/// The simulated cluster. See the module documentation.
+pub struct World {
+    pub rng: SplitMix64,
+    pub now: Timestamp,
+    pub directory: Directory,
+    config: DirectoryConfig,
+    pub network: Network,
+    pub nodes: Vec<SimNode>,
+    /// The directory's id of each shared pool (by domain), in its current incarnation.
+    pub cxl_pools: HashMap<PoolId, u32>,
+    /// The space behind each pool id of the current directory incarnation.
+    pub spaces: HashMap<PoolId, Space>,
+    /// The object whose bytes begin at each offset of each space.
+    pub memory: HashMap<(Space, u64), ObjectId>,
+    /// Leases still read by engines whose node process died.
+    pub orphan_leases: Vec<HeldLease>,
+    pub namespace: NamespaceId,
+    pub stats: SeedReport,
+}
+
+/// The namespace every simulated client uses.
+pub fn descriptor() -> NamespaceDescriptor {
+    NamespaceDescriptor {
+        model: "sim".into(),
+        revision: "1".into(),
+        adapter: None,
+        kv_dtype: KvDtype::Float16,
+        quantization: None,
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 64,
+        block_tokens: 16,
+        format_version: 1,
+        chunk_tokens: 16,
+        tensor_parallel: 1,
+        pipeline_parallel: 1,
+    }
+}
+
+fn config(seed: u64) -> DirectoryConfig {
+    let ttl = |resident_ttl_ms, expiring_grace_ms, spill_on_expiry| LifecyclePolicy {
+        resident_ttl_ms,
+        expiring_grace_ms,
+        spill_on_expiry,
+    };
+    DirectoryConfig {
+        lease_duration: Duration::from_millis(800),
+        reservation_duration: Duration::from_millis(800),
+        suspect_after: Duration::from_millis(400),
+        fence_after: Duration::from_millis(1200),
+        ledger_entries_per_session_max: 256,
+        hash_seed: seed,
+        ttl: [
+            (Medium::Cpu, ttl(1_500, 500, true)),
+            (Medium::Cxl, ttl(3_000, 0, false)),
+        ]
+        .into(),
+        ..DirectoryConfig::default()
+    }
+}
+
+impl World {
+    /// A cluster of `NODE_DOMAINS.len()` nodes, none started, and a fresh directory.
+    pub fn new(seed: u64) -> World {
+        let config = config(seed);
+        let mut world = World {
+            rng: SplitMix64::new(seed),
+            now: Timestamp::ZERO,
+            directory: Directory::new(config.clone()),
+            config,
+            network: Network::new(Faults {
+                drop_percent: 5,
+                duplicate_percent: 3,
+                delay_ms_max: 60,
+            }),
+            nodes: NODE_DOMAINS
+                .iter()
+                .enumerate()
+                .map(|(index, domains)| SimNode::new(index, domains))
+                .collect(),
+            cxl_pools: HashMap::new(),
+            spaces: HashMap::new(),
+            memory: HashMap::new(),
+            orphan_leases: Vec::new(),
+            namespace: descriptor().id().expect("the simulation's namespace is valid"),
+            stats: SeedReport {
+                seed,
+                ..SeedReport::default()
+            },
+        };
+        world.register_cxl_pools();
+        world
+    }
+
+    fn register_cxl_pools(&mut self) {
+        for domain in 0..2u32 {
+            let spec = PoolSpec {
+                name: format!("cxl{domain}"),
+                medium: Medium::Cxl,
+                scope: Scope::Domain(DomainId(domain)),
+                capacity_bytes: CXL_POOL_OBJECTS * OBJECT_BYTES,
+                page_bytes: 4096,
+                extent_bytes: Some(EXTENT_OBJECTS * OBJECT_BYTES),
+            };
+            let pool = self
+                .directory
+                .register_pool(None, spec)
+                .expect("a valid shared pool registers");
+            self.cxl_pools.insert(pool, domain);
+            self.spaces.insert(pool, Space::Cxl(domain));
+        }
+    }
+
+    /// The directory process dies and a new incarnation starts over the same shared pools:
+    /// every session is gone, and no extent is granted before the previous incarnation's
+    /// leases, grants and fences have run out.
+    fn restart_directory(&mut self) {
+        self.stats.directory_restarts += 1;
+        self.directory = Directory::new(self.config.clone());
+        self.cxl_pools.clear();
+        self.spaces.clear();
+        self.register_cxl_pools();
+        let until = self.now + self.directory.recovery_window();
+        let pools: Vec<PoolId> = self.cxl_pools.keys().copied().collect();
+        for pool in pools {
+            self.directory
+                .hold_extents_until(pool, until)
+                .expect("shared pools hold extents");
+        }
+    }
+
+    pub fn object(&self, index: u32) -> ObjectId {
+        ObjectId {
+            namespace: self.namespace,
+            prefix: PrefixDigest::ROOT.chain(&[index]),
+            shard: 0,
+            part: 0,
+        }
+    }
+
+    pub fn random_object(&mut self) -> ObjectId {
+        let index = self.rng.below(u64::from(OBJECTS)) as u32;
+        self.object(index)
+    }
+
+    /// The grant the configuration gives node `node`.
+    pub fn grant(&self, node: usize) -> NodeGrant {
+        NodeGrant {
+            domains: self.nodes[node].domains.clone(),
+            namespaces: NamespaceAccess::Any,
+        }
+    }
+
+    /// One step: time moves, the directory ticks, due messages arrive, one node acts.
+    pub fn step(&mut self) {
+        self.now = self.now + Duration::from_millis(1 + self.rng.below(20));
+        self.stats.expired += u64::from(self.directory.tick(self.now).expired);
+        if self.rng.chance(DIRECTORY_RESTART_PERCENT) && self.rng.chance(50) {
+            self.restart_directory();
+        }
+        for message in self.network.due(self.now) {
+            self.deliver(message);
+            self.directory.check_invariants();
+        }
+        let node = self.rng.below(self.nodes.len() as u64) as usize;
+        self.node_step(node);
+        self.node_timeouts(node);
+        self.check();
+    }
+
+    fn deliver(&mut self, message: Message) {
+        match message.payload {
+            Payload::Request(request) => {
+                let node = message.node;
+                let peer = self.nodes[node].name.clone();
+                let grant = Some(self.grant(node));
+                // The connection is bound to the session the node believes it has.
+                let session = self.nodes[node].session;
+                let reply = handle(&mut self.directory, self.now, &peer, grant, session, request);
+                self.network.send(
+                    &mut self.rng,
+                    self.now,
+                    node,
+                    message.incarnation,
+                    message.request_id,
+                    Payload::Reply(reply),
+                );
+            }
+            Payload::Reply(reply) => {
+                if self.nodes[message.node].incarnation == message.incarnation {
+                    self.on_reply(message.node, message.request_id, reply);
+                }
+            }
+        }
+    }
+
+    /// Synchronous request to the directory (start-up only: open, pools, namespace).
+    pub fn call(&mut self, node: usize, request: crate::protocol::messages::DirectoryRequest) -> DirectoryReply {
+        let peer = self.nodes[node].name.clone();
+        let grant = Some(self.grant(node));
+        let session = self.nodes[node].session;
+        handle(&mut self.directory, self.now, &peer, grant, session, request)
+    }
+
+    /// Every lease some engine still reads under: the live nodes' and the orphans'.
+    fn trusted_leases(&self) -> impl Iterator<Item = &HeldLease> {
+        self.nodes
+            .iter()
+            .flat_map(|node| node.leases.iter())
+            .chain(self.orphan_leases.iter())
+            .filter(|held| held.trusted_until > self.now)
+    }
+
+    /// A writer puts `object`'s bytes at `offset` of `space`: nobody may still read other
+    /// bytes there.
+    pub fn write(&mut self, space: Space, offset: u64, object: ObjectId) {
+        for held in self.trusted_leases() {
+            assert!(
+                held.space != space || held.lease.location.offset_bytes != offset || held.object == object,
+                "seed={}: a write into {space:?}+{offset} overwrote bytes a reader holds a lease on ({:?})",
+                self.stats.seed,
+                held.lease.replica
+            );
+        }
+        self.memory.insert((space, offset), object);
+    }
+
+    /// A reader checks the bytes under its lease.
+    pub fn verify(&mut self, held: &HeldLease) {
+        let found = self.memory.get(&(held.space, held.lease.location.offset_bytes));
+        assert_eq!(
+            found,
+            Some(&held.object),
+            "seed={}: a lease on {:?} reads wrong bytes",
+            self.stats.seed,
+            held.lease.replica
+        );
+        self.stats.reads_verified += 1;
+    }
+
+    /// The cluster-wide checks after a step.
+    fn check(&mut self) {
+        self.directory.check_invariants();
+        self.orphan_leases.retain(|held| held.trusted_until > self.now);
+        let held: Vec<HeldLease> = self.trusted_leases().cloned().collect();
+        for lease in &held {
+            self.verify(lease);
+        }
+        self.check_single_writer();
+    }
+
+    /// No two running nodes hold overlapping extents of one shared pool.
+    fn check_single_writer(&self) {
+        let mut extents: Vec<(u32, u64, u64, usize)> = Vec::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            for (domain, allocator) in &node.cxl {
+                for (offset, length) in allocator.extents() {
+                    extents.push((*domain, offset, offset + length, index));
+                }
+            }
+        }
+        extents.sort_unstable();
+        for pair in extents.windows(2) {
+            let (first, second) = (pair[0], pair[1]);
+            assert!(
+                first.0 != second.0 || first.2 <= second.1,
+                "seed={}: nodes {} and {} both allocate in cxl{} at {}..{}",
+                self.stats.seed,
+                first.3,
+                second.3,
+                first.0,
+                second.1,
+                first.2
+            );
+        }
+    }
+
+    /// The seed's figures.
+    pub fn report(&self, steps: u32) -> SeedReport {
+        SeedReport {
+            steps,
+            ..self.stats.clone()
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Workload helpers shared by the tools.
+
+pub mod rng;
