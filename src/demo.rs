@@ -4,14 +4,16 @@
 //!
 //! Each request goes to one of the two nodes (as two engine instances would); its prompt's
 //! 512-token blocks are chained into prefix digests; the longest cached run of blocks is
-//! loaded (and checked byte for byte), and the rest is stored.
+//! loaded into buffers poisoned first and checked byte for byte against each object's
+//! content ([`crate::workload::chunk`]), and the rest is stored.
 
-use crate::bench::histogram::Histogram;
 use crate::client::{Client, StoreOutcome};
-use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
-use crate::model::{KvDtype, NamespaceDescriptor, ObjectId, PrefixDigest};
-use crate::replay::cluster::chain;
+use crate::workload::histogram::Histogram;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::chain;
+use crate::workload::trace::{self, Request};
+use crate::workload::transfer::{load_cached_prefix, store_chunks, PrefixBuffers};
 use anyhow::{bail, Context};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -51,37 +53,9 @@ struct Tally {
     load_latency: Histogram,
 }
 
-/// The namespace of the demo's synthetic model.
-pub fn demo_namespace() -> NamespaceDescriptor {
-    NamespaceDescriptor {
-        model: "kvtier-demo".into(),
-        revision: "1".into(),
-        adapter: None,
-        kv_dtype: KvDtype::BFloat16,
-        quantization: None,
-        layers: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        block_tokens: 16,
-        format_version: 1,
-        chunk_tokens: 512,
-        tensor_parallel: 1,
-        pipeline_parallel: 1,
-    }
-}
-
-/// Fills `buffer` with bytes determined by `digest`, so any load can be verified.
-pub fn fill_chunk(digest: &PrefixDigest, buffer: &mut [u8]) {
-    let seed = u64::from_le_bytes(digest.0[..8].try_into().unwrap_or([0; 8]));
-    for (index, word) in buffer.chunks_mut(8).enumerate() {
-        let value = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        word.copy_from_slice(&value.to_le_bytes()[..word.len()]);
-    }
-}
-
 /// Runs the demo from this binary (`exe`).
 pub fn run(exe: &Path, args: &DemoArgs) -> anyhow::Result<()> {
-    let (source, requests) = crate::replay::load(args.trace.as_deref())?;
+    let (source, requests) = trace::load(args.trace.as_deref())?;
     let requests = &requests[..args.requests.min(requests.len())];
     if requests.is_empty() {
         bail!("the trace has no requests");
@@ -120,7 +94,7 @@ pub fn run(exe: &Path, args: &DemoArgs) -> anyhow::Result<()> {
 
 async fn replay(
     cluster: &LocalCluster,
-    requests: &[crate::replay::trace::Request],
+    requests: &[Request],
     chunk_bytes: usize,
 ) -> anyhow::Result<Tally> {
     let clients = [
@@ -134,9 +108,9 @@ async fn replay(
     let progress = std::io::stderr().is_terminal();
     for (index, request) in requests.iter().enumerate() {
         let client = &clients[index % 2];
-        let (objects, digests) = chain(namespace, &request.hash_ids);
+        let objects = chain(namespace, &request.hash_ids);
         let load_started = Instant::now();
-        let (_, loaded) = load_cached_prefix(client, &objects, &digests, &mut buffers)
+        let (_, loaded) = load_cached_prefix(client, &objects, &mut buffers)
             .await
             .with_context(|| format!("request {index}"))?;
         if loaded > 0 {
@@ -148,7 +122,7 @@ async fn replay(
         tally.chunks_loaded += loaded as u64;
         tally.bytes_moved += (loaded * chunk_bytes) as u64;
         let store_started = Instant::now();
-        let stored = store_chunks(client, &objects[loaded..], &digests[loaded..], chunk_bytes);
+        let stored = store_chunks(client, &objects[loaded..], chunk_bytes);
         for outcome in stored.await? {
             match outcome {
                 StoreOutcome::Stored => {
@@ -173,90 +147,6 @@ async fn replay(
         eprintln!();
     }
     Ok(tally)
-}
-
-/// Reusable buffers a prefix is loaded into, and one to check each chunk against.
-pub(crate) struct PrefixBuffers {
-    chunks: Vec<Vec<u8>>,
-    expected: Vec<u8>,
-}
-
-impl PrefixBuffers {
-    /// Buffers for chunks of `chunk_bytes`.
-    pub(crate) fn new(chunk_bytes: usize) -> Self {
-        Self {
-            chunks: Vec::new(),
-            expected: vec![0u8; chunk_bytes],
-        }
-    }
-}
-
-/// Probes a prompt's chunks, loads the leading run that is cached and checks every byte
-/// against what [`fill_chunk`] makes of its digest. Returns the probe's outcomes and how
-/// many chunks loaded (a replica retired between probe and acquire shortens the run: an
-/// expected miss). Fails on a wrong byte or a refused request.
-pub(crate) async fn load_cached_prefix(
-    client: &Client,
-    objects: &[ObjectId],
-    digests: &[PrefixDigest],
-    buffers: &mut PrefixBuffers,
-) -> anyhow::Result<(Vec<ProbeOutcome>, usize)> {
-    let probed = client.probe(objects).await?;
-    let hits = probed
-        .iter()
-        .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
-        .count();
-    let chunk_bytes = buffers.expected.len();
-    while buffers.chunks.len() < hits {
-        buffers.chunks.push(vec![0u8; chunk_bytes]);
-    }
-    let mut targets: Vec<&mut [u8]> = buffers
-        .chunks
-        .iter_mut()
-        .take(hits)
-        .map(|buffer| buffer.as_mut_slice())
-        .collect();
-    let loaded = client
-        .load_into(&objects[..hits], &mut targets)
-        .await
-        .context("loading a prefix")?;
-    let loaded = loaded.iter().take_while(|hit| **hit).count();
-    for (position, buffer) in buffers.chunks.iter().take(loaded).enumerate() {
-        fill_chunk(&digests[position], &mut buffers.expected);
-        if buffer[..] != buffers.expected[..] {
-            bail!("chunk {position} of the prefix loaded wrong bytes");
-        }
-    }
-    Ok((probed, loaded))
-}
-
-/// Stores the chunks of `objects` (their bytes made from `digests`), pipelined, in order;
-/// one outcome per object.
-pub(crate) async fn store_chunks(
-    client: &Client,
-    objects: &[ObjectId],
-    digests: &[PrefixDigest],
-    chunk_bytes: usize,
-) -> anyhow::Result<Vec<StoreOutcome>> {
-    let chunks: Vec<Vec<u8>> = digests
-        .iter()
-        .map(|digest| {
-            let mut chunk = vec![0u8; chunk_bytes];
-            fill_chunk(digest, &mut chunk);
-            chunk
-        })
-        .collect();
-    let items: Vec<(ObjectId, &[u8])> = objects
-        .iter()
-        .copied()
-        .zip(chunks.iter().map(Vec::as_slice))
-        .collect();
-    client
-        .store_many(&items)
-        .await
-        .into_iter()
-        .map(|outcome| outcome.context("storing a chunk"))
-        .collect()
 }
 
 fn print_summary(tally: &Tally, elapsed: Duration) {

@@ -4,7 +4,8 @@
 //! `model` holds identities and records, `directory` the metadata authority as a
 //! sans-I/O state machine, `policy` the pure placement decisions, `backends` the
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,
-//! and `client` the engine-side API.
+//! `client` the engine-side API, and `workload` what the tools (`demo`, `replay`, `bench`)
+//! share: traces, chunk content, prefix chains, histograms.
 
 pub mod actors;
 pub mod backends;

@@ -4,7 +4,6 @@
 
 use kvtier::actors::node::link::{DirectoryAddress, DirectoryLink, LinkError};
 use kvtier::client::{Client, ClientError, StoreOutcome};
-use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, ObjectId, PrefixDigest};
@@ -13,6 +12,8 @@ use kvtier::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
 use kvtier::wire::{codec, read_frame, tls, FrameHeader};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -46,17 +47,15 @@ fn small_cluster(nodes: usize) -> LocalCluster {
 
 fn object(namespace: kvtier::model::NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
     let prefix = PrefixDigest::ROOT.chain(&[index]);
+    let id = ObjectId {
+        namespace,
+        prefix,
+        shard: 0,
+        part: 0,
+    };
     let mut bytes = vec![0u8; CHUNK];
-    fill_chunk(&prefix, &mut bytes);
-    (
-        ObjectId {
-            namespace,
-            prefix,
-            shard: 0,
-            part: 0,
-        },
-        bytes,
-    )
+    chunk::fill(&id, &mut bytes);
+    (id, bytes)
 }
 
 /// Polls `condition` until it holds or `deadline` passes.

@@ -2,10 +2,11 @@
 //! CXL device) and share a KV cache through it without copying bytes over the network.
 
 use kvtier::client::{Client, StoreOutcome};
-use kvtier::demo::{demo_namespace, fill_chunk};
 use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
 use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,17 +41,15 @@ fn cluster(write_order: Vec<Medium>, cpu_pool_bytes: u64, cxl_pool_bytes: u64) -
 
 fn object(namespace: NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
     let prefix = PrefixDigest::ROOT.chain(&[index, 7]);
+    let id = ObjectId {
+        namespace,
+        prefix,
+        shard: 0,
+        part: 0,
+    };
     let mut bytes = vec![0u8; CHUNK];
-    fill_chunk(&prefix, &mut bytes);
-    (
-        ObjectId {
-            namespace,
-            prefix,
-            shard: 0,
-            part: 0,
-        },
-        bytes,
-    )
+    chunk::fill(&id, &mut bytes);
+    (id, bytes)
 }
 
 async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {

@@ -12,8 +12,9 @@ use kvtier::policy::eviction::KvtierConfig;
 use kvtier::policy::placement::PlacementConfig;
 use kvtier::policy::profiles::{TierKind, TierProfile};
 use kvtier::replay::cluster::{self, ClusterSimConfig, Pricing};
+use kvtier::replay::live;
 use kvtier::replay::sim::{self, PolicyKind, SimConfig, TierSpec};
-use kvtier::replay::{live, trace};
+use kvtier::workload::trace;
 use std::time::Duration;
 
 const TRACE: &str = concat!(

@@ -3,13 +3,14 @@
 //! mapping measured in the same run; then a capacity-pressure run that keeps storing past
 //! the pool's capacity with eviction on, and reports that no store failed.
 
-use super::directory::object_ids;
 use crate::backends::SharedMemory;
 use crate::client::{Client, StoreOutcome};
-use crate::demo::demo_namespace;
 use crate::directory::ProbeOutcome;
 use crate::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster};
 use crate::model::{Medium, ObjectId};
+use crate::workload::chunk;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::seeded_ids;
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
@@ -126,10 +127,10 @@ fn load_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<(f64, f64)> {
         let reader = Client::connect(&cluster.socket(1)?).await?;
         let namespace = writer.register_namespace(demo_namespace()).await?;
         let ids = namespaced(
-            object_ids(&demo_namespace(), count as u64, args.seed)?,
+            seeded_ids(&demo_namespace(), count as u64, args.seed)?,
             namespace,
         );
-        let source: Vec<u8> = (0..size * count).map(|index| (index % 253) as u8).collect();
+        let source = chunk::filled(&ids, size);
         let stored: Vec<_> = stream::iter(ids.iter().zip(source.chunks(size)))
             .map(|(id, chunk)| writer.store(*id, chunk))
             .buffer_unordered(args.concurrency)
@@ -140,7 +141,7 @@ fn load_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<(f64, f64)> {
                 bail!("node A could not store a benchmark object in CXL");
             }
         }
-        let mut destination = vec![1u8; size * count];
+        let mut destination = chunk::poisoned(&ids, size);
         let started = Instant::now();
         let loads: Vec<_> = stream::iter(ids.iter().zip(destination.chunks_mut(size)))
             .map(|(id, buffer)| {
@@ -192,7 +193,7 @@ fn pressure_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<PressureRep
         let writer = Client::connect(&cluster.socket(0)?).await?;
         let namespace = writer.register_namespace(demo_namespace()).await?;
         let ids = namespaced(
-            object_ids(&demo_namespace(), count, args.seed ^ 0x9e55)?,
+            seeded_ids(&demo_namespace(), count, args.seed ^ 0x9e55)?,
             namespace,
         );
         let chunk = vec![0x3cu8; size];

@@ -2,11 +2,12 @@
 //! pool (a real node process, real Unix socket, real directory over QUIC), against a memcpy
 //! of the same sizes into pre-faulted memory measured in the same run.
 
-use super::directory::object_ids;
 use crate::client::{Client, StoreOutcome};
-use crate::demo::demo_namespace;
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::model::ObjectId;
+use crate::workload::chunk;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::seeded_ids;
 use anyhow::bail;
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
@@ -74,11 +75,11 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
     let mut chunks = Vec::new();
     for (round, &size) in args.sizes.iter().enumerate() {
         let count = (args.bytes_per_size / size.max(1)).max(1);
-        let mut ids = object_ids(&demo_namespace(), count as u64, args.seed + round as u64)?;
+        let mut ids = seeded_ids(&demo_namespace(), count as u64, args.seed + round as u64)?;
         for id in &mut ids {
             id.namespace = namespace;
         }
-        let source: Vec<u8> = (0..size * count).map(|index| (index % 251) as u8).collect();
+        let source = chunk::filled(&ids, size);
         let memcpy_gbps = measure_memcpy(&source, size);
         let (store_gbps, load_gbps) = runtime.block_on(measure_client(
             &client,
@@ -155,7 +156,7 @@ async fn measure_client(
             bail!("a benchmark chunk was not stored (pool too small?)");
         }
     }
-    let mut destination = vec![1u8; size * ids.len()];
+    let mut destination = chunk::poisoned(ids, size);
     let started = Instant::now();
     let loads: Vec<_> = stream::iter(ids.iter().zip(destination.chunks_mut(size)))
         .map(|(id, buffer)| async move {

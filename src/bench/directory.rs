@@ -2,16 +2,20 @@
 //! objects on one core (probe, acquire+release, reserve+commit) and its memory per object,
 //! against the limit of a bare hash index over the same keys measured in the same run.
 
-use super::{resident_bytes, SplitMix};
+use super::directory_quic::{self, QuicBenchArgs};
+use super::resident_bytes;
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, NamespaceAccess,
     OpenRequest, ReserveItem, ReserveOutcome,
 };
 use crate::model::{
-    AllocationId, Generation, Location, Medium, NamespaceDescriptor, NodeId, ObjectId, OperationId,
-    PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
+    AllocationId, Generation, Location, Medium, NodeId, ObjectId, OperationId, PoolSpec, Scope,
+    SessionId, Timestamp,
 };
-use anyhow::{bail, Context};
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::seeded_ids;
+use crate::workload::rng::SplitMix64;
+use anyhow::bail;
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
@@ -50,29 +54,6 @@ pub struct InProcessReport {
     pub sizes: Vec<SizeReport>,
 }
 
-/// `count` distinct object ids of one namespace, from a fixed seed.
-pub fn object_ids(
-    namespace: &NamespaceDescriptor,
-    count: u64,
-    seed: u64,
-) -> anyhow::Result<Vec<ObjectId>> {
-    let namespace = namespace.id().context("benchmark namespace")?;
-    let mut rng = SplitMix(seed);
-    Ok((0..count)
-        .map(|_| {
-            let mut prefix = [0u8; 16];
-            prefix[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
-            prefix[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
-            ObjectId {
-                namespace,
-                prefix: PrefixDigest(prefix),
-                shard: 0,
-                part: 0,
-            }
-        })
-        .collect())
-}
-
 fn per_second(count: u64, started: Instant) -> f64 {
     count as f64 / started.elapsed().as_secs_f64().max(1e-9)
 }
@@ -99,10 +80,10 @@ pub fn run_in_process(sizes: &[u64], seed: u64, progress: bool) -> anyhow::Resul
 }
 
 fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
-    let descriptor = crate::demo::demo_namespace();
-    let ids = object_ids(&descriptor, objects, seed)?;
+    let descriptor = demo_namespace();
+    let ids = seeded_ids(&descriptor, objects, seed)?;
     let lookups: Vec<u32> = {
-        let mut rng = SplitMix(seed ^ 0x5eed);
+        let mut rng = SplitMix64::new(seed ^ 0x5eed);
         (0..objects.min(2_000_000))
             .map(|_| rng.below(objects) as u32)
             .collect()
@@ -261,21 +242,9 @@ pub struct DirectoryBenchArgs {
     /// In-process directory sizes, in objects.
     #[arg(long, value_delimiter = ',', default_value = "100000,10000000")]
     pub objects: Vec<u64>,
-    /// Batch sizes of the probes over QUIC.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-    pub batches: Vec<usize>,
-    /// Objects stored before probing over QUIC.
-    #[arg(long, default_value_t = 20_000)]
-    pub stored_objects: u64,
-    /// Sequential round trips per batch size (latency).
-    #[arg(long, default_value_t = 3000)]
-    pub round_trips: u32,
-    /// Requests in flight at once in the throughput phase.
-    #[arg(long, default_value_t = 32)]
-    pub concurrency: usize,
-    /// Keys probed per batch size in the throughput phase.
-    #[arg(long, default_value_t = 400_000)]
-    pub throughput_keys: u64,
+    /// The options of the run over QUIC.
+    #[command(flatten)]
+    pub quic: QuicBenchArgs,
     /// Seed of the object ids and lookup order.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -295,11 +264,11 @@ pub fn run(exe: &std::path::Path, args: &DirectoryBenchArgs) -> anyhow::Result<(
         }
         return Ok(());
     }
-    let report = super::directory_quic::run(exe, args)?;
+    let report = directory_quic::run(exe, &args.quic, args.seed)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        super::directory_quic::print(&report);
+        directory_quic::print(&report);
     }
     Ok(())
 }

@@ -2,15 +2,15 @@
 //! process on loopback, as a node would send them. The floor is measured in the same run:
 //! a round trip that the directory's session actor answers without touching the core.
 
-use super::directory::{object_ids, DirectoryBenchArgs};
-use super::histogram::Histogram;
-use super::SplitMix;
 use crate::actors::node::link::{DirectoryAddress, DirectoryLink};
-use crate::demo::demo_namespace;
 use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
 use crate::launch::{ClusterSpec, LocalCluster, BENCH_PEER};
 use crate::model::{AllocationId, Generation, Location, Medium, PoolSpec, Scope};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, Hello};
+use crate::workload::histogram::Histogram;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::seeded_ids;
+use crate::workload::rng::SplitMix64;
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
@@ -19,6 +19,26 @@ use std::time::Instant;
 
 /// Bytes each stored benchmark object claims (metadata only; nothing is written).
 const OBJECT_BYTES: u64 = 256 << 10;
+
+/// Options of the run over QUIC (part of `kvtier bench directory`'s).
+#[derive(Clone, Debug, clap::Args)]
+pub struct QuicBenchArgs {
+    /// Batch sizes of the probes over QUIC.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub batches: Vec<usize>,
+    /// Objects stored before probing over QUIC.
+    #[arg(long, default_value_t = 20_000)]
+    pub stored_objects: u64,
+    /// Sequential round trips per batch size (latency).
+    #[arg(long, default_value_t = 3000)]
+    pub round_trips: u32,
+    /// Requests in flight at once in the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Keys probed per batch size in the throughput phase.
+    #[arg(long, default_value_t = 400_000)]
+    pub throughput_keys: u64,
+}
 
 /// Figures for one batch size.
 #[derive(Clone, Debug, Serialize)]
@@ -40,8 +60,9 @@ pub struct QuicReport {
     pub batches: Vec<BatchReport>,
 }
 
-/// Starts a local cluster, connects as the benchmark peer and measures.
-pub fn run(exe: &std::path::Path, args: &DirectoryBenchArgs) -> anyhow::Result<QuicReport> {
+/// Starts a local cluster, connects as the benchmark peer and measures; `seed` draws the
+/// object ids and the probe order.
+pub fn run(exe: &std::path::Path, args: &QuicBenchArgs, seed: u64) -> anyhow::Result<QuicReport> {
     let cluster = LocalCluster::start(
         exe,
         &ClusterSpec {
@@ -53,10 +74,14 @@ pub fn run(exe: &std::path::Path, args: &DirectoryBenchArgs) -> anyhow::Result<Q
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(measure(&cluster, args))
+    runtime.block_on(measure(&cluster, args, seed))
 }
 
-async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::Result<QuicReport> {
+async fn measure(
+    cluster: &LocalCluster,
+    args: &QuicBenchArgs,
+    seed: u64,
+) -> anyhow::Result<QuicReport> {
     let target = DirectoryAddress {
         address: cluster.config.directory.listen,
         server_name: cluster.config.directory.name.clone(),
@@ -91,7 +116,7 @@ async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::R
     else {
         bail!("namespace registration failed");
     };
-    let ids = object_ids(&demo_namespace(), args.stored_objects, args.seed)?;
+    let ids = seeded_ids(&demo_namespace(), args.stored_objects, seed)?;
     let stores = stream::iter(ids.iter().enumerate()).map(|(index, object)| {
         let link = link.clone();
         async move {
@@ -135,11 +160,11 @@ async fn measure(cluster: &LocalCluster, args: &DirectoryBenchArgs) -> anyhow::R
         let _ = link.call(DirectoryRequest::Hello(Hello::ours())).await;
         floor.record(started.elapsed());
     }
-    let mut rng = SplitMix(args.seed ^ 0xbeef);
+    let mut rng = SplitMix64::new(seed ^ 0xbeef);
     let mut batches = Vec::new();
     for &batch in &args.batches {
         let batch = batch.max(1);
-        let draw = |rng: &mut SplitMix| -> Vec<crate::model::ObjectId> {
+        let draw = |rng: &mut SplitMix64| -> Vec<crate::model::ObjectId> {
             (0..batch)
                 .map(|_| ids[rng.below(ids.len() as u64) as usize])
                 .collect()

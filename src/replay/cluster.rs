@@ -13,18 +13,19 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::sim::Outcome;
-use super::trace::Request;
-use crate::demo::demo_namespace;
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
     ExtentGrant, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
 };
 use crate::model::{
     AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
-    PoolId, PoolSpec, PrefixDigest, Scope, SessionId, Timestamp,
+    PoolId, PoolSpec, Scope, SessionId, Timestamp,
 };
 use crate::policy::cost::CostModel;
 use crate::policy::profiles::TierProfile;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::chain;
+use crate::workload::trace::Request;
 
 /// How the replayed cluster is built and clocked.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,29 +128,6 @@ impl ClusterTally {
             ttft_us: self.ttft_us.clone(),
         }
     }
-}
-
-/// The object ids of a prompt's blocks, chained from the root as an engine connector
-/// names them, with their digests (which also seed the chunks' verifiable bytes).
-pub fn chain(namespace: NamespaceId, hash_ids: &[u64]) -> (Vec<ObjectId>, Vec<PrefixDigest>) {
-    let mut digest = PrefixDigest::ROOT;
-    let digests: Vec<PrefixDigest> = hash_ids
-        .iter()
-        .map(|hash_id| {
-            digest = digest.chain(&[(*hash_id & 0xffff_ffff) as u32, (*hash_id >> 32) as u32]);
-            digest
-        })
-        .collect();
-    let objects = digests
-        .iter()
-        .map(|prefix| ObjectId {
-            namespace,
-            prefix: *prefix,
-            shard: 0,
-            part: 0,
-        })
-        .collect();
-    (objects, digests)
 }
 
 /// Most chunks in one CXL extent; fewer when needed for the pool to hold whole extents.
@@ -437,7 +415,7 @@ pub fn simulate(
     for (index, request) in requests.iter().enumerate() {
         let now = Timestamp::ZERO + cluster_time(request, config.speedup);
         cluster.advance(now)?;
-        let (objects, _) = chain(cluster.namespace, &request.hash_ids);
+        let objects = chain(cluster.namespace, &request.hash_ids);
         let loaded = cluster.load_prefix(now, &objects)?;
         tally.count_request(request, &loaded, &config.pricing);
         cluster.store(now, &objects[loaded.len()..], &mut tally)?;

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::cluster::{self, chain, cluster_time, ClusterSimConfig, ClusterTally};
-use super::trace::Request;
+use super::cluster::{self, cluster_time, ClusterSimConfig, ClusterTally};
 use crate::client::{Client, StoreOutcome};
-use crate::demo::{demo_namespace, load_cached_prefix, store_chunks, PrefixBuffers};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::model::Medium;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::chain;
+use crate::workload::trace::Request;
+use crate::workload::transfer::{load_cached_prefix, store_chunks, PrefixBuffers};
 
 /// Largest difference of token hit ratio between the live cluster and its simulation
 /// that still counts as agreement: the live run differs only by timing (reclaims land a
@@ -137,8 +139,8 @@ async fn drive(
             tally.count_request(request, &[], &config.pricing);
             continue;
         }
-        let (objects, digests) = chain(namespace, &request.hash_ids);
-        let (probed, loaded) = load_cached_prefix(&client, &objects, &digests, &mut buffers)
+        let objects = chain(namespace, &request.hash_ids);
+        let (probed, loaded) = load_cached_prefix(&client, &objects, &mut buffers)
             .await
             .with_context(|| format!("request {index}"))?;
         verified += loaded as u64;
@@ -150,7 +152,7 @@ async fn drive(
             })
             .collect();
         tally.count_request(request, &media, &config.pricing);
-        let stored = store_chunks(&client, &objects[loaded..], &digests[loaded..], chunk_bytes);
+        let stored = store_chunks(&client, &objects[loaded..], chunk_bytes);
         for outcome in stored.await? {
             match outcome {
                 StoreOutcome::Stored => tally.stored += 1,

@@ -10,7 +10,6 @@ pub mod cluster;
 pub mod live;
 pub mod report;
 pub mod sim;
-pub mod trace;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -21,14 +20,9 @@ use crate::policy::cost::CostModel;
 use crate::policy::eviction::KvtierConfig;
 use crate::policy::placement::PlacementConfig;
 use crate::policy::profiles::{TierKind, TierProfile};
+use crate::workload::trace::{self, Request, BLOCK_TOKENS};
 use report::{PolicyReport, Report};
 use sim::{PolicyKind, SimConfig, TierSpec, TIERS_MAX};
-use trace::{Request, BLOCK_TOKENS};
-
-/// The bundled trace, relative to the repository root.
-pub const BUNDLED_TRACE: &str = "traces/conversation_trace.jsonl";
-/// The first 500 requests of the bundled trace, used when no trace file is found.
-pub const SAMPLE_TRACE: &str = include_str!("../../traces/sample.jsonl");
 
 /// Options of `kvtier replay`.
 #[derive(Clone, Debug, clap::Args)]
@@ -85,7 +79,7 @@ pub struct ReplayArgs {
 /// goes to stderr when it is a terminal); `exe` is this binary, started as the cluster's
 /// processes by `--live`. Fails on an unreadable or malformed trace or invalid options.
 pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
-    let (source, mut requests) = load(args.trace.as_deref())?;
+    let (source, mut requests) = trace::load(args.trace.as_deref())?;
     if let Some(limit) = args.requests {
         requests.truncate(limit);
     }
@@ -173,25 +167,6 @@ fn policies(chosen: &[PolicyKind]) -> Vec<PolicyKind> {
         ]
     } else {
         chosen.to_vec()
-    }
-}
-
-/// Loads the trace at `path`, else the bundled one, else the embedded sample; returns a
-/// name for the report and the requests.
-pub fn load(path: Option<&Path>) -> anyhow::Result<(String, Vec<Request>)> {
-    let bundled = [
-        PathBuf::from(BUNDLED_TRACE),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(BUNDLED_TRACE),
-    ];
-    let found = path
-        .map(Path::to_path_buf)
-        .or_else(|| bundled.into_iter().find(|candidate| candidate.is_file()));
-    match found {
-        Some(path) => Ok((path.display().to_string(), trace::read_file(&path)?)),
-        None => Ok((
-            "embedded sample".to_string(),
-            trace::parse_str(SAMPLE_TRACE)?,
-        )),
     }
 }
 
@@ -427,7 +402,7 @@ mod tests {
 
     #[test]
     fn embedded_sample_replays() {
-        let requests = trace::parse_str(SAMPLE_TRACE).unwrap();
+        let requests = trace::parse_str(trace::SAMPLE_TRACE).unwrap();
         assert_eq!(requests.len(), 500);
         let args = sample_args();
         let report = replay(

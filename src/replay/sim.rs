@@ -13,7 +13,7 @@ use crate::policy::placement::{
 use crate::policy::profiles::TierProfile;
 use crate::policy::BlockId;
 
-use super::trace::{Request, BLOCK_TOKENS};
+use crate::workload::trace::{Request, BLOCK_TOKENS};
 
 /// Most tiers in one replay: one per tier kind.
 pub const TIERS_MAX: usize = 6;

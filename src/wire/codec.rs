@@ -12,7 +12,15 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::error::WireError;
-use super::frame::FRAME_PAYLOAD_BYTES_MAX;
+
+/// Largest payload a frame may carry, in bytes: 4 MiB. The codec's limit, so that every
+/// encoding fits in one frame; the frame reader refuses longer frames with the same limit.
+///
+/// Frames carry metadata only (KV bytes move through shared memory or pool transfers), and
+/// the largest metadata message is a batch of a few thousand object ids with their locations,
+/// well under 1 MiB. 4 MiB leaves headroom for batches while bounding what one peer can make
+/// the other buffer per frame: the reader allocates at most this much per frame in flight.
+pub const FRAME_PAYLOAD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 type CodecConfig = Configuration<LittleEndian, Varint, Limit<FRAME_PAYLOAD_BYTES_MAX>>;
 

@@ -40,7 +40,7 @@ pub enum WireError {
         /// The two bytes found where the magic belongs, little endian.
         magic: u16,
     },
-    /// A payload is larger than [`super::frame::FRAME_PAYLOAD_BYTES_MAX`]. On read, the claimed
+    /// A payload is larger than [`super::codec::FRAME_PAYLOAD_BYTES_MAX`]. On read, the claimed
     /// length was neither allocated nor consumed, so the stream is out of sync and the caller
     /// closes it. On write, nothing was sent: the caller splits the message or reports a bug.
     #[error("frame payload of {length} bytes exceeds the maximum of {max} bytes")]

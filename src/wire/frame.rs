@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::codec;
+use super::codec::{self, FRAME_PAYLOAD_BYTES_MAX};
 use super::error::WireError;
 
 /// First two bytes of every frame ("KV" read as little-endian ASCII): catches peers that are
@@ -32,14 +32,6 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 /// Size of the fixed frame header in bytes.
 pub const FRAME_HEADER_BYTES: usize = 16;
-
-/// Largest payload a frame may carry, in bytes: 4 MiB.
-///
-/// Frames carry metadata only (KV bytes move through shared memory or pool transfers), and
-/// the largest metadata message is a batch of a few thousand object ids with their locations,
-/// well under 1 MiB. 4 MiB leaves headroom for batches while bounding what one peer can make
-/// the other buffer per frame: the reader allocates at most this much per frame in flight.
-pub const FRAME_PAYLOAD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(FRAME_HEADER_BYTES == 2 + 2 + 8 + 4);

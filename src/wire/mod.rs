@@ -15,10 +15,8 @@ pub mod rpc;
 pub mod tls;
 pub mod uds;
 
+pub use codec::FRAME_PAYLOAD_BYTES_MAX;
 pub use error::WireError;
-pub use frame::{
-    read_frame, read_raw_frame, write_frame, FrameHeader, RawFrame, FRAME_PAYLOAD_BYTES_MAX,
-    PROTOCOL_VERSION,
-};
+pub use frame::{read_frame, read_raw_frame, write_frame, FrameHeader, RawFrame, PROTOCOL_VERSION};
 pub use rpc::{RpcClient, RpcConfig};
 pub use tls::TlsError;

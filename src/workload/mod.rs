@@ -1,3 +1,20 @@
-//! Workload helpers shared by the tools.
+//! The workload the tools share (`kvtier demo`, `kvtier replay`, `kvtier bench`): what
+//! they replay and how they check it. It sits below the tools and above the client, and
+//! imports none of the tools.
+//!
+//! * [`trace`]: reading Mooncake-format request traces (bundled, embedded sample or a file);
+//! * [`namespace`]: the synthetic model every tool stores its chunks under;
+//! * [`prefix`]: the object ids a workload names: prompt prefix chains and seeded ids;
+//! * [`chunk`]: each chunk's content, derived from its object id, with poisoning and
+//!   verification of load destinations;
+//! * [`transfer`]: verified loads and stores of a prompt's chunks through a client;
+//! * [`histogram`]: constant-memory latency distributions;
+//! * [`rng`]: the seeded SplitMix64 generator.
 
+pub mod chunk;
+pub mod histogram;
+pub mod namespace;
+pub mod prefix;
 pub mod rng;
+pub mod trace;
+pub mod transfer;

@@ -1,8 +1,8 @@
 //! Typed, bounded parser for Mooncake-format request traces (one JSON object per line:
-//! `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token blocks).
-//! Errors name the 1-based line.
+//! `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token blocks),
+//! and the choice of trace a tool replays when given none. Errors name the 1-based line.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -18,6 +18,10 @@ pub const HASH_IDS_MAX: usize = 1 << 14;
 pub const REQUESTS_MAX: usize = 1 << 22;
 /// Largest accepted trace file, in bytes (1 GiB).
 pub const TRACE_BYTES_MAX: u64 = 1 << 30;
+/// The bundled trace, relative to the repository root.
+pub const BUNDLED_TRACE: &str = "traces/conversation_trace.jsonl";
+/// The first 500 requests of the bundled trace, used when no trace file is found.
+pub const SAMPLE_TRACE: &str = include_str!("../../traces/sample.jsonl");
 
 /// One request of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,6 +165,24 @@ pub fn read_file(path: &Path) -> Result<Vec<Request>, TraceError> {
     }
     let text = std::fs::read_to_string(path).map_err(io)?;
     parse_str(&text)
+}
+
+/// Loads the trace at `path`, else the bundled one (relative to the working directory, then
+/// to the crate's root), else the embedded sample; returns a name for reports and the
+/// requests, at least one. Fails when the chosen file is unreadable or malformed; never
+/// falls back past a `path` the caller named.
+pub fn load(path: Option<&Path>) -> Result<(String, Vec<Request>), TraceError> {
+    let bundled = [
+        PathBuf::from(BUNDLED_TRACE),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(BUNDLED_TRACE),
+    ];
+    let found = path
+        .map(Path::to_path_buf)
+        .or_else(|| bundled.into_iter().find(|candidate| candidate.is_file()));
+    match found {
+        Some(path) => Ok((path.display().to_string(), read_file(&path)?)),
+        None => Ok(("embedded sample".to_string(), parse_str(SAMPLE_TRACE)?)),
+    }
 }
 
 #[cfg(test)]
