@@ -21,5 +21,6 @@ pub mod node;
 pub mod policy;
 pub mod protocol;
 pub mod replay;
+pub mod sim;
 pub mod wire;
 pub mod workload;

@@ -38,6 +38,9 @@ enum Command {
     Up(UpArgs),
     /// Replay a Mooncake-format trace through kvtier's policy and baselines (metadata only).
     Replay(kvtier::replay::ReplayArgs),
+    /// Run the seeded simulation of the whole cluster (directory, nodes, clients, a faulty
+    /// network, crashes and restarts) and check every invariant after every step.
+    Sim(kvtier::sim::SimArgs),
     /// Measure this host's tiers as a node's start-up probe does and print them as
     /// `[profiles.*]` sections for cluster.toml.
     Probe(ProbeArgs),
@@ -126,6 +129,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),
         Command::Replay(args) => kvtier::replay::run(&exe, &args),
+        Command::Sim(args) => kvtier::sim::run(&args),
         Command::Probe(args) => probe(&args),
         Command::Bench {
             which: BenchCommand::Directory(args),

@@ -81,10 +81,15 @@ impl ExtentAllocator {
     }
 
     /// Lets this node allocate in `[offset, offset + length)`. The caller guarantees the
-    /// directory granted that extent to this node and no other holds it.
+    /// directory granted that extent to this node and no other holds it. An extent past the
+    /// pool's end, or overlapping one held already (a grant applied twice), is refused.
     pub fn add_extent(&mut self, offset_bytes: u64, length_bytes: u64) -> Result<(), PoolError> {
         let end = offset_bytes.checked_add(length_bytes);
-        if end.is_none_or(|end| end > self.capacity_bytes) {
+        let overlaps = |end: u64| {
+            self.extents()
+                .any(|(held, length)| offset_bytes < held + length && held < end)
+        };
+        if end.is_none_or(|end| end > self.capacity_bytes || overlaps(end)) {
             return Err(PoolError::OutOfBounds {
                 offset: offset_bytes,
                 length_bytes,
@@ -249,6 +254,10 @@ mod tests {
         assert!(
             pool.add_extent(15 * page, 4 * page).is_err(),
             "extent past the end refused"
+        );
+        assert!(
+            pool.add_extent(10 * page, 4 * page).is_err(),
+            "extent overlapping a held one refused"
         );
     }
 

@@ -12,16 +12,75 @@
 //! a replica in a pool the reader cannot map is never a hit.
 //!
 //! * `network`: the faulty network.
-//! * `node`: a simulated node process: the real node core, the real allocators, and the
-//!   node's reactions to the directory's replies.
+//! * `node`: a simulated node process: the real node core and the real allocators; what
+//!   it sends, and its retries, resolutions and restarts.
+//! * `replies`: what a node does with the directory's replies.
 //! * `world`: the directory, the nodes, the simulated bytes, and the checks.
 
 pub mod network;
 pub mod node;
+pub mod replies;
 pub mod world;
 
 use serde::Serialize;
 use std::time::Instant;
+
+/// `kvtier sim`: which seeds, how long, and how to print.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 24)]
+    pub seeds: u64,
+    /// The first seed; seeds `first..first + seeds` run (one seed replays one run exactly).
+    #[arg(long, default_value_t = 1)]
+    pub first_seed: u64,
+    /// Steps per seed.
+    #[arg(long, default_value_t = 2_500)]
+    pub steps: u32,
+    /// Print one JSON object (`seeds`, `steps`, `violations`, `first_failing_seed`, ...).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `kvtier sim`; fails (after printing the summary) when any seed broke an invariant.
+pub fn run(args: &SimArgs) -> anyhow::Result<()> {
+    let summary = run_seeds(args.first_seed, args.seeds, args.steps, |report| {
+        if let Some(violation) = &report.violation {
+            eprintln!(
+                "seed={} failed (replay: kvtier sim --first-seed {} --seeds 1 --steps {}): {violation}",
+                report.seed, report.seed, report.steps
+            );
+        }
+    });
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        println!(
+            "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
+             {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
+             {} expirations, {} evictions, {} demotions",
+            summary.seeds,
+            summary.steps,
+            summary.elapsed_ms as f64 / 1e3,
+            summary.violations,
+            summary.stores_committed,
+            summary.reads_verified,
+            summary.extents_returned,
+            summary.extent_returns_quarantined,
+            summary.node_restarts,
+            summary.directory_restarts,
+            summary.expired,
+            summary.evicted,
+            summary.demotions
+        );
+    }
+    match summary.first_failing_seed {
+        Some(seed) => {
+            anyhow::bail!("the simulation broke an invariant (first failing seed {seed})")
+        }
+        None => Ok(()),
+    }
+}
 
 /// The outcome of one seed.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -40,6 +99,10 @@ pub struct SeedReport {
     pub directory_restarts: u64,
     /// Replicas that left by their tier's time to live.
     pub expired: u64,
+    /// Replicas evicted under pressure.
+    pub evicted: u64,
+    /// Demotion tasks a node ran (a copy one tier colder).
+    pub demotions: u64,
     /// The first invariant that failed, if any.
     pub violation: Option<String>,
 }
@@ -60,6 +123,8 @@ pub struct SimSummary {
     pub node_restarts: u64,
     pub directory_restarts: u64,
     pub expired: u64,
+    pub evicted: u64,
+    pub demotions: u64,
     pub elapsed_ms: u64,
 }
 
@@ -96,6 +161,9 @@ pub fn run_seeds(
     mut progress: impl FnMut(&SeedReport),
 ) -> SimSummary {
     let started = Instant::now();
+    // A broken invariant is reported per seed, not printed by the panic hook.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
     let mut summary = SimSummary {
         seeds,
         steps,
@@ -109,6 +177,8 @@ pub fn run_seeds(
         node_restarts: 0,
         directory_restarts: 0,
         expired: 0,
+        evicted: 0,
+        demotions: 0,
         elapsed_ms: 0,
     };
     for seed in first..first.saturating_add(seeds) {
@@ -121,6 +191,8 @@ pub fn run_seeds(
         summary.node_restarts += report.node_restarts;
         summary.directory_restarts += report.directory_restarts;
         summary.expired += report.expired;
+        summary.evicted += report.evicted;
+        summary.demotions += report.demotions;
         if let Some(violation) = report.violation {
             summary.violations += 1;
             if summary.first_failing_seed.is_none() {
@@ -129,6 +201,7 @@ pub fn run_seeds(
             }
         }
     }
+    std::panic::set_hook(hook);
     summary.elapsed_ms = started.elapsed().as_millis() as u64;
     summary
 }

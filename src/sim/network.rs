@@ -2,9 +2,9 @@
 //! dropped, duplicated, delayed and so reordered, as the seed decides. Bounded: a message
 //! sent while [`IN_FLIGHT_MAX`] are in flight is dropped, as a full socket buffer would.
 
-use crate::workload::rng::SplitMix64;
 use crate::model::Timestamp;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use crate::workload::rng::SplitMix64;
 use std::time::Duration;
 
 /// Messages in flight at once.
@@ -98,6 +98,11 @@ impl Network {
         self.in_flight = later;
         due.sort_by_key(|message| (message.deliver_at, message.order));
         due
+    }
+
+    /// Every connection breaks (the directory process died): what was in flight is lost.
+    pub fn break_connections(&mut self) {
+        self.in_flight.clear();
     }
 
     /// Messages in flight.

@@ -5,14 +5,14 @@
 use super::network::{Faults, Message, Network, Payload};
 use super::node::{HeldLease, SimNode};
 use super::SeedReport;
-use crate::directory::{Directory, DirectoryConfig, NamespaceAccess};
+use crate::directory::{Directory, DirectoryConfig, DirectoryError, NamespaceAccess};
 use crate::model::{
     DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
-    PrefixDigest, Scope, Timestamp,
+    PrefixDigest, Scope, SessionId, Timestamp,
 };
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::protocol::directory::{handle, NodeGrant};
-use crate::protocol::messages::DirectoryReply;
+use crate::protocol::messages::{DirectoryReply, ProtocolError};
 use crate::workload::rng::SplitMix64;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,8 +28,8 @@ pub const CPU_POOL_OBJECTS: u64 = 6;
 /// Each shared pool, in objects, and its extents, in objects.
 pub const CXL_POOL_OBJECTS: u64 = 16;
 pub const EXTENT_OBJECTS: u64 = 4;
-/// Percent of steps at which the directory restarts.
-const DIRECTORY_RESTART_PERCENT: u64 = 1;
+/// Steps in a thousand at which the directory restarts.
+const DIRECTORY_RESTART_PER_MILLE: u64 = 1;
 
 /// Where bytes live, stable across directory incarnations (pool ids are not): a node
 /// process's CPU pool, or one of the shared pools.
@@ -123,7 +123,9 @@ impl World {
             spaces: HashMap::new(),
             memory: HashMap::new(),
             orphan_leases: Vec::new(),
-            namespace: descriptor().id().expect("the simulation's namespace is valid"),
+            namespace: descriptor()
+                .id()
+                .expect("the simulation's namespace is valid"),
             stats: SeedReport {
                 seed,
                 ..SeedReport::default()
@@ -157,6 +159,7 @@ impl World {
     /// leases, grants and fences have run out.
     fn restart_directory(&mut self) {
         self.stats.directory_restarts += 1;
+        self.network.break_connections();
         self.directory = Directory::new(self.config.clone());
         self.cxl_pools.clear();
         self.spaces.clear();
@@ -195,8 +198,10 @@ impl World {
     /// One step: time moves, the directory ticks, due messages arrive, one node acts.
     pub fn step(&mut self) {
         self.now = self.now + Duration::from_millis(1 + self.rng.below(20));
-        self.stats.expired += u64::from(self.directory.tick(self.now).expired);
-        if self.rng.chance(DIRECTORY_RESTART_PERCENT) && self.rng.chance(50) {
+        let ticked = self.directory.tick(self.now);
+        self.stats.expired += u64::from(ticked.expired);
+        self.stats.evicted += u64::from(ticked.evicted);
+        if self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
             self.restart_directory();
         }
         for message in self.network.due(self.now) {
@@ -210,14 +215,26 @@ impl World {
     }
 
     fn deliver(&mut self, message: Message) {
+        if self.nodes[message.node].incarnation != message.incarnation {
+            // That process's connection is closed.
+            return;
+        }
         match message.payload {
             Payload::Request(request) => {
                 let node = message.node;
                 let peer = self.nodes[node].name.clone();
                 let grant = Some(self.grant(node));
-                // The connection is bound to the session the node believes it has.
-                let session = self.nodes[node].session;
-                let reply = handle(&mut self.directory, self.now, &peer, grant, session, request);
+                let reply = match self.bound_session(node) {
+                    Ok(session) => handle(
+                        &mut self.directory,
+                        self.now,
+                        &peer,
+                        grant,
+                        session,
+                        request,
+                    ),
+                    Err(refusal) => refusal,
+                };
                 self.network.send(
                     &mut self.rng,
                     self.now,
@@ -227,20 +244,43 @@ impl World {
                     Payload::Reply(reply),
                 );
             }
-            Payload::Reply(reply) => {
-                if self.nodes[message.node].incarnation == message.incarnation {
-                    self.on_reply(message.node, message.request_id, reply);
-                }
-            }
+            Payload::Reply(reply) => self.on_reply(message.node, message.request_id, reply),
+        }
+    }
+
+    /// The session node `node`'s connection is bound to: the one it opened, as long as the
+    /// directory knows it as that node's (a connection to a restarted directory resumes
+    /// its session by id and name, and is refused when either does not match).
+    fn bound_session(&self, node: usize) -> Result<Option<SessionId>, DirectoryReply> {
+        let Some(session) = self.nodes[node].session else {
+            return Ok(None);
+        };
+        if self.directory.session_node_name(session) == Some(self.nodes[node].name.as_str()) {
+            Ok(Some(session))
+        } else {
+            Err(DirectoryReply::Error(ProtocolError::Directory(
+                DirectoryError::UnknownSession,
+            )))
         }
     }
 
     /// Synchronous request to the directory (start-up only: open, pools, namespace).
-    pub fn call(&mut self, node: usize, request: crate::protocol::messages::DirectoryRequest) -> DirectoryReply {
+    pub fn call(
+        &mut self,
+        node: usize,
+        request: crate::protocol::messages::DirectoryRequest,
+    ) -> DirectoryReply {
         let peer = self.nodes[node].name.clone();
         let grant = Some(self.grant(node));
         let session = self.nodes[node].session;
-        handle(&mut self.directory, self.now, &peer, grant, session, request)
+        handle(
+            &mut self.directory,
+            self.now,
+            &peer,
+            grant,
+            session,
+            request,
+        )
     }
 
     /// Every lease some engine still reads under: the live nodes' and the orphans'.
@@ -268,7 +308,9 @@ impl World {
 
     /// A reader checks the bytes under its lease.
     pub fn verify(&mut self, held: &HeldLease) {
-        let found = self.memory.get(&(held.space, held.lease.location.offset_bytes));
+        let found = self
+            .memory
+            .get(&(held.space, held.lease.location.offset_bytes));
         assert_eq!(
             found,
             Some(&held.object),
@@ -282,7 +324,8 @@ impl World {
     /// The cluster-wide checks after a step.
     fn check(&mut self) {
         self.directory.check_invariants();
-        self.orphan_leases.retain(|held| held.trusted_until > self.now);
+        self.orphan_leases
+            .retain(|held| held.trusted_until > self.now);
         let held: Vec<HeldLease> = self.trusted_leases().cloned().collect();
         for lease in &held {
             self.verify(lease);

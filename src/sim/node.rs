@@ -1,0 +1,613 @@
+//! A simulated node process: the real node core (operation window, extent returns, client
+//! books, store rules) and the real allocators (a page allocator for its CPU pool, an
+//! extent allocator per shared pool), with one engine client. Requests go through the
+//! faulty network; a request whose reply does not come is retried with the same operation
+//! id, then resolved. A node that hears its session is gone, or whose heartbeats went
+//! unanswered for the fence window, restarts as a new process and a new epoch.
+
+use super::network::Payload;
+use super::world::{descriptor, Space, World, CPU_POOL_OBJECTS, OBJECT_BYTES};
+use crate::backends::extent_allocator::ExtentAllocator;
+use crate::backends::PageAllocator;
+use crate::directory::{
+    AcquireMode, DirectoryError, ExtentReturn, Lease, ReserveItem, ResolveOutcome,
+};
+use crate::model::{
+    DomainId, Location, Medium, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
+    SessionId, Timestamp,
+};
+use crate::node::{ClientId, CommitResult, NodeCore};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// A request not answered within this long is sent again (same operation id).
+const RETRY_AFTER: Duration = Duration::from_millis(150);
+/// Sends of a request without an operation id (or of a resolve) before it is given up.
+const ATTEMPTS_MAX: u32 = 3;
+/// Allocations per pool or extent.
+const ALLOCATIONS_MAX: u32 = 64;
+
+/// A lease an engine reads under, with what it must read.
+#[derive(Clone, Debug)]
+pub struct HeldLease {
+    pub lease: Lease,
+    pub object: ObjectId,
+    pub space: Space,
+    /// Until when the engine reads under it: its deadline on the engine's clock.
+    pub trusted_until: Timestamp,
+}
+
+/// Why a request was sent, beyond what the request says.
+#[derive(Clone, Debug)]
+pub(super) enum Purpose {
+    Plain,
+    Store {
+        ticket: u64,
+        object: ObjectId,
+    },
+    Commit {
+        replica: ReplicaId,
+        location: Location,
+    },
+    Acquire {
+        count: usize,
+    },
+    Return {
+        pool: PoolId,
+        offset_bytes: u64,
+    },
+    Heartbeat,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Pending {
+    request: DirectoryRequest,
+    purpose: Purpose,
+    sent_at: Timestamp,
+    attempts: u32,
+}
+
+/// One simulated node process. See the module documentation.
+pub struct SimNode {
+    pub name: String,
+    pub domains: Vec<DomainId>,
+    /// Bumps at every process start: replies to an earlier process are never delivered.
+    pub incarnation: u64,
+    pub session: Option<SessionId>,
+    pub(super) core: NodeCore,
+    pub(super) client: Option<ClientId>,
+    pub(super) cpu: Option<(PoolId, PageAllocator)>,
+    /// The extent allocator of each shared pool, by domain.
+    pub cxl: HashMap<u32, ExtentAllocator>,
+    pub(super) pending: BTreeMap<u64, Pending>,
+    next_request: u64,
+    /// The engine's leases.
+    pub leases: Vec<HeldLease>,
+    pub(super) committed: Vec<ReplicaId>,
+    /// When the last heartbeat the directory answered was sent.
+    pub(super) last_heartbeat: Timestamp,
+}
+
+impl SimNode {
+    /// A node that has not started yet.
+    pub fn new(index: usize, domains: &[u32]) -> SimNode {
+        SimNode {
+            name: format!("node{index}"),
+            domains: domains.iter().map(|domain| DomainId(*domain)).collect(),
+            incarnation: 0,
+            session: None,
+            core: NodeCore::default(),
+            client: None,
+            cpu: None,
+            cxl: HashMap::new(),
+            pending: BTreeMap::new(),
+            next_request: 1,
+            leases: Vec::new(),
+            committed: Vec::new(),
+            last_heartbeat: Timestamp::ZERO,
+        }
+    }
+
+    fn space_of_cpu(&self, index: usize) -> Space {
+        Space::Cpu {
+            node: index,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
+impl World {
+    /// The process of node `node` dies: its session, books, allocators and in-flight work
+    /// are gone; its engine's leases live on as orphans until their deadlines (the engine
+    /// keeps its mappings), and its CPU pool's bytes stay readable under them.
+    pub fn crash(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        self.orphan_leases.append(&mut state.leases);
+        state.session = None;
+        state.core = NodeCore::default();
+        state.client = None;
+        state.cpu = None;
+        state.cxl.clear();
+        state.pending.clear();
+        state.committed.clear();
+        self.stats.node_restarts += 1;
+    }
+
+    /// Starts node `node` as a new process: opens a session (a new epoch), registers a
+    /// fresh CPU pool and the namespace. Start-up talks to the directory directly.
+    fn start(&mut self, node: usize) {
+        let (write_order, read_order) = if node % 2 == 0 {
+            (
+                vec![Medium::Cpu, Medium::Cxl],
+                vec![Medium::Cpu, Medium::Cxl],
+            )
+        } else {
+            (
+                vec![Medium::Cxl, Medium::Cpu],
+                vec![Medium::Cpu, Medium::Cxl],
+            )
+        };
+        self.nodes[node].incarnation += 1;
+        self.nodes[node].session = None;
+        let DirectoryReply::Opened(opened) = self.call(
+            node,
+            DirectoryRequest::Open {
+                write_order,
+                read_order,
+            },
+        ) else {
+            return;
+        };
+        self.nodes[node].session = Some(opened.session);
+        let spec = PoolSpec {
+            name: format!("cpu{node}"),
+            medium: Medium::Cpu,
+            scope: Scope::Host(opened.node),
+            capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
+            page_bytes: 4096,
+            extent_bytes: None,
+        };
+        let DirectoryReply::Pool(pool) = self.call(node, DirectoryRequest::RegisterPool(spec))
+        else {
+            self.nodes[node].session = None;
+            return;
+        };
+        self.call(node, DirectoryRequest::RegisterNamespace(descriptor()));
+        let space = self.nodes[node].space_of_cpu(node);
+        self.spaces.insert(pool, space);
+        let pages = PageAllocator::new(CPU_POOL_OBJECTS * OBJECT_BYTES, 4096, ALLOCATIONS_MAX)
+            .expect("the simulated CPU pool's geometry is valid");
+        let cxl = self.shared_allocators(node);
+        let state = &mut self.nodes[node];
+        state.cpu = Some((pool, pages));
+        state.cxl = cxl;
+        state.client = state.core.connect_client().ok();
+        state.last_heartbeat = self.now;
+    }
+
+    fn shared_allocators(&self, node: usize) -> HashMap<u32, ExtentAllocator> {
+        self.nodes[node]
+            .domains
+            .iter()
+            .map(|domain| {
+                let capacity = super::world::CXL_POOL_OBJECTS * OBJECT_BYTES;
+                (
+                    domain.0,
+                    ExtentAllocator::new(capacity, 4096, ALLOCATIONS_MAX),
+                )
+            })
+            .collect()
+    }
+
+    /// Sends `request` for `purpose` and remembers it until its reply.
+    pub(super) fn send(&mut self, node: usize, request: DirectoryRequest, purpose: Purpose) {
+        self.send_attempt(node, request, purpose, 1);
+    }
+
+    fn send_attempt(
+        &mut self,
+        node: usize,
+        request: DirectoryRequest,
+        purpose: Purpose,
+        attempts: u32,
+    ) {
+        let state = &mut self.nodes[node];
+        let request_id = state.next_request;
+        state.next_request += 1;
+        let pending = Pending {
+            request: request.clone(),
+            purpose,
+            sent_at: self.now,
+            attempts,
+        };
+        state.pending.insert(request_id, pending);
+        let incarnation = state.incarnation;
+        self.network.send(
+            &mut self.rng,
+            self.now,
+            node,
+            incarnation,
+            request_id,
+            Payload::Request(request),
+        );
+    }
+
+    /// A fresh operation id, or `None` when the window is full.
+    pub(super) fn operation(&mut self, node: usize) -> Option<OperationId> {
+        self.nodes[node].core.operations.begin()
+    }
+
+    /// One thing node `node` does: start, or one engine or node action.
+    pub fn node_step(&mut self, node: usize) {
+        if self.nodes[node].session.is_none() {
+            if self.rng.chance(30) {
+                self.start(node);
+            }
+            return;
+        }
+        let fence_after = self.directory.config().fence_after;
+        if self.now.saturating_since(self.nodes[node].last_heartbeat) >= fence_after {
+            // Silent for the fence window: the directory may have fenced this session and
+            // handed its extents on. Stop writing: restart as a new epoch.
+            self.crash(node);
+            return;
+        }
+        match self.rng.below(100) {
+            0..=27 => self.begin_store(node),
+            28..=49 => self.begin_acquire(node),
+            50..=62 => self.release_one(node),
+            63..=68 => self.retire_one(node),
+            69..=80 => self.send(
+                node,
+                DirectoryRequest::PollTasks { max: 16 },
+                Purpose::Plain,
+            ),
+            81..=92 => self.heartbeat(node),
+            93..=97 => self.return_empty_extents(node),
+            _ => {
+                if self.rng.chance(15) {
+                    self.crash(node);
+                }
+            }
+        }
+    }
+
+    fn heartbeat(&mut self, node: usize) {
+        let acknowledged_through = self.nodes[node].core.operations.acknowledged_through();
+        let request = DirectoryRequest::Heartbeat {
+            acknowledged_through,
+        };
+        self.send(node, request, Purpose::Heartbeat);
+        let now = self.now;
+        if let Some(client) = self.nodes[node].client {
+            let state = &mut self.nodes[node];
+            if let Some(books) = state.core.client(client) {
+                books.prune(now);
+                let aborts = books.take_aborts();
+                for replica in aborts {
+                    self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                }
+            }
+        }
+        let now = self.now;
+        self.nodes[node]
+            .leases
+            .retain(|held| held.trusted_until > now);
+    }
+
+    fn begin_store(&mut self, node: usize) {
+        let object = self.random_object();
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
+            return;
+        };
+        let Ok(ticket) = books.admit_store(now) else {
+            return;
+        };
+        let Some(operation) = self.operation(node) else {
+            self.end_store(node);
+            return;
+        };
+        let item = ReserveItem {
+            object,
+            length_bytes: OBJECT_BYTES,
+        };
+        let request = DirectoryRequest::Reserve { operation, item };
+        self.send(node, request, Purpose::Store { ticket, object });
+    }
+
+    pub(super) fn end_store(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            books.store_ended();
+        }
+    }
+
+    fn begin_acquire(&mut self, node: usize) {
+        let count = 1 + self.rng.below(3) as usize;
+        let objects: Vec<ObjectId> = (0..count).map(|_| self.random_object()).collect();
+        let mode = if self.rng.chance(50) {
+            AcquireMode::Each
+        } else {
+            AcquireMode::Manifest
+        };
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
+            return;
+        };
+        if books.admit_acquire(count, now).is_err() {
+            return;
+        }
+        let request = DirectoryRequest::Acquire { objects, mode };
+        self.send(node, request, Purpose::Acquire { count });
+    }
+
+    fn release_one(&mut self, node: usize) {
+        if self.nodes[node].leases.is_empty() {
+            return;
+        }
+        let index = self.rng.below(self.nodes[node].leases.len() as u64) as usize;
+        let held = self.nodes[node].leases.swap_remove(index);
+        if held.trusted_until > self.now {
+            self.verify(&held);
+        }
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            books.release(&[held.lease.lease]);
+        }
+        let request = DirectoryRequest::Release {
+            leases: vec![held.lease.lease],
+        };
+        self.send(node, request, Purpose::Plain);
+    }
+
+    fn retire_one(&mut self, node: usize) {
+        if self.nodes[node].committed.is_empty() {
+            return;
+        }
+        let index = self.rng.below(self.nodes[node].committed.len() as u64) as usize;
+        let replica = self.nodes[node].committed[index];
+        self.send(node, DirectoryRequest::Retire { replica }, Purpose::Plain);
+    }
+
+    /// Offers every empty extent back to the directory, through the node core.
+    fn return_empty_extents(&mut self, node: usize) {
+        self.resolve_lost_returns(node);
+        let domains: Vec<u32> = self.nodes[node].cxl.keys().copied().collect();
+        for domain in domains {
+            let Some(pool) = self.pool_of_domain(domain) else {
+                continue;
+            };
+            let state = &mut self.nodes[node];
+            let Some(allocator) = state.cxl.get_mut(&domain) else {
+                continue;
+            };
+            let Some((offset_bytes, length_bytes)) = allocator.take_empty() else {
+                continue;
+            };
+            let Some(operation) = state.core.operations.begin() else {
+                allocator.add_extent(offset_bytes, length_bytes).ok();
+                continue;
+            };
+            if state
+                .core
+                .returns
+                .begin(pool, offset_bytes, length_bytes, operation)
+                .is_err()
+            {
+                state.core.operations.end(operation);
+                allocator.add_extent(offset_bytes, length_bytes).ok();
+                continue;
+            }
+            let request = DirectoryRequest::ReturnExtent {
+                operation,
+                pool,
+                offset_bytes,
+            };
+            self.send(node, request, Purpose::Return { pool, offset_bytes });
+        }
+    }
+
+    fn resolve_lost_returns(&mut self, node: usize) {
+        let Some(session) = self.nodes[node].session else {
+            return;
+        };
+        for (pool, offset_bytes, operation) in self.nodes[node].core.returns.unresolved() {
+            let already = self.nodes[node].pending.values().any(|pending| {
+                matches!(pending.request, DirectoryRequest::Resolve { operation: sent, .. } if sent == operation)
+            });
+            if !already {
+                let request = DirectoryRequest::Resolve {
+                    target: session,
+                    operation,
+                };
+                self.send(node, request, Purpose::Return { pool, offset_bytes });
+            }
+        }
+    }
+
+    /// The directory's current id of the shared pool of `domain`.
+    pub(super) fn pool_of_domain(&self, domain: u32) -> Option<PoolId> {
+        self.cxl_pools
+            .iter()
+            .find(|(_, pool_domain)| **pool_domain == domain)
+            .map(|(pool, _)| *pool)
+    }
+
+    /// Requests of node `node` whose replies are overdue: sent again, resolved, or given up.
+    pub fn node_timeouts(&mut self, node: usize) {
+        let Some(session) = self.nodes[node].session else {
+            return;
+        };
+        let now = self.now;
+        let due: Vec<u64> = self.nodes[node]
+            .pending
+            .iter()
+            .filter(|(_, pending)| now.saturating_since(pending.sent_at) >= RETRY_AFTER)
+            .map(|(request_id, _)| *request_id)
+            .collect();
+        for request_id in due {
+            let Some(pending) = self.nodes[node].pending.remove(&request_id) else {
+                continue;
+            };
+            let resolving = matches!(pending.request, DirectoryRequest::Resolve { .. });
+            match operation_of(&pending.request) {
+                // Like the node's link: a lost reply of an operation with an id is resolved,
+                // never guessed.
+                Some(operation) if !resolving => {
+                    if let Purpose::Return { pool, offset_bytes } = pending.purpose {
+                        // The extent stays out of the allocator until the return is resolved.
+                        self.nodes[node]
+                            .core
+                            .returns
+                            .answered(pool, offset_bytes, None);
+                        self.stats.extent_returns_quarantined += 1;
+                    }
+                    let request = DirectoryRequest::Resolve {
+                        target: session,
+                        operation,
+                    };
+                    self.send_attempt(node, request, pending.purpose, 1);
+                }
+                _ if pending.attempts < ATTEMPTS_MAX => {
+                    self.send_attempt(node, pending.request, pending.purpose, pending.attempts + 1);
+                }
+                _ => self.gave_up(node, pending),
+            }
+        }
+    }
+
+    /// A request without an operation id went unanswered: its slots are given back.
+    fn gave_up(&mut self, node: usize, pending: Pending) {
+        match (pending.request, pending.purpose) {
+            (DirectoryRequest::Acquire { .. }, Purpose::Acquire { count }) => {
+                let state = &mut self.nodes[node];
+                if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+                    books.leases_granted(count, Vec::new());
+                }
+            }
+            (
+                DirectoryRequest::Resolve { operation, .. },
+                Purpose::Return { pool, offset_bytes },
+            ) => {
+                // Still unknown: the extent stays quarantined; resolve again later.
+                let _ = (operation, pool, offset_bytes);
+            }
+            (DirectoryRequest::Resolve { operation, .. }, purpose) => {
+                self.resolved(node, operation, ResolveOutcome::Unknown, purpose);
+            }
+            _ => {}
+        }
+    }
+
+    /// A reply for node `node` arrived.
+    pub fn on_reply(&mut self, node: usize, request_id: u64, reply: DirectoryReply) {
+        let Some(pending) = self.nodes[node].pending.remove(&request_id) else {
+            return;
+        };
+        if let DirectoryReply::Error(ProtocolError::Directory(
+            DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
+        )) = reply
+        {
+            self.crash(node);
+            return;
+        }
+        match (pending.request, reply) {
+            (DirectoryRequest::Resolve { operation, .. }, DirectoryReply::Resolved(outcome)) => {
+                self.resolved(node, operation, outcome, pending.purpose)
+            }
+            (DirectoryRequest::Reserve { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                self.reserved(node, reply, pending.purpose)
+            }
+            (DirectoryRequest::Commit { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                let result = match reply {
+                    DirectoryReply::Committed(outcome) => CommitResult::Applied(outcome),
+                    _ => CommitResult::Refused,
+                };
+                self.committed(node, result, pending.purpose);
+            }
+            (DirectoryRequest::GrantExtent { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                if let DirectoryReply::Extent(grant) = reply {
+                    self.extent_granted(node, grant);
+                }
+            }
+            (DirectoryRequest::ReturnExtent { operation, .. }, reply) => {
+                let answer = match reply {
+                    DirectoryReply::ExtentReturned(answer) => answer,
+                    _ => ExtentReturn::NotOwner,
+                };
+                self.extent_returned(node, operation, Some(answer), pending.purpose);
+            }
+            (DirectoryRequest::Acquire { objects, .. }, reply) => {
+                self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
+            }
+            (DirectoryRequest::PollTasks { .. }, DirectoryReply::Tasks(tasks)) => {
+                self.run_tasks(node, tasks)
+            }
+            (DirectoryRequest::Heartbeat { .. }, DirectoryReply::Alive(_)) => {
+                let state = &mut self.nodes[node];
+                state.last_heartbeat = state.last_heartbeat.max(pending.sent_at);
+            }
+            _ => {}
+        }
+    }
+
+    fn resolved(
+        &mut self,
+        node: usize,
+        operation: OperationId,
+        outcome: ResolveOutcome,
+        purpose: Purpose,
+    ) {
+        match (outcome, purpose) {
+            (outcome, Purpose::Return { pool, offset_bytes }) => {
+                let action = self.nodes[node]
+                    .core
+                    .returns
+                    .resolved(pool, offset_bytes, outcome);
+                self.nodes[node].core.operations.end(operation);
+                self.apply_extent_action(node, action);
+            }
+            (ResolveOutcome::Reserved(reserved), purpose) => {
+                self.nodes[node].core.operations.end(operation);
+                self.reserved(node, DirectoryReply::Reserved(reserved), purpose);
+            }
+            (outcome, purpose @ Purpose::Commit { .. }) => {
+                self.nodes[node].core.operations.end(operation);
+                let result = match outcome {
+                    ResolveOutcome::Committed(outcome) => CommitResult::Applied(outcome),
+                    ResolveOutcome::NotApplied => CommitResult::NotApplied,
+                    _ => CommitResult::Unknown,
+                };
+                self.committed(node, result, purpose);
+            }
+            (ResolveOutcome::ExtentGranted(grant), _) => {
+                self.nodes[node].core.operations.end(operation);
+                self.extent_granted(node, grant);
+            }
+            (_, Purpose::Store { .. }) => {
+                self.nodes[node].core.operations.end(operation);
+                self.end_store(node);
+            }
+            _ => self.nodes[node].core.operations.end(operation),
+        }
+    }
+}
+
+/// The operation id a request carries, if any.
+fn operation_of(request: &DirectoryRequest) -> Option<OperationId> {
+    match request {
+        DirectoryRequest::Reserve { operation, .. }
+        | DirectoryRequest::Commit { operation, .. }
+        | DirectoryRequest::GrantExtent { operation, .. }
+        | DirectoryRequest::ReturnExtent { operation, .. }
+        | DirectoryRequest::Resolve { operation, .. } => Some(*operation),
+        _ => None,
+    }
+}
