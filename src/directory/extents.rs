@@ -61,11 +61,11 @@ impl Directory {
         Ok(grant)
     }
 
-    /// The owner gives back an extent it no longer allocates in (the node's allocator holds
-    /// nothing there). `Returned`: the extent cools down for a reservation's duration (a
-    /// stalled engine may still write into a grant it held) and may then go to any node.
-    /// Idempotent by operation id, so a return whose reply was lost is resolved, never
-    /// guessed.
+    /// The owner gives back an extent it no longer allocates in. `Returned`: any node may
+    /// be granted it at once — the live owner offers only an extent its allocator holds
+    /// nothing in (no page of a grant an engine may still write, expired grants included),
+    /// and never allocates there again unless told `InUse`. Idempotent by operation id, so
+    /// a return whose reply was lost is resolved, never guessed.
     pub fn return_extent(
         &mut self,
         now: Timestamp,
@@ -77,13 +77,12 @@ impl Directory {
         if let LedgerStep::Replay(answer) = self.check_ledger(session_id, operation)? {
             return Ok(answer);
         }
-        let cool_until = now + self.config.reservation_duration;
         let extents = self
             .pools
             .get_mut(pool.0 as usize)
             .and_then(|record| record.extents.as_mut())
             .ok_or(DirectoryError::UnknownPool)?;
-        let answer = extents.give_back(session_id, offset_bytes, cool_until);
+        let answer = extents.give_back(session_id, offset_bytes, now);
         self.record_outcome(session_id, operation, answer);
         Ok(answer)
     }

@@ -41,6 +41,9 @@ pub struct OpenReply {
     pub fenced_session: Option<SessionId>,
     pub lease_duration_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// Silence after which the directory fences the session: a node whose heartbeats went
+    /// unanswered this long stops on its own (`node::Liveness`).
+    pub fence_after_ms: u64,
 }
 
 /// One object to store.

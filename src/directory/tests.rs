@@ -1238,20 +1238,13 @@ fn an_owner_gives_back_empty_extents() {
         Ok(ResolveOutcome::ExtentReturned(ExtentReturn::Returned)),
         "a lost reply is resolved"
     );
-    assert_eq!(
-        fixture.grant_extent(fixture.now, b.session, cxl),
-        Ok(ExtentGrant::Full),
-        "a returned extent cools down first"
+    assert!(
+        matches!(
+            fixture.grant_extent(fixture.now, b.session, cxl),
+            Ok(ExtentGrant::Granted(_))
+        ),
+        "a live owner's empty extent may go to another node at once"
     );
-    let cooled = fixture.now + fixture.directory.config().reservation_duration;
-    fixture
-        .directory
-        .heartbeat(cooled, b.session, None)
-        .unwrap();
-    assert!(matches!(
-        fixture.grant_extent(cooled, b.session, cxl),
-        Ok(ExtentGrant::Granted(_))
-    ));
     fixture.directory.retire(Some(a.session), replica).unwrap();
     fixture.directory.reclaim_ack(a.session, replica).unwrap();
     assert_eq!(

@@ -6,16 +6,19 @@
 //! * `operations`: the session's operation ids and acknowledgement window.
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
 //! * `clients`: one local client's tickets, leases and bounds.
+//! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 
 pub mod clients;
 pub mod extents;
+pub mod liveness;
 pub mod operations;
 pub mod stores;
 
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
+pub use liveness::Liveness;
 pub use operations::OperationWindow;
 pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
 
@@ -42,6 +45,8 @@ pub struct NodeCore {
     pub operations: OperationWindow,
     /// Extents being given back.
     pub returns: ExtentReturns,
+    /// Whether the session may still be acted on (set when it opens).
+    pub liveness: Liveness,
     clients: HashMap<ClientId, ClientBooks>,
     next_client: u64,
     limits: ClientLimits,
@@ -60,6 +65,7 @@ impl NodeCore {
         NodeCore {
             operations: OperationWindow::new(),
             returns: ExtentReturns::new(),
+            liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
             clients: HashMap::new(),
             next_client: 1,
             limits,

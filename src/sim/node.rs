@@ -16,7 +16,7 @@ use crate::model::{
     DomainId, Location, Medium, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
     SessionId, Timestamp,
 };
-use crate::node::{ClientId, CommitResult, NodeCore};
+use crate::node::{ClientId, CommitResult, Liveness, NodeCore};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -85,8 +85,6 @@ pub struct SimNode {
     /// The engine's leases.
     pub leases: Vec<HeldLease>,
     pub(super) committed: Vec<ReplicaId>,
-    /// When the last heartbeat the directory answered was sent.
-    pub(super) last_heartbeat: Timestamp,
 }
 
 impl SimNode {
@@ -105,7 +103,6 @@ impl SimNode {
             next_request: 1,
             leases: Vec::new(),
             committed: Vec::new(),
-            last_heartbeat: Timestamp::ZERO,
         }
     }
 
@@ -150,6 +147,7 @@ impl World {
         };
         self.nodes[node].incarnation += 1;
         self.nodes[node].session = None;
+        let opened_at = self.now;
         let DirectoryReply::Opened(opened) = self.call(
             node,
             DirectoryRequest::Open {
@@ -183,7 +181,8 @@ impl World {
         state.cpu = Some((pool, pages));
         state.cxl = cxl;
         state.client = state.core.connect_client().ok();
-        state.last_heartbeat = self.now;
+        let fence_after = Duration::from_millis(opened.fence_after_ms);
+        state.core.liveness = Liveness::new(opened_at, fence_after);
     }
 
     fn shared_allocators(&self, node: usize) -> HashMap<u32, ExtentAllocator> {
@@ -246,8 +245,7 @@ impl World {
             }
             return;
         }
-        let fence_after = self.directory.config().fence_after;
-        if self.now.saturating_since(self.nodes[node].last_heartbeat) >= fence_after {
+        if self.nodes[node].core.liveness.may_be_fenced(self.now) {
             // Silent for the fence window: the directory may have fenced this session and
             // handed its extents on. Stop writing: restart as a new epoch.
             self.crash(node);
@@ -551,8 +549,7 @@ impl World {
                 self.run_tasks(node, tasks)
             }
             (DirectoryRequest::Heartbeat { .. }, DirectoryReply::Alive(_)) => {
-                let state = &mut self.nodes[node];
-                state.last_heartbeat = state.last_heartbeat.max(pending.sent_at);
+                self.nodes[node].core.liveness.answered(pending.sent_at);
             }
             _ => {}
         }

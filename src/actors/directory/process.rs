@@ -8,7 +8,7 @@ use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
 use crate::metrics::Metrics;
-use crate::model::{DomainId, Medium, PoolSpec, Scope};
+use crate::model::{DomainId, Medium, PoolSpec, Scope, Timestamp};
 use crate::protocol::directory::NodeGrant;
 use crate::wire::{quic, tls};
 use actix::prelude::*;
@@ -28,7 +28,7 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     // Pools are formatted and registered before the endpoint accepts any node.
     let mut core = Directory::new(section.limits.clone());
     for pool in &config.cxl_pools {
-        prepare_cxl_pool(pool)?;
+        let prepared = prepare_cxl_pool(pool)?;
         let spec = PoolSpec {
             name: pool.name.clone(),
             medium: Medium::Cxl,
@@ -37,8 +37,17 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
             page_bytes: pool.page_bytes,
             extent_bytes: Some(pool.extent_bytes),
         };
-        core.register_pool(None, spec)
+        let id = core
+            .register_pool(None, spec)
             .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
+        if prepared == Prepared::Existing {
+            // A previous incarnation may have granted extents and leases here: reuse
+            // nothing until they have all run out. The actor's clock starts after this,
+            // so its zero is later than now and the hold errs on the long side.
+            let until = Timestamp::ZERO + core.recovery_window();
+            core.hold_extents_until(id, until)?;
+            tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
+        }
     }
     let endpoint = quic::server_endpoint(section.listen, server_config)
         .context("binding the QUIC endpoint")?;
@@ -76,17 +85,28 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the directory found at a CXL pool's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prepared {
+    /// Formatted now: it holds nothing.
+    Formatted,
+    /// Already this pool: it may hold what a previous incarnation let nodes write.
+    Existing,
+}
+
 /// Writes a CXL pool's header once: a device or file without a kvtier header is formatted
 /// (it holds nothing yet); one with the header of this pool is kept as it is; one that
 /// belongs to another pool or layout is refused, never overwritten.
-fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<()> {
+fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     let uuid = pool.uuid()?;
     match SharedMemory::open(&pool.path, Some(uuid)) {
-        Ok(mapping) => check_geometry(pool, &mapping),
+        Ok(mapping) => check_geometry(pool, &mapping).map(|()| Prepared::Existing),
         Err(PoolError::WrongMagic { .. } | PoolError::Truncated { .. }) => {
-            format_cxl_pool(pool, uuid)
+            format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
         }
-        Err(PoolError::Io { .. }) if !pool.path.exists() => format_cxl_pool(pool, uuid),
+        Err(PoolError::Io { .. }) if !pool.path.exists() => {
+            format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
+        }
         Err(error) => Err(error).with_context(|| {
             format!(
                 "CXL pool `{}` at {} is not this pool; refusing to touch it",

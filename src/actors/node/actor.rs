@@ -94,7 +94,21 @@ async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<Nod
     let request = DirectoryRequest::Heartbeat {
         acknowledged_through: link.acknowledged_through(),
     };
-    match link.call(request).await {
+    let sent_at = services.clock.now();
+    let answered = link.call(request).await;
+    let may_be_fenced = {
+        let mut core = services.core();
+        if answered.is_ok() {
+            core.liveness.answered(sent_at);
+        }
+        core.liveness.may_be_fenced(services.clock.now())
+    };
+    if may_be_fenced {
+        tracing::error!("no heartbeat answered for the fence window; stopping this epoch");
+        let _ = exit.try_send(NodeExit::Fenced);
+        return;
+    }
+    match answered {
         Ok(_) => {}
         Err(LinkError::Refused(ProtocolError::Directory(
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,

@@ -94,6 +94,10 @@ pub struct DirectoryLink {
     pub node: NodeId,
     /// The heartbeat period the directory asked for.
     pub heartbeat_interval: Duration,
+    /// The silence after which the directory fences this session.
+    pub fence_after: Duration,
+    /// Just before the `Open` that opened the session was sent.
+    pub opened: std::time::Instant,
     /// The node's books: operation ids and extents being given back live there.
     core: Arc<Mutex<NodeCore>>,
 }
@@ -122,6 +126,7 @@ impl DirectoryLink {
     ) -> Result<DirectoryLink, LinkError> {
         let endpoint = quic::client_endpoint(target.bind)?;
         let rpc = connect(&endpoint, &target).await?;
+        let sent = std::time::Instant::now();
         let opened = match rpc
             .call(DirectoryRequest::Open {
                 write_order,
@@ -142,6 +147,8 @@ impl DirectoryLink {
             epoch: opened.epoch,
             node: opened.node,
             heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
+            fence_after: Duration::from_millis(opened.fence_after_ms),
+            opened: sent,
             core,
         })
     }

@@ -6,7 +6,7 @@ use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
 use super::link::{DirectoryAddress, DirectoryLink};
 use super::pool::PoolActor;
-use super::services::NodeServices;
+use super::services::{lock_core, NodeServices};
 use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend};
@@ -14,7 +14,7 @@ use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, PoolSpec, Scope};
-use crate::node::{ExtentAction, NodeCore, CLIENT_LIMITS};
+use crate::node::{ExtentAction, Liveness, NodeCore, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
 use crate::wire::uds::{self, SocketMode};
@@ -62,7 +62,10 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
     let _socket_file = RemoveOnExit(section.socket.clone());
     let core = Arc::new(Mutex::new(NodeCore::new(CLIENT_LIMITS)));
+    let clock = Clock::start();
     let link = Arc::new(open_link(target, &section, core.clone()).await?);
+    let opened_at = clock.now() - link.opened.elapsed();
+    lock_core(&core).liveness = Liveness::new(opened_at, link.fence_after);
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
@@ -124,7 +127,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         mappings,
         metrics,
         core,
-        clock: Clock::start(),
+        clock,
     };
     NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
     if let Some(parent) = section.socket.parent() {
