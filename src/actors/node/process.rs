@@ -9,7 +9,7 @@ use super::pool::PoolActor;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend};
+use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -69,52 +69,10 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
-    let spec = PoolSpec {
-        name: format!("{}-cpu", section.name),
-        medium: Medium::Cpu,
-        scope: Scope::Host(link.node),
-        capacity_bytes: section.cpu_pool.capacity_bytes,
-        page_bytes: section.cpu_pool.page_bytes,
-        extent_bytes: None,
-    };
-    let pool_id = match link.call(DirectoryRequest::RegisterPool(spec)).await? {
-        DirectoryReply::Pool(pool_id) => pool_id,
-        other => bail!("pool registration answered {other:?}"),
-    };
-    let mapping = PoolMapping {
-        pool: pool_id,
-        medium: Medium::Cpu,
-        path: pool.memory().path().display().to_string(),
-        pool_uuid: pool.memory().pool_uuid(),
-        data_bytes: pool.memory().data_bytes(),
-    };
     let metrics = Arc::new(Metrics::new()?);
-    metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
-    // The pool is fresh: nothing is allocated in it yet, so the probe may write anywhere.
-    let region = ProbeRegion {
-        offset: 0,
-        length: pool.memory().data_bytes(),
-    };
-    let probed = probe::probe_memory(pool.memory(), region);
-    report_probe(&link, &metrics, pool_id, probed).await;
-    let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
-    let mut mappings = vec![mapping];
-    for (pool_id, cxl) in locate_cxl_pools(&link, cxl_pools).await? {
-        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
-        let probed = probe_shared_pool(&link, pool_id, &cxl).await;
-        report_probe(&link, &metrics, pool_id, probed).await;
-        mappings.push(PoolMapping {
-            pool: pool_id,
-            medium: Medium::Cxl,
-            path: cxl.memory().path().display().to_string(),
-            pool_uuid: cxl.memory().pool_uuid(),
-            data_bytes: cxl.memory().data_bytes(),
-        });
-        pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
-    }
+    let (pools, mappings) = start_pools(&link, &metrics, &section, pool, cxl_pools).await?;
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
-
     let shared_pools = mappings
         .iter()
         .filter(|mapping| mapping.medium == Medium::Cxl)
@@ -130,6 +88,76 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         clock,
     };
     NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
+    serve_clients(&section, services).await?;
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => signal.map(|()| None),
+        reason = exit.recv() => Ok(reason),
+    };
+    match outcome? {
+        Some(NodeExit::Fenced) => {
+            bail!("the directory fenced this node's session; restart it to open a new epoch")
+        }
+        None => {
+            let _ = link.call(DirectoryRequest::Close).await;
+            Ok(())
+        }
+    }
+}
+
+/// Registers the CPU pool, probes every pool and reports what it measured, and starts a
+/// pool actor per pool: the actors and what clients map.
+async fn start_pools(
+    link: &DirectoryLink,
+    metrics: &Metrics,
+    section: &NodeSection,
+    pool: CpuPool,
+    cxl_pools: Vec<(String, CxlPool)>,
+) -> anyhow::Result<(HashMap<PoolId, Addr<PoolActor>>, Vec<PoolMapping>)> {
+    let spec = PoolSpec {
+        name: format!("{}-cpu", section.name),
+        medium: Medium::Cpu,
+        scope: Scope::Host(link.node),
+        capacity_bytes: section.cpu_pool.capacity_bytes,
+        page_bytes: section.cpu_pool.page_bytes,
+        extent_bytes: None,
+    };
+    let pool_id = match link.call(DirectoryRequest::RegisterPool(spec)).await? {
+        DirectoryReply::Pool(pool_id) => pool_id,
+        other => bail!("pool registration answered {other:?}"),
+    };
+    metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
+    // The pool is fresh: nothing is allocated in it yet, so the probe may write anywhere.
+    let region = ProbeRegion {
+        offset: 0,
+        length: pool.memory().data_bytes(),
+    };
+    let probed = probe::probe_memory(pool.memory(), region);
+    report_probe(link, metrics, pool_id, probed).await;
+    let mut mappings = vec![mapping_of(pool_id, Medium::Cpu, pool.memory())];
+    let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
+    for (pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
+        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
+        let probed = probe_shared_pool(link, pool_id, &cxl).await;
+        report_probe(link, metrics, pool_id, probed).await;
+        mappings.push(mapping_of(pool_id, Medium::Cxl, cxl.memory()));
+        pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
+    }
+    Ok((pools, mappings))
+}
+
+/// What a client maps for `pool`.
+fn mapping_of(pool: PoolId, medium: Medium, memory: &SharedMemory) -> PoolMapping {
+    PoolMapping {
+        pool,
+        medium,
+        path: memory.path().display().to_string(),
+        pool_uuid: memory.pool_uuid(),
+        data_bytes: memory.data_bytes(),
+    }
+}
+
+/// Binds the node's Unix socket and serves each admitted client with a session actor.
+async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow::Result<()> {
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
@@ -149,19 +177,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
             }
         }
     });
-    let outcome = tokio::select! {
-        signal = shutdown_signal() => signal.map(|()| None),
-        reason = exit.recv() => Ok(reason),
-    };
-    match outcome? {
-        Some(NodeExit::Fenced) => {
-            bail!("the directory fenced this node's session; restart it to open a new epoch")
-        }
-        None => {
-            let _ = link.call(DirectoryRequest::Close).await;
-            Ok(())
-        }
-    }
+    Ok(())
 }
 
 /// Probes a shared pool through an extent granted for the probe (unused, so the probe may
