@@ -172,6 +172,12 @@ impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
                 let error = ProtocolError::Sequence("the first frame must be hello".into());
                 self.reply(request_id, DirectoryReply::Error(error), context);
             }
+            // Answered here, never by the directory actor: the cheapest round trip the
+            // stack can make, which `bench directory` measures as its floor.
+            (Phase::Ready, DirectoryRequest::Hello(_)) => {
+                let error = ProtocolError::Sequence("hello sent twice".into());
+                self.reply(request_id, DirectoryReply::Error(error), context);
+            }
             (Phase::Ready, request) => self.forward(request_id, request, context),
         }
     }
