@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kvtier::directory::DirectoryConfig;
 use kvtier::policy::cost::CostModel;
-use kvtier::policy::eviction::KvtierConfig;
 use kvtier::policy::placement::PlacementConfig;
 use kvtier::policy::profiles::{TierKind, TierProfile};
 use kvtier::replay::cluster::{self, ClusterSimConfig, Pricing};
@@ -135,11 +134,8 @@ fn config(blocks: usize) -> SimConfig {
             prefill_us_per_token: 100.0,
         },
         placement: PlacementConfig {
-            min_residency_ms: 0,
             wear_admit_frequency_min: 1,
-            ..PlacementConfig::default()
         },
-        kvtier: KvtierConfig::for_capacity(blocks),
     }
 }
 
@@ -276,7 +272,6 @@ fn tiered() -> SimConfig {
     .collect();
     SimConfig {
         tiers,
-        kvtier: KvtierConfig::for_capacity(34_000),
         ..config(1_000)
     }
 }

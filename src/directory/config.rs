@@ -4,6 +4,7 @@
 
 use crate::model::Medium;
 use crate::policy::lifecycle::LifecyclePolicy;
+use crate::policy::placement::PlacementConfig;
 use crate::policy::profiles::{ProfileFigures, TierKind, TierProfile};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -50,6 +51,9 @@ pub struct DirectoryConfig {
     pub eviction_window: u32,
     /// Evictions started by one `tick`, so one tick stays short.
     pub evictions_per_tick_max: u32,
+    /// Least accesses, the current one included, before a wear-limited pool (SSD) admits
+    /// an object, written or demoted ([`PlacementConfig::wear_admit_frequency_min`]).
+    pub wear_admit_frequency_min: u32,
     /// Reservations one session holds at once (stores in flight).
     pub reservations_per_session_max: u32,
     /// How long a lease protects a replica without being released.
@@ -184,6 +188,13 @@ impl DirectoryConfig {
 }
 
 impl DirectoryConfig {
+    /// The settings of kvtier's placement ([`crate::policy::placement`]) in force.
+    pub fn placement(&self) -> PlacementConfig {
+        PlacementConfig {
+            wear_admit_frequency_min: self.wear_admit_frequency_min,
+        }
+    }
+
     /// The prefill time per token of `model`, in microseconds.
     pub fn prefill_us_per_token_of(&self, model: &str) -> f64 {
         self.prefill_us_per_token_by_model
@@ -221,8 +232,9 @@ impl Default for DirectoryConfig {
             extents_per_session_max: 4096,
             high_watermark_percent: 98,
             low_watermark_percent: 95,
-            eviction_window: 16,
+            eviction_window: crate::policy::eviction::kvtier::EVICTION_WINDOW as u32,
             evictions_per_tick_max: 4096,
+            wear_admit_frequency_min: PlacementConfig::default().wear_admit_frequency_min,
             lease_duration: Duration::from_secs(30),
             reservation_duration: Duration::from_secs(30),
             suspect_after: Duration::from_secs(3),

@@ -1,14 +1,17 @@
 //! Demote, don't evict: under pressure a READY replica in a host CPU pool moves one tier
-//! colder, into a shared pool its owner maps, when the cost model says keeping it there pays.
+//! colder, into a shared pool its owner maps, when kvtier's placement
+//! ([`crate::policy::placement::on_pressure`]) says keeping it there pays.
 //! The directory reserves the target and asks the owner to copy; the source stays READY
 //! (readable) until the target commits, then retires. A failed or expired copy cancels the
 //! demotion and the source is evicted later instead. The pairs in flight are bounded by the
 //! owner's reservations.
 
+use super::pools::PoolRecord;
 use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, Task, TaskKind};
-use crate::model::{Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
+use crate::model::{DomainId, Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
 use crate::policy::cost::CostModel;
+use crate::policy::placement::{self, Action, ColderTier, Victim};
 
 /// How a replica chosen to leave its pool (by eviction or by its time to live) left.
 pub(super) enum Departure {
@@ -51,10 +54,11 @@ impl Directory {
         }
     }
 
-    /// Where `victim` would go one tier colder: a shared pool its owner's session can write,
-    /// with room below its high watermark, holding no replica of the object yet, when
-    /// keeping the bytes there (priced by that pool's profile) costs less than recomputing
-    /// them (priced by the namespace's model).
+    /// Where `victim` would go one tier colder, by kvtier's placement
+    /// ([`placement::on_pressure`]): from a host CPU pool, into a shared pool its owner's
+    /// session can write, with room below its high watermark, holding no replica of the
+    /// object yet, that admits it, when keeping the bytes there (priced by that pool's
+    /// profile) costs less than recomputing them (priced by the namespace's model).
     fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
         let source = &self.pools[victim.pool.0 as usize];
         if source.spec.medium != Medium::Cpu {
@@ -69,29 +73,53 @@ impl Directory {
         let cost = CostModel {
             prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
         };
-        let high = u64::from(self.config.high_watermark_percent);
-        self.pools.iter().enumerate().find_map(|(index, record)| {
-            let Scope::Domain(domain) = record.spec.scope else {
-                return None;
-            };
+        let colder = self.colder_pools(victim, &session.domains);
+        let placed = Victim {
+            bytes: victim.allocated_bytes,
+            tokens: descriptor.chunk_tokens,
+            frequency: self.access_count(&victim.object),
+        };
+        match placement::on_pressure(&placed, &colder, &self.config.placement(), &cost).action {
+            Action::Demote { to } | Action::Spill { to } => Some(to),
+            Action::Evict => None,
+        }
+    }
+
+    /// The shared pools of `domains` as placement sees them for `victim`, each named by
+    /// the pool and the bytes the victim takes there.
+    fn colder_pools(
+        &self,
+        victim: &Replica,
+        domains: &[DomainId],
+    ) -> Vec<((PoolId, u64), ColderTier<'_>)> {
+        let writable =
+            |scope: Scope| matches!(scope, Scope::Domain(domain) if domains.contains(&domain));
+        let mut colder = Vec::new();
+        for (index, record) in self.pools.iter().enumerate() {
+            if !writable(record.spec.scope) {
+                continue;
+            }
+            let pool = PoolId(index as u32);
             let bytes = record.spec.rounded_bytes(victim.length_bytes);
-            let after = (record.reserved_bytes + record.ready_bytes + bytes).saturating_mul(100);
-            let present = self.replicas.of_object(&victim.object).any(|(_, replica)| {
-                replica.pool.0 as usize == index && replica.state != ReplicaState::Retiring
+            let holds_object = self.replicas.of_object(&victim.object).any(|(_, replica)| {
+                replica.pool == pool && replica.state != ReplicaState::Retiring
             });
-            (session.domains.contains(&domain)
-                && cost
-                    .keep_in(
-                        &record.profile,
-                        victim.allocated_bytes,
-                        descriptor.chunk_tokens,
-                    )
-                    .keep_pays()
-                && record.free_bytes() >= bytes
-                && after <= high * record.spec.capacity_bytes
-                && !present)
-                .then_some((PoolId(index as u32), bytes))
-        })
+            let tier = ColderTier {
+                profile: &record.profile,
+                has_room: self.room_below_high_watermark(record, bytes),
+                holds_object,
+            };
+            colder.push(((pool, bytes), tier));
+        }
+        colder
+    }
+
+    /// Whether `bytes` more fit in the pool of `record` and leave it at or below its high
+    /// watermark.
+    fn room_below_high_watermark(&self, record: &PoolRecord, bytes: u64) -> bool {
+        let high = u64::from(self.config.high_watermark_percent);
+        let after = (record.reserved_bytes + record.ready_bytes + bytes).saturating_mul(100);
+        record.free_bytes() >= bytes && after <= high * record.spec.capacity_bytes
     }
 
     /// Reserves the target and queues the copy for the owner. `false` when a bound refuses.

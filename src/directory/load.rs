@@ -8,7 +8,9 @@ use super::{
     AcquireMode, AcquireOutcome, Directory, DirectoryError, Lease, ProbeOutcome, ReleaseOutcome,
     ReplicaState, SessionState, Table,
 };
-use crate::model::{LeaseId, Medium, ObjectId, PoolId, ReplicaId, Scope, SessionId, Timestamp};
+use crate::model::{LeaseId, ObjectId, PoolId, ReplicaId, Scope, SessionId, Timestamp};
+use crate::policy::eviction::kvtier::touch_order;
+use crate::policy::placement;
 
 impl Directory {
     /// For each object, in order: a hit when a READY replica the requester can map exists,
@@ -25,43 +27,35 @@ impl Directory {
         Ok(objects
             .iter()
             .map(|object| {
-                let mut pending = false;
-                let mut best: Option<(usize, Medium, u64)> = None;
-                for (_, replica) in self.replicas.of_object(object) {
-                    let Some(rank) = view.rank(replica.pool) else {
-                        continue;
-                    };
-                    match replica.state {
-                        ReplicaState::Ready => {
-                            if best.is_none_or(|(best_rank, ..)| rank < best_rank) {
-                                let medium = self.pools[replica.pool.0 as usize].spec.medium;
-                                best = Some((rank, medium, replica.length_bytes));
-                            }
-                        }
-                        ReplicaState::Reserved => pending = true,
-                        ReplicaState::Retiring | ReplicaState::Free => {}
-                    }
-                }
-                match best {
-                    Some((_, medium, length_bytes)) => ProbeOutcome::Hit {
-                        medium,
-                        length_bytes,
+                let selected = self.select_replica(&view, object);
+                match selected.and_then(|id| self.replicas.get(id)) {
+                    Some(replica) => ProbeOutcome::Hit {
+                        medium: self.pools[replica.pool.0 as usize].spec.medium,
+                        length_bytes: replica.length_bytes,
                     },
-                    None if pending => ProbeOutcome::Pending,
+                    None if self.pending_for(&view, object) => ProbeOutcome::Pending,
                     None => ProbeOutcome::Miss,
                 }
             })
             .collect())
     }
 
-    /// The cheapest READY replica of `object` the session can map.
-    fn select_replica(&self, view: &ReadView, object: &ObjectId) -> Option<ReplicaId> {
-        self.replicas
-            .of_object(object)
-            .filter(|(_, replica)| replica.state == ReplicaState::Ready)
-            .filter_map(|(id, replica)| view.rank(replica.pool).map(|rank| (rank, id)))
-            .min_by_key(|(rank, _)| *rank)
-            .map(|(_, id)| id)
+    /// The cheapest READY replica of `object` the session can map, by kvtier's read
+    /// selection ([`placement::read_choice`]) over the ranks of the session's read order.
+    pub(super) fn select_replica(&self, view: &ReadView, object: &ObjectId) -> Option<ReplicaId> {
+        placement::read_choice(
+            self.replicas
+                .of_object(object)
+                .filter(|(_, replica)| replica.state == ReplicaState::Ready)
+                .filter_map(|(id, replica)| view.rank(replica.pool).map(|rank| (id, rank))),
+        )
+    }
+
+    /// Whether a replica of `object` the session could map is being written.
+    pub(super) fn pending_for(&self, view: &ReadView, object: &ObjectId) -> bool {
+        self.replicas.of_object(object).any(|(_, replica)| {
+            replica.state == ReplicaState::Reserved && view.rank(replica.pool).is_some()
+        })
     }
 
     /// Leases, for each object in order, the cheapest READY replica the requester can map.
@@ -115,12 +109,12 @@ impl Directory {
             session.leases += found;
         }
         // Every read is an access. The batch is a prompt's chunks in order, so they are
-        // touched last chunk first: the head of a prefix ends most recent, and a prefix
-        // loses its tail before its head (a tail is worthless without its head).
-        for (object, replica_id) in objects.iter().zip(&selected).rev() {
-            if let Some(replica_id) = replica_id {
-                let class = self.record_access(now, object);
-                self.replicas.touch(*replica_id, class);
+        // touched in kvtier's `touch_order`, last chunk first: a prefix loses its tail
+        // before its head (a tail is worthless without its head).
+        for position in touch_order(objects.len()) {
+            if let Some(replica_id) = selected[position] {
+                let class = self.record_access(now, &objects[position]);
+                self.replicas.touch(replica_id, class);
             }
         }
         Ok(outcomes)

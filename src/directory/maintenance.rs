@@ -5,8 +5,8 @@ use super::demotion::Departure;
 use super::pools::PoolRecord;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
 use crate::model::{ObjectId, PoolId, ReplicaId, Scope, Timestamp};
+use crate::policy::eviction::kvtier::{self, KvtierConfig, VictimCandidate};
 use crate::policy::history::{frequency_class, FREQUENCY_CLASSES};
-use crate::policy::victims::{self, VictimCandidate, VictimConfig};
 use std::time::Duration;
 
 impl Directory {
@@ -34,9 +34,10 @@ impl Directory {
     }
 
     /// Retires (or demotes) READY replicas of every pool above its high watermark until it
-    /// is at or below its low watermark, at most `evictions_per_tick_max` per call. The
-    /// victim policy chooses among the least recently used replicas of each frequency class
-    /// (the first `eviction_window` of each); leased and young replicas are never chosen.
+    /// is at or below its low watermark, at most `evictions_per_tick_max` per call. kvtier's
+    /// eviction order ([`kvtier::choose`]) picks each victim among the least recently used
+    /// replicas of each frequency class (the first `eviction_window` of each); leased and
+    /// young replicas are never chosen. Placement decides whether it is demoted.
     pub(super) fn evict(&mut self, now: Timestamp) -> u32 {
         let high = u64::from(self.config.high_watermark_percent);
         let low = u64::from(self.config.low_watermark_percent);
@@ -51,14 +52,14 @@ impl Directory {
             if !self.used_above(pool, leaving, high) {
                 continue;
             }
-            let victim_config = VictimConfig::for_capacity(self.pools[index].object_capacity());
+            let victim_config = KvtierConfig::for_capacity(self.pools[index].object_capacity());
             while evicted < self.config.evictions_per_tick_max
                 && self.used_above(pool, leaving, low)
             {
                 let window = self.victim_window(now, pool);
                 let candidates: Vec<VictimCandidate> =
                     window.iter().map(|(_, candidate)| *candidate).collect();
-                let (Some(chosen), _) = victims::choose(&candidates, &victim_config) else {
+                let (Some(chosen), _) = kvtier::choose(&candidates, &victim_config) else {
                     break;
                 };
                 match self.demote_or_retire(now, window[chosen].0, true) {
@@ -92,9 +93,9 @@ impl Directory {
             .sum()
     }
 
-    /// What the victim policy chooses from in `pool`: the first `eviction_window` least
-    /// recently used READY replicas of each frequency class, priced by their class's reuse
-    /// probability, idle time and age.
+    /// What kvtier's eviction order chooses from in `pool`: the first `eviction_window`
+    /// least recently used READY replicas of each frequency class, least recent first,
+    /// priced by their class's reuse probability, idle time and age.
     fn victim_window(&self, now: Timestamp, pool: PoolId) -> Vec<(ReplicaId, VictimCandidate)> {
         (0..FREQUENCY_CLASSES)
             .flat_map(|class| {
@@ -131,8 +132,13 @@ impl Directory {
 
     /// The frequency class of `object` from its recorded accesses.
     pub(super) fn access_class(&self, object: &ObjectId) -> usize {
+        frequency_class(self.access_count(object))
+    }
+
+    /// Recorded accesses of `object` (reads and stores); 0 when none is remembered.
+    pub(super) fn access_count(&self, object: &ObjectId) -> u32 {
         let key = self.replicas.key_of(object);
-        frequency_class(self.history.stats(key).map_or(1, |stats| stats.count))
+        self.history.stats(key).map_or(0, |stats| stats.count)
     }
 
     /// `now` on the policy's clock, in milliseconds: the directory's clock times

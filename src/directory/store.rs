@@ -12,6 +12,7 @@ use super::{
 use crate::model::{
     Location, ObjectId, OperationId, PoolId, ReplicaId, Scope, SessionId, Timestamp,
 };
+use crate::policy::placement::{self, Incoming, WriteCandidate};
 
 impl Directory {
     /// Grants capacity for one object in the first pool of the node's write order that
@@ -36,7 +37,7 @@ impl Directory {
         self.check_namespace(session, item.object.namespace)?;
         let (outcome, present) = match self.existing_for(session, &item.object) {
             Some(existing) => existing,
-            None => match self.placement(session_id, session, item.length_bytes)? {
+            None => match self.placement(session_id, session, &item.object, item.length_bytes)? {
                 None => (ReserveOutcome::Skip, None),
                 Some((pool, allocated_bytes)) => {
                     let replica = NewReplica {
@@ -61,16 +62,17 @@ impl Directory {
         Ok(outcome)
     }
 
-    /// Where a new reservation of `length_bytes` goes ([`Directory::place`]): `None` when no
-    /// pool has room, `Full` when the replica table or the session's reservations are at
-    /// their bound.
+    /// Where a new reservation of `length_bytes` for `object` goes ([`Directory::place`]):
+    /// `None` when no pool admits it with room, `Full` when the replica table or the
+    /// session's reservations are at their bound.
     fn placement(
         &self,
         session_id: SessionId,
         session: &Session,
+        object: &ObjectId,
         length_bytes: u64,
     ) -> Result<Option<(PoolId, u64)>, DirectoryError> {
-        let Some(placed) = self.place(session_id, session, length_bytes) else {
+        let Some(placed) = self.place(session_id, session, object, length_bytes) else {
             return Ok(None);
         };
         if !self.replicas.has_room() {
@@ -121,45 +123,60 @@ impl Directory {
         }
     }
 
-    /// `AlreadyPresent` (with the READY replica) or `Pending` when the session can already
-    /// read the object.
+    /// `AlreadyPresent` (with the READY replica it would read, [`Directory::select_replica`])
+    /// or `Pending` when the session can already read the object.
     fn existing_for(
         &self,
         session: &Session,
         object: &ObjectId,
     ) -> Option<(ReserveOutcome, Option<ReplicaId>)> {
         let view = self.read_view(session);
-        let mut pending = false;
-        for (id, replica) in self.replicas.of_object(object) {
-            if view.rank(replica.pool).is_none() {
-                continue;
-            }
-            match replica.state {
-                ReplicaState::Ready => return Some((ReserveOutcome::AlreadyPresent, Some(id))),
-                ReplicaState::Reserved => pending = true,
-                ReplicaState::Retiring | ReplicaState::Free => {}
-            }
+        match self.select_replica(&view, object) {
+            Some(ready) => Some((ReserveOutcome::AlreadyPresent, Some(ready))),
+            None => self
+                .pending_for(&view, object)
+                .then_some((ReserveOutcome::Pending, None)),
         }
-        pending.then_some((ReserveOutcome::Pending, None))
     }
 
-    /// The first writable pool in the node's write order with room for `length_bytes`.
+    /// Where kvtier's placement ([`placement::write_target`]) writes `object`: the first
+    /// pool of the node's write order that it may write, that admits the object (a
+    /// wear-limited pool only once it is reused) and has room for `length_bytes` rounded
+    /// to the pool's pages. Returns the pool and the rounded bytes. The directory cannot
+    /// tell a partial chunk, so placement's partial rule never refuses here.
     fn place(
         &self,
         session_id: SessionId,
         session: &Session,
+        object: &ObjectId,
         length_bytes: u64,
     ) -> Option<(PoolId, u64)> {
-        session.write_order.iter().find_map(|medium| {
-            self.pools.iter().enumerate().find_map(|(index, record)| {
-                let pool = PoolId(index as u32);
-                let bytes = record.spec.rounded_bytes(length_bytes);
-                (record.spec.medium == *medium
-                    && self.can_write(session_id, session, pool)
-                    && record.free_bytes() >= bytes)
-                    .then_some((pool, bytes))
+        let candidates = session
+            .write_order
+            .iter()
+            .flat_map(|medium| {
+                self.pools
+                    .iter()
+                    .enumerate()
+                    .filter(move |(_, record)| record.spec.medium == *medium)
             })
-        })
+            .map(|(index, record)| (PoolId(index as u32), record))
+            .filter(|(pool, _)| self.can_write(session_id, session, *pool))
+            .map(|(pool, record)| {
+                let bytes = record.spec.rounded_bytes(length_bytes);
+                let candidate = WriteCandidate {
+                    wear_limited: record.profile.wear_limited,
+                    has_room: record.free_bytes() >= bytes,
+                };
+                ((pool, bytes), candidate)
+            });
+        let incoming = Incoming {
+            // This store is an access too.
+            frequency: self.access_count(object).saturating_add(1),
+            // A reservation carries the chunk's length, not its tokens.
+            partial: false,
+        };
+        placement::write_target(candidates, &incoming, &self.config.placement()).0
     }
 
     fn can_write(&self, session_id: SessionId, session: &Session, pool: PoolId) -> bool {

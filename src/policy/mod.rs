@@ -1,6 +1,11 @@
 //! Pure placement policy (DESIGN.md section 6): tier profiles, the cost model, the
 //! per-tier lifecycle, access history, eviction orders and placement decisions. Nothing
-//! here does I/O or reads a clock; time arrives as `now_ms` arguments.
+//! here does I/O or reads a clock; time arrives as arguments.
+//!
+//! kvtier's own policy is written once: its eviction order in [`eviction::kvtier`] and its
+//! placement (write order with admission, read selection, demote or evict) in
+//! [`placement`]. The directory core and the replay's `kvtier` row both call them, each
+//! with a snapshot of its own state.
 
 pub mod cost;
 pub mod eviction;
@@ -12,4 +17,3 @@ pub mod profiles;
 /// The identity of a cached block as policies see it (a trace's hash id, or a digest of an
 /// object id). Policies only compare and hash it.
 pub type BlockId = u64;
-pub mod victims;

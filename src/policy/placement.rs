@@ -1,268 +1,217 @@
-//! Placement decisions for one object: keep, promote, demote, spill or evict, each with a
-//! reason. Pure: a snapshot of the object and of every tier in, a [`Decision`] out; the
-//! caller executes it.
+//! kvtier's placement, the one implementation: where a new object is written (the first
+//! tier of the writer's write order that admits it and has room), which replica a reader
+//! gets (the cheapest it can map) and where an eviction victim goes (one tier colder when
+//! keeping it there costs less than recomputing it — "demote, don't evict" — else
+//! nowhere). Pure: a snapshot in, a decision and its reason out; the caller executes it.
 //!
-//! Under pressure an object moves one step colder instead of being dropped ("demote,
-//! don't evict") when the cost model says keeping it there is cheaper than recomputing it.
-//! Attendable tiers (DRAM, NUMA-far, CXL) are preferred over staged ones (SSD); a
-//! wear-limited tier only admits objects already reused. Leased, filling and young
-//! objects are never chosen; watermarks and a cooldown stop ping-pong.
+//! The directory core calls it from `reserve` (write), `probe` and `acquire` (read) and
+//! its demotions (pressure); the replay's `kvtier` row from its stack of tiers (write and
+//! pressure; a replayed block has one copy, so there is no read to choose). Which tiers a
+//! caller offers — those the writer may write, those the reader can map, those colder
+//! than the victim's — and whether each has room are the caller's snapshot.
+//!
+//! Admission: a partial block seen once (the ragged end of a prompt, a prefix of no other
+//! prompt unless the same one comes again) is not written, and a wear-limited tier (SSD)
+//! only takes an object accessed [`PlacementConfig::wear_admit_frequency_min`] times,
+//! written or demoted.
 
 use super::cost::{CostModel, KeepVerdict};
 use super::profiles::TierProfile;
 
-/// The object a decision is about.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Candidate {
+/// Settings of placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementConfig {
+    /// Least accesses, the current one included, before a wear-limited tier admits an
+    /// object. 1 admits every object; 2 only objects already reused.
+    pub wear_admit_frequency_min: u32,
+}
+
+impl Default for PlacementConfig {
+    /// Admit to a wear-limited tier what was used twice: a one-timer would only wear it.
+    fn default() -> Self {
+        Self {
+            wear_admit_frequency_min: 2,
+        }
+    }
+}
+
+impl PlacementConfig {
+    /// Whether a tier (wear-limited or not) admits an object accessed `frequency` times.
+    pub fn admits(&self, wear_limited: bool, frequency: u32) -> bool {
+        !wear_limited || frequency >= self.wear_admit_frequency_min
+    }
+}
+
+/// One tier (or pool) of a writer's write order, as placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteCandidate {
+    /// The tier wears with writes (its profile's `wear_limited`).
+    pub wear_limited: bool,
+    /// The object fits now (the directory: free bytes; the replay: a tier that can make
+    /// room by eviction).
+    pub has_room: bool,
+}
+
+/// The object to be written, as placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// Accesses so far, this one included.
+    pub frequency: u32,
+    /// It holds fewer tokens than a full block (the ragged end of a prompt). A caller that
+    /// cannot tell says false.
+    pub partial: bool,
+}
+
+/// Why a write went where it did, or nowhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteReason {
+    /// The first tier of the write order that admits the object and has room.
+    FirstAdmitting,
+    /// A partial block seen once is not worth a slot anywhere.
+    PartialOnce,
+    /// No tier of the write order admits the object with room: the store is skipped.
+    NoRoom,
+}
+
+/// Where `incoming` is written: nowhere when it is a partial block seen once, else the
+/// first of `candidates` — the tiers the writer may write, in its write order, each with
+/// the caller's handle `T` — that admits it and has room; `None` when none does.
+pub fn write_target<T>(
+    candidates: impl IntoIterator<Item = (T, WriteCandidate)>,
+    incoming: &Incoming,
+    config: &PlacementConfig,
+) -> (Option<T>, WriteReason) {
+    if incoming.partial && incoming.frequency <= 1 {
+        return (None, WriteReason::PartialOnce);
+    }
+    let chosen = candidates.into_iter().find(|(_, candidate)| {
+        candidate.has_room && config.admits(candidate.wear_limited, incoming.frequency)
+    });
+    match chosen {
+        Some((target, _)) => (Some(target), WriteReason::FirstAdmitting),
+        None => (None, WriteReason::NoRoom),
+    }
+}
+
+/// The replica a reader is served from: among `candidates` — the READY replicas it can
+/// map, each with the rank of its tier in the reader's read order (lower is cheaper) and
+/// the caller's handle `T` — the lowest rank, the first offered on a tie; `None` for none.
+pub fn read_choice<T>(candidates: impl IntoIterator<Item = (T, usize)>) -> Option<T> {
+    candidates
+        .into_iter()
+        .fold(
+            None,
+            |best: Option<(T, usize)>, (target, rank)| match best {
+                Some((_, best_rank)) if best_rank <= rank => best,
+                _ => Some((target, rank)),
+            },
+        )
+        .map(|(target, _)| target)
+}
+
+/// The object an eviction chose, as placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Victim {
     /// Bytes it occupies.
     pub bytes: u64,
     /// Tokens it saves when read instead of recomputed.
     pub tokens: u32,
     /// Accesses so far.
     pub frequency: u32,
-    /// Index of the tier holding it (0 is the hottest).
-    pub tier: usize,
-    /// When it entered its tier, in milliseconds.
-    pub entered_tier_ms: u64,
-    /// When it last moved between tiers, in milliseconds; `None` if never.
-    pub moved_ms: Option<u64>,
-    /// A reader holds a lease on it.
-    pub leased: bool,
-    /// Its bytes are still being written.
-    pub filling: bool,
 }
 
-/// One tier as the policy sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TierState {
-    /// The tier's profile.
-    pub profile: TierProfile,
-    /// Capacity, in bytes.
-    pub capacity_bytes: u64,
-    /// Bytes in use, including reservations.
-    pub used_bytes: u64,
-    /// Bytes waiting to enter (the write that caused the pressure).
-    pub pending_bytes: u64,
-}
-
-/// Settings of the placement policy.
+/// A tier colder than the victim's, as placement sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PlacementConfig {
-    /// A tier is under pressure above this fraction of its capacity. In (0, 1].
-    pub high_watermark: f64,
-    /// Promotion into a tier below this fraction needs no proof of heat. In [0, high].
-    pub low_watermark: f64,
-    /// An object is not moved or evicted before it spent this long in its tier, in ms.
-    pub min_residency_ms: u64,
-    /// An object is not promoted within this long of its last move, in milliseconds.
-    pub cooldown_ms: u64,
-    /// Least accesses for admission to a wear-limited tier.
-    pub wear_admit_frequency_min: u32,
-    /// Least accesses for a promotion into a tier above its low watermark.
-    pub promote_frequency_min: u32,
+pub struct ColderTier<'a> {
+    /// Its profile (prices keeping the victim there).
+    pub profile: &'a TierProfile,
+    /// The victim fits there now (the directory: free bytes below its high watermark; the
+    /// replay: a tier that can make room by eviction).
+    pub has_room: bool,
+    /// It already holds a copy of the victim.
+    pub holds_object: bool,
 }
 
-impl Default for PlacementConfig {
-    /// Evict from 95% down, promote freely below 80%, 1 s residency, 10 s cooldown,
-    /// admit to SSD what was used twice, promote what was used twice.
-    fn default() -> Self {
-        Self {
-            high_watermark: 0.95,
-            low_watermark: 0.80,
-            min_residency_ms: 1_000,
-            cooldown_ms: 10_000,
-            wear_admit_frequency_min: 2,
-            promote_frequency_min: 2,
-        }
-    }
-}
-
-/// What to do with the object.
+/// What becomes of a victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// Leave it where it is.
-    Keep,
-    /// Copy it to the hotter tier `to`, then retire this copy.
-    Promote {
-        /// Target tier index.
-        to: usize,
-    },
-    /// Move it to the colder attendable tier `to`.
+pub enum Action<T> {
+    /// Move it to the colder attendable tier `to` (memory a GPU can read: CXL, DRAM).
     Demote {
-        /// Target tier index.
-        to: usize,
+        /// The target, as the caller named it.
+        to: T,
     },
-    /// Move it to the colder staged tier `to`.
+    /// Move it to the colder staged tier `to` (SSD).
     Spill {
-        /// Target tier index.
-        to: usize,
+        /// The target, as the caller named it.
+        to: T,
     },
     /// Drop it; a later request recomputes it.
     Evict,
 }
 
-/// Why the action was chosen.
+/// Why.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Reason {
-    /// A reader holds a lease.
-    Leased,
-    /// Its bytes are still being written.
-    Filling,
-    /// It entered its tier less than the minimum residency ago.
-    MinResidency,
-    /// Its tier is not above the high watermark.
-    NoPressure,
-    /// It moved less than the cooldown ago.
-    Cooldown,
-    /// It is already in the hottest tier.
-    Hottest,
-    /// The hotter tier is above its low watermark and the object is not hot enough.
-    NotHotEnough,
-    /// It was accessed in a colder tier and is worth the hotter one.
-    Hot,
-    /// Keeping it in the target tier costs less than recomputing it.
+    /// Keeping it in the target costs less than recomputing it.
     KeepPays(KeepVerdict),
-    /// No colder tier admits it or keeping it costs more than recomputing it.
+    /// No colder tier admits it with room (and without a copy already).
+    NoTarget,
+    /// Some colder tier could take it, but keeping it there costs more than recomputing.
     RecomputeCheaper,
 }
 
-/// A decision and its reason.
+/// A decision on a victim and its reason.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Decision {
+pub struct Decision<T> {
     /// What to do.
-    pub action: Action,
+    pub action: Action<T>,
     /// Why.
     pub reason: Reason,
 }
 
-/// Why no decision could be made; the caller's snapshot is wrong.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum PlacementError {
-    /// The candidate names a tier the snapshot does not have.
-    #[error("candidate tier {tier} is not among the {tiers} tiers")]
-    UnknownTier {
-        /// The candidate's tier.
-        tier: usize,
-        /// Tiers in the snapshot.
-        tiers: usize,
-    },
-    /// Watermarks are not `0 <= low <= high <= 1` with `high > 0`.
-    #[error("watermarks must satisfy 0 <= low <= high <= 1 and high > 0")]
-    Watermarks,
-}
-
-fn decision(action: Action, reason: Reason) -> Decision {
-    Decision { action, reason }
-}
-
-fn check(
-    candidate: &Candidate,
-    tiers: &[TierState],
-    config: &PlacementConfig,
-) -> Result<(), PlacementError> {
-    if candidate.tier >= tiers.len() {
-        return Err(PlacementError::UnknownTier {
-            tier: candidate.tier,
-            tiers: tiers.len(),
-        });
-    }
-    let ordered = 0.0 <= config.low_watermark
-        && config.low_watermark <= config.high_watermark
-        && config.high_watermark <= 1.0
-        && config.high_watermark > 0.0;
-    if !ordered {
-        return Err(PlacementError::Watermarks);
-    }
-    Ok(())
-}
-
-fn above(tier: &TierState, fraction: f64) -> bool {
-    (tier.used_bytes.saturating_add(tier.pending_bytes)) as f64
-        > fraction * tier.capacity_bytes as f64
-}
-
-/// Where an object goes when its tier needs room.
-///
-/// Keeps it (with the reason) when it is leased, filling, inside its minimum residency or
-/// its tier is not above the high watermark; the caller then picks another victim.
-/// Otherwise tries the colder tiers, attendable ones first, each in index order: a
-/// wear-limited tier only admits an object accessed `wear_admit_frequency_min` times, and a
-/// tier is chosen only if staging plus reading back costs less than recomputing. Demote
-/// (attendable) or spill (staged) there; evict if none qualifies.
-pub fn on_pressure(
-    candidate: &Candidate,
-    tiers: &[TierState],
+/// Where a victim goes: the first of `colder` — the tiers colder than its own that its
+/// owner may write, each with the caller's handle `T` — attendable ones before staged
+/// ones, each kind in the order given, that admits it, has room, holds no copy yet, and
+/// where staging plus reading back costs less than recomputing by `cost`. Demote
+/// (attendable) or spill (staged) there; evict if none qualifies. Pure.
+pub fn on_pressure<T: Copy>(
+    victim: &Victim,
+    colder: &[(T, ColderTier<'_>)],
     config: &PlacementConfig,
     cost: &CostModel,
-    now_ms: u64,
-) -> Result<Decision, PlacementError> {
-    check(candidate, tiers, config)?;
-    if let Some(reason) = pinned(candidate, config, now_ms) {
-        return Ok(decision(Action::Keep, reason));
-    }
-    if !above(&tiers[candidate.tier], config.high_watermark) {
-        return Ok(decision(Action::Keep, Reason::NoPressure));
-    }
-    let colder = || tiers.iter().enumerate().skip(candidate.tier + 1);
-    let attendable = colder().filter(|(_, tier)| tier.profile.is_attendable());
-    let staged = colder().filter(|(_, tier)| !tier.profile.is_attendable());
-    for (index, tier) in attendable.chain(staged) {
-        let admitted =
-            !tier.profile.wear_limited || candidate.frequency >= config.wear_admit_frequency_min;
-        let verdict = cost.keep_in(&tier.profile, candidate.bytes, candidate.tokens);
-        if admitted && tier.capacity_bytes >= candidate.bytes && verdict.keep_pays() {
-            let action = if tier.profile.is_attendable() {
-                Action::Demote { to: index }
-            } else {
-                Action::Spill { to: index }
-            };
-            return Ok(decision(action, Reason::KeepPays(verdict)));
+) -> Decision<T> {
+    let attendable = colder
+        .iter()
+        .filter(|(_, tier)| tier.profile.is_attendable());
+    let staged = colder
+        .iter()
+        .filter(|(_, tier)| !tier.profile.is_attendable());
+    let mut reason = Reason::NoTarget;
+    for (target, tier) in attendable.chain(staged) {
+        let possible = tier.has_room
+            && !tier.holds_object
+            && config.admits(tier.profile.wear_limited, victim.frequency);
+        if !possible {
+            continue;
         }
+        let verdict = cost.keep_in(tier.profile, victim.bytes, victim.tokens);
+        if !verdict.keep_pays() {
+            reason = Reason::RecomputeCheaper;
+            continue;
+        }
+        let action = if tier.profile.is_attendable() {
+            Action::Demote { to: *target }
+        } else {
+            Action::Spill { to: *target }
+        };
+        return Decision {
+            action,
+            reason: Reason::KeepPays(verdict),
+        };
     }
-    Ok(decision(Action::Evict, Reason::RecomputeCheaper))
-}
-
-/// Whether an object just read from its tier moves to the hottest tier.
-///
-/// Keeps it when it is already there, leased, filling, inside its minimum residency or
-/// its cooldown, or when the hottest tier is above its low watermark and the object has
-/// fewer than `promote_frequency_min` accesses. Otherwise promotes it to tier 0.
-pub fn on_access(
-    candidate: &Candidate,
-    tiers: &[TierState],
-    config: &PlacementConfig,
-    now_ms: u64,
-) -> Result<Decision, PlacementError> {
-    check(candidate, tiers, config)?;
-    if candidate.tier == 0 {
-        return Ok(decision(Action::Keep, Reason::Hottest));
-    }
-    if let Some(reason) = pinned(candidate, config, now_ms) {
-        return Ok(decision(Action::Keep, reason));
-    }
-    let cooling = candidate
-        .moved_ms
-        .is_some_and(|moved| now_ms.saturating_sub(moved) < config.cooldown_ms);
-    if cooling {
-        return Ok(decision(Action::Keep, Reason::Cooldown));
-    }
-    if above(&tiers[0], config.low_watermark) && candidate.frequency < config.promote_frequency_min
-    {
-        return Ok(decision(Action::Keep, Reason::NotHotEnough));
-    }
-    Ok(decision(Action::Promote { to: 0 }, Reason::Hot))
-}
-
-/// Why the object may not move now, if it may not.
-fn pinned(candidate: &Candidate, config: &PlacementConfig, now_ms: u64) -> Option<Reason> {
-    if candidate.leased {
-        Some(Reason::Leased)
-    } else if candidate.filling {
-        Some(Reason::Filling)
-    } else if now_ms.saturating_sub(candidate.entered_tier_ms) < config.min_residency_ms {
-        Some(Reason::MinResidency)
-    } else {
-        None
+    Decision {
+        action: Action::Evict,
+        reason,
     }
 }
 
@@ -276,268 +225,219 @@ mod tests {
         prefill_us_per_token: 100.0,
     };
     const CONFIG: PlacementConfig = PlacementConfig {
-        high_watermark: 0.95,
-        low_watermark: 0.80,
-        min_residency_ms: 1_000,
-        cooldown_ms: 10_000,
         wear_admit_frequency_min: 2,
-        promote_frequency_min: 2,
     };
 
-    fn tier(kind: TierKind, blocks: u64, used_blocks: u64) -> TierState {
-        TierState {
-            profile: TierProfile::representative(kind),
-            capacity_bytes: blocks * BLOCK,
-            used_bytes: used_blocks * BLOCK,
-            pending_bytes: BLOCK,
-        }
-    }
-
-    fn tiers() -> Vec<TierState> {
-        vec![
-            tier(TierKind::Dram, 10, 10),
-            tier(TierKind::Ssd, 100, 0),
-            tier(TierKind::Cxl, 30, 0),
-        ]
-    }
-
-    fn candidate() -> Candidate {
-        Candidate {
-            bytes: BLOCK,
-            tokens: 512,
-            frequency: 1,
-            tier: 0,
-            entered_tier_ms: 0,
-            moved_ms: None,
-            leased: false,
-            filling: false,
-        }
-    }
-
-    fn action(result: Result<Decision, PlacementError>) -> Action {
-        result
-            .map(|decision| decision.action)
-            .unwrap_or(Action::Keep)
-    }
-
-    /// (name, candidate, tiers, cost, expected action, expected reason)
-    type PressureRow = (
+    /// (name, write order, incoming, expected target, expected reason)
+    type WriteRow = (
         &'static str,
-        Candidate,
-        Vec<TierState>,
+        Vec<WriteCandidate>,
+        Incoming,
+        Option<usize>,
+        WriteReason,
+    );
+    /// (name, replicas offered with their ranks, expected choice)
+    type ReadRow = (&'static str, Vec<(char, usize)>, Option<char>);
+    /// (name, victim frequency, colder tiers, cost, expected action)
+    type PressureRow<'a> = (
+        &'static str,
+        u32,
+        Vec<(usize, ColderTier<'a>)>,
         CostModel,
-        Action,
-        Reason,
+        Action<usize>,
     );
 
+    fn write(wear_limited: bool, has_room: bool) -> WriteCandidate {
+        WriteCandidate {
+            wear_limited,
+            has_room,
+        }
+    }
+
     #[test]
-    fn pressure_table() {
-        let cheap = CostModel {
-            prefill_us_per_token: 0.01,
+    fn write_table() {
+        let full = |frequency| Incoming {
+            frequency,
+            partial: false,
         };
-        let mut empty = tiers();
-        empty[0].used_bytes = 0;
-        empty[0].pending_bytes = 0;
-        let mut exactly_full = tiers();
-        exactly_full[0].used_bytes = exactly_full[0].capacity_bytes * 95 / 100;
-        exactly_full[0].pending_bytes = 0;
-        let mut no_cxl = tiers();
-        no_cxl.pop();
-        let c = candidate();
-        // (name, candidate, tiers, cost, expected action, expected reason)
-        let rows: Vec<PressureRow> = vec![
+        let partial = |frequency| Incoming {
+            frequency,
+            partial: true,
+        };
+        let roomy = vec![write(false, true), write(false, true)];
+        let rows: [WriteRow; 8] = [
             (
-                "empty pool",
-                c,
-                empty,
-                COST,
-                Action::Keep,
-                Reason::NoPressure,
+                "empty write order",
+                vec![],
+                full(1),
+                None,
+                WriteReason::NoRoom,
             ),
             (
-                "exactly at the watermark",
-                c,
-                exactly_full,
-                COST,
-                Action::Keep,
-                Reason::NoPressure,
+                "first with room",
+                roomy.clone(),
+                full(1),
+                Some(0),
+                WriteReason::FirstAdmitting,
             ),
             (
-                "leased",
-                Candidate { leased: true, ..c },
-                tiers(),
-                COST,
-                Action::Keep,
-                Reason::Leased,
+                "first full",
+                vec![write(false, false), write(false, true)],
+                full(1),
+                Some(1),
+                WriteReason::FirstAdmitting,
             ),
             (
-                "filling",
-                Candidate { filling: true, ..c },
-                tiers(),
-                COST,
-                Action::Keep,
-                Reason::Filling,
-            ),
-            (
-                "young",
-                Candidate {
-                    entered_tier_ms: 9_500,
-                    ..c
-                },
-                tiers(),
-                COST,
-                Action::Keep,
-                Reason::MinResidency,
-            ),
-            (
-                "recompute cheaper",
-                c,
-                tiers(),
-                cheap,
-                Action::Evict,
-                Reason::RecomputeCheaper,
+                "all full",
+                vec![write(false, false), write(false, false)],
+                full(5),
+                None,
+                WriteReason::NoRoom,
             ),
             (
                 "ssd refuses a one-timer",
-                c,
-                no_cxl.clone(),
+                vec![write(true, true)],
+                full(1),
+                None,
+                WriteReason::NoRoom,
+            ),
+            (
+                "ssd takes a reused object",
+                vec![write(true, true)],
+                full(2),
+                Some(0),
+                WriteReason::FirstAdmitting,
+            ),
+            (
+                "a partial one-timer nowhere",
+                roomy.clone(),
+                partial(1),
+                None,
+                WriteReason::PartialOnce,
+            ),
+            (
+                "a reused partial block",
+                roomy,
+                partial(2),
+                Some(0),
+                WriteReason::FirstAdmitting,
+            ),
+        ];
+        for (name, order, incoming, expected, expected_reason) in rows {
+            let decision = write_target(order.into_iter().enumerate(), &incoming, &CONFIG);
+            assert_eq!(decision, (expected, expected_reason), "{name}");
+        }
+    }
+
+    #[test]
+    fn read_table() {
+        let rows: [ReadRow; 4] = [
+            ("nothing mappable", vec![], None),
+            ("one", vec![('a', 3)], Some('a')),
+            (
+                "cheapest rank",
+                vec![('a', 1), ('b', 0), ('c', 2)],
+                Some('b'),
+            ),
+            ("first on a tie", vec![('a', 1), ('b', 1)], Some('a')),
+        ];
+        for (name, candidates, expected) in rows {
+            assert_eq!(read_choice(candidates), expected, "{name}");
+        }
+    }
+
+    fn victim(frequency: u32) -> Victim {
+        Victim {
+            bytes: BLOCK,
+            tokens: 512,
+            frequency,
+        }
+    }
+
+    #[test]
+    fn pressure_table() {
+        let cxl = TierProfile::representative(TierKind::Cxl);
+        let ssd = TierProfile::representative(TierKind::Ssd);
+        let tier = |profile, has_room, holds_object| ColderTier {
+            profile,
+            has_room,
+            holds_object,
+        };
+        let cheap = CostModel {
+            prefill_us_per_token: 0.01,
+        };
+        let both = vec![(1, tier(&ssd, true, false)), (2, tier(&cxl, true, false))];
+        let rows: Vec<PressureRow> = vec![
+            ("nothing colder", 1, vec![], COST, Action::Evict),
+            (
+                "attendable cxl before ssd",
+                1,
+                both.clone(),
+                COST,
+                Action::Demote { to: 2 },
+            ),
+            ("recompute cheaper", 3, both.clone(), cheap, Action::Evict),
+            (
+                "ssd refuses a one-timer",
+                1,
+                vec![both[0]],
                 COST,
                 Action::Evict,
-                Reason::RecomputeCheaper,
             ),
             (
-                "cxl out of the last tier",
-                Candidate { tier: 2, ..c },
-                tiers(),
+                "ssd takes a reused one",
+                2,
+                vec![both[0]],
                 COST,
-                Action::Keep,
-                Reason::NoPressure,
+                Action::Spill { to: 1 },
+            ),
+            (
+                "cxl full",
+                2,
+                vec![both[0], (2, tier(&cxl, false, false))],
+                COST,
+                Action::Spill { to: 1 },
+            ),
+            (
+                "cxl holds a copy",
+                1,
+                vec![(2, tier(&cxl, true, true))],
+                COST,
+                Action::Evict,
             ),
         ];
-        for (name, candidate, tiers, cost, expected_action, expected_reason) in rows {
-            let decision = on_pressure(&candidate, &tiers, &CONFIG, &cost, 10_000);
-            assert_eq!(
-                decision.map(|d| (d.action, d.reason)),
-                Ok((expected_action, expected_reason)),
-                "{name}"
-            );
+        for (name, frequency, colder, cost, expected) in rows {
+            let decision = on_pressure(&victim(frequency), &colder, &CONFIG, &cost);
+            assert_eq!(decision.action, expected, "{name}");
         }
-        let reused = Candidate { frequency: 2, ..c };
-        assert_eq!(
-            action(on_pressure(&reused, &no_cxl, &CONFIG, &COST, 10_000)),
-            Action::Spill { to: 1 }
-        );
     }
 
     #[test]
-    fn one_over_prefers_attendable_cxl_over_ssd() {
-        let decision = on_pressure(&candidate(), &tiers(), &CONFIG, &COST, 10_000);
-        let Ok(Decision {
-            action: Action::Demote { to: 2 },
-            reason: Reason::KeepPays(verdict),
-        }) = decision
+    fn pressure_reasons_say_why() {
+        let cxl = TierProfile::representative(TierKind::Cxl);
+        let colder = [(
+            0,
+            ColderTier {
+                profile: &cxl,
+                has_room: true,
+                holds_object: false,
+            },
+        )];
+        let Reason::KeepPays(verdict) = on_pressure(&victim(1), &colder, &CONFIG, &COST).reason
         else {
-            panic!("{decision:?}");
+            panic!("keeping in cxl pays at 100 µs a token");
         };
         assert!(verdict.keep_cost_us < verdict.recompute_cost_us);
-        let mut last = tiers();
-        last[2].used_bytes = last[2].capacity_bytes;
-        last[2].pending_bytes = BLOCK;
-        let cxl_victim = Candidate {
-            tier: 2,
-            frequency: 3,
-            ..candidate()
+        let cheap = CostModel {
+            prefill_us_per_token: 0.01,
         };
         assert_eq!(
-            action(on_pressure(&cxl_victim, &last, &CONFIG, &COST, 10_000)),
-            Action::Evict,
-            "nothing colder"
+            on_pressure(&victim(1), &colder, &CONFIG, &cheap).reason,
+            Reason::RecomputeCheaper
         );
-    }
-
-    #[test]
-    fn access_table() {
-        let c = Candidate {
-            tier: 2,
-            frequency: 2,
-            ..candidate()
-        };
-        let mut roomy = tiers();
-        roomy[0].used_bytes = 0;
-        roomy[0].pending_bytes = 0;
-        // (name, candidate, tiers, expected action, expected reason)
-        let rows = [
-            (
-                "hottest already",
-                Candidate { tier: 0, ..c },
-                tiers(),
-                Action::Keep,
-                Reason::Hottest,
-            ),
-            (
-                "leased",
-                Candidate { leased: true, ..c },
-                tiers(),
-                Action::Keep,
-                Reason::Leased,
-            ),
-            (
-                "cooldown",
-                Candidate {
-                    moved_ms: Some(5_000),
-                    ..c
-                },
-                tiers(),
-                Action::Keep,
-                Reason::Cooldown,
-            ),
-            (
-                "cold one-timer, full top",
-                Candidate { frequency: 1, ..c },
-                tiers(),
-                Action::Keep,
-                Reason::NotHotEnough,
-            ),
-            (
-                "one-timer, roomy top",
-                Candidate { frequency: 1, ..c },
-                roomy,
-                Action::Promote { to: 0 },
-                Reason::Hot,
-            ),
-            ("hot", c, tiers(), Action::Promote { to: 0 }, Reason::Hot),
-        ];
-        for (name, candidate, tiers, expected_action, expected_reason) in rows {
-            let decision = on_access(&candidate, &tiers, &CONFIG, 10_000);
-            assert_eq!(
-                decision.map(|d| (d.action, d.reason)),
-                Ok((expected_action, expected_reason)),
-                "{name}"
-            );
-        }
-    }
-
-    #[test]
-    fn invalid_input_is_an_error() {
-        let lost = Candidate {
-            tier: 7,
-            ..candidate()
-        };
-        assert!(matches!(
-            on_access(&lost, &tiers(), &CONFIG, 0),
-            Err(PlacementError::UnknownTier { .. })
-        ));
-        assert!(matches!(
-            on_pressure(&lost, &[], &CONFIG, &COST, 0),
-            Err(PlacementError::UnknownTier { .. })
-        ));
-        let inverted = PlacementConfig {
-            low_watermark: 0.99,
-            ..CONFIG
-        };
         assert_eq!(
-            on_pressure(&candidate(), &tiers(), &inverted, &COST, 0),
-            Err(PlacementError::Watermarks)
+            on_pressure(&victim(1), &colder[..0], &CONFIG, &COST).reason,
+            Reason::NoTarget
         );
     }
 }

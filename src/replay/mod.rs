@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::policy::cost::CostModel;
-use crate::policy::eviction::KvtierConfig;
 use crate::policy::placement::PlacementConfig;
 use crate::policy::profiles::{TierKind, TierProfile};
 use crate::workload::trace::{self, Request, BLOCK_TOKENS};
@@ -44,8 +43,8 @@ pub struct ReplayArgs {
     /// Prefill time per token of the model, in microseconds.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 100.0)]
     pub prefill_us_per_token: f64,
-    /// Least accesses before kvtier admits a block to a wear-limited tier (SSD). 1 leaves
-    /// the admission to kvtier's value comparison alone; 2 admits only reused blocks.
+    /// Least accesses, the current one included, before kvtier writes or demotes a block
+    /// to a wear-limited tier (SSD). 1 admits every block; 2 admits only reused blocks.
     #[arg(long, value_name = "ACCESSES", default_value_t = 1)]
     pub wear_admit_frequency_min: u32,
     /// Policies to run (comma-separated); default all four.
@@ -171,7 +170,8 @@ fn policies(chosen: &[PolicyKind]) -> Vec<PolicyKind> {
 }
 
 /// Builds the replay configuration from the options: `--tiers` or a single DRAM tier of
-/// `--capacity` blocks, representative profiles, default placement.
+/// `--capacity` blocks, representative profiles (or those of `--config`), placement with
+/// `--wear-admit-frequency-min`.
 pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
     anyhow::ensure!(
         args.prefill_us_per_token.is_finite() && args.prefill_us_per_token > 0.0,
@@ -203,20 +203,15 @@ pub fn sim_config(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
             }
         }
     }
-    let total_blocks = tiers.iter().map(|tier| tier.blocks).sum();
     Ok(SimConfig {
         tiers,
         bytes_per_token: args.bytes_per_token,
         cost: CostModel {
             prefill_us_per_token: args.prefill_us_per_token,
         },
-        // The replay has no leases and sub-second trace clocks: no minimum residency.
         placement: PlacementConfig {
-            min_residency_ms: 0,
             wear_admit_frequency_min: args.wear_admit_frequency_min,
-            ..PlacementConfig::default()
         },
-        kvtier: KvtierConfig::for_capacity(total_blocks),
     })
 }
 

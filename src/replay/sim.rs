@@ -1,14 +1,28 @@
 //! The deterministic, metadata-only replay of a trace through a stack of tiers under one
 //! eviction policy: prefix hits, prefill tokens saved, bytes moved between tiers and the
 //! estimated time to first token of every request.
+//!
+//! The `kvtier` policy runs kvtier's policy as the directory core does — the same code:
+//! eviction by [`kvtier::choose`] over per-class recency lists, a request's cached prefix
+//! touched in [`kvtier::touch_order`], writes by [`placement::write_target`] and victims
+//! demoted, spilled or dropped by [`placement::on_pressure`]; a hit is read where it lies.
+//! It differs from the directory only by what the cluster does around the policy — here a
+//! full tier makes room at once, where the directory evicts between watermarks on its
+//! ticks, frees bytes once the owner reclaims them and skips stores while a pool is full —
+//! and by what each knows: a replayed block says how many tokens it holds, so placement's
+//! rule against partial one-timers acts here, while a store to the directory carries only
+//! its length. The references (LRU, S3-FIFO,
+//! Belady) write to the hottest tier that admits a block, send victims one tier colder
+//! and promote hits to the hottest tier.
 
 use std::collections::HashMap;
 
 use crate::policy::cost::CostModel;
-use crate::policy::eviction::{Access, Belady, Eviction, Kvtier, KvtierConfig, Lru, S3Fifo};
+use crate::policy::eviction::kvtier::{self, Kvtier, KvtierConfig};
+use crate::policy::eviction::{Access, Belady, Eviction, Lru, S3Fifo};
 use crate::policy::history::History;
 use crate::policy::placement::{
-    self, Action, Candidate, PlacementConfig, PlacementError, TierState,
+    self, Action, ColderTier, Incoming, PlacementConfig, Victim, WriteCandidate,
 };
 use crate::policy::profiles::TierProfile;
 use crate::policy::BlockId;
@@ -27,7 +41,7 @@ pub enum PolicyKind {
     S3fifo,
     /// Belady's offline optimum in every tier (reads the future), moving like LRU.
     Belady,
-    /// kvtier's order, admission and placement decisions.
+    /// kvtier's eviction order and placement, the code the directory core runs.
     Kvtier,
 }
 
@@ -49,10 +63,20 @@ pub struct SimConfig {
     pub bytes_per_token: u64,
     /// The model's prefill cost.
     pub cost: CostModel,
-    /// kvtier's placement settings.
+    /// kvtier's placement settings. Its eviction settings follow each tier's capacity
+    /// ([`KvtierConfig::for_capacity`]), as the directory's follow each pool's.
     pub placement: PlacementConfig,
-    /// kvtier's eviction settings.
-    pub kvtier: KvtierConfig,
+}
+
+/// Why a replay could not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// The configuration has no tier, or more than [`TIERS_MAX`].
+    #[error("a replay needs 1 to {TIERS_MAX} tiers, not {tiers}")]
+    Tiers {
+        /// Tiers configured.
+        tiers: usize,
+    },
 }
 
 /// What a replay measured.
@@ -91,10 +115,8 @@ pub fn next_uses(requests: &[Request]) -> Vec<Option<u64>> {
 #[derive(Clone, Copy, Debug)]
 struct Resident {
     tier: usize,
+    /// Its latest access.
     access: Access,
-    parent: Option<BlockId>,
-    entered_ms: u64,
-    moved_ms: Option<u64>,
 }
 
 struct Tier {
@@ -113,24 +135,27 @@ struct Stack<'a> {
     bytes_moved: u64,
 }
 
-fn order(policy: PolicyKind, blocks: usize, config: &KvtierConfig) -> Box<dyn Eviction> {
+fn order(policy: PolicyKind, blocks: usize, block_bytes: u64) -> Box<dyn Eviction> {
     match policy {
         PolicyKind::Lru => Box::new(Lru::new(blocks)),
         PolicyKind::S3fifo => Box::new(S3Fifo::new(blocks)),
         PolicyKind::Belady => Box::new(Belady::new(blocks)),
-        PolicyKind::Kvtier => Box::new(Kvtier::new(blocks, *config)),
+        PolicyKind::Kvtier => {
+            let config = KvtierConfig::for_capacity(u64::try_from(blocks).unwrap_or(u64::MAX));
+            Box::new(Kvtier::new(blocks, block_bytes, config))
+        }
     }
 }
 
 impl<'a> Stack<'a> {
     fn new(policy: PolicyKind, config: &'a SimConfig) -> Self {
+        let block_bytes = u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token);
         let tiers = config
             .tiers
             .iter()
-            .take(TIERS_MAX)
             .map(|spec| Tier {
                 spec: spec.clone(),
-                order: order(policy, spec.blocks, &config.kvtier),
+                order: order(policy, spec.blocks, block_bytes),
             })
             .collect();
         Self {
@@ -139,153 +164,136 @@ impl<'a> Stack<'a> {
             tiers,
             resident: HashMap::new(),
             history: History::new(),
-            block_bytes: u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token),
+            block_bytes,
             bytes_moved: 0,
         }
     }
 
-    fn states(&self, pressed: usize) -> Vec<TierState> {
-        self.tiers
-            .iter()
-            .enumerate()
-            .map(|(index, tier)| TierState {
-                profile: tier.spec.profile.clone(),
-                capacity_bytes: tier.spec.blocks as u64 * self.block_bytes,
-                used_bytes: tier.order.len() as u64 * self.block_bytes,
-                pending_bytes: if index == pressed {
-                    self.block_bytes
-                } else {
-                    0
-                },
-            })
-            .collect()
-    }
-
-    fn candidate(&self, resident: &Resident) -> Candidate {
-        Candidate {
-            bytes: self.block_bytes,
-            tokens: resident.access.tokens,
-            frequency: resident.access.frequency,
-            tier: resident.tier,
-            entered_tier_ms: resident.entered_ms,
-            moved_ms: resident.moved_ms,
-            leased: false,
-            filling: false,
-        }
-    }
-
-    /// Makes room in `tier` and inserts the block there.
-    fn place(
-        &mut self,
-        tier: usize,
-        mut resident: Resident,
-        now_ms: u64,
-    ) -> Result<(), PlacementError> {
+    /// Makes room in `tier` and inserts the block there; false when no room could be made
+    /// (kvtier keeps blocks younger than its minimum residency).
+    fn place(&mut self, tier: usize, access: Access, now_ms: u64) -> bool {
         while self.tiers[tier].order.len() >= self.tiers[tier].order.capacity() {
             let Some(victim) = self.tiers[tier].order.evict(now_ms, &self.history) else {
-                return Ok(());
+                return false;
             };
-            self.displace(tier, victim, now_ms)?;
+            self.displace(tier, victim, now_ms);
         }
-        resident.tier = tier;
-        resident.entered_ms = now_ms;
-        self.tiers[tier].order.insert(&resident.access);
-        self.resident.insert(resident.access.block, resident);
-        Ok(())
+        self.tiers[tier].order.insert(&access);
+        self.resident
+            .insert(access.block, Resident { tier, access });
+        true
+    }
+
+    /// Where a block evicted from `tier` goes: kvtier's placement decides, the
+    /// references send it one tier colder when that tier admits it.
+    fn colder_target(&self, tier: usize, access: &Access, now_ms: u64) -> Option<usize> {
+        if self.policy != PolicyKind::Kvtier {
+            return Some(tier + 1).filter(|next| {
+                self.tiers
+                    .get(*next)
+                    .is_some_and(|colder| colder.order.admit(access, now_ms, &self.history))
+            });
+        }
+        let colder: Vec<(usize, ColderTier<'_>)> = self
+            .tiers
+            .iter()
+            .enumerate()
+            .skip(tier + 1)
+            .map(|(index, colder)| {
+                let target = ColderTier {
+                    profile: &colder.spec.profile,
+                    has_room: colder.spec.blocks > 0,
+                    holds_object: false,
+                };
+                (index, target)
+            })
+            .collect();
+        let victim = Victim {
+            bytes: self.block_bytes,
+            tokens: access.tokens,
+            frequency: access.frequency,
+        };
+        let decision =
+            placement::on_pressure(&victim, &colder, &self.config.placement, &self.config.cost);
+        match decision.action {
+            Action::Demote { to } | Action::Spill { to } => Some(to),
+            Action::Evict => None,
+        }
     }
 
     /// Sends a victim evicted from `tier` colder, or drops it.
-    fn displace(
-        &mut self,
-        tier: usize,
-        victim: BlockId,
-        now_ms: u64,
-    ) -> Result<(), PlacementError> {
-        let Some(mut resident) = self.resident.remove(&victim) else {
-            return Ok(());
+    fn displace(&mut self, tier: usize, victim: BlockId, now_ms: u64) {
+        let Some(resident) = self.resident.remove(&victim) else {
+            return;
         };
-        let target = match self.policy {
-            PolicyKind::Kvtier => {
-                let decision = placement::on_pressure(
-                    &self.candidate(&resident),
-                    &self.states(tier),
-                    &self.config.placement,
-                    &self.config.cost,
-                    now_ms,
-                )?;
-                match decision.action {
-                    Action::Demote { to } | Action::Spill { to } => Some(to),
-                    Action::Evict => None,
-                    Action::Keep | Action::Promote { .. } => {
-                        unreachable!("replay has no leases, no minimum residency and a full tier: {decision:?}")
-                    }
-                }
-            }
-            _ => Some(tier + 1).filter(|next| *next < self.tiers.len()),
+        let Some(target) = self.colder_target(tier, &resident.access, now_ms) else {
+            return;
         };
-        let Some(target) = target else { return Ok(()) };
-        resident.access.parent_resident = resident
-            .parent
-            .is_none_or(|parent| self.resident.contains_key(&parent));
-        if self.tiers[target]
-            .order
-            .admit(&resident.access, now_ms, &self.history)
-        {
-            resident.moved_ms = Some(now_ms);
+        if self.place(target, resident.access, now_ms) {
             self.bytes_moved += self.block_bytes;
-            self.place(target, resident, now_ms)?;
         }
-        Ok(())
     }
 
-    /// Handles an access to a resident block: touch, then maybe promote.
-    fn hit(
-        &mut self,
-        mut resident: Resident,
-        access: Access,
-        now_ms: u64,
-    ) -> Result<(), PlacementError> {
-        let tier = resident.tier;
-        resident.access = access;
-        self.tiers[tier].order.touch(&access);
-        self.resident.insert(access.block, resident);
-        let promote = match self.policy {
-            PolicyKind::Kvtier => {
-                let decision = placement::on_access(
-                    &self.candidate(&resident),
-                    &self.states(0),
-                    &self.config.placement,
-                    now_ms,
-                )?;
-                matches!(decision.action, Action::Promote { .. })
-            }
-            _ => tier > 0,
+    /// Writes a block that is nowhere: kvtier's placement picks the first tier of the
+    /// write order (hottest first) that admits it; the references the hottest tier
+    /// whose order admits it.
+    fn write(&mut self, access: Access, now_ms: u64) {
+        let target = if self.policy == PolicyKind::Kvtier {
+            let candidates = self.tiers.iter().enumerate().map(|(index, tier)| {
+                let candidate = WriteCandidate {
+                    wear_limited: tier.spec.profile.wear_limited,
+                    has_room: tier.spec.blocks > 0,
+                };
+                (index, candidate)
+            });
+            let incoming = Incoming {
+                frequency: access.frequency,
+                partial: access.tokens < BLOCK_TOKENS,
+            };
+            placement::write_target(candidates, &incoming, &self.config.placement).0
+        } else {
+            (0..self.tiers.len()).find(|tier| {
+                self.tiers[*tier]
+                    .order
+                    .admit(&access, now_ms, &self.history)
+            })
         };
-        if promote && self.tiers[0].order.admit(&access, now_ms, &self.history) {
+        if let Some(tier) = target {
+            self.place(tier, access, now_ms);
+        }
+    }
+
+    /// Handles an access to a resident block: touch it where it is; the references then
+    /// promote it to the hottest tier.
+    fn hit(&mut self, resident: Resident, access: Access, now_ms: u64) {
+        let tier = resident.tier;
+        self.tiers[tier].order.touch(&access);
+        self.resident
+            .insert(access.block, Resident { tier, access });
+        let promote = self.policy != PolicyKind::Kvtier
+            && tier > 0
+            && self.tiers[0].order.admit(&access, now_ms, &self.history);
+        if promote {
             self.tiers[tier].order.remove(access.block);
             self.resident.remove(&access.block);
-            resident.moved_ms = Some(now_ms);
-            self.bytes_moved += self.block_bytes;
-            self.place(0, resident, now_ms)?;
+            if self.place(0, access, now_ms) {
+                self.bytes_moved += self.block_bytes;
+            }
         }
-        Ok(())
     }
 
-    /// Serves one request: measures its hit and TTFT, then records its blocks.
-    fn request(
-        &mut self,
-        request: &Request,
-        next_uses: &[Option<u64>],
-        ttft: &mut Vec<f64>,
-    ) -> Result<u64, PlacementError> {
-        let now_ms = request.timestamp_ms;
+    /// The leading blocks of `request` that are resident, and its estimated time to first
+    /// token, in microseconds, with them read and the rest prefilled.
+    fn lookup(&self, request: &Request) -> (usize, u64, f64) {
         let mut hit_tokens = 0u64;
         let mut ttft_us = 0.0;
+        let mut hits = 0;
         for (position, block) in request.hash_ids.iter().enumerate() {
             let Some(resident) = self.resident.get(block) else {
                 break;
             };
             let tokens = request.block_tokens(position);
+            hits += 1;
             hit_tokens += u64::from(tokens);
             ttft_us += self.config.cost.serve_us(
                 &self.tiers[resident.tier].spec.profile,
@@ -293,60 +301,63 @@ impl<'a> Stack<'a> {
                 tokens,
             );
         }
-        let missed = u64::from(request.input_tokens) - hit_tokens;
-        ttft.push(ttft_us + missed as f64 * self.config.cost.prefill_us_per_token);
-        let mut parent = None;
-        for (position, block) in request.hash_ids.iter().enumerate() {
-            let stats = self.history.record(*block, now_ms);
+        let missed = u64::from(request.input_tokens).saturating_sub(hit_tokens);
+        let ttft_us = ttft_us + missed as f64 * self.config.cost.prefill_us_per_token;
+        (hits, hit_tokens, ttft_us)
+    }
+
+    /// Serves one request: measures its hit and TTFT, then records its blocks — kvtier as
+    /// the directory sees a request (the cached prefix read in `touch_order`, then the
+    /// rest stored in prompt order), the references in prompt order.
+    fn request(
+        &mut self,
+        request: &Request,
+        next_uses: &[Option<u64>],
+        ttft: &mut Vec<f64>,
+    ) -> u64 {
+        let now_ms = request.timestamp_ms;
+        let (hits, hit_tokens, ttft_us) = self.lookup(request);
+        ttft.push(ttft_us);
+        let blocks = request.hash_ids.len();
+        let positions: Vec<usize> = if self.policy == PolicyKind::Kvtier {
+            kvtier::touch_order(hits).chain(hits..blocks).collect()
+        } else {
+            (0..blocks).collect()
+        };
+        for position in positions {
+            let block = request.hash_ids[position];
+            let stats = self.history.record(block, now_ms);
             let access = Access {
-                block: *block,
-                depth: position as u32,
+                block,
                 tokens: request.block_tokens(position),
-                parent_resident: parent.is_none_or(|parent| self.resident.contains_key(&parent)),
                 frequency: stats.count,
                 now_ms,
                 next_use: next_uses.get(position).copied().flatten(),
             };
-            match self.resident.get(block).copied() {
-                Some(resident) => self.hit(resident, access, now_ms)?,
-                None => {
-                    // Written to the hottest tier that admits it (the node's write order).
-                    let admitting = (0..self.tiers.len()).find(|tier| {
-                        self.tiers[*tier]
-                            .order
-                            .admit(&access, now_ms, &self.history)
-                    });
-                    if let Some(tier) = admitting {
-                        let resident = Resident {
-                            tier,
-                            access,
-                            parent,
-                            entered_ms: now_ms,
-                            moved_ms: None,
-                        };
-                        self.place(tier, resident, now_ms)?;
-                    }
-                }
+            match self.resident.get(&block).copied() {
+                Some(resident) => self.hit(resident, access, now_ms),
+                None => self.write(access, now_ms),
             }
-            parent = Some(*block);
         }
-        Ok(hit_tokens)
+        hit_tokens
     }
 }
 
 /// Replays `requests` under `policy`. `next_uses` comes from [`next_uses`] on the same
 /// requests. `progress` is called after each request with the count done. Deterministic:
-/// the same inputs give the same outcome. Fails only on an invalid placement snapshot
-/// (no tier, inverted watermarks).
+/// the same inputs give the same outcome. Fails only on a configuration of no tier or
+/// more than [`TIERS_MAX`].
 pub fn simulate(
     requests: &[Request],
     next_uses: &[Option<u64>],
     policy: PolicyKind,
     config: &SimConfig,
     progress: &mut dyn FnMut(usize),
-) -> Result<Outcome, PlacementError> {
-    if config.tiers.is_empty() {
-        return Err(PlacementError::UnknownTier { tier: 0, tiers: 0 });
+) -> Result<Outcome, SimError> {
+    if !(1..=TIERS_MAX).contains(&config.tiers.len()) {
+        return Err(SimError::Tiers {
+            tiers: config.tiers.len(),
+        });
     }
     let mut stack = Stack::new(policy, config);
     let mut outcome = Outcome {
@@ -357,7 +368,7 @@ pub fn simulate(
     for (index, request) in requests.iter().enumerate() {
         let end = (offset + request.hash_ids.len()).min(next_uses.len());
         let uses = next_uses.get(offset..end).unwrap_or(&[]);
-        outcome.hit_tokens += stack.request(request, uses, &mut outcome.ttft_us)?;
+        outcome.hit_tokens += stack.request(request, uses, &mut outcome.ttft_us);
         outcome.input_tokens += u64::from(request.input_tokens);
         offset = end;
         progress(index + 1);

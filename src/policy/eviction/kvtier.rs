@@ -1,130 +1,208 @@
-//! kvtier's eviction order: prefix-aware and reuse-aware.
+//! kvtier's eviction order, the one implementation: the directory's eviction
+//! (`Directory::evict`, over its per-pool recency lists) and the replay's `kvtier` row
+//! ([`Kvtier`], over the per-class recency lists it keeps for one tier) both choose their
+//! victim with [`choose`].
 //!
-//! A block's value is the learned probability that a block of its frequency class is used
-//! again ([`History::reuse_probability`]) times a hazard that decays with idle time,
-//! `1 / (idle + horizon)`: a Belady-like estimate of how soon it is needed, from history
-//! only. The block with the lowest value goes first; on a tie the deeper block goes first,
-//! so a prefix loses its tail before its head (a tail is worthless without its head).
-//! Because a parent is accessed whenever its child is, it is never less frequent nor
-//! older, so the order only evicts leaves of the prefix tree.
+//! A candidate's worth is its expected reuse per byte held:
+//! `reuse_probability / (idle + horizon) / bytes`. The reuse probability is learned per
+//! frequency class from the access history ([`History::reuse_probability`]), the hazard
+//! `1 / (idle + horizon)` decays with idle time (a Belady-like estimate of how soon it is
+//! needed, from history only), and size makes a large cold object go before a small cold
+//! one. The caller offers the least recently used objects of each frequency class (the
+//! head of each class's recency list, [`EVICTION_WINDOW`] deep), least recent first; the
+//! least worth goes, the first offered on a tie. Within a class every candidate shares one
+//! probability, so a class's least recent object of a given size is its least valuable.
 //!
-//! Admission: a partial block seen once (a prompt's ragged end, never a prefix of a later
-//! prompt), a block whose parent is gone, and a block worth less than the current victim
-//! are refused.
+//! Prefix tails go first: a request's cached blocks are touched in [`touch_order`], last
+//! block first, so the head of a prefix ends the most recent and its tail is offered
+//! before it (a tail is worthless without its head). Leased candidates and candidates
+//! younger than the minimum residency are never chosen.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use super::{Access, Eviction};
 use crate::policy::history::{frequency_class, History, FREQUENCY_CLASSES};
 use crate::policy::BlockId;
 
-/// Settings of kvtier's eviction order.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KvtierConfig {
-    /// Idle time at which a block's hazard has halved, in milliseconds. Longer favours
-    /// frequency, shorter favours recency. 120 s is about the median reuse gap of the
-    /// bundled trace.
-    pub horizon_ms: u64,
-    /// Tokens in a full block; a block with fewer is partial.
-    pub block_tokens: u32,
+/// Horizon times capacity, in block-milliseconds: the horizon a tier of one object would
+/// use. A tier of `n` objects uses `HORIZON_BLOCK_MS / n` (160 s at 3k, 16 s at 30k): a
+/// small cache keeps only what is reused often (a long horizon weighs frequency), a large
+/// one can afford recency (a short horizon weighs idle time). Chosen on the bundled trace.
+pub const HORIZON_BLOCK_MS: u64 = 480_000_000;
+/// Shortest horizon [`horizon_ms_for_capacity`] picks, in milliseconds.
+pub const HORIZON_MS_MIN: u64 = 10_000;
+/// Longest horizon [`horizon_ms_for_capacity`] picks, in milliseconds.
+pub const HORIZON_MS_MAX: u64 = 600_000;
+/// The shortest residency before an object may be evicted. The engine that stored a chunk
+/// usually reads it back within moments, so a burst of stores must not evict each other
+/// before that; a longer guard would let a full pool refuse stores instead of making room.
+pub const MIN_RESIDENCY: Duration = Duration::from_millis(20);
+/// Least recently used objects offered per frequency class and eviction: deep enough to
+/// step over leased and young heads, short enough that one choice stays a few dozen
+/// comparisons.
+pub const EVICTION_WINDOW: usize = 16;
+
+/// The horizon of a tier of `objects` objects, in milliseconds: `HORIZON_BLOCK_MS /
+/// objects` clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
+pub fn horizon_ms_for_capacity(objects: u64) -> u64 {
+    (HORIZON_BLOCK_MS / objects.max(1)).clamp(HORIZON_MS_MIN, HORIZON_MS_MAX)
 }
 
-/// Horizon times capacity, in block-milliseconds: the horizon a tier of one block would
-/// use. A tier of `n` blocks uses `HORIZON_BLOCK_MS / n` (160 s at 3k blocks, 16 s at
-/// 30k): a small cache keeps only what is reused often (a long horizon weighs frequency),
-/// a large one can afford recency (a short horizon weighs idle time). Chosen on the
-/// bundled trace; see [`KvtierConfig::for_capacity`].
-pub const HORIZON_BLOCK_MS: u64 = 480_000_000;
-/// Shortest horizon [`KvtierConfig::for_capacity`] picks, in milliseconds.
-pub const HORIZON_MS_MIN: u64 = 10_000;
-/// Longest horizon [`KvtierConfig::for_capacity`] picks, in milliseconds.
-pub const HORIZON_MS_MAX: u64 = 600_000;
+/// Settings of kvtier's eviction order for one tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvtierConfig {
+    /// Idle time at which a candidate's hazard has halved. Longer favours frequency,
+    /// shorter favours recency.
+    pub horizon: Duration,
+    /// A candidate accessed (or stored) more recently than this is not evicted.
+    pub min_residency: Duration,
+}
 
 impl KvtierConfig {
-    /// The settings for a cache of `blocks` blocks in all (the sum over the tiers of a
-    /// stack, so every tier ranks blocks alike): the horizon shrinks as the capacity grows,
-    /// `HORIZON_BLOCK_MS / blocks` clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
-    pub fn for_capacity(blocks: usize) -> Self {
+    /// The settings for a tier holding about `objects` objects: the horizon of
+    /// [`horizon_ms_for_capacity`] and [`MIN_RESIDENCY`].
+    pub fn for_capacity(objects: u64) -> Self {
         Self {
-            horizon_ms: horizon_ms_for_capacity(u64::try_from(blocks).unwrap_or(u64::MAX)),
-            ..Self::default()
+            horizon: Duration::from_millis(horizon_ms_for_capacity(objects)),
+            min_residency: MIN_RESIDENCY,
         }
     }
 }
 
-/// The horizon of a cache of `blocks` blocks, in milliseconds: `HORIZON_BLOCK_MS / blocks`
-/// clamped to [`HORIZON_MS_MIN`, `HORIZON_MS_MAX`].
-pub fn horizon_ms_for_capacity(blocks: u64) -> u64 {
-    (HORIZON_BLOCK_MS / blocks.max(1)).clamp(HORIZON_MS_MIN, HORIZON_MS_MAX)
+/// One eviction candidate, as its caller's snapshot has it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VictimCandidate {
+    /// Bytes it holds in the tier.
+    pub bytes: u64,
+    /// The learned probability that an object of its frequency class is accessed again.
+    pub reuse_probability: f64,
+    /// Time since its last access (or its store, if never read), on the policy's clock.
+    pub idle: Duration,
+    /// Time since its last access or store, on the caller's clock (the minimum residency
+    /// is measured on it).
+    pub age: Duration,
+    /// A reader holds it, or it is being moved: it may not be chosen.
+    pub leased: bool,
 }
 
-impl Default for KvtierConfig {
-    fn default() -> Self {
-        Self {
-            horizon_ms: 120_000,
-            block_tokens: 512,
-        }
+/// Why a candidate was chosen, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VictimReason {
+    /// The least expected reuse per byte among the eligible candidates.
+    LeastValuable,
+    /// No candidate is eligible (none offered, or all leased or too young).
+    NoneEligible,
+}
+
+/// Expected reuse per byte of `candidate` (higher is more valuable).
+pub fn worth(candidate: &VictimCandidate, config: &KvtierConfig) -> f64 {
+    let hazard = 1.0 / (candidate.idle + config.horizon).as_secs_f64().max(1e-9);
+    candidate.reuse_probability * hazard / candidate.bytes.max(1) as f64
+}
+
+/// Whether `candidate` may be evicted at all: not leased, and at least the minimum
+/// residency old.
+pub fn eligible(candidate: &VictimCandidate, config: &KvtierConfig) -> bool {
+    !candidate.leased && candidate.age >= config.min_residency
+}
+
+/// The index of the candidate to evict, or `None`, with the reason. The caller offers each
+/// frequency class's least recently used candidates, least recent first; the eligible
+/// candidate of least [`worth`] is chosen, the first offered on a tie. Pure.
+pub fn choose(
+    candidates: &[VictimCandidate],
+    config: &KvtierConfig,
+) -> (Option<usize>, VictimReason) {
+    let chosen = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, candidate)| eligible(candidate, config))
+        .min_by(|(_, left), (_, right)| worth(left, config).total_cmp(&worth(right, config)))
+        .map(|(index, _)| index);
+    match chosen {
+        Some(index) => (Some(index), VictimReason::LeastValuable),
+        None => (None, VictimReason::NoneEligible),
     }
 }
 
-/// Position of a held block in its class, oldest and deepest first.
-type Key = (u64, Reverse<u32>, BlockId);
+/// The order in which a request touches its `hits` leading cached blocks (indices into
+/// the prompt): last first, so the head of the prefix ends the most recent and is offered
+/// for eviction after its tail.
+pub fn touch_order(hits: usize) -> impl Iterator<Item = usize> {
+    (0..hits).rev()
+}
 
-/// kvtier's order over the blocks of one tier.
+/// What [`Kvtier`] remembers of a held block.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    class: usize,
+    /// Position in its class's recency list (a touch counter).
+    sequence: u64,
+    /// Time of its latest access, in milliseconds.
+    last_ms: u64,
+}
+
+/// kvtier's order over the blocks of one replayed tier: one recency list per frequency
+/// class, as the directory keeps per pool, and [`choose`] over their heads.
 #[derive(Debug)]
 pub struct Kvtier {
     config: KvtierConfig,
     capacity: usize,
-    classes: [BTreeSet<Key>; FREQUENCY_CLASSES],
-    held: HashMap<BlockId, (usize, Key)>,
+    block_bytes: u64,
+    /// Per class: touch counter → block, least recent first.
+    classes: [BTreeMap<u64, BlockId>; FREQUENCY_CLASSES],
+    held: HashMap<BlockId, Held>,
+    next_sequence: u64,
 }
 
 impl Kvtier {
-    /// An empty order holding at most `capacity` blocks.
-    pub fn new(capacity: usize, config: KvtierConfig) -> Self {
+    /// An empty order holding at most `capacity` blocks of `block_bytes` each.
+    pub fn new(capacity: usize, block_bytes: u64, config: KvtierConfig) -> Self {
         Self {
             config,
             capacity,
-            classes: std::array::from_fn(|_| BTreeSet::new()),
+            block_bytes,
+            classes: std::array::from_fn(|_| BTreeMap::new()),
             held: HashMap::new(),
+            next_sequence: 0,
         }
     }
 
-    /// The value of a block of `frequency` idle since `last_ms`, at `now_ms`.
-    fn value(&self, history: &History, frequency: u32, last_ms: u64, now_ms: u64) -> f64 {
-        let idle_ms = now_ms.saturating_sub(last_ms) as f64;
-        history.reuse_probability(frequency) / (idle_ms + self.config.horizon_ms.max(1) as f64)
-    }
-
-    /// The least valuable held block: the cheapest head among the classes (within a class
-    /// the head is the least valuable, since all share one probability).
-    fn victim(&self, now_ms: u64, history: &History) -> Option<(f64, usize, Key)> {
-        let mut best: Option<(f64, usize, Key)> = None;
-        for (class, keys) in self.classes.iter().enumerate() {
-            let Some(key) = keys.first() else { continue };
-            let value = self.value(history, class as u32 + 1, key.0, now_ms);
-            let better = match &best {
-                None => true,
-                Some((best_value, _, best_key)) => match value.total_cmp(best_value) {
-                    Ordering::Less => true,
-                    Ordering::Equal => key.1 < best_key.1,
-                    Ordering::Greater => false,
-                },
-            };
-            if better {
-                best = Some((value, class, *key));
+    /// The least recently used blocks of each class ([`EVICTION_WINDOW`] of each, least
+    /// recent first), priced at `now_ms`. The replay's clock is both the policy's and the
+    /// caller's, so idle time and age are the same.
+    fn window(&self, now_ms: u64, history: &History) -> Vec<(BlockId, VictimCandidate)> {
+        let mut window = Vec::with_capacity(FREQUENCY_CLASSES * EVICTION_WINDOW);
+        for (class, list) in self.classes.iter().enumerate() {
+            let reuse_probability = history.reuse_probability(class as u32 + 1);
+            for block in list.values().take(EVICTION_WINDOW) {
+                let last_ms = self.held.get(block).map_or(now_ms, |held| held.last_ms);
+                let idle = Duration::from_millis(now_ms.saturating_sub(last_ms));
+                let candidate = VictimCandidate {
+                    bytes: self.block_bytes,
+                    reuse_probability,
+                    idle,
+                    age: idle,
+                    leased: false,
+                };
+                window.push((*block, candidate));
             }
         }
-        best
+        window
     }
 
+    /// Puts the block of `access` at the most recent end of its class's list.
     fn place(&mut self, access: &Access) {
         self.remove(access.block);
-        let class = frequency_class(access.frequency);
-        let key = (access.now_ms, Reverse(access.depth), access.block);
-        self.classes[class].insert(key);
-        self.held.insert(access.block, (class, key));
+        let held = Held {
+            class: frequency_class(access.frequency),
+            sequence: self.next_sequence,
+            last_ms: access.now_ms,
+        };
+        self.next_sequence += 1;
+        self.classes[held.class].insert(held.sequence, access.block);
+        self.held.insert(access.block, held);
     }
 }
 
@@ -141,17 +219,10 @@ impl Eviction for Kvtier {
         self.capacity
     }
 
-    fn admit(&self, access: &Access, now_ms: u64, history: &History) -> bool {
-        let partial_once = access.tokens < self.config.block_tokens && access.frequency <= 1;
-        if self.capacity == 0 || partial_once || !access.parent_resident {
-            return false;
-        }
-        if self.len() < self.capacity {
-            return true;
-        }
-        let incoming = self.value(history, access.frequency, access.now_ms, now_ms);
-        self.victim(now_ms, history)
-            .is_none_or(|(value, _, _)| incoming > value)
+    /// Every block deserves a slot: placement decides where a block goes, and a full tier
+    /// makes room by [`choose`].
+    fn admit(&self, _access: &Access, _now_ms: u64, _history: &History) -> bool {
+        self.capacity > 0
     }
 
     fn insert(&mut self, access: &Access) {
@@ -163,15 +234,18 @@ impl Eviction for Kvtier {
     }
 
     fn evict(&mut self, now_ms: u64, history: &History) -> Option<BlockId> {
-        let (_, class, key) = self.victim(now_ms, history)?;
-        self.classes[class].remove(&key);
-        self.held.remove(&key.2);
-        Some(key.2)
+        let window = self.window(now_ms, history);
+        let candidates: Vec<VictimCandidate> =
+            window.iter().map(|(_, candidate)| *candidate).collect();
+        let (chosen, _) = choose(&candidates, &self.config);
+        let block = window[chosen?].0;
+        self.remove(block);
+        Some(block)
     }
 
     fn remove(&mut self, block: BlockId) -> bool {
         match self.held.remove(&block) {
-            Some((class, key)) => self.classes[class].remove(&key),
+            Some(held) => self.classes[held.class].remove(&held.sequence).is_some(),
             None => false,
         }
     }
@@ -182,12 +256,89 @@ mod tests {
     use super::*;
     use crate::policy::eviction::tests::{access, contract};
 
+    const CONFIG: KvtierConfig = KvtierConfig {
+        horizon: Duration::from_secs(120),
+        min_residency: MIN_RESIDENCY,
+    };
+
+    fn candidate(bytes: u64, reuse_probability: f64, idle_seconds: u64) -> VictimCandidate {
+        VictimCandidate {
+            bytes,
+            reuse_probability,
+            idle: Duration::from_secs(idle_seconds),
+            age: Duration::from_secs(600),
+            leased: false,
+        }
+    }
+
+    #[test]
+    fn table_of_choices() {
+        let young = VictimCandidate {
+            age: Duration::ZERO,
+            ..candidate(1, 0.01, 9999)
+        };
+        let leased = VictimCandidate {
+            leased: true,
+            ..candidate(1, 0.01, 9999)
+        };
+        let cases: Vec<(&str, Vec<VictimCandidate>, Option<usize>)> = vec![
+            ("empty", vec![], None),
+            (
+                "colder goes first",
+                vec![candidate(1 << 20, 0.2, 10), candidate(1 << 20, 0.2, 500)],
+                Some(1),
+            ),
+            (
+                "a likely reuse protects",
+                vec![candidate(1 << 20, 0.9, 300), candidate(1 << 20, 0.1, 100)],
+                Some(1),
+            ),
+            (
+                "larger goes first",
+                vec![candidate(1 << 20, 0.2, 100), candidate(4 << 20, 0.2, 100)],
+                Some(1),
+            ),
+            (
+                "a tie goes to the first offered",
+                vec![candidate(1 << 20, 0.2, 100), candidate(1 << 20, 0.2, 100)],
+                Some(0),
+            ),
+            (
+                "leased never",
+                vec![leased, candidate(1 << 20, 0.9, 1)],
+                Some(1),
+            ),
+            ("young never", vec![young], None),
+            ("all leased", vec![leased, leased], None),
+        ];
+        for (name, candidates, expected) in cases {
+            assert_eq!(choose(&candidates, &CONFIG).0, expected, "{name}");
+        }
+        assert_eq!(choose(&[], &CONFIG).1, VictimReason::NoneEligible);
+        assert_eq!(
+            choose(&[candidate(1, 0.5, 1)], &CONFIG).1,
+            VictimReason::LeastValuable
+        );
+    }
+
+    #[test]
+    fn horizon_shrinks_with_capacity_within_bounds() {
+        let horizon = |objects| KvtierConfig::for_capacity(objects).horizon;
+        assert_eq!(horizon(0), Duration::from_millis(HORIZON_MS_MAX));
+        assert_eq!(horizon(1_000), Duration::from_secs(480));
+        assert_eq!(horizon(3_000), Duration::from_secs(160));
+        assert_eq!(horizon(30_000), Duration::from_secs(16));
+        assert_eq!(horizon(u64::MAX), Duration::from_millis(HORIZON_MS_MIN));
+        assert_eq!(KvtierConfig::for_capacity(1).min_residency, MIN_RESIDENCY);
+    }
+
     fn kvtier(capacity: usize) -> Kvtier {
         Kvtier::new(
             capacity,
+            1 << 20,
             KvtierConfig {
-                horizon_ms: 100,
-                block_tokens: 512,
+                horizon: Duration::from_millis(100),
+                min_residency: Duration::ZERO,
             },
         )
     }
@@ -195,63 +346,6 @@ mod tests {
     #[test]
     fn contract_holds() {
         contract(Box::new(kvtier(2)));
-    }
-
-    #[test]
-    fn horizon_shrinks_with_capacity_within_bounds() {
-        let horizon = |blocks| KvtierConfig::for_capacity(blocks).horizon_ms;
-        assert_eq!(horizon(0), HORIZON_MS_MAX);
-        assert_eq!(horizon(1_000), 480_000);
-        assert_eq!(horizon(3_000), 160_000);
-        assert_eq!(horizon(30_000), 16_000);
-        assert_eq!(horizon(usize::MAX), HORIZON_MS_MIN);
-        assert!(horizon(10_000) < horizon(3_000));
-    }
-
-    #[test]
-    fn admission_table() {
-        let mut history = History::new();
-        for _ in 0..3 {
-            history.record(9, 0);
-        }
-        let full_access = access(1, 0);
-        // (access, admitted by an empty cache of capacity 1)
-        let rows = [
-            (full_access, true),
-            (
-                Access {
-                    tokens: 100,
-                    ..full_access
-                },
-                false,
-            ),
-            (
-                Access {
-                    tokens: 100,
-                    frequency: 2,
-                    ..full_access
-                },
-                true,
-            ),
-            (
-                Access {
-                    parent_resident: false,
-                    ..full_access
-                },
-                false,
-            ),
-        ];
-        for (candidate, admitted) in rows {
-            assert_eq!(
-                kvtier(1).admit(&candidate, candidate.now_ms, &history),
-                admitted,
-                "{candidate:?}"
-            );
-        }
-        assert!(
-            !kvtier(0).admit(&full_access, full_access.now_ms, &history),
-            "invalid: no capacity"
-        );
     }
 
     #[test]
@@ -263,55 +357,35 @@ mod tests {
         }
         history.record(200, 5);
         let mut cache = kvtier(3);
-        cache.insert(&Access {
-            depth: 0,
-            ..access(100, 0)
-        });
-        cache.insert(&Access {
-            depth: 1,
-            ..access(101, 0)
-        });
+        // A prompt's leading blocks 100, 101 touched in `touch_order`: tail first.
+        let prompt = [100, 101];
+        for position in touch_order(prompt.len()) {
+            cache.touch(&access(prompt[position], 0));
+        }
         assert_eq!(cache.evict(0, &history), Some(101), "the tail first");
-        cache.insert(&Access {
-            depth: 1,
-            ..access(101, 0)
-        });
-        // A frequent block idle for a while beats a block seen once just now.
-        let frequent = Access {
+        let frequent = |block, now_ms| Access {
             frequency: 4,
-            depth: 0,
-            ..access(100, 40)
+            ..access(block, now_ms)
         };
-        cache.touch(&frequent);
-        cache.touch(&Access {
-            frequency: 4,
-            depth: 1,
-            ..access(101, 40)
-        });
+        cache.touch(&frequent(101, 40));
+        cache.touch(&frequent(100, 40));
         cache.insert(&access(200, 50));
+        // A frequent block idle for a while outlives a block seen once just now.
         assert_eq!(cache.evict(60, &history), Some(200));
-        // Exactly full: a newcomer worth less than the victim is refused.
-        cache.insert(&access(200, 50));
-        assert_eq!(cache.len(), 3);
-        let stale = Access {
-            now_ms: 60,
-            ..access(300, 60)
-        };
-        assert!(
-            cache.admit(&stale, stale.now_ms, &history),
-            "a fresh block outranks an idle one-timer"
-        );
-        assert_eq!(cache.evict(60, &history), Some(200));
-        let mut hot = kvtier(2);
-        hot.insert(&frequent);
-        hot.insert(&Access {
-            frequency: 4,
-            depth: 1,
-            ..access(101, 40)
-        });
-        assert!(
-            !hot.admit(&access(300, 40), 40, &history),
-            "one over: a one-timer is refused"
-        );
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn young_blocks_are_kept_and_an_empty_window_evicts_nothing() {
+        let history = History::new();
+        let mut cache = Kvtier::new(2, 1, KvtierConfig::for_capacity(2));
+        cache.insert(&access(1, 100));
+        cache.insert(&access(2, 110));
+        assert_eq!(cache.evict(115, &history), None, "both younger than 20 ms");
+        assert_eq!(cache.evict(125, &history), Some(1));
+        assert_eq!(cache.evict(125, &history), None, "2 is 15 ms old");
+        assert_eq!(cache.evict(130, &history), Some(2));
+        assert!(cache.is_empty());
+        assert!(!kvtier(0).admit(&access(1, 0), 0, &history), "no capacity");
     }
 }

@@ -1,14 +1,15 @@
-//! Eviction orders for one tier behind one trait: LRU, S3-FIFO, Belady's offline optimum
-//! and kvtier's own prefix- and reuse-aware order. Each policy owns only its ordering
-//! metadata; residency and the movement of bytes belong to the caller.
+//! Eviction orders for one tier behind one trait: kvtier's own prefix- and reuse-aware
+//! order ([`kvtier`], which the directory runs too), and LRU, S3-FIFO and Belady's offline
+//! optimum as references for the replay. Each policy owns only its ordering metadata;
+//! residency and the movement of bytes belong to the caller.
 
 mod belady;
-mod kvtier;
+pub mod kvtier;
 mod lru;
 mod s3fifo;
 
 pub use belady::Belady;
-pub use kvtier::{horizon_ms_for_capacity, Kvtier, KvtierConfig, HORIZON_MS_MAX, HORIZON_MS_MIN};
+pub use kvtier::{Kvtier, KvtierConfig};
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 
@@ -20,12 +21,8 @@ use super::BlockId;
 pub struct Access {
     /// The block.
     pub block: BlockId,
-    /// Its position in the request's prefix (0 for the first block).
-    pub depth: u32,
     /// Tokens it holds (the last block of a prompt may be partial).
     pub tokens: u32,
-    /// Whether its predecessor in the prefix is resident in some tier (true at depth 0).
-    pub parent_resident: bool,
     /// Accesses so far, this one included (from [`History::record`]).
     pub frequency: u32,
     /// Time of the access, in milliseconds.
@@ -41,7 +38,8 @@ pub struct Access {
 /// * the caller calls `touch` only for blocks the policy holds, `insert` only for blocks it
 ///   does not hold, only after `admit` returned true for that access, and only while
 ///   `len() < capacity()`; it calls `evict` first to make room;
-/// * `evict` removes and returns one held block, `None` only when it holds none;
+/// * `evict` removes and returns one held block, `None` when it holds none or (kvtier) none
+///   may go yet: every held block is younger than its minimum residency;
 /// * `remove` forgets a held block (the caller moved it elsewhere) and returns whether it
 ///   was held; removing an unknown block is a no-op, safe to repeat;
 /// * `admit` does not change the policy; refusing means "not worth a slot here";
@@ -74,13 +72,11 @@ pub trait Eviction {
 pub(crate) mod tests {
     use super::*;
 
-    /// An access at `depth` 0 of a full block seen once, at `now_ms`.
+    /// An access to a full block seen once, at `now_ms`.
     pub(crate) fn access(block: BlockId, now_ms: u64) -> Access {
         Access {
             block,
-            depth: 0,
             tokens: 512,
-            parent_resident: true,
             frequency: 1,
             now_ms,
             next_use: Some(u64::MAX - 1),
