@@ -9,8 +9,8 @@ use crate::directory::{
     OpenRequest, ReserveItem, ReserveOutcome,
 };
 use crate::model::{
-    AllocationId, Generation, Location, Medium, NodeId, ObjectId, OperationId, PoolSpec, Scope,
-    SessionId, Timestamp,
+    AllocationId, Generation, Location, Medium, NodeId, ObjectId, OperationId, PoolId, PoolSpec,
+    Scope, SessionId, Timestamp,
 };
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::seeded_ids;
@@ -88,15 +88,42 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             .map(|_| rng.below(objects) as u32)
             .collect()
     };
+    let resident_before = resident_bytes();
+    let (mut directory, session, pool) = bench_directory(objects)?;
+    directory.register_namespace(session, descriptor)?;
+    let started = Instant::now();
+    let operation = store_all(&mut directory, session, pool, &ids)?;
+    let reserve_commit_per_s = per_second(objects, started);
+    directory.heartbeat(Timestamp::ZERO, session, Some(OperationId(operation)))?;
+    let resident_after = resident_bytes();
+    let bytes_per_object = resident_after.saturating_sub(resident_before) as f64 / objects as f64;
+    let table_bytes_per_object = directory.replica_memory_bytes() as f64 / objects as f64;
+
+    let probe_keys_per_s = measure_probe(&directory, session, &ids, &lookups)?;
+    let acquire_release_per_s = measure_acquire_release(&mut directory, session, &ids, &lookups)?;
+    drop(directory);
+    let bare_index_lookups_per_s = measure_bare_index(&ids, &lookups);
+    Ok(SizeReport {
+        objects,
+        reserve_commit_per_s,
+        probe_keys_per_s,
+        acquire_release_per_s,
+        bare_index_lookups_per_s,
+        probe_ratio_to_bare_index: probe_keys_per_s / bare_index_lookups_per_s,
+        bytes_per_object,
+        table_bytes_per_object,
+    })
+}
+
+/// A directory with one session and a CPU pool large enough for `objects`.
+fn bench_directory(objects: u64) -> anyhow::Result<(Directory, SessionId, PoolId)> {
     let config = DirectoryConfig {
         replicas_max: u32::try_from(objects + 1024).unwrap_or(u32::MAX),
         ..DirectoryConfig::default()
     };
-    let resident_before = resident_bytes();
     let mut directory = Directory::new(config);
-    let now = Timestamp::ZERO;
     let open = directory.open(
-        now,
+        Timestamp::ZERO,
         OpenRequest {
             node_name: "bench".into(),
             write_order: vec![Medium::Cpu],
@@ -105,9 +132,8 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             namespaces: NamespaceAccess::Any,
         },
     )?;
-    let session = open.session;
     let pool = directory.register_pool(
-        Some(session),
+        Some(open.session),
         PoolSpec {
             name: "bench-cpu".into(),
             medium: Medium::Cpu,
@@ -117,9 +143,18 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             extent_bytes: None,
         },
     )?;
-    directory.register_namespace(session, descriptor)?;
+    Ok((directory, open.session, pool))
+}
 
-    let started = Instant::now();
+/// Reserves and commits every object, acknowledging as a node would; returns the last
+/// operation id used.
+fn store_all(
+    directory: &mut Directory,
+    session: SessionId,
+    pool: PoolId,
+    ids: &[ObjectId],
+) -> anyhow::Result<u64> {
+    let now = Timestamp::ZERO;
     let mut operation = 0u64;
     for (index, object) in ids.iter().enumerate() {
         operation += 1;
@@ -152,26 +187,7 @@ fn run_size(objects: u64, seed: u64) -> anyhow::Result<SizeReport> {
             directory.heartbeat(now, session, Some(OperationId(operation)))?;
         }
     }
-    let reserve_commit_per_s = per_second(objects, started);
-    directory.heartbeat(now, session, Some(OperationId(operation)))?;
-    let resident_after = resident_bytes();
-    let bytes_per_object = resident_after.saturating_sub(resident_before) as f64 / objects as f64;
-    let table_bytes_per_object = directory.replica_memory_bytes() as f64 / objects as f64;
-
-    let probe_keys_per_s = measure_probe(&directory, session, &ids, &lookups)?;
-    let acquire_release_per_s = measure_acquire_release(&mut directory, session, &ids, &lookups)?;
-    drop(directory);
-    let bare_index_lookups_per_s = measure_bare_index(&ids, &lookups);
-    Ok(SizeReport {
-        objects,
-        reserve_commit_per_s,
-        probe_keys_per_s,
-        acquire_release_per_s,
-        bare_index_lookups_per_s,
-        probe_ratio_to_bare_index: probe_keys_per_s / bare_index_lookups_per_s,
-        bytes_per_object,
-        table_bytes_per_object,
-    })
+    Ok(operation)
 }
 
 fn measure_probe(

@@ -123,6 +123,28 @@ async fn measure(
         bail!("namespace registration failed");
     };
     let ids = seeded_ids(&demo_namespace(), args.stored_objects, seed)?;
+    store_objects(&link, pool, &ids, args.concurrency).await?;
+    let mut rng = SplitMix64::new(seed ^ 0xbeef);
+    let mut floor = Histogram::default();
+    let mut batches = Vec::new();
+    for &batch in &args.batches {
+        let report = measure_batch(&link, args, &ids, batch.max(1), &mut rng, &mut floor).await?;
+        batches.push(report);
+    }
+    Ok(QuicReport {
+        floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
+        batches,
+    })
+}
+
+/// Reserves and commits every object through the link, `concurrency` at a time, then
+/// acknowledges them all.
+async fn store_objects(
+    link: &Arc<DirectoryLink>,
+    pool: crate::model::PoolId,
+    ids: &[crate::model::ObjectId],
+    concurrency: usize,
+) -> anyhow::Result<()> {
     let stores = stream::iter(ids.iter().enumerate()).map(|(index, object)| {
         let link = link.clone();
         async move {
@@ -148,8 +170,7 @@ async fn measure(
             }
         }
     });
-    let results: Vec<anyhow::Result<()>> =
-        stores.buffer_unordered(args.concurrency).collect().await;
+    let results: Vec<anyhow::Result<()>> = stores.buffer_unordered(concurrency).collect().await;
     results
         .into_iter()
         .collect::<anyhow::Result<Vec<()>>>()
@@ -160,17 +181,7 @@ async fn measure(
         })
         .await;
 
-    let mut rng = SplitMix64::new(seed ^ 0xbeef);
-    let mut floor = Histogram::default();
-    let mut batches = Vec::new();
-    for &batch in &args.batches {
-        let report = measure_batch(&link, args, &ids, batch.max(1), &mut rng, &mut floor).await?;
-        batches.push(report);
-    }
-    Ok(QuicReport {
-        floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
-        batches,
-    })
+    Ok(())
 }
 
 /// A round trip the directory's session actor answers alone (a repeated hello, refused
