@@ -229,11 +229,11 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
     // victims are demoted into a CXL pool. One after the other, so neither slows the other.
     let requests = &requests[..1_000];
     for (blocks, cxl_blocks) in [(400, 0), (200, 400)] {
-        let config = directory_replay(blocks, cxl_blocks, 60.0);
+        let replayed = directory_replay(blocks, cxl_blocks, 60.0);
         let outcome = live::run(
             std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
             requests,
-            &config,
+            &replayed,
         )
         .expect("live replay");
         assert!(outcome.verified_chunks > 500, "{outcome:?}");
@@ -251,6 +251,28 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
         assert!(
             outcome.agrees(),
             "dram={blocks} cxl={cxl_blocks}: live {:.4} vs simulated {:.4}: {outcome:?}",
+            outcome.live.token_hit_ratio(),
+            outcome.simulated.token_hit_ratio()
+        );
+        // The check must tell kvtier from plain LRU at the same total capacity: LRU's ratio
+        // falls outside the tolerance around the simulated one.
+        let next_uses = sim::next_uses(requests);
+        let lru = sim::simulate(
+            requests,
+            &next_uses,
+            PolicyKind::Lru,
+            &config(blocks + cxl_blocks as usize),
+            &mut |_| {},
+        )
+        .expect("replay");
+        let lru_ratio = lru.hit_tokens as f64 / lru.input_tokens as f64;
+        assert!(
+            !live::within_tolerance(lru_ratio, outcome.simulated.token_hit_ratio()),
+            "dram={blocks} cxl={cxl_blocks}: LRU {lru_ratio:.4} agrees with the simulation {:.4} too: the check cannot tell them apart",
+            outcome.simulated.token_hit_ratio()
+        );
+        eprintln!(
+            "dram={blocks} cxl={cxl_blocks}: live {:.4}, simulated {:.4}, LRU {lru_ratio:.4}",
             outcome.live.token_hit_ratio(),
             outcome.simulated.token_hit_ratio()
         );

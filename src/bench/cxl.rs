@@ -137,8 +137,9 @@ fn load_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<(f64, f64)> {
             .collect()
             .await;
         for outcome in stored {
-            if outcome? != StoreOutcome::Stored {
-                bail!("node A could not store a benchmark object in CXL");
+            let outcome = outcome?;
+            if outcome != StoreOutcome::Stored {
+                bail!("node A could not store a benchmark object in CXL: the store answered {outcome:?}");
             }
         }
         let mut destination = chunk::poisoned(&ids, size);

@@ -104,6 +104,8 @@ async fn measure(
         )
         .await?,
     );
+    // Heartbeat as a node does, so a long phase never gets the session fenced.
+    let heartbeats = AbortOnDrop(tokio::spawn(keep_alive(link.clone())));
     let pool_spec = PoolSpec {
         name: "bench-cpu".into(),
         medium: Medium::Cpu,
@@ -131,6 +133,7 @@ async fn measure(
         let report = measure_batch(&link, args, &ids, batch.max(1), &mut rng, &mut floor).await?;
         batches.push(report);
     }
+    drop(heartbeats);
     Ok(QuicReport {
         floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
         batches,
@@ -182,6 +185,29 @@ async fn store_objects(
         .await;
 
     Ok(())
+}
+
+/// Aborts a background task when the measurement ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sends a heartbeat (with the acknowledgement window) at the period the directory asked for.
+async fn keep_alive(link: Arc<DirectoryLink>) {
+    let mut period = tokio::time::interval(link.heartbeat_interval);
+    loop {
+        period.tick().await;
+        let request = DirectoryRequest::Heartbeat {
+            acknowledged_through: link.acknowledged_through(),
+        };
+        if let Err(error) = link.call(request).await {
+            tracing::warn!(%error, "benchmark heartbeat failed");
+        }
+    }
 }
 
 /// A round trip the directory's session actor answers alone (a repeated hello, refused

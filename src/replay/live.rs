@@ -23,11 +23,14 @@ use crate::workload::prefix::chain;
 use crate::workload::trace::Request;
 use crate::workload::transfer::{load_cached_prefix, store_chunks, PrefixBuffers};
 
-/// Largest difference of token hit ratio between the live cluster and its simulation
-/// that still counts as agreement: the live run differs only by timing (reclaims land a
-/// round trip later, stores of one prompt commit concurrently, the driver may fall behind
-/// the schedule in a burst).
-pub const AGREEMENT_TOLERANCE: f64 = 0.01;
+/// Largest difference of token hit ratio between the live cluster and its simulation, as
+/// a fraction of the simulated ratio, that still counts as agreement. The live run differs
+/// only by timing (reclaims land a round trip later, stores of one prompt commit
+/// concurrently, the driver may fall behind the schedule in a burst); repeated runs on the
+/// bundled trace differed from their simulation by 0.1 % to 3.4 % of it. 5 % covers that
+/// spread and is still tighter than the gap between kvtier and plain LRU on the runs the
+/// tests use, which assert LRU falls outside it.
+pub const AGREEMENT_TOLERANCE: f64 = 0.05;
 
 /// What a live replay measured, beside its simulation.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,10 +53,15 @@ impl LiveOutcome {
         (self.live.token_hit_ratio() - self.simulated.token_hit_ratio()).abs()
     }
 
-    /// Whether live and simulated agree within [`AGREEMENT_TOLERANCE`].
+    /// Whether live and simulated agree within [`AGREEMENT_TOLERANCE`] of the simulated ratio.
     pub fn agrees(&self) -> bool {
-        self.difference() <= AGREEMENT_TOLERANCE
+        within_tolerance(self.live.token_hit_ratio(), self.simulated.token_hit_ratio())
     }
+}
+
+/// Whether `ratio` is within [`AGREEMENT_TOLERANCE`] of `reference`, relatively.
+pub fn within_tolerance(ratio: f64, reference: f64) -> bool {
+    (ratio - reference).abs() <= AGREEMENT_TOLERANCE * reference
 }
 
 /// Replays `requests` live against a cluster started from `exe` and built as `config`

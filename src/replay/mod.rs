@@ -112,6 +112,13 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
     } else {
         write!(stdout, "{}", report.to_table())?;
     }
+    if let Some(live) = report.live.as_ref().filter(|live| !live.agrees()) {
+        anyhow::bail!(
+            "the live cluster disagrees with its directory core replayed in process: {:.4} against {:.4}",
+            live.live.token_hit_ratio(),
+            live.simulated.token_hit_ratio()
+        );
+    }
     Ok(())
 }
 

@@ -155,7 +155,7 @@ impl Report {
                 "token_hit_ratio": live.live.token_hit_ratio(),
                 "simulated_token_hit_ratio": live.simulated.token_hit_ratio(),
                 "difference": live.difference(),
-                "tolerance": AGREEMENT_TOLERANCE,
+                "relative_tolerance": AGREEMENT_TOLERANCE,
                 "agrees": live.agrees(),
                 "chunks_stored": live.live.stored,
                 "chunks_skipped": live.live.skipped,
@@ -213,11 +213,12 @@ impl Report {
         if let Some(live) = &self.live {
             let _ = writeln!(
                 out,
-                "live cluster: token hit ratio {:.4} against {:.4} for its directory core replayed in process: {} (|difference| {:.4}, tolerance {AGREEMENT_TOLERANCE})",
+                "live cluster: token hit ratio {:.4} against {:.4} for its directory core replayed in process: {} (|difference| {:.4}, tolerance {:.0} % of the simulated ratio)",
                 live.live.token_hit_ratio(),
                 live.simulated.token_hit_ratio(),
                 if live.agrees() { "they agree" } else { "they DISAGREE" },
-                live.difference()
+                live.difference(),
+                AGREEMENT_TOLERANCE * 100.0
             );
             let _ = writeln!(
                 out,
