@@ -1,7 +1,9 @@
 //! A cluster on loopback made of real processes: a directory and N nodes of this very
 //! binary, with a fresh cluster CA, a generated `cluster.toml` and pool files under
 //! `/dev/shm`. Used by `kvtier demo`, `kvtier up`, the benchmarks and the integration
-//! tests. Dropping it stops every process and removes every file it created.
+//! tests. Dropping it (or [`LocalCluster::shutdown`], which also says what could not be
+//! removed) stops every process and removes every file, folder and network namespace it
+//! created; a start that fails or is cancelled removes them before it returns.
 
 use crate::client::Client;
 use crate::config::ClusterConfig;
@@ -20,6 +22,9 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Name of the extra certificate that benchmarks use to speak to the directory as a node.
 pub const BENCH_PEER: &str = "bench";
+/// Names a start tries for its folder before giving up: folders left by crashed earlier
+/// processes with this one's id are skipped, and there are never many.
+const ROOT_NAME_TRIES: u32 = 64;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -47,6 +52,9 @@ pub struct ClusterSpec {
     pub low_watermark_percent: u8,
     /// The directory's `policy_time_scale`: how much faster than recorded a trace runs.
     pub policy_time_scale: f64,
+    /// The directory's `reservation_duration_ms`: how long a reservation waits for its
+    /// commit, and how long an extent given back cools before it is granted again.
+    pub reservation_duration_ms: u64,
 }
 
 impl Default for ClusterSpec {
@@ -65,6 +73,7 @@ impl Default for ClusterSpec {
             high_watermark_percent: 98,
             low_watermark_percent: 95,
             policy_time_scale: 1.0,
+            reservation_duration_ms: 30_000,
         }
     }
 }
@@ -79,6 +88,149 @@ pub struct LocalCluster {
     nodes: Vec<(String, Option<Child>)>,
     /// The network namespace of each node, when they have one.
     namespaces: Vec<String>,
+    /// What to remove when the cluster goes.
+    created: Created,
+}
+
+/// Why a local cluster did not start. What it had created is removed before this is
+/// returned; `not_removed` lists what could not be.
+#[derive(Debug)]
+pub struct StartError {
+    pub cause: anyhow::Error,
+    /// The start was cancelled (its `cancel` flag was set).
+    pub cancelled: bool,
+    /// The cluster's folder (gone unless listed in `not_removed`).
+    pub root: PathBuf,
+    /// Each path or network namespace still there, with why.
+    pub not_removed: Vec<String>,
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{:#}", self.cause)?;
+        if !self.not_removed.is_empty() {
+            write!(
+                formatter,
+                "; could not remove: {}",
+                self.not_removed.join("; ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// What a local cluster created on this machine, so that every way out of it (a failed or
+/// cancelled start, a drop, a shutdown) removes it. Removing is safe to repeat.
+#[derive(Debug, Default)]
+struct Created {
+    root: Option<PathBuf>,
+    /// Pool files the processes create under `/dev/shm`.
+    files: Vec<PathBuf>,
+    namespaces: Vec<String>,
+    /// Root-side ends of veth pairs (gone with their namespace once the other end is in it).
+    links: Vec<String>,
+}
+
+impl Created {
+    /// Removes everything (the processes using it must be gone) and returns what is still
+    /// there afterwards, each with why; empty when everything is gone.
+    fn remove(&mut self) -> Vec<String> {
+        let mut left = Vec::new();
+        for file in self.files.drain(..) {
+            if let Err(error) = remove_path(&file, |path| std::fs::remove_file(path)) {
+                left.push(error);
+            }
+        }
+        for namespace in self.namespaces.drain(..) {
+            let deleted = ip(&["netns", "del", &namespace]);
+            if Path::new("/run/netns").join(&namespace).exists() {
+                let why = deleted.err().unwrap_or_else(|| "still there".into());
+                left.push(format!("network namespace {namespace}: {why}"));
+            }
+        }
+        for link in self.links.drain(..) {
+            let device = Path::new("/sys/class/net").join(&link);
+            if device.exists() {
+                let deleted = ip(&["link", "del", &link]);
+                if device.exists() {
+                    let why = deleted.err().unwrap_or_else(|| "still there".into());
+                    left.push(format!("network link {link}: {why}"));
+                }
+            }
+        }
+        if let Some(root) = self.root.take() {
+            if let Err(error) = remove_path(&root, |path| std::fs::remove_dir_all(path)) {
+                left.push(error);
+            }
+        }
+        left
+    }
+}
+
+/// Removes `path` with `remove`; `Err` names the path and why when it is still there.
+fn remove_path(path: &Path, remove: fn(&Path) -> std::io::Result<()>) -> Result<(), String> {
+    match remove(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("{}: {error}", path.display()))
+        }
+        _ if path.exists() => Err(format!("{}: still there", path.display())),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `ip` with `arguments`; `Err` says which command failed and what it printed.
+fn ip(arguments: &[&str]) -> Result<(), String> {
+    let output = Command::new("ip")
+        .args(arguments)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|error| format!("cannot run `ip`: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            arguments.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// Why this process cannot give nodes network namespaces of their own (`None`: it can). It
+/// creates and deletes a scratch namespace and veth pair, as [`ClusterSpec::netns`] does;
+/// without root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`) or without `ip`, it cannot.
+pub fn network_namespaces_unavailable() -> Option<String> {
+    let (process, number) = (
+        std::process::id(),
+        NAMESPACES.fetch_add(1, Ordering::Relaxed),
+    );
+    let name = format!("kvtier-check-{process}-{number}");
+    // Interface names hold 15 bytes: eight hex digits of this process and the count.
+    let unique = format!("{:08x}", (process << 8) ^ (number & 0xff));
+    let (host_end, node_end) = (format!("kvch{unique}"), format!("kvcn{unique}"));
+    // Only what this call made goes into `created`: a name another process holds stays.
+    let mut created = Created::default();
+    let mut attempt = || -> Result<(), String> {
+        ip(&["netns", "add", &name])?;
+        created.namespaces.push(name.clone());
+        ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
+        ])?;
+        created.links.push(host_end.clone());
+        ip(&["link", "set", &node_end, "netns", &name])
+    };
+    let refused = attempt().err();
+    let left = created.remove();
+    match refused {
+        Some(reason) => Some(reason),
+        None if left.is_empty() => None,
+        None => Some(format!(
+            "cannot remove a scratch namespace: {}",
+            left.join("; ")
+        )),
+    }
 }
 
 fn free_udp_port() -> anyhow::Result<SocketAddr> {
@@ -96,107 +248,171 @@ pub fn node_name(index: usize) -> String {
     format!("node-{}", (b'a' + (index % 26) as u8) as char)
 }
 
+/// The `cluster.toml` of a local cluster: the directory, the CXL pool if any, the nodes
+/// `names` (reaching the directory through `namespaces` when they have them) and the
+/// benchmarks' extra peer.
+fn cluster_toml(
+    spec: &ClusterSpec,
+    tag: &str,
+    names: &[String],
+    namespaces: &[Namespace],
+) -> anyhow::Result<String> {
+    let metrics_address = |enabled: bool| -> anyhow::Result<String> {
+        Ok(if enabled {
+            format!("metrics = \"{}\"\n", free_tcp_port()?)
+        } else {
+            String::new()
+        })
+    };
+    let directory_address = free_udp_port()?;
+    let listen = if namespaces.is_empty() {
+        directory_address
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
+    };
+    let mut toml = format!(
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\n",
+        listen,
+        metrics_address(spec.metrics)?,
+        spec.suspect_after_ms,
+        spec.fence_after_ms,
+        spec.high_watermark_percent,
+        spec.low_watermark_percent,
+        spec.policy_time_scale,
+        spec.reservation_duration_ms,
+    );
+    let domains = if spec.cxl_pool_bytes > 0 {
+        toml.push_str(&format!(
+            "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",
+            spec.cxl_pool_bytes,
+            spec.page_bytes,
+            spec.cxl_extent_bytes,
+            crate::actors::node::process::fresh_uuid(),
+        ));
+        "[0]"
+    } else {
+        "[]"
+    };
+    let write_order: Vec<String> = spec
+        .write_order
+        .iter()
+        .map(|medium| format!("\"{}\"", medium.name()))
+        .collect();
+    let peers = names.iter().map(String::as_str).chain([BENCH_PEER]);
+    for (index, name) in peers.enumerate() {
+        let reach = match namespaces.get(index) {
+            Some(namespace) => format!(
+                "directory_address = \"{}:{}\"\n",
+                namespace.host_address,
+                directory_address.port()
+            ),
+            None if !namespaces.is_empty() => format!(
+                "directory_address = \"127.0.0.1:{}\"\n",
+                directory_address.port()
+            ),
+            None => String::new(),
+        };
+        // A node inside its own namespace serves no metrics this process could reach.
+        let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
+        toml.push_str(&format!(
+            "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+            metrics_address(metrics)?,
+            write_order.join(", "),
+            spec.cpu_pool_bytes,
+            spec.page_bytes,
+        ));
+    }
+    Ok(toml)
+}
+
 impl LocalCluster {
     /// Writes certificates and `cluster.toml` into a fresh temporary folder, then starts
     /// the directory and every node from `exe` and waits until each node serves clients.
-    pub fn start(exe: &Path, spec: &ClusterSpec) -> anyhow::Result<LocalCluster> {
+    pub fn start(exe: &Path, spec: &ClusterSpec) -> Result<LocalCluster, StartError> {
         LocalCluster::start_cancellable(exe, spec, &AtomicBool::new(false))
     }
 
-    /// [`LocalCluster::start`], giving up (and removing what was started) as soon as
-    /// `cancel` is set, e.g. by a signal during a long pool pre-fault.
+    /// [`LocalCluster::start`], giving up as soon as `cancel` is set, e.g. by a signal
+    /// during a long pool pre-fault. Whatever the way out, a start that does not succeed
+    /// stops what it started and removes what it created (folder, pool files, network
+    /// namespaces) before it returns, and says what it could not remove.
     pub fn start_cancellable(
         exe: &Path,
         spec: &ClusterSpec,
         cancel: &AtomicBool,
+    ) -> Result<LocalCluster, StartError> {
+        // A folder left by an earlier process with the same id is not this cluster's: it
+        // takes the next free name and leaves that one alone.
+        let (tag, root) = (0..ROOT_NAME_TRIES)
+            .map(|_| {
+                let tag = format!(
+                    "{}-{}",
+                    std::process::id(),
+                    CLUSTERS.fetch_add(1, Ordering::Relaxed)
+                );
+                let root = std::env::temp_dir().join(format!("kvtier-{tag}"));
+                (tag, root)
+            })
+            .find(|(_, root)| !root.exists())
+            .unwrap_or_else(|| {
+                let tag = format!("{}-{}", std::process::id(), u32::MAX);
+                let root = std::env::temp_dir().join(format!("kvtier-{tag}"));
+                (tag, root)
+            });
+        let mut created = Created::default();
+        match LocalCluster::launch(exe, spec, cancel, &tag, &root, &mut created) {
+            Ok(mut cluster) => {
+                cluster.created = created;
+                Ok(cluster)
+            }
+            // `launch` dropped the half-started cluster: its processes are stopped.
+            Err(cause) => Err(StartError {
+                cause,
+                cancelled: cancel.load(Ordering::Relaxed),
+                not_removed: created.remove(),
+                root,
+            }),
+        }
+    }
+
+    /// The body of [`LocalCluster::start_cancellable`]: records in `created` everything it
+    /// makes as soon as it exists; the caller removes it on failure.
+    fn launch(
+        exe: &Path,
+        spec: &ClusterSpec,
+        cancel: &AtomicBool,
+        tag: &str,
+        root: &Path,
+        created: &mut Created,
     ) -> anyhow::Result<LocalCluster> {
-        let tag = format!(
-            "{}-{}",
-            std::process::id(),
-            CLUSTERS.fetch_add(1, Ordering::Relaxed)
-        );
-        let root = std::env::temp_dir().join(format!("kvtier-{tag}"));
-        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-        let mut names: Vec<String> = (0..spec.nodes).map(node_name).collect();
+        // `create_dir` fails on a folder that exists: nothing not made here is removed.
+        std::fs::create_dir(root).with_context(|| format!("creating {}", root.display()))?;
+        created.root = Some(root.to_path_buf());
+        let names: Vec<String> = (0..spec.nodes).map(node_name).collect();
         let mut certificate_names = names.clone();
         certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
         tls::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
-        let metrics_address = |enabled: bool| -> anyhow::Result<String> {
-            Ok(if enabled {
-                format!("metrics = \"{}\"\n", free_tcp_port()?)
-            } else {
-                String::new()
-            })
-        };
-        let directory_address = free_udp_port()?;
         // With namespaces, every node gets a veth pair to the root namespace; the directory
         // listens on all addresses and each node reaches it at its pair's host end.
         let namespaces = if spec.netns {
-            create_namespaces(&tag, spec.nodes)
+            create_namespaces(tag, spec.nodes, created).map_err(|reason| {
+                anyhow::anyhow!("creating a network namespace per node: {reason}")
+            })?
         } else {
             Vec::new()
         };
-        let listen = if namespaces.is_empty() {
-            directory_address
-        } else {
-            SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
-        };
-        let mut toml = format!(
-            "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\n",
-            listen,
-            metrics_address(spec.metrics)?,
-            spec.suspect_after_ms,
-            spec.fence_after_ms,
-            spec.high_watermark_percent,
-            spec.low_watermark_percent,
-            spec.policy_time_scale,
-        );
-        let domains = if spec.cxl_pool_bytes > 0 {
-            toml.push_str(&format!(
-                "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",
-                spec.cxl_pool_bytes,
-                spec.page_bytes,
-                spec.cxl_extent_bytes,
-                crate::actors::node::process::fresh_uuid(),
-            ));
-            "[0]"
-        } else {
-            "[]"
-        };
-        let write_order: Vec<String> = spec
-            .write_order
-            .iter()
-            .map(|medium| format!("\"{}\"", medium.name()))
-            .collect();
-        names.push(BENCH_PEER.to_string());
-        for (index, name) in names.iter().enumerate() {
-            let reach = match namespaces.get(index) {
-                Some(namespace) => format!(
-                    "directory_address = \"{}:{}\"\n",
-                    namespace.host_address,
-                    directory_address.port()
-                ),
-                None if !namespaces.is_empty() => format!(
-                    "directory_address = \"127.0.0.1:{}\"\n",
-                    directory_address.port()
-                ),
-                None => String::new(),
-            };
-            // A node inside its own namespace serves no metrics this process could reach.
-            let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
-            toml.push_str(&format!(
-                "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
-                metrics_address(metrics)?,
-                write_order.join(", "),
-                spec.cpu_pool_bytes,
-                spec.page_bytes,
-            ));
-        }
         let config_path = root.join("cluster.toml");
-        std::fs::write(&config_path, toml)?;
+        std::fs::write(&config_path, cluster_toml(spec, tag, &names, &namespaces)?)?;
         let config = ClusterConfig::load(&config_path)?;
+        created.files.extend(
+            config
+                .nodes
+                .iter()
+                .map(|node| node.cpu_pool.path.clone())
+                .chain(config.cxl_pools.iter().map(|pool| pool.path.clone())),
+        );
         let mut cluster = LocalCluster {
-            root,
+            root: root.to_path_buf(),
             config_path,
             config,
             exe: exe.to_path_buf(),
@@ -206,21 +422,25 @@ impl LocalCluster {
                 .iter()
                 .map(|namespace| namespace.name.clone())
                 .collect(),
+            created: Created::default(),
         };
         cluster.directory = Some(cluster.spawn(None, &["directory"])?);
-        for (index, name) in names.iter().filter(|name| *name != BENCH_PEER).enumerate() {
-            let child = cluster.spawn(
-                namespaces
-                    .get(index)
-                    .map(|namespace| namespace.name.as_str()),
-                &["node", "--name", name],
-            )?;
+        for (index, name) in names.iter().enumerate() {
+            let namespace = namespaces.get(index).map(|namespace| &namespace.name);
+            let child = cluster.spawn(namespace.map(String::as_str), &["node", "--name", name])?;
             cluster.nodes.push((name.clone(), Some(child)));
         }
         for index in 0..cluster.nodes.len() {
             cluster.wait_ready_or_cancel(index, cancel)?;
         }
         Ok(cluster)
+    }
+
+    /// Stops every process and removes everything the cluster created; returns what is
+    /// still there afterwards, each with why (empty: everything is gone).
+    pub fn shutdown(mut self) -> Vec<String> {
+        self.stop();
+        self.created.remove()
     }
 
     fn spawn(&self, namespace: Option<&str>, arguments: &[&str]) -> anyhow::Result<Child> {
@@ -355,20 +575,13 @@ impl LocalCluster {
 }
 
 impl Drop for LocalCluster {
+    /// Stops the processes and removes what the cluster created, printing what could not
+    /// be removed ([`LocalCluster::shutdown`] returns it instead).
     fn drop(&mut self) {
         self.stop();
-        for node in &self.config.nodes {
-            let _ = std::fs::remove_file(&node.cpu_pool.path);
+        for left in self.created.remove() {
+            eprintln!("kvtier: could not remove {left}");
         }
-        for pool in &self.config.cxl_pools {
-            let _ = std::fs::remove_file(&pool.path);
-        }
-        for namespace in &self.namespaces {
-            let _ = Command::new("ip")
-                .args(["netns", "del", namespace])
-                .status();
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 
@@ -381,10 +594,15 @@ struct Namespace {
 static NAMESPACES: AtomicU32 = AtomicU32::new(0);
 
 /// Creates one namespace per node, each joined to the root namespace by a veth pair on its
-/// own /30 of 10.231.0.0/16 (test hosts this process makes itself). Returns none at all when
-/// any step fails (not root, no `ip`): the cluster then runs on loopback.
-fn create_namespaces(tag: &str, nodes: usize) -> Vec<Namespace> {
-    let mut created: Vec<Namespace> = Vec::new();
+/// own /30 of 10.231.0.0/16 (test hosts this process makes itself), recording each in
+/// `created` as soon as it exists. Fails, naming the step, when any step does (not root,
+/// no `ip`); the caller then removes what `created` holds.
+fn create_namespaces(
+    tag: &str,
+    nodes: usize,
+    created: &mut Created,
+) -> Result<Vec<Namespace>, String> {
+    let mut namespaces = Vec::new();
     for index in 0..nodes {
         let number = NAMESPACES.fetch_add(1, Ordering::Relaxed) + std::process::id() % 1000 * 16;
         let (high, low) = (((number / 64) % 250) as u8, ((number % 64) * 4) as u8);
@@ -392,83 +610,22 @@ fn create_namespaces(tag: &str, nodes: usize) -> Vec<Namespace> {
         let (host_end, node_end) = (format!("kvh{number}"), format!("kvn{number}"));
         let host_address = std::net::Ipv4Addr::new(10, 231, high, low + 1);
         let node_address = std::net::Ipv4Addr::new(10, 231, high, low + 2);
-        let steps: Vec<Vec<String>> = vec![
-            vec!["netns".into(), "add".into(), name.clone()],
-            vec![
-                "link".into(),
-                "add".into(),
-                host_end.clone(),
-                "type".into(),
-                "veth".into(),
-                "peer".into(),
-                "name".into(),
-                node_end.clone(),
-            ],
-            vec![
-                "link".into(),
-                "set".into(),
-                node_end.clone(),
-                "netns".into(),
-                name.clone(),
-            ],
-            vec![
-                "addr".into(),
-                "add".into(),
-                format!("{host_address}/30"),
-                "dev".into(),
-                host_end.clone(),
-            ],
-            vec!["link".into(), "set".into(), host_end.clone(), "up".into()],
-            vec![
-                "-n".into(),
-                name.clone(),
-                "addr".into(),
-                "add".into(),
-                format!("{node_address}/30"),
-                "dev".into(),
-                node_end.clone(),
-            ],
-            vec![
-                "-n".into(),
-                name.clone(),
-                "link".into(),
-                "set".into(),
-                node_end,
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                name.clone(),
-                "link".into(),
-                "set".into(),
-                "lo".into(),
-                "up".into(),
-            ],
-        ];
-        let made = steps.iter().all(|step| {
-            Command::new("ip")
-                .args(step)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success())
-        });
-        created.push(Namespace { name, host_address });
-        if !made {
-            for namespace in &created {
-                let _ = Command::new("ip")
-                    .args(["netns", "del", &namespace.name])
-                    .stderr(Stdio::null())
-                    .status();
-            }
-            let _ = Command::new("ip")
-                .args(["link", "del", &host_end])
-                .stderr(Stdio::null())
-                .status();
-            return Vec::new();
-        }
+        let (host_cidr, node_cidr) = (format!("{host_address}/30"), format!("{node_address}/30"));
+        ip(&["netns", "add", &name])?;
+        created.namespaces.push(name.clone());
+        ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
+        ])?;
+        created.links.push(host_end.clone());
+        ip(&["link", "set", &node_end, "netns", &name])?;
+        ip(&["addr", "add", &host_cidr, "dev", &host_end])?;
+        ip(&["link", "set", &host_end, "up"])?;
+        ip(&["-n", &name, "addr", "add", &node_cidr, "dev", &node_end])?;
+        ip(&["-n", &name, "link", "set", &node_end, "up"])?;
+        ip(&["-n", &name, "link", "set", "lo", "up"])?;
+        namespaces.push(Namespace { name, host_address });
     }
-    created
+    Ok(namespaces)
 }
 
 impl LocalCluster {

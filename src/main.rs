@@ -217,11 +217,12 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     );
     let cluster = match LocalCluster::start_cancellable(exe, &spec, &stop) {
         Ok(cluster) => cluster,
-        Err(_) if stop.load(std::sync::atomic::Ordering::Relaxed) => {
+        Err(error) if error.cancelled && error.not_removed.is_empty() => {
             println!("stopped during start-up; removed what was created");
             return Ok(());
         }
-        Err(error) => return Err(error),
+        // The error names what could not be removed, if anything.
+        Err(error) => return Err(error.into()),
     };
     println!(
         "  local clients connect to {}",
@@ -235,7 +236,12 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
         cluster.root.display()
     );
     let _ = stopped.recv();
-    drop(cluster);
+    let not_removed = cluster.shutdown();
+    anyhow::ensure!(
+        not_removed.is_empty(),
+        "stopped, but could not remove: {}",
+        not_removed.join("; ")
+    );
     println!("stopped; removed what was created");
     Ok(())
 }

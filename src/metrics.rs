@@ -16,9 +16,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
@@ -478,6 +479,34 @@ fn saturating_i64(value: u64) -> i64 {
 /// [`EXPORTER_CONNECTIONS_MAX`] connections are served at once, each for at most
 /// [`CONNECTION_DURATION_MAX`]. Accept errors are logged and retried, never fatal.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_from(listener, metrics, CONNECTION_DURATION_MAX).await
+}
+
+/// Where the exporter takes its connections from: a TCP listener, or an in-memory queue
+/// in the tests.
+trait Acceptor {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection, waiting for one.
+    fn next_connection(&mut self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Stream = TcpStream;
+
+    async fn next_connection(&mut self) -> std::io::Result<TcpStream> {
+        self.accept().await.map(|(stream, _peer)| stream)
+    }
+}
+
+/// [`serve`] over any [`Acceptor`], each connection served for at most
+/// `connection_duration_max`. Connections past the bound stay with the acceptor (a TCP
+/// listener's backlog) until a served one ends.
+async fn serve_from<A: Acceptor>(
+    mut acceptor: A,
+    metrics: Arc<Metrics>,
+    connection_duration_max: Duration,
+) {
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -485,12 +514,12 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             connections.join_next().await;
             continue;
         }
-        match listener.accept().await {
-            Ok((stream, _peer)) => {
+        match acceptor.next_connection().await {
+            Ok(stream) => {
                 let metrics = Arc::clone(&metrics);
                 connections.spawn(async move {
                     let served = tokio::time::timeout(
-                        CONNECTION_DURATION_MAX,
+                        connection_duration_max,
                         serve_connection(stream, &metrics),
                     );
                     if let Ok(Err(error)) = served.await {
@@ -507,7 +536,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 }
 
 /// Reads one request head, answers it, closes.
-async fn serve_connection(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    metrics: &Metrics,
+) -> std::io::Result<()> {
     let Some(head) = read_request_head(&mut stream).await? else {
         return Ok(());
     };
@@ -536,7 +568,9 @@ enum RequestHead {
 
 /// Reads until `\r\n\r\n` (included in the bound, excluded from the head); `None` if the
 /// peer closed first. Reads at most one chunk past the bound.
-async fn read_request_head(stream: &mut TcpStream) -> std::io::Result<Option<RequestHead>> {
+async fn read_request_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> std::io::Result<Option<RequestHead>> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
@@ -682,24 +716,79 @@ mod tests {
         server.abort();
     }
 
+    /// Connections handed to the exporter from memory, counting those it took.
+    struct Queue {
+        streams: tokio::sync::mpsc::UnboundedReceiver<tokio::io::DuplexStream>,
+        taken: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Acceptor for Queue {
+        type Stream = tokio::io::DuplexStream;
+
+        async fn next_connection(&mut self) -> std::io::Result<tokio::io::DuplexStream> {
+            match self.streams.recv().await {
+                Some(stream) => {
+                    self.taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(stream)
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Lets every task of this single-threaded runtime run until it waits on something
+    /// only the test provides. Every input of the exporter here is in memory and wakes its
+    /// task at once, so a fixed number of turns reaches the same state on every machine,
+    /// however slow: no clock is involved.
+    async fn settle() {
+        for _ in 0..64 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn exporter_bounds_concurrent_connections() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new().unwrap())));
+        let (sender, streams) = tokio::sync::mpsc::unbounded_channel();
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let queue = Queue {
+            streams,
+            taken: Arc::clone(&taken),
+        };
+        // No connection times out during the test: the bound alone decides.
+        let server = tokio::spawn(serve_from(
+            queue,
+            Arc::new(Metrics::new().unwrap()),
+            Duration::from_secs(24 * 3600),
+        ));
         let mut idle = Vec::new();
         for _ in 0..EXPORTER_CONNECTIONS_MAX {
-            idle.push(TcpStream::connect(address).await.unwrap());
+            let (client, served) = tokio::io::duplex(64 << 10);
+            sender.send(served).unwrap();
+            idle.push(client);
         }
-        let waiting = tokio::spawn(exchange(address, b"GET /metrics HTTP/1.1\r\n\r\n"));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!waiting.is_finished(), "served past the connection bound");
-        drop(idle.pop());
-        let reply = tokio::time::timeout(Duration::from_secs(5), waiting)
+        let (mut waiting, served) = tokio::io::duplex(64 << 10);
+        waiting
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
             .await
-            .unwrap()
             .unwrap();
-        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"));
+        sender.send(served).unwrap();
+        settle().await;
+        let taken_now = || taken.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            taken_now(),
+            EXPORTER_CONNECTIONS_MAX,
+            "served past the connection bound"
+        );
+        // One idle connection closes: its slot serves the waiting one.
+        drop(idle.pop());
+        let mut reply = Vec::new();
+        // A hang guard only: the reply needs no more than the close above.
+        tokio::time::timeout(Duration::from_secs(120), waiting.read_to_end(&mut reply))
+            .await
+            .expect("the freed slot never served the waiting connection")
+            .unwrap();
+        assert!(reply.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(taken_now(), EXPORTER_CONNECTIONS_MAX + 1);
         server.abort();
     }
 }

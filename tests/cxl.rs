@@ -1,9 +1,12 @@
 //! CXL pools end to end: two node processes map one shared file (an emulated multi-headed
 //! CXL device) and share a KV cache through it without copying bytes over the network.
+//! Every wait is on a condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
-use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier::launch::{
+    metric_value, network_namespaces_unavailable, wait_for_metrics, ClusterSpec, LocalCluster,
+};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
@@ -11,6 +14,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 1 << 20;
+/// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
+const HANG_GUARD: Duration = Duration::from_secs(120);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -19,18 +24,26 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn cluster(write_order: Vec<Medium>, cpu_pool_bytes: u64, cxl_pool_bytes: u64) -> LocalCluster {
+/// Two nodes mapping one 8 MiB CXL pool. With `netns`, each node is a separate host on the
+/// network (a namespace of its own, which must be available) that maps the same CXL file;
+/// otherwise all share loopback.
+fn cluster(
+    netns: bool,
+    write_order: Vec<Medium>,
+    cpu_pool_bytes: u64,
+    cxl_pool_bytes: u64,
+) -> LocalCluster {
     let spec = ClusterSpec {
-        // As root, each node is a separate host on the network (its own namespace) that
-        // maps the same CXL file; otherwise all share loopback.
-        netns: true,
+        netns,
         nodes: 2,
         cpu_pool_bytes,
         cxl_pool_bytes,
         cxl_extent_bytes: 4 << 20,
         write_order,
-        suspect_after_ms: 600,
-        fence_after_ms: 2500,
+        // A stalled live node (a loaded machine) is not taken for a dead one: suspect
+        // after 3 s of silence, fenced after 6 s.
+        suspect_after_ms: 3_000,
+        fence_after_ms: 6_000,
         // Eviction off: these tests fill pools on purpose.
         high_watermark_percent: 100,
         low_watermark_percent: 100,
@@ -67,17 +80,29 @@ async fn medium_of(client: &Client, object: ObjectId) -> Option<Medium> {
 
 #[test]
 fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
-    let cluster = cluster(vec![Medium::Cpu, Medium::Cxl], 2 << 20, 8 << 20);
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        assert!(
-            cluster.uses_namespaces(),
-            "running as root, the nodes must get namespaces of their own"
-        );
+    let cluster = cluster(false, vec![Medium::Cpu, Medium::Cxl], 2 << 20, 8 << 20);
+    share_cxl(&cluster);
+}
+
+/// The same as separate hosts: each node in a network namespace of its own.
+#[test]
+fn nodes_in_separate_network_namespaces_share_cxl() {
+    const NAME: &str = "nodes_in_separate_network_namespaces_share_cxl";
+    if let Some(reason) = network_namespaces_unavailable() {
+        println!("SKIPPED: {NAME}: no network namespaces here: {reason}");
+        return;
     }
+    let cluster = cluster(true, vec![Medium::Cpu, Medium::Cxl], 2 << 20, 8 << 20);
+    assert!(cluster.uses_namespaces());
+    share_cxl(&cluster);
+}
+
+/// [cpu, cxl] on node A fills its CPU pool first, then CXL, then skips; node B reads A's
+/// CXL replicas (never its CPU ones) byte-exact from its own mapping.
+fn share_cxl(cluster: &LocalCluster) {
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
+        let (a, namespace) = connect(cluster, 0).await;
+        let (b, _) = connect(cluster, 1).await;
         // [cpu, cxl]: two chunks fill A's CPU pool, the next ones go to CXL.
         let mut stored = Vec::new();
         for index in 0..12 {
@@ -123,15 +148,14 @@ fn nodes_share_cxl_fill_cpu_first_and_skip_when_full() {
         8 * CHUNK
     );
     assert!(
-        wait_for_metrics(metrics, Duration::from_secs(10), |body| body
-            .contains(&expected)),
+        wait_for_metrics(metrics, HANG_GUARD, |body| body.contains(&expected)),
         "no per-medium usage in the metrics"
     );
 }
 
 #[test]
 fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
-    let mut cluster = cluster(vec![Medium::Cxl], 2 << 20, 8 << 20);
+    let mut cluster = cluster(false, vec![Medium::Cxl], 2 << 20, 8 << 20);
     let runtime = runtime();
     let (survivor, survivor_bytes) = runtime.block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
@@ -169,7 +193,7 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         );
         drop(views);
         // After the release, the owner reclaims and the pages take new objects again.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + HANG_GUARD;
         let (fresh, fresh_bytes) = object(namespace, 1000);
         while a.store(fresh, &fresh_bytes).await.unwrap() != StoreOutcome::Stored {
             assert!(
@@ -189,7 +213,7 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         .metrics
         .expect("the test cluster serves metrics");
     assert!(
-        wait_for_metrics(metrics, Duration::from_secs(30), |body| {
+        wait_for_metrics(metrics, HANG_GUARD, |body| {
             body.contains("kvtier_sessions{state=\"fenced\"} 1")
         }),
         "the killed writer was never fenced"
@@ -210,7 +234,7 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
 
 #[test]
 fn a_node_that_maps_another_pool_refuses_to_start() {
-    let cluster = cluster(vec![Medium::Cxl], 2 << 20, 8 << 20);
+    let cluster = cluster(false, vec![Medium::Cxl], 2 << 20, 8 << 20);
     let pool = &cluster.config.cxl_pools[0];
     let text = std::fs::read_to_string(&cluster.config_path).unwrap();
     let wrong = text.replace(&pool.uuid, &format!("{:032x}", pool.uuid().unwrap() ^ 1));
@@ -242,50 +266,92 @@ fn a_node_that_maps_another_pool_refuses_to_start() {
 
 #[test]
 fn pressure_evicts_instead_of_failing() {
+    /// Chunks the CXL pool holds.
+    const POOL_CHUNKS: usize = 8;
     let spec = ClusterSpec {
         nodes: 2,
         cpu_pool_bytes: 2 << 20,
-        cxl_pool_bytes: 8 << 20,
+        cxl_pool_bytes: (POOL_CHUNKS * CHUNK) as u64,
         cxl_extent_bytes: 4 << 20,
         write_order: vec![Medium::Cxl],
         high_watermark_percent: 90,
         low_watermark_percent: 50,
+        // Extents emptied by eviction are given back and cool for a reservation's
+        // duration before they are granted again: 5 s rather than 30 s keeps the waves of
+        // this test short, and is still ample for a 1 MiB write and its commit.
+        reservation_duration_ms: 5_000,
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let stored = runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         // Keep storing new chunks: a full pool skips (never errors) while eviction and
-        // reclaim make room, then stores land again.
-        let mut stored = 0;
+        // reclaim make room, then stores land again, until twice the pool has landed.
+        let mut stored = Vec::new();
         let mut index = 0;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while stored <= 16 {
-            assert!(
-                Instant::now() < deadline,
-                "eviction never made room: {stored} stored"
-            );
+        let deadline = Instant::now() + HANG_GUARD;
+        let last = loop {
             let (id, bytes) = object(namespace, index);
             index += 1;
             if a.store(id, &bytes).await.unwrap() == StoreOutcome::Stored {
-                stored += 1;
+                stored.push(id);
+                if stored.len() > 2 * POOL_CHUNKS {
+                    break (id, bytes);
+                }
             } else {
+                assert!(
+                    Instant::now() < deadline,
+                    "hung: eviction never made room ({} stored)",
+                    stored.len()
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        }
-        stored
+        };
+        // What landed is real: the latest chunk reads back byte-exact from CXL, and no
+        // more of them are hits than the pool holds.
+        let mut buffer = vec![0u8; CHUNK];
+        assert_eq!(
+            a.load_into(&[last.0], &mut [&mut buffer[..]])
+                .await
+                .unwrap(),
+            vec![true]
+        );
+        assert_eq!(
+            buffer, last.1,
+            "the latest chunk stored is not what was written"
+        );
+        let hits = a
+            .probe(&stored)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|outcome| {
+                matches!(
+                    outcome,
+                    ProbeOutcome::Hit {
+                        medium: Medium::Cxl,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert!(
+            (1..=POOL_CHUNKS).contains(&hits),
+            "{hits} of {} stored chunks are hits in an {POOL_CHUNKS}-chunk pool",
+            stored.len()
+        );
+        stored.len()
     });
+    // Of the chunks that landed, all but a poolful had to leave the pool, each an eviction
+    // the directory counts (and exports on its next tick).
+    let left_at_least = (stored - POOL_CHUNKS) as f64;
     let metrics = cluster.config.directory.metrics.unwrap();
-    // Evictions are exported on the directory's next tick: wait for them.
     assert!(
-        wait_for_metrics(metrics, Duration::from_secs(10), |body| {
-            metric_value(body, "kvtier_evictions_total").is_some_and(|evictions| evictions > 0.0)
+        wait_for_metrics(metrics, HANG_GUARD, |body| {
+            metric_value(body, "kvtier_evictions_total")
+                .is_some_and(|evictions| evictions >= left_at_least)
         }),
-        "a pool past its high watermark evicted nothing"
-    );
-    assert!(
-        stored > 16,
-        "only {stored} stores landed in an 8-chunk pool"
+        "{stored} chunks landed in an {POOL_CHUNKS}-chunk pool, but fewer than {left_at_least} evictions were counted"
     );
 }
 
@@ -312,7 +378,7 @@ fn pressure_on_a_cpu_pool_demotes_into_cxl_where_other_nodes_read_it() {
         }
         // A's CPU pool is full: the coldest chunks move to CXL instead of being dropped, and
         // B, which could never read A's CPU pool, now loads them byte-exact.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + HANG_GUARD;
         let demoted = loop {
             let ids: Vec<ObjectId> = stored.iter().map(|(id, _)| *id).collect();
             let hits: Vec<usize> = b

@@ -276,19 +276,66 @@ mod tests {
         fs::remove_file(path).unwrap();
     }
 
+    /// Whether `directory` takes direct I/O, found out without the probe: the `errno` of
+    /// creating a file there with `O_DIRECT` and writing one aligned block, or `None`.
+    fn direct_io_refusal(directory: &Path) -> Option<i32> {
+        let path = directory.join(format!(".kvtier-direct-{}", std::process::id()));
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path);
+        let written = opened.and_then(|file| {
+            let mut block = AlignedBuffer::new(DIRECT_IO_ALIGN);
+            file.write_all_at(block.as_mut(), 0)
+        });
+        let _ = fs::remove_file(&path);
+        written
+            .err()
+            .map(|error| error.raw_os_error().unwrap_or(-1))
+    }
+
     #[test]
-    fn the_disk_probe_cleans_up_or_says_why_not() {
+    fn the_disk_probe_measures_where_direct_io_works_and_names_the_error_where_not() {
         let directory = std::env::temp_dir();
-        match probe_disk(&directory, 2 << 20) {
-            Ok(measured) => {
+        let expected_path = directory.join(format!(".kvtier-probe-{}", std::process::id()));
+        match (
+            direct_io_refusal(&directory),
+            probe_disk(&directory, 2 << 20),
+        ) {
+            (None, Ok(measured)) => {
                 assert!(measured.read_bandwidth_bytes_per_s > 0);
-                assert!(measured.write_bandwidth_bytes_per_s.is_some());
+                assert!(measured.read_latency_ns > 0);
+                assert!(measured
+                    .write_bandwidth_bytes_per_s
+                    .is_some_and(|value| value > 0));
             }
-            // tmpfs has no direct I/O: a typed error, never a panic.
-            Err(error) => assert!(matches!(error, ProbeError::Disk { .. }), "{error}"),
+            // No direct I/O here (tmpfs before Linux 6.6): the same error, typed, with the
+            // scratch file's path.
+            (Some(errno), Err(ProbeError::Disk { path, source })) => {
+                assert_eq!(source.raw_os_error(), Some(errno), "{source}");
+                assert_eq!(path, expected_path);
+            }
+            (refusal, outcome) => panic!(
+                "{} takes direct I/O: {refusal:?} (errno), but the probe gave {outcome:?}",
+                directory.display()
+            ),
         }
-        let leftover = directory.join(format!(".kvtier-probe-{}", std::process::id()));
-        assert!(!leftover.exists());
-        assert!(probe_disk(Path::new("/nonexistent/kvtier"), 1 << 20).is_err());
+        assert!(!expected_path.exists(), "the scratch file was left behind");
+        // A folder that does not exist, and a path through a file: each error as it is.
+        let missing = probe_disk(Path::new("/nonexistent/kvtier"), 1 << 20);
+        assert!(
+            matches!(&missing, Err(ProbeError::Disk { source, .. }) if source.kind() == std::io::ErrorKind::NotFound),
+            "{missing:?}"
+        );
+        let file = std::env::temp_dir().join(format!("kvtier-probe-file-{}", std::process::id()));
+        fs::write(&file, b"not a folder").unwrap();
+        let through_file = probe_disk(&file, 1 << 20);
+        fs::remove_file(&file).unwrap();
+        assert!(
+            matches!(&through_file, Err(ProbeError::Disk { source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR)),
+            "{through_file:?}"
+        );
     }
 }

@@ -105,7 +105,7 @@ fn two_nodes(exe: &Path, cxl_pool_bytes: u64, eviction: bool) -> anyhow::Result<
         low_watermark_percent: low,
         ..ClusterSpec::default()
     };
-    LocalCluster::start(exe, &spec)
+    Ok(LocalCluster::start(exe, &spec)?)
 }
 
 fn namespaced(ids: Vec<ObjectId>, namespace: crate::model::NamespaceId) -> Vec<ObjectId> {

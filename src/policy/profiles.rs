@@ -375,19 +375,60 @@ mod tests {
     #[test]
     fn figures_replace_only_what_they_give_and_refuse_nonsense() {
         let cxl = TierProfile::representative(TierKind::Cxl);
+        let dram = TierProfile::representative(TierKind::Dram);
         let measured = ProfileFigures {
             read_bandwidth_bytes_per_s: Some(3.0e9),
             ..ProfileFigures::default()
         };
         let applied = measured.apply(&cxl).unwrap();
-        assert_eq!(applied.read_bandwidth_bytes_per_s, 3.0e9);
         assert_eq!(
-            applied.write_bandwidth_bytes_per_s,
-            cxl.write_bandwidth_bytes_per_s
+            applied,
+            TierProfile {
+                read_bandwidth_bytes_per_s: 3.0e9,
+                ..cxl.clone()
+            }
+        );
+        // A measurement travels in whole units: 0.4 µs is 400 ns, bandwidths in bytes/s.
+        let measurement = Measurement::of(&applied);
+        assert_eq!(
+            measurement,
+            Measurement {
+                read_latency_ns: 400,
+                read_bandwidth_bytes_per_s: 3_000_000_000,
+                write_bandwidth_bytes_per_s: Some(5_000_000_000),
+            }
         );
         assert_eq!(
-            Measurement::of(&applied).figures().apply(&cxl).unwrap(),
-            applied
+            measurement.figures(),
+            ProfileFigures {
+                read_latency_us: Some(0.4),
+                read_bandwidth_bytes_per_s: Some(3.0e9),
+                write_bandwidth_bytes_per_s: Some(5.0e9),
+            }
+        );
+        // Applied to another tier's profile (DRAM: 0.1 µs, 11 GB/s both ways), every
+        // measured figure replaces DRAM's and nothing else changes.
+        let dram_measured = TierProfile {
+            read_latency_us: 0.4,
+            read_bandwidth_bytes_per_s: 3.0e9,
+            write_bandwidth_bytes_per_s: 5.0e9,
+            ..dram.clone()
+        };
+        assert_eq!(measurement.figures().apply(&dram).unwrap(), dram_measured);
+        // Rounding to whole units: 1.2344 µs is 1234 ns; 2.5e9 + 0.4 bytes/s is 2.5e9.
+        let odd = TierProfile {
+            read_latency_us: 1.2344,
+            read_bandwidth_bytes_per_s: 2.5e9 + 0.4,
+            write_bandwidth_bytes_per_s: 7.0e9,
+            ..dram.clone()
+        };
+        assert_eq!(
+            Measurement::of(&odd),
+            Measurement {
+                read_latency_ns: 1234,
+                read_bandwidth_bytes_per_s: 2_500_000_000,
+                write_bandwidth_bytes_per_s: Some(7_000_000_000),
+            }
         );
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             let figures = ProfileFigures {
@@ -398,21 +439,38 @@ mod tests {
         }
         let text = r#"{"read_latency_us": 0.3, "write_bandwidth_bytes_per_s": 4e9}"#;
         let parsed: ProfileFigures = serde_json::from_str(text).unwrap();
-        assert_eq!(parsed.write_bandwidth_bytes_per_s, Some(4e9));
+        assert_eq!(
+            parsed,
+            ProfileFigures {
+                read_latency_us: Some(0.3),
+                read_bandwidth_bytes_per_s: None,
+                write_bandwidth_bytes_per_s: Some(4e9),
+            }
+        );
         assert!(serde_json::from_str::<ProfileFigures>(r#"{"read_bandwith": 1}"#).is_err());
         assert_eq!(TierKind::of_medium(Medium::Cxl), TierKind::Cxl);
-        let measured = Measurement::of(&applied);
-        assert_eq!(measured.read_latency_ns, 400);
-        assert_eq!(measured.figures().apply(&cxl).unwrap(), applied);
+        // A probe that could not write keeps the base's write figure: DRAM's 11 GB/s.
         let unwritable = Measurement {
             write_bandwidth_bytes_per_s: None,
-            ..measured
+            ..measurement
         };
-        assert_eq!(unwritable.figures().apply(&cxl).unwrap(), applied);
+        assert_eq!(
+            unwritable.figures().apply(&dram).unwrap(),
+            TierProfile {
+                write_bandwidth_bytes_per_s: 11.0e9,
+                ..dram_measured
+            }
+        );
         let zero = Measurement {
             read_bandwidth_bytes_per_s: 0,
-            ..measured
+            ..measurement
         };
-        assert!(zero.figures().apply(&cxl).is_err());
+        assert_eq!(
+            zero.figures().apply(&cxl),
+            Err(ProfileError::NotPositive {
+                kind: TierKind::Cxl,
+                field: "read_bandwidth_bytes_per_s"
+            })
+        );
     }
 }

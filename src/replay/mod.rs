@@ -400,25 +400,104 @@ mod tests {
         }
     }
 
+    /// The prompt tokens a cache with room for every block serves, worked out from the
+    /// trace alone: a request hits the longest prefix of its blocks that earlier requests
+    /// stored. A plain cache stores every block; a `selective` one (kvtier's admission)
+    /// stores a block holding fewer than 512 tokens only from its second access on, and no
+    /// block whose parent is not stored. Also the input tokens and the distinct blocks.
+    fn reuse_of(requests: &[Request], selective: bool) -> (u64, u64, usize) {
+        let mut stored = std::collections::HashSet::new();
+        let mut accesses = std::collections::HashMap::new();
+        let (mut hit_tokens, mut input_tokens) = (0u64, 0u64);
+        for request in requests {
+            input_tokens += u64::from(request.input_tokens);
+            hit_tokens += request
+                .hash_ids
+                .iter()
+                .enumerate()
+                .take_while(|(_, block)| stored.contains(*block))
+                .map(|(position, _)| u64::from(request.block_tokens(position)))
+                .sum::<u64>();
+            for (position, block) in request.hash_ids.iter().enumerate() {
+                let count = accesses.entry(*block).or_insert(0u32);
+                *count += 1;
+                let parent_stored =
+                    position == 0 || stored.contains(&request.hash_ids[position - 1]);
+                let partial_once = request.block_tokens(position) < BLOCK_TOKENS && *count == 1;
+                if !selective || (parent_stored && !partial_once) {
+                    stored.insert(*block);
+                }
+            }
+        }
+        (hit_tokens, input_tokens, accesses.len())
+    }
+
     #[test]
-    fn embedded_sample_replays() {
+    fn embedded_sample_replays_to_the_reuse_it_holds() {
         let requests = trace::parse_str(trace::SAMPLE_TRACE).unwrap();
         assert_eq!(requests.len(), 500);
-        let args = sample_args();
-        let report = replay(
-            &requests,
-            &sim_config(&args).unwrap(),
-            &policies(&[]),
-            "sample",
-        )
-        .unwrap();
-        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
-        for name in ["lru", "s3fifo", "belady", "kvtier"] {
-            assert!(
-                json["policies"][name]["token_hit_ratio"].as_f64().is_some(),
+        let (hit_tokens, input_tokens, distinct_blocks) = reuse_of(&requests, false);
+        let (selective_hit_tokens, ..) = reuse_of(&requests, true);
+        assert!(
+            0 < selective_hit_tokens
+                && selective_hit_tokens < hit_tokens
+                && hit_tokens < input_tokens,
+            "the sample has reuse, and partial blocks seen once are some of it"
+        );
+        let run = |capacity: usize| {
+            let args = ReplayArgs {
+                capacity,
+                ..sample_args()
+            };
+            let report = replay(
+                &requests,
+                &sim_config(&args).unwrap(),
+                &policies(&[]),
+                "sample",
+            )
+            .unwrap();
+            let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+            assert_eq!(json["capacity_blocks"], capacity);
+            assert_eq!(json["requests"], 500);
+            json
+        };
+        // Room for every block: nothing is evicted, so each policy serves exactly the reuse
+        // its admission keeps, and moves nothing between tiers.
+        let roomy = run(2 * distinct_blocks);
+        for (name, expected) in [
+            ("lru", hit_tokens),
+            ("s3fifo", hit_tokens),
+            ("belady", hit_tokens),
+            ("kvtier", selective_hit_tokens),
+        ] {
+            let policy = &roomy["policies"][name];
+            assert_eq!(policy["prefill_tokens_saved"], expected, "{name}");
+            assert_eq!(
+                policy["token_hit_ratio"].as_f64(),
+                Some(expected as f64 / input_tokens as f64),
                 "{name}"
             );
+            assert_eq!(policy["bytes_moved"], 0, "{name}");
         }
-        assert_eq!(json["capacity_blocks"], 1_000);
+        // 1000 blocks hold a fraction of the trace: every policy loses some of the reuse,
+        // and none beats Belady's oracle.
+        assert!(
+            distinct_blocks > 2 * 1_000,
+            "{distinct_blocks} distinct blocks"
+        );
+        let tight = run(1_000);
+        let saved = |name: &str| {
+            tight["policies"][name]["prefill_tokens_saved"]
+                .as_u64()
+                .unwrap()
+        };
+        for name in ["lru", "s3fifo", "belady", "kvtier"] {
+            assert!(
+                saved(name) > 0 && saved(name) < hit_tokens,
+                "{name}: {} of {hit_tokens}",
+                saved(name)
+            );
+            assert!(saved(name) <= saved("belady"), "{name} beat Belady");
+        }
     }
 }
