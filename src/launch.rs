@@ -52,6 +52,9 @@ pub struct ClusterSpec {
     pub low_watermark_percent: u8,
     /// The directory's `policy_time_scale`: how much faster than recorded a trace runs.
     pub policy_time_scale: f64,
+    /// The directory's `reservation_duration_ms`: how long a reservation waits for its
+    /// commit, and how long an extent given back cools before it is granted again.
+    pub reservation_duration_ms: u64,
 }
 
 impl Default for ClusterSpec {
@@ -70,6 +73,7 @@ impl Default for ClusterSpec {
             high_watermark_percent: 98,
             low_watermark_percent: 95,
             policy_time_scale: 1.0,
+            reservation_duration_ms: 30_000,
         }
     }
 }
@@ -267,7 +271,7 @@ fn cluster_toml(
         SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
     };
     let mut toml = format!(
-        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\n",
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\n",
         listen,
         metrics_address(spec.metrics)?,
         spec.suspect_after_ms,
@@ -275,6 +279,7 @@ fn cluster_toml(
         spec.high_watermark_percent,
         spec.low_watermark_percent,
         spec.policy_time_scale,
+        spec.reservation_duration_ms,
     );
     let domains = if spec.cxl_pool_bytes > 0 {
         toml.push_str(&format!(

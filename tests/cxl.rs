@@ -276,6 +276,10 @@ fn pressure_evicts_instead_of_failing() {
         write_order: vec![Medium::Cxl],
         high_watermark_percent: 90,
         low_watermark_percent: 50,
+        // Extents emptied by eviction are given back and cool for a reservation's
+        // duration before they are granted again: 5 s rather than 30 s keeps the waves of
+        // this test short, and is still ample for a 1 MiB write and its commit.
+        reservation_duration_ms: 5_000,
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
