@@ -224,11 +224,11 @@ fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimC
 fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
     let _turn = one_at_a_time();
     let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
-    // The first 1,000 requests (330 s of trace) at 60×: about 6 s per run, pools of a
-    // few hundred chunks under constant pressure. One CPU pool, then a CPU pool whose
+    // The first 3,000 requests at 60×: about 20 s per run, pools of a thousand chunks
+    // under constant pressure, where kvtier and LRU are far apart. One CPU pool, then a CPU pool whose
     // victims are demoted into a CXL pool. One after the other, so neither slows the other.
-    let requests = &requests[..1_000];
-    for (blocks, cxl_blocks) in [(400, 0), (200, 400)] {
+    let requests = &requests[..3_000];
+    for (blocks, cxl_blocks) in [(1_000, 0), (500, 1_000)] {
         let replayed = directory_replay(blocks, cxl_blocks, 60.0);
         let outcome = live::run(
             std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
@@ -248,11 +248,19 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
                 "demotions only with a CXL pool: {outcome:?}"
             );
         }
+        let (live, simulated) = (&outcome.live, &outcome.simulated);
         assert!(
             outcome.agrees(),
-            "dram={blocks} cxl={cxl_blocks}: live {:.4} vs simulated {:.4}: {outcome:?}",
-            outcome.live.token_hit_ratio(),
-            outcome.simulated.token_hit_ratio()
+            "dram={blocks} cxl={cxl_blocks}: live {:.4} vs simulated {:.4} (stored {}/{}, skipped {}/{}, demoted {}/{}, lag {:?})",
+            live.token_hit_ratio(),
+            simulated.token_hit_ratio(),
+            live.stored,
+            simulated.stored,
+            live.skipped,
+            simulated.skipped,
+            live.demoted,
+            simulated.demoted,
+            outcome.lag_max
         );
         // The check must tell kvtier from plain LRU at the same total capacity: LRU's ratio
         // falls outside the tolerance around the simulated one.

@@ -46,6 +46,33 @@ impl Handler<AddExtent> for PoolActor {
     }
 }
 
+/// Lets this node allocate inside a newly granted extent and allocates `allocation_bytes`
+/// there in the same turn, so the node's round of giving back empty extents can never
+/// take the new extent between the two (a store waiting for a grant gets it).
+pub struct AllocateInNewExtent {
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+    pub allocation_bytes: u64,
+}
+
+impl Message for AllocateInNewExtent {
+    /// `Err` from adding the extent (it is not in use) or from allocating in it (it is).
+    type Result = Result<Allocation, (PoolError, bool)>;
+}
+
+impl Handler<AllocateInNewExtent> for PoolActor {
+    type Result = Result<Allocation, (PoolError, bool)>;
+
+    fn handle(&mut self, message: AllocateInNewExtent, _: &mut Context<Self>) -> Self::Result {
+        self.backend
+            .add_extent(message.offset_bytes, message.length_bytes)
+            .map_err(|error| (error, false))?;
+        self.backend
+            .allocate(message.allocation_bytes)
+            .map_err(|error| (error, true))
+    }
+}
+
 /// Takes an empty extent out of use (to give it back to the directory).
 pub struct TakeEmptyExtent;
 

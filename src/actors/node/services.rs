@@ -3,7 +3,7 @@
 //! asks the directory for another extent when the granted ones are full.
 
 use super::link::DirectoryLink;
-use super::pool::{AddExtent, Allocate, Free, PoolActor};
+use super::pool::{AddExtent, Allocate, AllocateInNewExtent, Free, PoolActor};
 use crate::backends::{Allocation, PoolError};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -76,15 +76,18 @@ impl NodeServices {
         let Ok(ExtentGrant::Granted(extent)) = self.link.grant_extent(pool).await else {
             return Ok(again);
         };
-        let added = actor
-            .send(AddExtent {
+        let allocated = actor
+            .send(AllocateInNewExtent {
                 offset_bytes: extent.offset_bytes,
                 length_bytes: extent.length_bytes,
+                allocation_bytes: length_bytes,
             })
             .await?;
-        match added {
-            Ok(()) => actor.send(Allocate { length_bytes }).await,
-            Err(error) => {
+        match allocated {
+            Ok(allocation) => Ok(Ok(allocation)),
+            // In use now: an empty extent goes back on the node's next round.
+            Err((error, true)) => Ok(Err(error)),
+            Err((error, false)) => {
                 // Never keep an extent this node cannot use: give it back.
                 let action = self
                     .link
