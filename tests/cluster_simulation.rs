@@ -23,19 +23,19 @@ fn the_simulated_cluster_keeps_every_invariant() {
         summary.first_failing_seed, summary.first_violation
     );
     let covered = [
-        ("stores committed", summary.stores_committed, 1_000),
-        ("reads verified", summary.reads_verified, 10_000),
-        ("extents returned", summary.extents_returned, 50),
+        ("stores committed", summary.covered.stores_committed, 1_000),
+        ("reads verified", summary.covered.reads_verified, 10_000),
+        ("extents returned", summary.covered.extents_returned, 50),
         (
             "extent returns quarantined",
-            summary.extent_returns_quarantined,
+            summary.covered.extent_returns_quarantined,
             5,
         ),
-        ("node restarts", summary.node_restarts, 50),
-        ("directory restarts", summary.directory_restarts, 10),
-        ("expirations", summary.expired, 100),
-        ("evictions", summary.evicted, 100),
-        ("demotions", summary.demotions, 50),
+        ("node restarts", summary.covered.node_restarts, 50),
+        ("directory restarts", summary.covered.directory_restarts, 10),
+        ("expirations", summary.covered.expired, 100),
+        ("evictions", summary.covered.evicted, 100),
+        ("demotions", summary.covered.demotions, 50),
     ];
     for (what, count, least) in covered {
         assert!(

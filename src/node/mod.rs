@@ -22,6 +22,8 @@ pub use liveness::Liveness;
 pub use operations::OperationWindow;
 pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
 
+use crate::directory::{ExtentReturn, ResolveOutcome};
+use crate::model::{OperationId, PoolId};
 use std::collections::HashMap;
 
 /// Local clients one node serves at once: each holds a socket, a session actor and books.
@@ -99,6 +101,54 @@ impl NodeCore {
     /// Clients connected.
     pub fn clients(&self) -> usize {
         self.clients.len()
+    }
+
+    /// Starts giving back an extent that left its allocator empty: the operation id to
+    /// send it under, or `None` when it cannot start now (the caller puts the extent back).
+    pub fn begin_return(
+        &mut self,
+        pool: PoolId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Option<OperationId> {
+        let operation = self.operations.begin()?;
+        let begun = self
+            .returns
+            .begin(pool, offset_bytes, length_bytes, operation);
+        if begun.is_err() {
+            self.operations.end(operation);
+            return None;
+        }
+        Some(operation)
+    }
+
+    /// A return sent under `operation` was answered (`None`: its reply is lost). A lost
+    /// return keeps its operation outstanding, so the directory keeps its outcome until it
+    /// is resolved.
+    pub fn return_answered(
+        &mut self,
+        pool: PoolId,
+        offset_bytes: u64,
+        operation: OperationId,
+        answer: Option<ExtentReturn>,
+    ) -> ExtentAction {
+        let action = self.returns.answered(pool, offset_bytes, answer);
+        if action != ExtentAction::Resolve {
+            self.operations.end(operation);
+        }
+        action
+    }
+
+    /// A lost return sent under `operation` was resolved.
+    pub fn return_resolved(
+        &mut self,
+        pool: PoolId,
+        offset_bytes: u64,
+        operation: OperationId,
+        outcome: ResolveOutcome,
+    ) -> ExtentAction {
+        self.operations.end(operation);
+        self.returns.resolved(pool, offset_bytes, outcome)
     }
 }
 

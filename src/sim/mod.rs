@@ -63,15 +63,15 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.steps,
             summary.elapsed_ms as f64 / 1e3,
             summary.violations,
-            summary.stores_committed,
-            summary.reads_verified,
-            summary.extents_returned,
-            summary.extent_returns_quarantined,
-            summary.node_restarts,
-            summary.directory_restarts,
-            summary.expired,
-            summary.evicted,
-            summary.demotions
+            summary.covered.stores_committed,
+            summary.covered.reads_verified,
+            summary.covered.extents_returned,
+            summary.covered.extent_returns_quarantined,
+            summary.covered.node_restarts,
+            summary.covered.directory_restarts,
+            summary.covered.expired,
+            summary.covered.evicted,
+            summary.covered.demotions
         );
     }
     match summary.first_failing_seed {
@@ -82,11 +82,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The outcome of one seed.
+/// What a run exercised, summed over its steps (and over seeds in a summary).
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct SeedReport {
-    pub seed: u64,
-    pub steps: u32,
+pub struct Coverage {
     /// Stores whose commit was applied.
     pub stores_committed: u64,
     /// Reads whose bytes were checked against the object they claim.
@@ -103,6 +101,29 @@ pub struct SeedReport {
     pub evicted: u64,
     /// Demotion tasks a node ran (a copy one tier colder).
     pub demotions: u64,
+}
+
+impl Coverage {
+    fn add(&mut self, other: &Coverage) {
+        self.stores_committed += other.stores_committed;
+        self.reads_verified += other.reads_verified;
+        self.extents_returned += other.extents_returned;
+        self.extent_returns_quarantined += other.extent_returns_quarantined;
+        self.node_restarts += other.node_restarts;
+        self.directory_restarts += other.directory_restarts;
+        self.expired += other.expired;
+        self.evicted += other.evicted;
+        self.demotions += other.demotions;
+    }
+}
+
+/// The outcome of one seed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub steps: u32,
+    #[serde(flatten)]
+    pub covered: Coverage,
     /// The first invariant that failed, if any.
     pub violation: Option<String>,
 }
@@ -116,15 +137,8 @@ pub struct SimSummary {
     pub violations: u64,
     pub first_failing_seed: Option<u64>,
     pub first_violation: Option<String>,
-    pub stores_committed: u64,
-    pub reads_verified: u64,
-    pub extents_returned: u64,
-    pub extent_returns_quarantined: u64,
-    pub node_restarts: u64,
-    pub directory_restarts: u64,
-    pub expired: u64,
-    pub evicted: u64,
-    pub demotions: u64,
+    #[serde(flatten)]
+    pub covered: Coverage,
     pub elapsed_ms: u64,
 }
 
@@ -170,29 +184,13 @@ pub fn run_seeds(
         violations: 0,
         first_failing_seed: None,
         first_violation: None,
-        stores_committed: 0,
-        reads_verified: 0,
-        extents_returned: 0,
-        extent_returns_quarantined: 0,
-        node_restarts: 0,
-        directory_restarts: 0,
-        expired: 0,
-        evicted: 0,
-        demotions: 0,
+        covered: Coverage::default(),
         elapsed_ms: 0,
     };
     for seed in first..first.saturating_add(seeds) {
         let report = run_seed(seed, steps);
         progress(&report);
-        summary.stores_committed += report.stores_committed;
-        summary.reads_verified += report.reads_verified;
-        summary.extents_returned += report.extents_returned;
-        summary.extent_returns_quarantined += report.extent_returns_quarantined;
-        summary.node_restarts += report.node_restarts;
-        summary.directory_restarts += report.directory_restarts;
-        summary.expired += report.expired;
-        summary.evicted += report.evicted;
-        summary.demotions += report.demotions;
+        summary.covered.add(&report.covered);
         if let Some(violation) = report.violation {
             summary.violations += 1;
             if summary.first_failing_seed.is_none() {

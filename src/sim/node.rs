@@ -128,7 +128,7 @@ impl World {
         state.cxl.clear();
         state.pending.clear();
         state.committed.clear();
-        self.stats.node_restarts += 1;
+        self.stats.covered.node_restarts += 1;
     }
 
     /// Starts node `node` as a new process: opens a session (a new epoch), registers a
@@ -386,20 +386,10 @@ impl World {
             let Some((offset_bytes, length_bytes)) = allocator.take_empty() else {
                 continue;
             };
-            let Some(operation) = state.core.operations.begin() else {
+            let Some(operation) = state.core.begin_return(pool, offset_bytes, length_bytes) else {
                 allocator.add_extent(offset_bytes, length_bytes).ok();
                 continue;
             };
-            if state
-                .core
-                .returns
-                .begin(pool, offset_bytes, length_bytes, operation)
-                .is_err()
-            {
-                state.core.operations.end(operation);
-                allocator.add_extent(offset_bytes, length_bytes).ok();
-                continue;
-            }
             let request = DirectoryRequest::ReturnExtent {
                 operation,
                 pool,
@@ -462,7 +452,7 @@ impl World {
                             .core
                             .returns
                             .answered(pool, offset_bytes, None);
-                        self.stats.extent_returns_quarantined += 1;
+                        self.stats.covered.extent_returns_quarantined += 1;
                     }
                     let request = DirectoryRequest::Resolve {
                         target: session,
@@ -564,11 +554,10 @@ impl World {
     ) {
         match (outcome, purpose) {
             (outcome, Purpose::Return { pool, offset_bytes }) => {
-                let action = self.nodes[node]
-                    .core
-                    .returns
-                    .resolved(pool, offset_bytes, outcome);
-                self.nodes[node].core.operations.end(operation);
+                let action =
+                    self.nodes[node]
+                        .core
+                        .return_resolved(pool, offset_bytes, operation, outcome);
                 self.apply_extent_action(node, action);
             }
             (ResolveOutcome::Reserved(reserved), purpose) => {

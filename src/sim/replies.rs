@@ -131,7 +131,7 @@ impl World {
         };
         match after_commit(result) {
             PagesAfterCommit::Published => {
-                self.stats.stores_committed += 1;
+                self.stats.covered.stores_committed += 1;
                 self.nodes[node].committed.push(replica);
             }
             PagesAfterCommit::Keep => {}
@@ -226,7 +226,7 @@ impl World {
                     target,
                     target_pool,
                 } => {
-                    self.stats.demotions += 1;
+                    self.stats.covered.demotions += 1;
                     self.demote(node, source, target, target_pool)
                 }
             }
@@ -320,13 +320,11 @@ impl World {
             return;
         };
         if answer == Some(ExtentReturn::Returned) {
-            self.stats.extents_returned += 1;
+            self.stats.covered.extents_returned += 1;
         }
-        let core = &mut self.nodes[node].core;
-        let action = core.returns.answered(pool, offset_bytes, answer);
-        if action != ExtentAction::Resolve {
-            core.operations.end(operation);
-        }
+        let action = self.nodes[node]
+            .core
+            .return_answered(pool, offset_bytes, operation, answer);
         self.apply_extent_action(node, action);
     }
 

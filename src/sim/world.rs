@@ -158,7 +158,7 @@ impl World {
     /// every session is gone, and no extent is granted before the previous incarnation's
     /// leases, grants and fences have run out.
     fn restart_directory(&mut self) {
-        self.stats.directory_restarts += 1;
+        self.stats.covered.directory_restarts += 1;
         self.network.break_connections();
         self.directory = Directory::new(self.config.clone());
         self.cxl_pools.clear();
@@ -199,8 +199,8 @@ impl World {
     pub fn step(&mut self) {
         self.now = self.now + Duration::from_millis(1 + self.rng.below(20));
         let ticked = self.directory.tick(self.now);
-        self.stats.expired += u64::from(ticked.expired);
-        self.stats.evicted += u64::from(ticked.evicted);
+        self.stats.covered.expired += u64::from(ticked.expired);
+        self.stats.covered.evicted += u64::from(ticked.evicted);
         if self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
             self.restart_directory();
         }
@@ -222,19 +222,7 @@ impl World {
         match message.payload {
             Payload::Request(request) => {
                 let node = message.node;
-                let peer = self.nodes[node].name.clone();
-                let grant = Some(self.grant(node));
-                let reply = match self.bound_session(node) {
-                    Ok(session) => handle(
-                        &mut self.directory,
-                        self.now,
-                        &peer,
-                        grant,
-                        session,
-                        request,
-                    ),
-                    Err(refusal) => refusal,
-                };
+                let reply = self.call(node, request);
                 self.network.send(
                     &mut self.rng,
                     self.now,
@@ -264,7 +252,8 @@ impl World {
         }
     }
 
-    /// Synchronous request to the directory (start-up only: open, pools, namespace).
+    /// Answers one request of node `node` at the directory, on the connection bound to its
+    /// session (start-up calls it directly; other requests arrive through the network).
     pub fn call(
         &mut self,
         node: usize,
@@ -272,15 +261,17 @@ impl World {
     ) -> DirectoryReply {
         let peer = self.nodes[node].name.clone();
         let grant = Some(self.grant(node));
-        let session = self.nodes[node].session;
-        handle(
-            &mut self.directory,
-            self.now,
-            &peer,
-            grant,
-            session,
-            request,
-        )
+        match self.bound_session(node) {
+            Ok(session) => handle(
+                &mut self.directory,
+                self.now,
+                &peer,
+                grant,
+                session,
+                request,
+            ),
+            Err(refusal) => refusal,
+        }
     }
 
     /// Every lease some engine still reads under: the live nodes' and the orphans'.
@@ -318,7 +309,7 @@ impl World {
             self.stats.seed,
             held.lease.replica
         );
-        self.stats.reads_verified += 1;
+        self.stats.covered.reads_verified += 1;
     }
 
     /// The cluster-wide checks after a step.

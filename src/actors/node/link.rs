@@ -311,18 +311,7 @@ impl DirectoryLink {
         offset_bytes: u64,
         length_bytes: u64,
     ) -> ExtentAction {
-        let begun = {
-            let mut core = self.core();
-            core.operations.begin().and_then(|operation| {
-                let begun = core
-                    .returns
-                    .begin(pool, offset_bytes, length_bytes, operation);
-                if begun.is_err() {
-                    core.operations.end(operation);
-                }
-                begun.ok().map(|()| operation)
-            })
-        };
+        let begun = self.core().begin_return(pool, offset_bytes, length_bytes);
         let Some(operation) = begun else {
             return ExtentAction::AddBack {
                 pool,
@@ -342,14 +331,8 @@ impl DirectoryLink {
             Err(LinkError::Refused(_)) => Some(ExtentReturn::NotOwner),
             _ => None,
         };
-        let mut core = self.core();
-        let action = core.returns.answered(pool, offset_bytes, answer);
-        // A lost return keeps its id outstanding, so the directory keeps its outcome until
-        // it is resolved.
-        if action != ExtentAction::Resolve {
-            core.operations.end(operation);
-        }
-        action
+        self.core()
+            .return_answered(pool, offset_bytes, operation, answer)
     }
 
     /// Resolves the extent returns whose replies were lost: what to do with each extent
@@ -361,9 +344,10 @@ impl DirectoryLink {
             let Ok(outcome) = self.resolve(operation).await else {
                 continue;
             };
-            let mut core = self.core();
-            core.operations.end(operation);
-            actions.push(core.returns.resolved(pool, offset_bytes, outcome));
+            let action = self
+                .core()
+                .return_resolved(pool, offset_bytes, operation, outcome);
+            actions.push(action);
         }
         actions
     }
