@@ -26,18 +26,33 @@ impl Directory {
         let view = self.read_view(session);
         Ok(objects
             .iter()
-            .map(|object| {
-                let selected = self.select_replica(&view, object);
-                match selected.and_then(|id| self.replicas.get(id)) {
-                    Some(replica) => ProbeOutcome::Hit {
-                        medium: self.pools[replica.pool.0 as usize].spec.medium,
-                        length_bytes: replica.length_bytes,
-                    },
-                    None if self.pending_for(&view, object) => ProbeOutcome::Pending,
-                    None => ProbeOutcome::Miss,
-                }
-            })
+            .map(|object| self.probe_one(&view, object))
             .collect())
+    }
+
+    /// One object's probe, in one pass over its replicas (the hot path of every lookup):
+    /// the replica [`placement::read_choice`] picks, else whether one is being written.
+    fn probe_one(&self, view: &ReadView, object: &ObjectId) -> ProbeOutcome {
+        let mut pending = false;
+        let candidates = self.replicas.of_object(object).filter_map(|(_, replica)| {
+            let rank = view.rank(replica.pool)?;
+            match replica.state {
+                ReplicaState::Ready => Some(((replica.pool, replica.length_bytes), rank)),
+                ReplicaState::Reserved => {
+                    pending = true;
+                    None
+                }
+                ReplicaState::Retiring | ReplicaState::Free => None,
+            }
+        });
+        match placement::read_choice(candidates) {
+            Some((pool, length_bytes)) => ProbeOutcome::Hit {
+                medium: self.pools[pool.0 as usize].spec.medium,
+                length_bytes,
+            },
+            None if pending => ProbeOutcome::Pending,
+            None => ProbeOutcome::Miss,
+        }
     }
 
     /// The cheapest READY replica of `object` the session can map, by kvtier's read
