@@ -320,7 +320,12 @@ fn kvtier_over_tiers_saves_more_than_lru_over_the_same_tiers_and_dram_alone() {
     let kvtier = run(PolicyKind::Kvtier, &tiered);
     let lru = run(PolicyKind::Lru, &tiered);
     let lru_dram = run(PolicyKind::Lru, &config(1_000));
+    let s3fifo = run(PolicyKind::S3fifo, &tiered);
     assert!(kvtier > lru, "kvtier {kvtier} <= lru over the tiers {lru}");
+    assert!(
+        kvtier > s3fifo,
+        "kvtier {kvtier} <= s3-fifo over the tiers {s3fifo}"
+    );
     assert!(
         kvtier > lru_dram,
         "kvtier {kvtier} <= lru on dram {lru_dram}"

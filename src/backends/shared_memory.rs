@@ -29,10 +29,14 @@
 use super::error::PoolError;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
+
+/// Permissions of a pool file this process creates: the owner and its group (the engines
+/// allowed to map the pool), nobody else.
+pub const POOL_FILE_MODE: u32 = 0o660;
 
 /// First bytes of every kvtier pool.
 pub const POOL_MAGIC: [u8; 8] = *b"KVTIERPL";
@@ -182,11 +186,15 @@ impl SharedMemory {
             path: path.to_owned(),
             source,
         };
+        // Created exclusively (never a file someone put there first, never through a
+        // link) and readable only by its owner and group: the node and the engines allowed
+        // to map it.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(POOL_FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             .map_err(io)?;
         allocate_storage(&file, total_bytes).map_err(io)?;
@@ -487,7 +495,9 @@ pub(crate) mod tests {
             Err(PoolError::WrongMagic { .. })
         ));
 
+        std::fs::remove_file(&path.0).unwrap();
         drop(SharedMemory::create(&path.0, 4 * PAGE, UUID, PAGE).unwrap());
+        let file = OpenOptions::new().write(true).open(&path.0).unwrap();
         file.set_len(3 * PAGE).unwrap();
         assert!(matches!(
             SharedMemory::open(&path.0, None),

@@ -44,6 +44,9 @@ pub struct OpenReply {
     /// Silence after which the directory fences the session: a node whose heartbeats went
     /// unanswered this long stops on its own (`node::Liveness`).
     pub fence_after_ms: u64,
+    /// Items one probe, acquire or release may carry: a node refuses larger batches itself,
+    /// before changing its books.
+    pub batch_items_max: u32,
 }
 
 /// One object to store.

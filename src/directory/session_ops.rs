@@ -72,6 +72,7 @@ impl Directory {
             lease_duration_ms: self.config.lease_duration.as_millis() as u64,
             heartbeat_interval_ms: (self.config.suspect_after.as_millis() / 3) as u64,
             fence_after_ms: self.config.fence_after.as_millis() as u64,
+            batch_items_max: self.config.batch_items_max,
         })
     }
 

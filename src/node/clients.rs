@@ -39,6 +39,8 @@ pub enum ClientRefusal {
     TooManyTickets,
     /// The request would take the client past [`ClientLimits::leases_max`] leases.
     TooManyLeases,
+    /// A batch larger than the directory accepts.
+    BatchTooLarge { items: usize, max: usize },
 }
 
 /// What to give back for a client that left.
@@ -171,12 +173,24 @@ impl ClientBooks {
     }
 
     /// Takes the client's own leases among `leases` out of the books: `true` where the
-    /// lease was this client's (only those may be released on its behalf).
-    pub fn release(&mut self, leases: &[LeaseId]) -> Vec<bool> {
-        leases
+    /// lease was this client's (only those may be released on its behalf). A batch over
+    /// `batch_items_max` is refused whole, the books untouched: the directory would refuse
+    /// it, and leases dropped here would then never be released there.
+    pub fn release(
+        &mut self,
+        leases: &[LeaseId],
+        batch_items_max: usize,
+    ) -> Result<Vec<bool>, ClientRefusal> {
+        if leases.len() > batch_items_max {
+            return Err(ClientRefusal::BatchTooLarge {
+                items: leases.len(),
+                max: batch_items_max,
+            });
+        }
+        Ok(leases
             .iter()
             .map(|lease| self.leases.remove(lease).is_some())
-            .collect()
+            .collect())
     }
 
     /// Leases held now.
@@ -263,7 +277,15 @@ mod tests {
             Err(ClientRefusal::TooManyLeases)
         );
         books.leases_granted(2, vec![(LeaseId(1), at(50)), (LeaseId(2), at(500))]);
-        assert_eq!(books.release(&[LeaseId(1), LeaseId(9)]), vec![true, false]);
+        assert_eq!(
+            books.release(&[LeaseId(1), LeaseId(9), LeaseId(2)], 2),
+            Err(ClientRefusal::BatchTooLarge { items: 3, max: 2 }),
+            "refused whole"
+        );
+        assert_eq!(
+            books.release(&[LeaseId(1), LeaseId(9)], 2),
+            Ok(vec![true, false])
+        );
         // The expired lease is pruned to make room.
         books.admit_acquire(3, at(600)).unwrap();
         assert_eq!(books.leases_held(), 0);

@@ -354,7 +354,7 @@ impl World {
         }
         let state = &mut self.nodes[node];
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
-            books.release(&[held.lease.lease]);
+            books.release(&[held.lease.lease], usize::MAX).ok();
         }
         let request = DirectoryRequest::Release {
             leases: vec![held.lease.lease],

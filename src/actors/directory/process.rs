@@ -94,16 +94,14 @@ enum Prepared {
     Existing,
 }
 
-/// Writes a CXL pool's header once: a device or file without a kvtier header is formatted
-/// (it holds nothing yet); one with the header of this pool is kept as it is; one that
-/// belongs to another pool or layout is refused, never overwritten.
+/// Writes a CXL pool's header once: a path where nothing exists is created and formatted;
+/// one with the header of this pool is kept as it is; anything else there — another pool, an
+/// incompatible layout, or a file or device without a kvtier header, which may hold someone
+/// else's data — is refused, never overwritten.
 fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     let uuid = pool.uuid()?;
     match SharedMemory::open(&pool.path, Some(uuid)) {
         Ok(mapping) => check_geometry(pool, &mapping).map(|()| Prepared::Existing),
-        Err(PoolError::WrongMagic { .. } | PoolError::Truncated { .. }) => {
-            format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
-        }
         Err(PoolError::Io { .. }) if !pool.path.exists() => {
             format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
         }

@@ -13,7 +13,9 @@ use super::services::NodeServices;
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
-use crate::directory::{AcquireOutcome, ReleaseOutcome, ReserveItem, ReserveOutcome};
+use crate::directory::{
+    AcquireOutcome, DirectoryError, ReleaseOutcome, ReserveItem, ReserveOutcome,
+};
 use crate::metrics::Operation;
 use crate::model::{LeaseId, Location, Timestamp};
 use crate::node::{after_commit, ClientId, ClientRefusal, PagesAfterCommit, Ticket};
@@ -220,10 +222,19 @@ impl ClientSessionActor {
             }
             ClientRequest::Release { leases } => {
                 // Only this client's own leases: another engine's are not its to end.
-                let owned = self
-                    .books(|books| books.release(&leases))
-                    .unwrap_or_else(|| vec![false; leases.len()]);
-                Admitted::Work(Box::pin(release(services, leases, owned)), Slots::None)
+                let max = services.link.batch_items_max;
+                match self.books(|books| books.release(&leases, max)) {
+                    Some(Ok(owned)) => {
+                        Admitted::Work(Box::pin(release(services, leases, owned)), Slots::None)
+                    }
+                    Some(Err(ClientRefusal::BatchTooLarge { items, max })) => {
+                        Admitted::Reply(error(ProtocolError::Directory(
+                            DirectoryError::BatchTooLarge { items, max },
+                        )))
+                    }
+                    Some(Err(refusal)) => Admitted::Reply(busy(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
             }
             request => Admitted::Work(Box::pin(forward(services, request)), Slots::None),
         }

@@ -96,6 +96,8 @@ pub struct DirectoryLink {
     pub heartbeat_interval: Duration,
     /// The silence after which the directory fences this session.
     pub fence_after: Duration,
+    /// Items one batched request may carry at the directory.
+    pub batch_items_max: usize,
     /// Just before the `Open` that opened the session was sent.
     pub opened: std::time::Instant,
     /// The node's books: operation ids and extents being given back live there.
@@ -148,6 +150,7 @@ impl DirectoryLink {
             node: opened.node,
             heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
             fence_after: Duration::from_millis(opened.fence_after_ms),
+            batch_items_max: opened.batch_items_max as usize,
             opened: sent,
             core,
         })
