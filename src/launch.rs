@@ -198,6 +198,23 @@ fn ip(arguments: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Adds network namespace `name` and a veth pair whose `node_end` lives in it, recording
+/// in `created` each thing as it is made, so a failure part way removes exactly those.
+fn add_namespace_with_link(
+    created: &mut Created,
+    name: &str,
+    host_end: &str,
+    node_end: &str,
+) -> Result<(), String> {
+    ip(&["netns", "add", name])?;
+    created.namespaces.push(name.to_string());
+    ip(&[
+        "link", "add", host_end, "type", "veth", "peer", "name", node_end,
+    ])?;
+    created.links.push(host_end.to_string());
+    ip(&["link", "set", node_end, "netns", name])
+}
+
 /// Why this process cannot give nodes network namespaces of their own (`None`: it can). It
 /// creates and deletes a scratch namespace and veth pair, as [`ClusterSpec::netns`] does;
 /// without root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`) or without `ip`, it cannot.
@@ -212,16 +229,7 @@ pub fn network_namespaces_unavailable() -> Option<String> {
     let (host_end, node_end) = (format!("kvch{unique}"), format!("kvcn{unique}"));
     // Only what this call made goes into `created`: a name another process holds stays.
     let mut created = Created::default();
-    let mut attempt = || -> Result<(), String> {
-        ip(&["netns", "add", &name])?;
-        created.namespaces.push(name.clone());
-        ip(&[
-            "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
-        ])?;
-        created.links.push(host_end.clone());
-        ip(&["link", "set", &node_end, "netns", &name])
-    };
-    let refused = attempt().err();
+    let refused = add_namespace_with_link(&mut created, &name, &host_end, &node_end).err();
     let left = created.remove();
     match refused {
         Some(reason) => Some(reason),
@@ -611,13 +619,7 @@ fn create_namespaces(
         let host_address = std::net::Ipv4Addr::new(10, 231, high, low + 1);
         let node_address = std::net::Ipv4Addr::new(10, 231, high, low + 2);
         let (host_cidr, node_cidr) = (format!("{host_address}/30"), format!("{node_address}/30"));
-        ip(&["netns", "add", &name])?;
-        created.namespaces.push(name.clone());
-        ip(&[
-            "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
-        ])?;
-        created.links.push(host_end.clone());
-        ip(&["link", "set", &node_end, "netns", &name])?;
+        add_namespace_with_link(created, &name, &host_end, &node_end)?;
         ip(&["addr", "add", &host_cidr, "dev", &host_end])?;
         ip(&["link", "set", &host_end, "up"])?;
         ip(&["-n", &name, "addr", "add", &node_cidr, "dev", &node_end])?;

@@ -27,7 +27,7 @@ use crate::workload::transfer::{load_cached_prefix, store_chunks, PrefixBuffers}
 /// a fraction of the simulated ratio, that still counts as agreement. The live run differs
 /// only by timing (reclaims land a round trip later, stores of one prompt commit
 /// concurrently, the driver may fall behind the schedule in a burst), and that noise is
-/// measured: whole-trace runs differed from their simulation by 0.1–3.4 % of it, and the
+/// measured: whole-trace runs differed from their simulation by 0.03–3.4 % of it, and the
 /// CI run (3,000 requests at 60×, 1,000 blocks) by up to 8.3 % over repeated runs on a
 /// loaded 2-core machine. 12 % covers that spread; plain LRU at the same capacity is 38 %
 /// away on that run, and the test asserts it falls outside.

@@ -477,13 +477,8 @@ impl World {
                     books.leases_granted(count, Vec::new());
                 }
             }
-            (
-                DirectoryRequest::Resolve { operation, .. },
-                Purpose::Return { pool, offset_bytes },
-            ) => {
-                // Still unknown: the extent stays quarantined; resolve again later.
-                let _ = (operation, pool, offset_bytes);
-            }
+            // A return still unknown stays quarantined and is resolved again later.
+            (DirectoryRequest::Resolve { .. }, Purpose::Return { .. }) => {}
             (DirectoryRequest::Resolve { operation, .. }, purpose) => {
                 self.resolved(node, operation, ResolveOutcome::Unknown, purpose);
             }

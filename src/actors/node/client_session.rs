@@ -251,17 +251,24 @@ impl Handler<Finished> for ClientSessionActor {
     fn handle(&mut self, finished: Finished, context: &mut Context<Self>) {
         self.inflight -= 1;
         let now = self.services.clock.now();
-        let (slots, change) = (finished.slots, finished.change);
-        let applied = self.books(|books| match (slots, change) {
-            (Slots::Ticket, Change::Ticket(ticket, granted)) => {
+        let mut core = self.services.core();
+        match (core.client(self.client), finished.slots, finished.change) {
+            (Some(books), Slots::Ticket, Change::Ticket(ticket, granted)) => {
                 books.store_granted(ticket, granted, now)
             }
-            (Slots::Ticket, _) => books.store_ended(),
-            (Slots::Leases(count), Change::Leases(leases)) => books.leases_granted(count, leases),
-            (Slots::Leases(count), _) => books.leases_granted(count, Vec::new()),
-            (Slots::None, _) => {}
-        });
-        debug_assert!(applied.is_some(), "a live session's books exist");
+            (Some(books), Slots::Ticket, _) => books.store_ended(),
+            (Some(books), Slots::Leases(count), Change::Leases(leases)) => {
+                books.leases_granted(count, leases)
+            }
+            (Some(books), Slots::Leases(count), _) => books.leases_granted(count, Vec::new()),
+            (Some(_), Slots::None, _) => {}
+            // The client's books are gone: give back what the request obtained.
+            (None, _, change) => {
+                let services = self.services.clone();
+                actix_rt::spawn(async move { undo(&services, change).await });
+            }
+        }
+        drop(core);
         let error = match &finished.reply {
             ClientReply::Error(error) => Some(error.label()),
             _ => None,
