@@ -4,7 +4,7 @@
 //! `KVTIER_DIRECTORY__LISTEN=0.0.0.0:7400`. Relative paths are relative to the file.
 
 use crate::directory::{DirectoryConfig, NamespaceAccess};
-use crate::model::{DomainId, Medium};
+use crate::model::{DomainId, Medium, NodeId, PoolSpec, Scope};
 use crate::policy::profiles::ProfileFigures;
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -225,6 +225,18 @@ impl DirectorySection {
 }
 
 impl NodeSection {
+    /// The node's CPU pool as it registers it (the directory declares the same at start).
+    pub fn cpu_pool_spec(&self, node: NodeId) -> PoolSpec {
+        PoolSpec {
+            name: format!("{}-cpu", self.name),
+            medium: Medium::Cpu,
+            scope: Scope::Host(node),
+            capacity_bytes: self.cpu_pool.capacity_bytes,
+            page_bytes: self.cpu_pool.page_bytes,
+            extent_bytes: None,
+        }
+    }
+
     /// What the directory grants this node, from the operator's configuration.
     pub fn access(&self) -> (Vec<DomainId>, NamespaceAccess) {
         let domains = self

@@ -452,10 +452,14 @@ impl LocalCluster {
     }
 
     fn spawn(&self, namespace: Option<&str>, arguments: &[&str]) -> anyhow::Result<Child> {
-        let log = std::fs::File::create(self.root.join(format!(
-            "{}.log",
-            arguments.last().copied().unwrap_or("process")
-        )))?;
+        // Appended: a restarted process keeps its predecessor's log.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(format!(
+                "{}.log",
+                arguments.last().copied().unwrap_or("process")
+            )))?;
         let mut command = match namespace {
             // `ip netns exec` replaces itself with the command: the child is the node.
             Some(namespace) => {
@@ -546,6 +550,30 @@ impl LocalCluster {
             child.wait()?;
         }
         Ok(())
+    }
+
+    /// Kills the directory with SIGKILL (no clean shutdown) and waits for it to die.
+    pub fn kill_directory(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.directory.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the directory again: a new incarnation over the same configuration, which the
+    /// running nodes rejoin with what they hold.
+    pub fn restart_directory(&mut self) -> anyhow::Result<()> {
+        self.kill_directory()?;
+        self.directory = Some(self.spawn(None, &["directory"])?);
+        Ok(())
+    }
+
+    /// The process id of node `index` while it runs (`None` once it exited).
+    pub fn node_pid(&mut self, index: usize) -> Option<u32> {
+        let (_, child) = self.nodes.get_mut(index)?;
+        let child = child.as_mut()?;
+        matches!(child.try_wait(), Ok(None)).then(|| child.id())
     }
 
     /// Starts node `index` again (a new epoch) and waits until it serves clients.

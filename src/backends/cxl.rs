@@ -104,6 +104,14 @@ impl PoolBackend for CxlPool {
     fn add_extent(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), PoolError> {
         self.extents().add_extent(offset_bytes, length_bytes)
     }
+
+    fn held_extents(&self) -> Vec<(u64, u64)> {
+        self.extents().extents().collect()
+    }
+
+    fn drop_extent(&self, offset_bytes: u64) -> bool {
+        self.extents().drop_extent(offset_bytes)
+    }
 }
 
 #[cfg(test)]

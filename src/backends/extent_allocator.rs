@@ -132,6 +132,22 @@ impl ExtentAllocator {
         Some((extent.offset_bytes, extent.pages.capacity_bytes()))
     }
 
+    /// Takes the extent starting at `offset_bytes` out of use with every allocation in it
+    /// (the directory did not give it back to this node after a rejoin): its slot's ids go
+    /// stale, so a late free of one of them is refused. False when no such extent is held.
+    pub fn drop_extent(&mut self, offset_bytes: u64) -> bool {
+        let Some(slot) = self.slots.iter_mut().find(|slot| {
+            slot.extent
+                .as_ref()
+                .is_some_and(|extent| extent.offset_bytes == offset_bytes)
+        }) else {
+            return false;
+        };
+        slot.extent = None;
+        slot.reuse = slot.reuse.wrapping_add(1);
+        true
+    }
+
     /// The extents held now, as `(offset, length)`.
     pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.slots

@@ -86,4 +86,17 @@ pub trait PoolBackend: Send + Sync {
     fn take_empty_extent(&self) -> Option<(u64, u64)> {
         None
     }
+
+    /// The extents this node holds in a shared pool, as `(offset, length)`; none in a
+    /// pool without extents.
+    fn held_extents(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
+
+    /// Takes the extent at `offset_bytes` out of use with every allocation inside it (the
+    /// node lost it while its session was replaced); its allocation ids go stale. False
+    /// when no such extent is held.
+    fn drop_extent(&self, _offset_bytes: u64) -> bool {
+        false
+    }
 }

@@ -109,7 +109,7 @@ async fn measure(
     let pool_spec = PoolSpec {
         name: "bench-cpu".into(),
         medium: Medium::Cpu,
-        scope: Scope::Host(link.node),
+        scope: Scope::Host(link.binding().node),
         capacity_bytes: (args.stored_objects + 1) * OBJECT_BYTES,
         page_bytes: 4096,
         extent_bytes: None,
@@ -167,7 +167,7 @@ async fn store_objects(
                 offset_bytes: index as u64 * OBJECT_BYTES,
                 length_bytes: OBJECT_BYTES,
             };
-            match link.commit(replica, location).await? {
+            match link.commit(link.session(), replica, location).await? {
                 Some(CommitOutcome::Committed) => Ok(()),
                 other => bail!("commit answered {other:?}"),
             }
@@ -198,13 +198,10 @@ impl Drop for AbortOnDrop {
 
 /// Sends a heartbeat (with the acknowledgement window) at the period the directory asked for.
 async fn keep_alive(link: Arc<DirectoryLink>) {
-    let mut period = tokio::time::interval(link.heartbeat_interval);
+    let mut period = tokio::time::interval(link.binding().heartbeat_interval);
     loop {
         period.tick().await;
-        let request = DirectoryRequest::Heartbeat {
-            acknowledged_through: link.acknowledged_through(),
-        };
-        if let Err(error) = link.call(request).await {
+        if let Err(error) = link.heartbeat(link.acknowledged_through()).await {
             tracing::warn!(%error, "benchmark heartbeat failed");
         }
     }

@@ -200,6 +200,7 @@ impl Client {
         match self.call(ClientRequest::CommitStore { ticket }).await? {
             ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
             ClientReply::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
+            ClientReply::NotStored => Ok(StoreOutcome::Skipped),
             other => Err(unexpected(other)),
         }
     }

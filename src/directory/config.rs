@@ -83,6 +83,15 @@ pub struct DirectoryConfig {
     pub task_ack_timeout: Duration,
     /// Seed of the object index's hash function (from configuration, so runs replay).
     pub hash_seed: u64,
+    /// This directory's incarnation, carried in every session id it opens: a process
+    /// sets a fresh one at each start (a simulation derives it from its seed), so a node
+    /// presenting a session of an earlier incarnation is told `UnknownSession` and rejoins.
+    #[serde(skip, default = "default_incarnation")]
+    pub incarnation: u16,
+    /// Items of rejoin reports (extent claims and adopted replicas) the directory takes
+    /// per tick, over all nodes: a rack of nodes rejoining at once is paced (each is told
+    /// when to come back) so that serving the others stays within its latency budget.
+    pub adopt_items_per_tick: u32,
     /// Prefill time of one token, in microseconds, for a model not named in
     /// `prefill_us_per_token_by_model`: what recomputing an evicted chunk costs. A
     /// representative mid-size model on one GPU.
@@ -241,6 +250,8 @@ impl Default for DirectoryConfig {
             fence_after: Duration::from_secs(15),
             task_ack_timeout: Duration::from_secs(10),
             hash_seed: 0x6b76_7469_6572,
+            incarnation: default_incarnation(),
+            adopt_items_per_tick: 16_384,
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             profiles: BTreeMap::new(),
@@ -248,4 +259,9 @@ impl Default for DirectoryConfig {
             policy_time_scale: 1.0,
         }
     }
+}
+
+/// The incarnation of a directory nobody gave one: the first.
+fn default_incarnation() -> u16 {
+    1
 }

@@ -86,6 +86,10 @@ pub enum DirectoryError {
     /// `resolve` asked about another node's session.
     #[error("cannot resolve another node's operations")]
     ForeignSession,
+    /// Too many nodes are rejoining at once: the directory takes this report later. The
+    /// node waits a tick or more and sends it again.
+    #[error("rejoin reports are paced; send again shortly")]
+    Paced,
     /// `close` while the session still holds leases or reservations; release them first.
     #[error("session not drained: {leases} leases, {reservations} reservations")]
     NotDrained { leases: u32, reservations: u32 },

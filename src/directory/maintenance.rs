@@ -15,6 +15,7 @@ impl Directory {
     /// `fence_after`. Returns what changed.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
         self.latest_tick = self.latest_tick.max(now);
+        self.refill_adopt_budget();
         self.requeue_overdue_tasks(now);
         let evicted = self.evict(now) + std::mem::take(&mut self.evictions_unreported);
         let expired = self.expire(

@@ -22,6 +22,7 @@
 //! grant_extent) and `invariants`. The records they work on are in `sessions`, `pools`,
 //! `replicas`, `leases` and `ledger`; the messages in `ops`.
 
+mod adoption;
 pub mod config;
 mod demotion;
 pub mod error;
@@ -42,6 +43,7 @@ mod session_ops;
 mod sessions;
 mod store;
 
+pub use adoption::{AdoptOutcome, Holding};
 pub use config::DirectoryConfig;
 pub use error::{DirectoryError, Table};
 pub use ops::*;
@@ -141,6 +143,8 @@ pub struct Directory {
     /// probability per frequency class learned from them. Bounded by
     /// [`crate::policy::history::HISTORY_ENTRIES_MAX`].
     history: History,
+    /// This incarnation's recovery window and rejoin budget ([`adoption`]).
+    recovery: adoption::Recovery,
 }
 
 impl Directory {
@@ -164,6 +168,11 @@ impl Directory {
             demotions: HashMap::new(),
             demoting: HashSet::new(),
             history: History::new(),
+            recovery: adoption::Recovery {
+                until: Timestamp::ZERO,
+                adopted: false,
+                budget: config.adopt_items_per_tick,
+            },
             config,
         }
     }

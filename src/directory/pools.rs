@@ -23,6 +23,9 @@ struct ExtentSlot {
     replicas: u32,
     /// Not granted again before this time.
     cool_until: Timestamp,
+    /// Held at start because a previous incarnation may have granted it: the node that
+    /// held it may claim it back when it rejoins.
+    claimable: bool,
 }
 
 impl ExtentTable {
@@ -33,6 +36,7 @@ impl ExtentTable {
             owner: None,
             replicas: 0,
             cool_until: Timestamp::ZERO,
+            claimable: false,
         };
         ExtentTable {
             extent_bytes,
@@ -50,6 +54,7 @@ impl ExtentTable {
             owner: Some(session),
             replicas: 0,
             cool_until: Timestamp::ZERO,
+            claimable: false,
         };
         Some((index as u64 * self.extent_bytes, self.extent_bytes))
     }
@@ -109,6 +114,7 @@ impl ExtentTable {
                     owner: None,
                     replicas: 0,
                     cool_until,
+                    claimable: false,
                 };
             }
         }
@@ -123,6 +129,7 @@ impl ExtentTable {
                     owner: None,
                     replicas: 0,
                     cool_until,
+                    claimable: false,
                 };
             }
         }
@@ -147,6 +154,7 @@ impl ExtentTable {
                     owner: None,
                     replicas: 0,
                     cool_until,
+                    claimable: false,
                 };
                 ExtentReturn::Returned
             }
@@ -154,10 +162,48 @@ impl ExtentTable {
         }
     }
 
-    /// No free extent is granted before `until` (extents cooling longer keep their time).
+    /// No free extent is granted before `until` (extents cooling longer keep their time);
+    /// until one is granted, the node that held it may claim it.
     pub fn hold_until(&mut self, until: Timestamp) {
         for slot in self.slots.iter_mut().filter(|slot| slot.owner.is_none()) {
             slot.cool_until = slot.cool_until.max(until);
+            slot.claimable = true;
+        }
+    }
+
+    /// A rejoining `session` claims the extent starting at `offset_bytes`: true when it is
+    /// the session's now — already its own, held at start and not yet granted or claimed,
+    /// or held by an ended session for which `same_node_ended` holds (the same node's
+    /// earlier session). Never another node's, nor one given back or released.
+    pub fn claim(
+        &mut self,
+        session: SessionId,
+        offset_bytes: u64,
+        same_node_ended: impl Fn(SessionId) -> bool,
+    ) -> bool {
+        if offset_bytes % self.extent_bytes != 0 {
+            return false;
+        }
+        let index = self.index_of(offset_bytes);
+        let Some(slot) = self.slots.get_mut(index) else {
+            return false;
+        };
+        match slot.owner {
+            Some(owner) if owner == session => true,
+            Some(owner) if same_node_ended(owner) => {
+                slot.owner = Some(session);
+                true
+            }
+            None if slot.claimable => {
+                *slot = ExtentSlot {
+                    owner: Some(session),
+                    replicas: 0,
+                    cool_until: Timestamp::ZERO,
+                    claimable: false,
+                };
+                true
+            }
+            _ => false,
         }
     }
 

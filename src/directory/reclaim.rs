@@ -7,6 +7,7 @@ use super::{
     Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
 };
 use crate::model::{ReplicaId, SessionId, TaskId, Timestamp};
+use std::collections::VecDeque;
 
 impl Directory {
     /// Starts retiring a READY replica: new acquires no longer see it. Once no lease
@@ -89,9 +90,23 @@ impl Directory {
     ) -> Result<Vec<Task>, DirectoryError> {
         let node = self.open_session(session_id)?.node;
         let count = max.min(self.config.tasks_per_poll_max) as usize;
+        let holding_reclaims = self.holding_reclaims(now);
         let record = &mut self.nodes[node.0 as usize];
         let count = count.min(record.tasks.len());
-        let tasks: Vec<Task> = record.tasks.drain(..count).collect();
+        let tasks: Vec<Task> = if holding_reclaims {
+            // Recovery: reclaims wait in the queue (see `adoption`); demotions go out.
+            let (reclaims, others): (VecDeque<Task>, VecDeque<Task>) = record
+                .tasks
+                .drain(..)
+                .partition(|task| matches!(task.kind, TaskKind::Reclaim { .. }));
+            record.tasks = reclaims;
+            let mut others = others;
+            let handed: Vec<Task> = others.drain(..count.min(others.len())).collect();
+            record.tasks.extend(others);
+            handed
+        } else {
+            record.tasks.drain(..count).collect()
+        };
         let retry_at = now + self.config.task_ack_timeout;
         record
             .handed_out

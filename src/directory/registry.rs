@@ -7,7 +7,7 @@ use super::sessions::Session;
 use super::{
     Directory, DirectoryError, NamespaceAccess, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX,
 };
-use crate::model::{NamespaceDescriptor, NamespaceId, PoolId, PoolSpec, Scope, SessionId};
+use crate::model::{NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, Scope, SessionId};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
 
 impl Directory {
@@ -65,6 +65,43 @@ impl Directory {
         self.pools.push(PoolRecord::new(spec, session, profile));
         self.pool_ids.insert(key, pool);
         Ok(pool)
+    }
+
+    /// Declares a node of the operator's configuration and its host pools before any
+    /// session. A directory declares its nodes in configuration order at every start, so a
+    /// restarted directory gives each node and pool the ids the previous incarnation gave
+    /// them: a rejoining node keeps its pools' ids, and every location its engines hold
+    /// stays true. The pools accept nothing until the node registers them.
+    pub fn declare_node(
+        &mut self,
+        name: &str,
+        host_pools: Vec<PoolSpec>,
+    ) -> Result<NodeId, DirectoryError> {
+        if name.is_empty() || name.len() > NAME_BYTES_MAX {
+            return Err(DirectoryError::InvalidPool(
+                "node name empty or too long".into(),
+            ));
+        }
+        let node = self.node_named(name)?;
+        for spec in host_pools {
+            let spec = PoolSpec {
+                scope: Scope::Host(node),
+                ..spec
+            };
+            check_pool_spec(&spec)?;
+            let key = (spec.scope, spec.name.clone());
+            if self.pool_ids.contains_key(&key) {
+                continue;
+            }
+            if self.pools.len() >= self.config.pools_max as usize {
+                return Err(DirectoryError::Full(Table::Pools));
+            }
+            let pool = PoolId(self.pools.len() as u32);
+            let profile = self.config.baseline_profile(spec.medium);
+            self.pools.push(PoolRecord::new(spec, None, profile));
+            self.pool_ids.insert(key, pool);
+        }
+        Ok(node)
     }
 
     /// Records what `session`'s node measured of `pool`, a pool it maps: the policy prices

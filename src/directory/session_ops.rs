@@ -42,7 +42,7 @@ impl Directory {
         if let Some(previous) = previous {
             self.end_session(now, previous, SessionState::Fenced);
         }
-        let session = SessionId(self.next_session);
+        let session = SessionId::new(self.config.incarnation, self.next_session);
         self.next_session += 1;
         let record = &mut self.nodes[node.0 as usize];
         record.epoch = Epoch(record.epoch.0 + 1);
@@ -77,7 +77,7 @@ impl Directory {
     }
 
     /// The id of the node called `name`, registering it on its first session.
-    fn node_named(&mut self, name: &str) -> Result<NodeId, DirectoryError> {
+    pub(super) fn node_named(&mut self, name: &str) -> Result<NodeId, DirectoryError> {
         if let Some(node) = self.node_ids.get(name) {
             return Ok(*node);
         }

@@ -269,7 +269,7 @@ impl Directory {
 
     /// Makes a checked reservation READY at `location`, counts it in its pool (and its
     /// extent), and finishes the demotion it was the target of.
-    fn publish(
+    pub(super) fn publish(
         &mut self,
         now: Timestamp,
         replica_id: ReplicaId,

@@ -1676,3 +1676,171 @@ fn storing_an_object_already_ready_counts_as_an_access() {
         "the one stored again 4 s ago stays; the other is 12 s idle"
     );
 }
+
+/// A restarted directory: incarnation 2 over the same pools, nodes rejoined, what they
+/// held reported; the recovery window is 30 s.
+fn restarted(fixture: &Fixture, cxl_bytes: u64) -> (Fixture, PoolId) {
+    let config = DirectoryConfig {
+        incarnation: 2,
+        ..fixture.directory.config().clone()
+    };
+    let mut restarted = Fixture::with_config(config);
+    restarted.now = fixture.now;
+    let cxl = restarted.cxl(cxl_bytes);
+    let until = restarted.now + restarted.directory.recovery_window();
+    restarted.directory.hold_extents_until(cxl, until).unwrap();
+    restarted.directory.recover_until(until);
+    (restarted, cxl)
+}
+
+fn holding(object: ObjectId, location: Location) -> Holding {
+    Holding { object, location }
+}
+
+#[test]
+fn a_rejoined_node_gets_its_cache_back_and_reclaims_wait_for_the_recovery_window() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let (_, in_cpu) = fixture.store(&a, fixture.object(1), 4096);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let (_, in_cxl) = fixture.store(&b, fixture.object(2), 4096);
+    assert_eq!(in_cxl.pool, cxl);
+
+    let (mut restarted, cxl) = restarted(&fixture, 8 * MIB);
+    let a2 = restarted.node_with("a", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let b2 = restarted.node_with("b", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    assert_ne!(a2.session.incarnation(), a.session.incarnation());
+    assert_eq!(
+        a2.cpu, a.cpu,
+        "pools registered in the same order keep their ids"
+    );
+    let extent = in_cxl.offset_bytes - in_cxl.offset_bytes % (4 * MIB);
+    assert_eq!(
+        restarted
+            .directory
+            .claim_extents(a2.session, cxl, &[extent]),
+        Ok(vec![true]),
+        "an extent held at start is claimable"
+    );
+    assert_eq!(
+        restarted
+            .directory
+            .claim_extents(b2.session, cxl, &[extent]),
+        Ok(vec![false]),
+        "never one another node claimed"
+    );
+    let adopted = restarted.directory.adopt(
+        restarted.now,
+        b2.session,
+        &[holding(restarted.object(2), in_cxl)],
+    );
+    assert_eq!(
+        adopted,
+        Ok(vec![AdoptOutcome::Refused]),
+        "not in b's extent"
+    );
+    let adopted = restarted.directory.adopt(
+        restarted.now,
+        a2.session,
+        &[
+            holding(restarted.object(1), in_cpu),
+            holding(restarted.object(1), in_cpu),
+        ],
+    );
+    assert_eq!(
+        adopted,
+        Ok(vec![AdoptOutcome::Adopted, AdoptOutcome::Known]),
+        "a repeated report is known, not doubled"
+    );
+    restarted.directory.check_invariants();
+    let probed = restarted
+        .directory
+        .probe(a2.session, &[restarted.object(1)]);
+    assert!(matches!(probed.unwrap()[0], ProbeOutcome::Hit { .. }));
+
+    // Retired during the recovery window: the reclaim waits until the window ends.
+    let AcquireOutcome::Leased(lease) = restarted.acquire_one(&a2, restarted.object(1)) else {
+        panic!("the adopted replica is readable");
+    };
+    restarted
+        .directory
+        .release(a2.session, &[lease.lease])
+        .unwrap();
+    restarted
+        .directory
+        .retire(Some(a2.session), lease.replica)
+        .unwrap();
+    let now = restarted.now + Duration::from_secs(1);
+    assert_eq!(
+        restarted.directory.poll_tasks(now, a2.session, 16),
+        Ok(vec![])
+    );
+    let after = restarted.now + restarted.directory.recovery_window();
+    let tasks = restarted
+        .directory
+        .poll_tasks(after, a2.session, 16)
+        .unwrap();
+    assert!(matches!(
+        tasks.as_slice(),
+        [Task {
+            kind: TaskKind::Reclaim { .. },
+            ..
+        }]
+    ));
+    restarted.directory.check_invariants();
+}
+
+#[test]
+fn rejoin_reports_are_paced_per_tick() {
+    let config = DirectoryConfig {
+        adopt_items_per_tick: 2,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cpu], vec![]);
+    let report: Vec<Holding> = (0..3)
+        .map(|index| holding(fixture.object(index), location(a.cpu, index.into(), 4096)))
+        .collect();
+    assert_eq!(
+        fixture.directory.adopt(fixture.now, a.session, &report),
+        Err(DirectoryError::Paced),
+        "more than a tick's budget is refused whole"
+    );
+    let first = fixture
+        .directory
+        .adopt(fixture.now, a.session, &report[..2]);
+    assert_eq!(first.map(|outcomes| outcomes.len()), Ok(2));
+    assert_eq!(
+        fixture
+            .directory
+            .adopt(fixture.now, a.session, &report[2..]),
+        Err(DirectoryError::Paced)
+    );
+    fixture.directory.tick(fixture.now);
+    assert!(fixture
+        .directory
+        .adopt(fixture.now, a.session, &report[2..])
+        .is_ok());
+}
+
+#[test]
+fn a_holding_outside_the_nodes_own_storage_is_refused() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node_with("a", MIB, vec![Medium::Cpu], vec![]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![]);
+    let object = fixture.object(1);
+    let mut past_the_end = location(a.cpu, 1, 4096);
+    past_the_end.offset_bytes = MIB;
+    for (session, at) in [
+        (b.session, location(a.cpu, 1, 4096)),
+        (a.session, past_the_end),
+        (a.session, location(PoolId(99), 1, 4096)),
+    ] {
+        let adopted = fixture
+            .directory
+            .adopt(fixture.now, session, &[holding(object, at)]);
+        assert_eq!(adopted, Ok(vec![AdoptOutcome::Refused]), "{at:?}");
+    }
+    fixture.directory.check_invariants();
+}

@@ -96,6 +96,8 @@ label_enum!(
         PollTasks => "poll_tasks",
         /// Task completion by a node.
         CompleteTask => "complete_task",
+        /// A rejoining node's extent claims and adopted replicas.
+        Rejoin => "rejoin",
     }
 );
 

@@ -37,9 +37,29 @@ id_type!(
     ReplicaId(u64)
 );
 id_type!(
-    /// A session: one node's connection to the directory under one epoch.
+    /// A session: one node's connection to the directory under one epoch. The top 16
+    /// bits are the incarnation of the directory that opened it, so a session id kept
+    /// across a directory restart never names a session of the new incarnation.
     SessionId(u64)
 );
+
+/// Bits of a [`SessionId`] below its directory incarnation.
+const SESSION_COUNTER_BITS: u32 = 48;
+
+impl SessionId {
+    /// The `counter`-th session opened by directory incarnation `incarnation`.
+    pub fn new(incarnation: u16, counter: u64) -> SessionId {
+        SessionId(
+            u64::from(incarnation) << SESSION_COUNTER_BITS
+                | counter & ((1 << SESSION_COUNTER_BITS) - 1),
+        )
+    }
+
+    /// The incarnation of the directory that opened this session.
+    pub fn incarnation(self) -> u16 {
+        (self.0 >> SESSION_COUNTER_BITS) as u16
+    }
+}
 id_type!(
     /// A read lease on one replica, held by one session until released or expired.
     LeaseId(u64)

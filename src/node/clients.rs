@@ -3,7 +3,7 @@
 //! has a bound checked at admission, so one client cannot exhaust the node; when the client
 //! leaves, [`ClientBooks::close`] says what to give back.
 
-use crate::model::{LeaseId, Location, ReplicaId, Timestamp};
+use crate::model::{LeaseId, Location, ObjectId, ReplicaId, SessionId, Timestamp};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -28,7 +28,10 @@ pub const CLIENT_LIMITS: ClientLimits = ClientLimits {
 /// A granted, unwritten store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
+    /// The session that reserved it: its commit or abort goes there only.
+    pub session: SessionId,
     pub replica: ReplicaId,
+    pub object: ObjectId,
     pub location: Location,
 }
 
@@ -67,7 +70,7 @@ pub struct ClientBooks {
     /// client might still be writing into them.
     expired_pages: Vec<Location>,
     /// Reservations of expired grants to abort at the directory (drained by the shell).
-    aborts: Vec<ReplicaId>,
+    aborts: Vec<(SessionId, ReplicaId)>,
 }
 
 impl ClientBooks {
@@ -102,14 +105,19 @@ impl ClientBooks {
         for ticket in expired {
             if let Some((granted, _)) = self.tickets.remove(&ticket) {
                 self.expired_pages.push(granted.location);
-                self.aborts.push(granted.replica);
+                self.aborts.push((granted.session, granted.replica));
             }
         }
     }
 
     /// Reservations to abort at the directory, taken once.
-    pub fn take_aborts(&mut self) -> Vec<ReplicaId> {
+    pub fn take_aborts(&mut self) -> Vec<(SessionId, ReplicaId)> {
         std::mem::take(&mut self.aborts)
+    }
+
+    /// Forgets every lease (the session that granted them is gone).
+    pub fn forget_leases(&mut self) {
+        self.leases.clear();
     }
 
     /// Admits a store: a ticket number, pending until [`ClientBooks::store_granted`] or
@@ -231,7 +239,14 @@ mod tests {
 
     fn ticket(replica: u64) -> Ticket {
         Ticket {
+            session: SessionId(1),
             replica: ReplicaId(replica),
+            object: ObjectId {
+                namespace: crate::model::NamespaceId([1; 16]),
+                prefix: crate::model::PrefixDigest::ROOT,
+                shard: 0,
+                part: 0,
+            },
             location: Location {
                 pool: PoolId(1),
                 allocation: AllocationId(replica),
@@ -257,7 +272,7 @@ mod tests {
             books.admit_store(at(200)),
             Err(ClientRefusal::TooManyTickets)
         );
-        assert_eq!(books.take_aborts(), vec![ReplicaId(1)]);
+        assert_eq!(books.take_aborts(), vec![(SessionId(1), ReplicaId(1))]);
         assert_eq!(
             books.take_ticket(first),
             None,

@@ -6,18 +6,21 @@
 //! * `operations`: the session's operation ids and acknowledgement window.
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
 //! * `clients`: one local client's tickets, leases and bounds.
+//! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 
 pub mod clients;
 pub mod extents;
+pub mod holdings;
 pub mod liveness;
 pub mod operations;
 pub mod stores;
 
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
+pub use holdings::Holdings;
 pub use liveness::Liveness;
 pub use operations::OperationWindow;
 pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
@@ -49,6 +52,8 @@ pub struct NodeCore {
     pub returns: ExtentReturns,
     /// Whether the session may still be acted on (set when it opens).
     pub liveness: Liveness,
+    /// What the node reports when it rejoins.
+    pub holdings: Holdings,
     clients: HashMap<ClientId, ClientBooks>,
     next_client: u64,
     limits: ClientLimits,
@@ -68,6 +73,7 @@ impl NodeCore {
             operations: OperationWindow::new(),
             returns: ExtentReturns::new(),
             liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
+            holdings: Holdings::default(),
             clients: HashMap::new(),
             next_client: 1,
             limits,
@@ -96,6 +102,18 @@ impl NodeCore {
             .remove(&id)
             .map(|mut books| books.close())
             .unwrap_or_default()
+    }
+
+    /// The node lost its session: what only that session could answer is forgotten. Extent
+    /// returns awaiting an answer are dropped (empty extents: the new session claims only
+    /// what holds replicas), and clients' leases leave the books (their views stay valid
+    /// to their deadlines, which the directory's recovery window covers; a release of one
+    /// is answered here).
+    pub fn session_lost(&mut self) {
+        self.returns = ExtentReturns::new();
+        for books in self.clients.values_mut() {
+            books.forget_leases();
+        }
     }
 
     /// Clients connected.

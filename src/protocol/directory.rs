@@ -101,6 +101,10 @@ fn bound(
         Request::Usage => Reply::Usage(usage(core)),
         Request::PollTasks { max } => Reply::Tasks(core.poll_tasks(now, session, max)?),
         Request::ReclaimAck { replica } => Reply::Reclaimed(core.reclaim_ack(session, replica)?),
+        Request::ClaimExtents { pool, offsets } => {
+            Reply::Claimed(core.claim_extents(session, pool, &offsets)?)
+        }
+        Request::Adopt { holdings } => Reply::Adopted(core.adopt(now, session, &holdings)?),
         request => return data(core, now, session, request),
     })
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the
 /// profile in usage reports; 3 gave extent returns an operation id and a typed outcome. An
 /// older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[3];
+pub const SUPPORTED_VERSIONS: &[u16] = &[4];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -134,6 +134,15 @@ pub enum DirectoryRequest {
     PollTasks {
         max: u32,
     },
+    /// A rejoining node claims the extents of a shared pool it still allocates in.
+    ClaimExtents {
+        pool: PoolId,
+        offsets: Vec<u64>,
+    },
+    /// A rejoining node reports READY replicas it still holds, in bounded batches.
+    Adopt {
+        holdings: Vec<crate::directory::Holding>,
+    },
 }
 
 /// One registered pool's usage, as reported by `usage`.
@@ -172,6 +181,9 @@ pub enum DirectoryReply {
     Profile(Measurement),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
+    /// Per claimed extent, whether it is the session's now.
+    Claimed(Vec<bool>),
+    Adopted(Vec<crate::directory::AdoptOutcome>),
     Error(ProtocolError),
 }
 
@@ -282,6 +294,9 @@ pub enum ClientReply {
     Namespace(NamespaceId),
     Grant(StoreGrant),
     Stored(CommitOutcome),
+    /// The written store was not published (the node's session was replaced meanwhile,
+    /// or the directory could not be reached): its pages are freed; recompute later.
+    NotStored,
     Aborted,
     Probed(Vec<ProbeOutcome>),
     Acquired(Vec<AcquireOutcome>),
@@ -314,6 +329,7 @@ impl ProtocolError {
                 Error::OperationAcknowledged(_) => "operation_acknowledged",
                 Error::ForeignSession => "foreign_session",
                 Error::NotDrained { .. } => "not_drained",
+                Error::Paced => "paced",
             },
             ProtocolError::UnsupportedVersion { .. } => "unsupported_version",
             ProtocolError::Sequence(_) => "sequence",

@@ -283,7 +283,7 @@ impl World {
             if let Some(books) = state.core.client(client) {
                 books.prune(now);
                 let aborts = books.take_aborts();
-                for replica in aborts {
+                for (_, replica) in aborts {
                     self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
                 }
             }

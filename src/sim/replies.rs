@@ -6,7 +6,7 @@ use super::node::{HeldLease, Purpose};
 use super::world::{Space, World, OBJECT_BYTES};
 use crate::backends::PoolError;
 use crate::directory::{AcquireOutcome, ExtentGrant, ExtentReturn, ReserveOutcome, Task, TaskKind};
-use crate::model::{Location, ObjectId, OperationId, PoolId, ReplicaId};
+use crate::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{
     after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
 };
@@ -33,7 +33,13 @@ impl World {
         let now = self.now;
         let state = &mut self.nodes[node];
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
-            books.store_granted(ticket, Ticket { replica, location }, now);
+            let granted = Ticket {
+                session: state.session.unwrap_or(SessionId(0)),
+                replica,
+                object,
+                location,
+            };
+            books.store_granted(ticket, granted, now);
             books.take_ticket(ticket);
         }
         let Some(operation) = self.operation(node) else {

@@ -182,5 +182,6 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::ReclaimAck { .. } => Operation::ReclaimAck,
         Request::Usage => Operation::Usage,
         Request::PollTasks { .. } => Operation::PollTasks,
+        Request::ClaimExtents { .. } | Request::Adopt { .. } => Operation::Rejoin,
     })
 }

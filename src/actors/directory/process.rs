@@ -26,7 +26,9 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
         )
     })?;
     // Pools are formatted and registered before the endpoint accepts any node.
-    let mut core = Directory::new(section.limits.clone());
+    let mut limits = section.limits.clone();
+    limits.incarnation = fresh_incarnation();
+    let mut core = Directory::new(limits);
     for pool in &config.cxl_pools {
         let prepared = prepare_cxl_pool(pool)?;
         let spec = PoolSpec {
@@ -49,6 +51,13 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
             tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
         }
     }
+    // Nodes and their pools get the ids of the previous incarnation (configuration order).
+    for node in &config.nodes {
+        let spec = node.cpu_pool_spec(crate::model::NodeId(0));
+        core.declare_node(&node.name, vec![spec])
+            .with_context(|| format!("declaring node `{}`", node.name))?;
+    }
+    core.recover_until(Timestamp::ZERO + core.recovery_window());
     let endpoint = quic::server_endpoint(section.listen, server_config)
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
@@ -152,4 +161,11 @@ async fn accept(incoming: quinn::Incoming, directory: Addr<DirectoryActor>) -> a
     let streams = quic::accept_session(&connection).await?;
     SessionActor::new(directory, connection, peer, streams).start();
     Ok(())
+}
+
+/// A fresh, non-zero directory incarnation: distinct from the previous one's with
+/// probability 1 - 2^-16, and sessions of an equal one are refused by node name anyway.
+fn fresh_incarnation() -> u16 {
+    let id = crate::actors::node::process::fresh_uuid();
+    (id as u16).max(1)
 }

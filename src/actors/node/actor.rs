@@ -2,18 +2,21 @@
 //! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
 //! own timer so that slow task work never delays them. Reclaim tasks free the pages, then
 //! acknowledge; demote tasks copy a replica one tier colder and commit the copy. A node
-//! whose session was fenced stops: its pool's state is void, and a restart opens a new epoch.
+//! whose session is lost (a directory restart, a fence, the fence window without an
+//! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
 
 use super::link::LinkError;
 use super::pool::{Check, Free, ReadAt, TakeEmptyExtent, Usage, WriteAt};
+use super::rejoin::{rejoin, Registration};
 use super::services::NodeServices;
-use crate::directory::{DirectoryError, TaskKind};
+use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
-use crate::model::{Location, PoolId, ReplicaId};
+use crate::model::{Location, PoolId, ReplicaId, SessionId};
 use crate::node::{after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use actix::prelude::*;
 use futures_util::StreamExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Tasks fetched per poll.
@@ -29,35 +32,59 @@ pub const TASKS_IN_FLIGHT_MAX: usize = 32;
 /// Why the node stopped on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeExit {
-    /// The directory fenced this node's session (it was silent too long, or another
-    /// process opened the same node name).
-    Fenced,
+    /// The node could not rejoin with its cache (see [`RejoinError`]).
+    RejoinFailed(String),
 }
 
 /// The node's liveness and task loops. See the module documentation.
 pub struct NodeActor {
     services: NodeServices,
+    registration: Arc<Registration>,
     task_interval: Duration,
     exit: tokio::sync::mpsc::Sender<NodeExit>,
     heartbeat_running: bool,
     tasks_running: bool,
+    /// A rejoin is under way: heartbeats that fail meanwhile start no other.
+    rejoining: bool,
 }
 
 impl NodeActor {
     /// An actor that heartbeats at the directory's requested interval, polls tasks every
-    /// `task_interval`, and reports a fatal exit on `exit`.
+    /// `task_interval`, rejoins with `registration` when the session is lost, and reports
+    /// a fatal exit on `exit`.
     pub fn new(
         services: NodeServices,
+        registration: Registration,
         task_interval: Duration,
         exit: tokio::sync::mpsc::Sender<NodeExit>,
     ) -> NodeActor {
         NodeActor {
             services,
+            registration: Arc::new(registration),
             task_interval,
             exit,
             heartbeat_running: false,
             tasks_running: false,
+            rejoining: false,
         }
+    }
+
+    /// Starts a rejoin unless one is under way; a failed one ends the node.
+    fn start_rejoin(&mut self, context: &mut Context<Self>) {
+        if std::mem::replace(&mut self.rejoining, true) {
+            return;
+        }
+        let (services, registration) = (self.services.clone(), self.registration.clone());
+        let exit = self.exit.clone();
+        async move {
+            if let Err(error) = rejoin(&services, &registration).await {
+                tracing::error!(%error, "rejoining the directory failed; stopping");
+                let _ = exit.try_send(NodeExit::RejoinFailed(error.to_string()));
+            }
+        }
+        .into_actor(self)
+        .map(|(), actor, _| actor.rejoining = false)
+        .spawn(context);
     }
 }
 
@@ -65,18 +92,26 @@ impl Actor for NodeActor {
     type Context = Context<Self>;
 
     fn started(&mut self, context: &mut Context<Self>) {
-        context.run_interval(self.services.link.heartbeat_interval, |actor, context| {
-            if std::mem::replace(&mut actor.heartbeat_running, true) {
+        let interval = self.services.link.binding().heartbeat_interval;
+        context.run_interval(interval, |actor, context| {
+            if actor.rejoining || std::mem::replace(&mut actor.heartbeat_running, true) {
                 return;
             }
-            let (services, exit) = (actor.services.clone(), actor.exit.clone());
-            async move { heartbeat(&services, &exit).await }
+            let services = actor.services.clone();
+            async move { heartbeat(&services).await }
                 .into_actor(actor)
-                .map(|(), actor, _| actor.heartbeat_running = false)
+                .map(|lost, actor, context| {
+                    actor.heartbeat_running = false;
+                    if lost && !actor.rejoining {
+                        actor.start_rejoin(context);
+                    }
+                })
                 .spawn(context);
         });
         context.run_interval(self.task_interval, |actor, context| {
-            if std::mem::replace(&mut actor.tasks_running, true) {
+            if !actor.services.link.is_serving()
+                || std::mem::replace(&mut actor.tasks_running, true)
+            {
                 return;
             }
             let services = actor.services.clone();
@@ -88,14 +123,13 @@ impl Actor for NodeActor {
     }
 }
 
-/// One heartbeat; a fenced session ends the node.
-async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<NodeExit>) {
+/// One heartbeat, on the link's heartbeat connection. True when the session is lost: the
+/// directory no longer knows it (a restart), fenced it, or stayed silent for the fence
+/// window.
+async fn heartbeat(services: &NodeServices) -> bool {
     let link = &services.link;
-    let request = DirectoryRequest::Heartbeat {
-        acknowledged_through: link.acknowledged_through(),
-    };
     let sent_at = services.clock.now();
-    let answered = link.call(request).await;
+    let answered = link.heartbeat(link.acknowledged_through()).await;
     let may_be_fenced = {
         let mut core = services.core();
         if answered.is_ok() {
@@ -104,32 +138,34 @@ async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<Nod
         core.liveness.may_be_fenced(services.clock.now())
     };
     if may_be_fenced {
-        tracing::error!("no heartbeat answered for the fence window; stopping this epoch");
-        let _ = exit.try_send(NodeExit::Fenced);
-        return;
+        tracing::error!("no heartbeat answered for the fence window; rejoining");
+        return true;
     }
     match answered {
-        Ok(_) => {}
+        Ok(_) => false,
         Err(LinkError::Refused(ProtocolError::Directory(
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
         ))) => {
-            let _ = exit.try_send(NodeExit::Fenced);
+            tracing::warn!("the directory no longer knows this session; rejoining");
+            true
         }
-        Err(error) => tracing::warn!(%error, "directory heartbeat failed"),
+        Err(error) => {
+            tracing::warn!(%error, "directory heartbeat failed");
+            false
+        }
     }
 }
 
 /// Fetches and runs tasks until a poll returns less than a full batch (at most
 /// [`POLLS_PER_ROUND_MAX`] polls), then gives back extents that emptied.
 async fn run_tasks(services: &NodeServices) {
+    // Tasks belong to the session that handed them out: acknowledged there only.
+    let session = services.link.session();
     for _ in 0..POLLS_PER_ROUND_MAX {
-        let tasks = match services
-            .link
-            .call(DirectoryRequest::PollTasks {
-                max: TASKS_PER_POLL,
-            })
-            .await
-        {
+        let poll = DirectoryRequest::PollTasks {
+            max: TASKS_PER_POLL,
+        };
+        let tasks = match services.link.call_in(session, poll).await {
             Ok(DirectoryReply::Tasks(tasks)) => tasks,
             _ => break,
         };
@@ -138,13 +174,13 @@ async fn run_tasks(services: &NodeServices) {
             .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
                 match task.kind {
                     TaskKind::Reclaim { replica, location } => {
-                        reclaim(services, replica, location).await
+                        reclaim(services, session, replica, location).await
                     }
                     TaskKind::Demote {
                         source,
                         target,
                         target_pool,
-                    } => demote(services, source, target, target_pool).await,
+                    } => demote(services, session, source, target, target_pool).await,
                 }
             })
             .await;
@@ -169,11 +205,17 @@ async fn publish_usage(services: &NodeServices) {
 
 /// Frees a retired replica's pages and acknowledges. Idempotent: an allocation already
 /// freed (a task handed out again after a lost acknowledgement) is acknowledged too.
-async fn reclaim(services: &NodeServices, replica: ReplicaId, location: Location) {
+async fn reclaim(
+    services: &NodeServices,
+    session: SessionId,
+    replica: ReplicaId,
+    location: Location,
+) {
     let Some(pool) = services.pools.get(&location.pool) else {
         tracing::error!(?location, "reclaim task for a pool this node does not own");
         return;
     };
+    services.core().holdings.freed(&location);
     let freed = pool
         .send(Free {
             allocation: location.allocation,
@@ -184,7 +226,7 @@ async fn reclaim(services: &NodeServices, replica: ReplicaId, location: Location
         Ok(freed) if reclaim_done(&freed) => {
             if let Err(error) = services
                 .link
-                .call(DirectoryRequest::ReclaimAck { replica })
+                .call_in(session, DirectoryRequest::ReclaimAck { replica })
                 .await
             {
                 tracing::warn!(%error, ?replica, "reclaim acknowledgement failed; the task comes back");
@@ -197,26 +239,39 @@ async fn reclaim(services: &NodeServices, replica: ReplicaId, location: Location
 /// Copies a replica into a colder pool and commits the copy (the directory then retires
 /// the source). The source is read, then checked still live at its generation, so a copy
 /// of pages reused meanwhile is never committed. On any failure the target is aborted.
-async fn demote(services: &NodeServices, source: Location, target: ReplicaId, target_pool: PoolId) {
+async fn demote(
+    services: &NodeServices,
+    session: SessionId,
+    source: Location,
+    target: ReplicaId,
+    target_pool: PoolId,
+) {
+    let object = services.core().holdings.object_at(&source);
     let copied = copy(services, source, target_pool).await;
     let location = match copied {
         Ok(location) => location,
         Err(reason) => {
             tracing::debug!(%reason, ?source, "demotion abandoned");
-            services.link.abort(target).await;
+            services.link.abort(session, target).await;
             return;
         }
     };
-    let result = commit_result(services.link.commit(target, location).await);
-    match after_commit(result) {
-        PagesAfterCommit::Published => services
-            .metrics
-            .add_bytes_moved(Direction::Demote, location.length_bytes),
+    let committed = services.link.commit(session, target, location).await;
+    let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
+    match after_commit(commit_result(committed)) {
+        PagesAfterCommit::Published => {
+            if let (true, Some(object)) = (published, object) {
+                services.published(object, location);
+            }
+            services
+                .metrics
+                .add_bytes_moved(Direction::Demote, location.length_bytes)
+        }
         PagesAfterCommit::Keep => {}
         PagesAfterCommit::Free => services.free(location).await,
         PagesAfterCommit::FreeAndAbort => {
             services.free(location).await;
-            services.link.abort(target).await;
+            services.link.abort(session, target).await;
         }
     }
 }

@@ -14,7 +14,8 @@ use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
 use crate::directory::{
-    AcquireOutcome, DirectoryError, ReleaseOutcome, ReserveItem, ReserveOutcome,
+    AcquireOutcome, CommitOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem,
+    ReserveOutcome,
 };
 use crate::metrics::Operation;
 use crate::model::{LeaseId, Location, Timestamp};
@@ -119,9 +120,9 @@ impl ClientSessionActor {
     /// Aborts, at the directory, the reservations of grants the books took back.
     fn send_aborts(&self) {
         let aborts = self.books(|books| books.take_aborts()).unwrap_or_default();
-        for replica in aborts {
+        for (session, replica) in aborts {
             let services = self.services.clone();
-            actix_rt::spawn(async move { services.link.abort(replica).await });
+            actix_rt::spawn(async move { services.link.abort(session, replica).await });
         }
     }
 
@@ -173,11 +174,14 @@ impl ClientSessionActor {
             ClientRequest::Hello(_) => {
                 Admitted::Reply(error(ProtocolError::Sequence("hello sent twice".into())))
             }
-            ClientRequest::Describe => Admitted::Reply(ClientReply::Described(NodeDescription {
-                node: services.link.node,
-                epoch: services.link.epoch,
-                pools: services.mappings.clone(),
-            })),
+            ClientRequest::Describe => {
+                let binding = services.link.binding();
+                Admitted::Reply(ClientReply::Described(NodeDescription {
+                    node: binding.node,
+                    epoch: binding.epoch,
+                    pools: services.mappings.clone(),
+                }))
+            }
             ClientRequest::BeginStore {
                 object,
                 length_bytes,
@@ -222,7 +226,7 @@ impl ClientSessionActor {
             }
             ClientRequest::Release { leases } => {
                 // Only this client's own leases: another engine's are not its to end.
-                let max = services.link.batch_items_max;
+                let max = services.link.batch_items_max();
                 match self.books(|books| books.release(&leases, max)) {
                     Some(Ok(owned)) => {
                         Admitted::Work(Box::pin(release(services, leases, owned)), Slots::None)
@@ -323,10 +327,30 @@ async fn forward(services: NodeServices, request: ClientRequest) -> (ClientReply
             return (error(ProtocolError::Node(reason)), Change::None);
         }
     };
+    let registered = match &request {
+        DirectoryRequest::RegisterNamespace(descriptor) => Some(descriptor.clone()),
+        _ => None,
+    };
+    let probed = match &request {
+        DirectoryRequest::Probe { objects } => objects.len(),
+        _ => 0,
+    };
     let reply = match services.link.call(request).await {
-        Ok(DirectoryReply::Namespace(id)) => ClientReply::Namespace(id),
+        Ok(DirectoryReply::Namespace(id)) => {
+            if let Some(descriptor) = registered {
+                services
+                    .core()
+                    .holdings
+                    .namespace_registered(id, descriptor);
+            }
+            ClientReply::Namespace(id)
+        }
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
+        // The directory is out of reach or being rejoined: every object is a miss.
+        Err(unavailable) if probed > 0 && unavailable.is_unavailable() => {
+            ClientReply::Probed(vec![ProbeOutcome::Miss; probed])
+        }
         other => error(refusal(other)),
     };
     (reply, Change::None)
@@ -362,7 +386,7 @@ fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
 /// Frees an unwritten grant's pages and gives its reservation back to the directory.
 async fn give_back(services: &NodeServices, granted: Ticket) {
     services.free(granted.location).await;
-    services.link.abort(granted.replica).await;
+    services.link.abort(granted.session, granted.replica).await;
 }
 
 async fn begin_store(
@@ -371,8 +395,13 @@ async fn begin_store(
     item: ReserveItem,
     valid: Duration,
 ) -> (ClientReply, Change) {
+    let session = services.link.session();
     let grant = match services.link.reserve(item).await {
         Ok(grant) => grant,
+        // Out of reach or rejoining: the store is skipped, as when the cluster is full.
+        Err(error) if error.is_unavailable() => {
+            return (ClientReply::Grant(StoreGrant::Skip), Change::None)
+        }
         Err(error) => return (ClientReply::Error(refusal(Err(error))), Change::None),
     };
     let (replica, pool) = match grant {
@@ -386,7 +415,7 @@ async fn begin_store(
     let allocated = match services.pools.get(&pool) {
         Some(actor) => services.allocate(actor, pool, item.length_bytes).await,
         None => {
-            services.link.abort(replica).await;
+            services.link.abort(session, replica).await;
             return (
                 ClientReply::Error(ProtocolError::Node(format!(
                     "pool {pool} is not mapped by this node"
@@ -410,7 +439,15 @@ async fn begin_store(
                     location,
                     valid_ms: valid.as_millis() as u64,
                 }),
-                Change::Ticket(ticket, Ticket { replica, location }),
+                Change::Ticket(
+                    ticket,
+                    Ticket {
+                        session,
+                        replica,
+                        object: item.object,
+                        location,
+                    },
+                ),
             )
         }
         // The pool's hard limit holds even when the directory's budget lags: skip the store
@@ -420,7 +457,7 @@ async fn begin_store(
                 ?other,
                 "local pool refused an allocation the directory granted"
             );
-            services.link.abort(replica).await;
+            services.link.abort(session, replica).await;
             (ClientReply::Grant(StoreGrant::Skip), Change::None)
         }
     }
@@ -430,16 +467,23 @@ async fn begin_store(
 async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, Change) {
     let committed = services
         .link
-        .commit(granted.replica, granted.location)
+        .commit(granted.session, granted.replica, granted.location)
         .await;
     let reply = match &committed {
         Ok(Some(outcome)) => ClientReply::Stored(*outcome),
-        Ok(None) => error(ProtocolError::Node("the commit was not applied".into())),
+        Ok(None) => ClientReply::NotStored,
+        Err(unavailable) if unavailable.is_unavailable() => ClientReply::NotStored,
         Err(LinkError::Refused(refused)) => error(refused.clone()),
         Err(other) => error(ProtocolError::Node(other.to_string())),
     };
+    let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
     match after_commit(commit_result(committed)) {
-        PagesAfterCommit::Published | PagesAfterCommit::Keep => {}
+        PagesAfterCommit::Published => {
+            if published {
+                services.published(granted.object, granted.location);
+            }
+        }
+        PagesAfterCommit::Keep => {}
         PagesAfterCommit::Free => services.free(granted.location).await,
         PagesAfterCommit::FreeAndAbort => give_back(&services, granted).await,
     }
@@ -452,6 +496,7 @@ async fn acquire(
     mode: crate::directory::AcquireMode,
 ) -> (ClientReply, Change) {
     let sent = services.clock.now();
+    let wanted = objects.len();
     match services
         .link
         .call(DirectoryRequest::Acquire { objects, mode })
@@ -469,6 +514,10 @@ async fn acquire(
                 .collect();
             (ClientReply::Acquired(outcomes), Change::Leases(leases))
         }
+        Err(unavailable) if unavailable.is_unavailable() => (
+            ClientReply::Acquired(vec![AcquireOutcome::Miss; wanted]),
+            Change::None,
+        ),
         other => (ClientReply::Error(refusal(other)), Change::None),
     }
 }
@@ -490,6 +539,8 @@ async fn release(
         .await
     {
         Ok(DirectoryReply::Released(outcomes)) => outcomes.into_iter(),
+        // The session that granted them is gone, and the leases with it.
+        Err(unavailable) if unavailable.is_unavailable() => Vec::new().into_iter(),
         other => return (ClientReply::Error(refusal(other)), Change::None),
     };
     let merged = owned

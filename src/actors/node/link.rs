@@ -7,7 +7,8 @@
 use super::services::lock_core;
 use crate::actors::frames::INFLIGHT_REQUESTS_MAX;
 use crate::directory::{
-    CommitOutcome, ExtentGrant, ExtentReturn, ReserveItem, ReserveOutcome, ResolveOutcome,
+    CommitOutcome, DirectoryError, ExtentGrant, ExtentReturn, OpenReply, ReserveItem,
+    ReserveOutcome, ResolveOutcome,
 };
 use crate::model::{Epoch, Location, Medium, NodeId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{ExtentAction, NodeCore};
@@ -15,6 +16,7 @@ use crate::protocol::messages::{DirectoryReply, DirectoryRequest, Hello, Protoco
 use crate::wire::{quic, tls, RpcClient, RpcConfig, WireError};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use thiserror::Error;
@@ -45,6 +47,32 @@ pub enum LinkError {
     /// The node has as many operations outstanding as the directory keeps for it.
     #[error("too many operations outstanding")]
     Busy,
+    /// The node lost its session and is rejoining: it serves misses and skips until the
+    /// directory has what it holds again.
+    #[error("the node is rejoining the directory")]
+    Rejoining,
+    /// The operation belongs to a session the node no longer has (it rejoined since): it
+    /// was never applied in the current one and never will be.
+    #[error("the session of this operation ended")]
+    SessionEnded,
+}
+
+impl LinkError {
+    /// Whether the directory is out of reach or the session is being replaced (an outcome
+    /// that could not be resolved included): a cache answers such a request with a miss or
+    /// a skipped store, not an error.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            LinkError::Wire(_)
+                | LinkError::Unresolved(_)
+                | LinkError::Rejoining
+                | LinkError::SessionEnded
+                | LinkError::Refused(ProtocolError::Directory(
+                    DirectoryError::UnknownSession | DirectoryError::Fenced { .. }
+                ))
+        )
+    }
 }
 
 /// How to reach the directory.
@@ -80,15 +108,9 @@ async fn connect(endpoint: &quinn::Endpoint, target: &DirectoryAddress) -> Resul
     }
 }
 
-/// A node's bound session with the directory. Shared by the node's actors.
-pub struct DirectoryLink {
-    /// The current connection and how many times it was replaced.
-    rpc: RwLock<(Rpc, u64)>,
-    /// One reconnect at a time; the others wait and reuse its result.
-    reconnecting: tokio::sync::Mutex<()>,
-    /// One UDP endpoint for every connection of this link (a fixed `bind` port stays usable).
-    endpoint: quinn::Endpoint,
-    target: DirectoryAddress,
+/// The session a link is bound to now, and what the directory asked of it.
+#[derive(Clone, Debug)]
+pub struct Binding {
     pub session: SessionId,
     pub epoch: Epoch,
     pub node: NodeId,
@@ -100,6 +122,40 @@ pub struct DirectoryLink {
     pub batch_items_max: usize,
     /// Just before the `Open` that opened the session was sent.
     pub opened: std::time::Instant,
+}
+
+impl Binding {
+    fn of(opened: &OpenReply, sent: std::time::Instant) -> Binding {
+        Binding {
+            session: opened.session,
+            epoch: opened.epoch,
+            node: opened.node,
+            heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
+            fence_after: Duration::from_millis(opened.fence_after_ms),
+            batch_items_max: opened.batch_items_max as usize,
+            opened: sent,
+        }
+    }
+}
+
+/// A node's session with the directory, which it replaces when the session is lost (a
+/// directory restart, a fence). Shared by the node's actors.
+pub struct DirectoryLink {
+    /// The current connection and how many times it was replaced.
+    rpc: RwLock<(Rpc, u64)>,
+    /// A second connection bound to the same session, for heartbeats only: they never wait
+    /// behind client traffic for a slot of the main connection.
+    heartbeats: tokio::sync::Mutex<Option<Rpc>>,
+    /// One reconnect at a time; the others wait and reuse its result.
+    reconnecting: tokio::sync::Mutex<()>,
+    /// One UDP endpoint for every connection of this link (a fixed `bind` port stays usable).
+    endpoint: quinn::Endpoint,
+    target: DirectoryAddress,
+    write_order: Vec<Medium>,
+    read_order: Vec<Medium>,
+    binding: RwLock<Binding>,
+    /// False from the loss of a session until the new one has what the node holds.
+    serving: AtomicBool,
     /// The node's books: operation ids and extents being given back live there.
     core: Arc<Mutex<NodeCore>>,
 }
@@ -109,6 +165,8 @@ pub struct DirectoryLink {
 struct Outstanding<'a> {
     link: &'a DirectoryLink,
     operation: OperationId,
+    /// The session the operation is sent in; a lost reply is resolved there.
+    session: SessionId,
 }
 
 impl Drop for Outstanding<'_> {
@@ -128,32 +186,70 @@ impl DirectoryLink {
     ) -> Result<DirectoryLink, LinkError> {
         let endpoint = quic::client_endpoint(target.bind)?;
         let rpc = connect(&endpoint, &target).await?;
-        let sent = std::time::Instant::now();
-        let opened = match rpc
-            .call(DirectoryRequest::Open {
-                write_order,
-                read_order,
-            })
-            .await?
-        {
-            DirectoryReply::Opened(opened) => opened,
-            DirectoryReply::Error(error) => return Err(LinkError::Refused(error)),
-            other => return Err(LinkError::Unexpected(format!("{other:?}"))),
-        };
+        let binding = open_session(&rpc, &write_order, &read_order).await?;
         Ok(DirectoryLink {
             rpc: RwLock::new((rpc, 0)),
+            heartbeats: tokio::sync::Mutex::new(None),
             reconnecting: tokio::sync::Mutex::new(()),
             endpoint,
             target,
-            session: opened.session,
-            epoch: opened.epoch,
-            node: opened.node,
-            heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
-            fence_after: Duration::from_millis(opened.fence_after_ms),
-            batch_items_max: opened.batch_items_max as usize,
-            opened: sent,
+            write_order,
+            read_order,
+            binding: RwLock::new(binding),
+            serving: AtomicBool::new(true),
             core,
         })
+    }
+
+    /// The session bound now.
+    pub fn binding(&self) -> Binding {
+        match self.binding.read() {
+            Ok(binding) => binding.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The current session.
+    pub fn session(&self) -> SessionId {
+        self.binding().session
+    }
+
+    /// Items one batched request may carry at the directory.
+    pub fn batch_items_max(&self) -> usize {
+        self.binding().batch_items_max
+    }
+
+    /// Whether client requests are served (false while rejoining).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+
+    /// Stops serving clients: the session was lost and a rejoin begins.
+    pub fn stop_serving(&self) {
+        self.serving.store(false, Ordering::Release);
+    }
+
+    /// Serves clients again: the rejoin reported what the node holds.
+    pub fn resume_serving(&self) {
+        self.serving.store(true, Ordering::Release);
+    }
+
+    /// Opens a new session on a new connection after the old one was lost: a new epoch,
+    /// the new binding returned. The caller re-registers and reports what the node holds,
+    /// then calls [`DirectoryLink::resume_serving`].
+    pub async fn reopen(&self) -> Result<Binding, LinkError> {
+        let _single_flight = self.reconnecting.lock().await;
+        let rpc = connect(&self.endpoint, &self.target).await?;
+        let binding = open_session(&rpc, &self.write_order, &self.read_order).await?;
+        if let Ok(mut current) = self.rpc.write() {
+            let generation = current.1 + 1;
+            *current = (rpc, generation);
+        }
+        if let Ok(mut bound) = self.binding.write() {
+            *bound = binding.clone();
+        }
+        *self.heartbeats.lock().await = None;
+        Ok(binding)
     }
 
     fn core(&self) -> std::sync::MutexGuard<'_, NodeCore> {
@@ -178,7 +274,7 @@ impl DirectoryLink {
         let rpc = connect(&self.endpoint, &self.target).await?;
         match rpc
             .call(DirectoryRequest::Resume {
-                session: self.session,
+                session: self.session(),
             })
             .await?
         {
@@ -192,9 +288,84 @@ impl DirectoryLink {
         Ok(())
     }
 
-    /// Sends one request; a refusal becomes `LinkError::Refused`. A lost connection is
-    /// replaced (once, for every caller that saw it fail) before the error is returned.
+    /// Sends one request of a client or a task; `Rejoining` while the node rejoins.
     pub async fn call(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
+        if !self.is_serving() {
+            return Err(LinkError::Rejoining);
+        }
+        self.send(request).await
+    }
+
+    /// Sends one request in `session` only: `SessionEnded` once the node has another.
+    pub async fn call_in(
+        &self,
+        session: SessionId,
+        request: DirectoryRequest,
+    ) -> Result<DirectoryReply, LinkError> {
+        if self.session() != session {
+            return Err(LinkError::SessionEnded);
+        }
+        self.call(request).await
+    }
+
+    /// Sends one heartbeat on the heartbeat connection (opened, and bound to the session
+    /// with `Resume`, on first use and after a loss). Takes at most
+    /// [`DIRECTORY_REQUEST_TIMEOUT`], connecting included, so a directory that is down is
+    /// noticed at the heartbeat period rather than after QUIC's idle timeout.
+    pub async fn heartbeat(
+        &self,
+        acknowledged_through: Option<OperationId>,
+    ) -> Result<DirectoryReply, LinkError> {
+        let beat = self.heartbeat_unbounded(acknowledged_through);
+        match tokio::time::timeout(DIRECTORY_REQUEST_TIMEOUT, beat).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                *self.heartbeats.lock().await = None;
+                Err(LinkError::Wire(WireError::Timeout {
+                    timeout: DIRECTORY_REQUEST_TIMEOUT,
+                }))
+            }
+        }
+    }
+
+    async fn heartbeat_unbounded(
+        &self,
+        acknowledged_through: Option<OperationId>,
+    ) -> Result<DirectoryReply, LinkError> {
+        let mut channel = self.heartbeats.lock().await;
+        let rpc = match channel.as_ref() {
+            Some(rpc) => rpc.clone(),
+            None => {
+                let rpc = connect(&self.endpoint, &self.target).await?;
+                let session = self.session();
+                match rpc.call(DirectoryRequest::Resume { session }).await? {
+                    DirectoryReply::Resumed(_) => {}
+                    DirectoryReply::Error(error) => return Err(LinkError::Refused(error)),
+                    other => return Err(LinkError::Unexpected(format!("{other:?}"))),
+                }
+                channel.insert(rpc).clone()
+            }
+        };
+        drop(channel);
+        match rpc
+            .call(DirectoryRequest::Heartbeat {
+                acknowledged_through,
+            })
+            .await
+        {
+            Ok(DirectoryReply::Error(error)) => Err(LinkError::Refused(error)),
+            Ok(reply) => Ok(reply),
+            Err(error) => {
+                *self.heartbeats.lock().await = None;
+                Err(LinkError::Wire(error))
+            }
+        }
+    }
+
+    /// Sends one request whatever the node's state (the rejoin's own requests); a refusal
+    /// becomes `LinkError::Refused`. A lost connection is replaced (once, for every caller
+    /// that saw it fail) before the error is returned.
+    pub async fn send(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
         let (rpc, generation) = self.current()?;
         match rpc.call(request).await {
             Ok(DirectoryReply::Error(error)) => Err(LinkError::Refused(error)),
@@ -224,6 +395,7 @@ impl DirectoryLink {
         Ok(Outstanding {
             link: self,
             operation,
+            session: self.session(),
         })
     }
 
@@ -233,12 +405,12 @@ impl DirectoryLink {
         let guard = self.begin()?;
         let operation = guard.operation;
         match self
-            .call(DirectoryRequest::Reserve { operation, item })
+            .call_in(guard.session, DirectoryRequest::Reserve { operation, item })
             .await
         {
             Ok(DirectoryReply::Reserved(outcome)) => Ok(outcome),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
-            Err(LinkError::Wire(_)) => match self.resolve(operation).await {
+            Err(LinkError::Wire(_)) => match self.resolve(guard.session, operation).await {
                 Ok(ResolveOutcome::Reserved(outcome)) => Ok(outcome),
                 Ok(ResolveOutcome::NotApplied) => Ok(ReserveOutcome::Skip),
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
@@ -247,26 +419,30 @@ impl DirectoryLink {
         }
     }
 
-    /// Publishes a written replica. A lost reply is resolved; `Err(Unresolved)` means the
-    /// storage must stay allocated, `Ok(None)` that the commit was not applied.
+    /// Publishes a written replica reserved in `session`. A lost reply is resolved;
+    /// `Err(Unresolved)` means the storage must stay allocated, `Ok(None)` that the commit
+    /// was not applied (the reservation's session ended: it never will be).
     pub async fn commit(
         &self,
+        session: SessionId,
         replica: ReplicaId,
         location: Location,
     ) -> Result<Option<CommitOutcome>, LinkError> {
+        if self.session() != session {
+            return Ok(None);
+        }
         let guard = self.begin()?;
         let operation = guard.operation;
-        match self
-            .call(DirectoryRequest::Commit {
-                operation,
-                replica,
-                location,
-            })
-            .await
-        {
+        let request = DirectoryRequest::Commit {
+            operation,
+            replica,
+            location,
+        };
+        match self.call_in(session, request).await {
             Ok(DirectoryReply::Committed(outcome)) => Ok(Some(outcome)),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
-            Err(LinkError::Wire(_)) => match self.resolve(operation).await {
+            Err(LinkError::SessionEnded) => Ok(None),
+            Err(LinkError::Wire(_)) => match self.resolve(session, operation).await {
                 Ok(ResolveOutcome::Committed(outcome)) => Ok(Some(outcome)),
                 Ok(ResolveOutcome::NotApplied) => Ok(None),
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
@@ -281,12 +457,15 @@ impl DirectoryLink {
         let guard = self.begin()?;
         let operation = guard.operation;
         match self
-            .call(DirectoryRequest::GrantExtent { operation, pool })
+            .call_in(
+                guard.session,
+                DirectoryRequest::GrantExtent { operation, pool },
+            )
             .await
         {
             Ok(DirectoryReply::Extent(grant)) => Ok(grant),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
-            Err(LinkError::Wire(_)) => match self.resolve(operation).await {
+            Err(LinkError::Wire(_)) => match self.resolve(guard.session, operation).await {
                 Ok(ResolveOutcome::ExtentGranted(grant)) => Ok(grant),
                 Ok(ResolveOutcome::NotApplied) => Ok(ExtentGrant::Full),
                 Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
@@ -295,9 +474,11 @@ impl DirectoryLink {
         }
     }
 
-    /// Gives an unwritten reservation back (best effort: it expires otherwise).
-    pub async fn abort(&self, replica: ReplicaId) {
-        if let Err(error) = self.call(DirectoryRequest::Abort { replica }).await {
+    /// Gives an unwritten reservation of `session` back (best effort: it expires
+    /// otherwise, and ended with its session).
+    pub async fn abort(&self, session: SessionId, replica: ReplicaId) {
+        let request = DirectoryRequest::Abort { replica };
+        if let Err(error) = self.call_in(session, request).await {
             tracing::debug!(%error, ?replica, "abort failed; the reservation will expire");
         }
     }
@@ -344,7 +525,7 @@ impl DirectoryLink {
         let unresolved = self.core().returns.unresolved();
         let mut actions = Vec::with_capacity(unresolved.len());
         for (pool, offset_bytes, operation) in unresolved {
-            let Ok(outcome) = self.resolve(operation).await else {
+            let Ok(outcome) = self.resolve(self.session(), operation).await else {
                 continue;
             };
             let action = self
@@ -355,22 +536,50 @@ impl DirectoryLink {
         actions
     }
 
-    async fn resolve(&self, operation: OperationId) -> Result<ResolveOutcome, LinkError> {
+    /// What became of `operation`, sent in `session`. A session of an earlier directory
+    /// incarnation that the directory does not know any more applied nothing that lasts:
+    /// `NotApplied`.
+    async fn resolve(
+        &self,
+        session: SessionId,
+        operation: OperationId,
+    ) -> Result<ResolveOutcome, LinkError> {
         let mut last_error = None;
         for _ in 0..RESOLVE_ATTEMPTS_MAX {
-            match self
-                .call(DirectoryRequest::Resolve {
-                    target: self.session,
-                    operation,
-                })
-                .await
-            {
+            let request = DirectoryRequest::Resolve {
+                target: session,
+                operation,
+            };
+            match self.send(request).await {
                 Ok(DirectoryReply::Resolved(outcome)) => return Ok(outcome),
                 Ok(other) => return Err(LinkError::Unexpected(format!("{other:?}"))),
+                Err(LinkError::Refused(ProtocolError::Directory(
+                    DirectoryError::UnknownSession,
+                ))) if session.incarnation() != self.session().incarnation() => {
+                    return Ok(ResolveOutcome::NotApplied)
+                }
                 Err(LinkError::Wire(error)) => last_error = Some(error),
                 Err(error) => return Err(error),
             }
         }
         Err(last_error.map_or(LinkError::Unresolved(operation), LinkError::Wire))
+    }
+}
+
+/// Opens a session on a negotiated connection.
+async fn open_session(
+    rpc: &Rpc,
+    write_order: &[Medium],
+    read_order: &[Medium],
+) -> Result<Binding, LinkError> {
+    let sent = std::time::Instant::now();
+    let request = DirectoryRequest::Open {
+        write_order: write_order.to_vec(),
+        read_order: read_order.to_vec(),
+    };
+    match rpc.call(request).await? {
+        DirectoryReply::Opened(opened) => Ok(Binding::of(&opened, sent)),
+        DirectoryReply::Error(error) => Err(LinkError::Refused(error)),
+        other => Err(LinkError::Unexpected(format!("{other:?}"))),
     }
 }

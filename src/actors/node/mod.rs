@@ -7,10 +7,12 @@
 //! * `client_session`: a `ClientSessionActor` per local engine connection (Unix socket).
 //! * `pool`: a `PoolActor` per pool (allocation and reclaim of pages).
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
+//! * `rejoin`: a new session after the old one was lost, keeping the cache.
 
 pub mod actor;
 pub mod client_session;
 pub mod link;
 pub mod pool;
 pub mod process;
+pub mod rejoin;
 pub mod services;

@@ -88,6 +88,38 @@ impl Handler<TakeEmptyExtent> for PoolActor {
     }
 }
 
+/// The extents this node holds in the pool (none in a host pool).
+pub struct HeldExtents;
+
+impl Message for HeldExtents {
+    type Result = Vec<(u64, u64)>;
+}
+
+impl Handler<HeldExtents> for PoolActor {
+    type Result = Vec<(u64, u64)>;
+
+    fn handle(&mut self, _: HeldExtents, _: &mut Context<Self>) -> Self::Result {
+        self.backend.held_extents()
+    }
+}
+
+/// Takes an extent out of use with everything allocated in it (lost in a rejoin).
+pub struct DropExtent {
+    pub offset_bytes: u64,
+}
+
+impl Message for DropExtent {
+    type Result = bool;
+}
+
+impl Handler<DropExtent> for PoolActor {
+    type Result = bool;
+
+    fn handle(&mut self, message: DropExtent, _: &mut Context<Self>) -> Self::Result {
+        self.backend.drop_extent(message.offset_bytes)
+    }
+}
+
 /// Copies bytes out of the pool (the node's own transfers, e.g. a demotion).
 pub struct ReadAt {
     pub offset_bytes: u64,

@@ -6,6 +6,7 @@ use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
 use super::link::{DirectoryAddress, DirectoryLink};
 use super::pool::PoolActor;
+use super::rejoin::Registration;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::probe::{self, ProbeRegion};
@@ -13,7 +14,7 @@ use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend, SharedMemory
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
-use crate::model::{Clock, Medium, PoolId, PoolSpec, Scope};
+use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::{ExtentAction, Liveness, NodeCore, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
@@ -64,13 +65,15 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let core = Arc::new(Mutex::new(NodeCore::new(CLIENT_LIMITS)));
     let clock = Clock::start();
     let link = Arc::new(open_link(target, &section, core.clone()).await?);
-    let opened_at = clock.now() - link.opened.elapsed();
-    lock_core(&core).liveness = Liveness::new(opened_at, link.fence_after);
+    let binding = link.binding();
+    let opened_at = clock.now() - binding.opened.elapsed();
+    lock_core(&core).liveness = Liveness::new(opened_at, binding.fence_after);
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(&config, &section)?;
-    tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
+    tracing::info!(node = %binding.node, epoch = %binding.epoch, session = %binding.session, "session open");
     let metrics = Arc::new(Metrics::new()?);
-    let (pools, mappings) = start_pools(&link, &metrics, &section, pool, cxl_pools).await?;
+    let (pools, mappings, registration) =
+        start_pools(&link, &metrics, &section, pool, cxl_pools).await?;
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
@@ -87,15 +90,15 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         core,
         clock,
     };
-    NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
+    NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
     serve_clients(&section, services).await?;
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal.map(|()| None),
         reason = exit.recv() => Ok(reason),
     };
     match outcome? {
-        Some(NodeExit::Fenced) => {
-            bail!("the directory fenced this node's session; restart it to open a new epoch")
+        Some(NodeExit::RejoinFailed(reason)) => {
+            bail!("this node could not rejoin the directory with its cache: {reason}")
         }
         None => {
             let _ = link.call(DirectoryRequest::Close).await;
@@ -104,24 +107,28 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     }
 }
 
+/// The pool actors, what clients map, and what a rejoin registers again.
+type StartedPools = (
+    HashMap<PoolId, Addr<PoolActor>>,
+    Vec<PoolMapping>,
+    Registration,
+);
+
 /// Registers the CPU pool, probes every pool and reports what it measured, and starts a
-/// pool actor per pool: the actors and what clients map.
+/// pool actor per pool.
 async fn start_pools(
     link: &DirectoryLink,
     metrics: &Metrics,
     section: &NodeSection,
     pool: CpuPool,
     cxl_pools: Vec<(String, CxlPool)>,
-) -> anyhow::Result<(HashMap<PoolId, Addr<PoolActor>>, Vec<PoolMapping>)> {
-    let spec = PoolSpec {
-        name: format!("{}-cpu", section.name),
-        medium: Medium::Cpu,
-        scope: Scope::Host(link.node),
-        capacity_bytes: section.cpu_pool.capacity_bytes,
-        page_bytes: section.cpu_pool.page_bytes,
-        extent_bytes: None,
-    };
-    let pool_id = match link.call(DirectoryRequest::RegisterPool(spec)).await? {
+) -> anyhow::Result<StartedPools> {
+    let node = link.binding().node;
+    let spec = section.cpu_pool_spec(node);
+    let pool_id = match link
+        .call(DirectoryRequest::RegisterPool(spec.clone()))
+        .await?
+    {
         DirectoryReply::Pool(pool_id) => pool_id,
         other => bail!("pool registration answered {other:?}"),
     };
@@ -132,17 +139,29 @@ async fn start_pools(
         length: pool.memory().data_bytes(),
     };
     let probed = probe::probe_memory(pool.memory(), region);
-    report_probe(link, metrics, pool_id, probed).await;
+    let mut registration = Registration {
+        node,
+        cpu_spec: spec,
+        cpu_pool: pool_id,
+        shared_pools: Vec::new(),
+        profiles: Vec::new(),
+    };
+    registration
+        .profiles
+        .extend(report_probe(link, metrics, pool_id, probed).await);
     let mut mappings = vec![mapping_of(pool_id, Medium::Cpu, pool.memory())];
     let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
-    for (pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
+    for (name, pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
         metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
         let probed = probe_shared_pool(link, pool_id, &cxl).await;
-        report_probe(link, metrics, pool_id, probed).await;
+        registration
+            .profiles
+            .extend(report_probe(link, metrics, pool_id, probed).await);
+        registration.shared_pools.push((name, pool_id));
         mappings.push(mapping_of(pool_id, Medium::Cxl, cxl.memory()));
         pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
     }
-    Ok((pools, mappings))
+    Ok((pools, mappings, registration))
 }
 
 /// What a client maps for `pool`.
@@ -215,19 +234,20 @@ async fn probe_shared_pool(
     measured
 }
 
-/// Reports what a probe measured to the directory and the node's metrics. A failed probe
-/// or report leaves the pool priced by the directory's defaults: the node serves either way.
+/// Reports what a probe measured to the directory and the node's metrics, and returns it
+/// for later sessions. A failed probe or report leaves the pool priced by the directory's
+/// defaults: the node serves either way.
 async fn report_probe(
     link: &DirectoryLink,
     metrics: &Metrics,
     pool: PoolId,
     probed: Result<Measurement, probe::ProbeError>,
-) {
+) -> Option<(PoolId, Measurement)> {
     let measured = match probed {
         Ok(measured) => measured,
         Err(error) => {
             tracing::warn!(%error, ?pool, "probing the pool failed; it keeps default figures");
-            return;
+            return None;
         }
     };
     tracing::info!(
@@ -248,6 +268,7 @@ async fn report_probe(
         Ok(other) => tracing::warn!(?other, ?pool, "profile report refused"),
         Err(error) => tracing::warn!(%error, ?pool, "profile report failed"),
     }
+    Some((pool, measured))
 }
 
 /// Removes a file this process created when the process leaves `run`, on every path.
@@ -288,7 +309,7 @@ fn map_cxl_pools(
 async fn locate_cxl_pools(
     link: &DirectoryLink,
     pools: Vec<(String, CxlPool)>,
-) -> anyhow::Result<Vec<(PoolId, CxlPool)>> {
+) -> anyhow::Result<Vec<(String, PoolId, CxlPool)>> {
     if pools.is_empty() {
         return Ok(Vec::new());
     }
@@ -303,7 +324,7 @@ async fn locate_cxl_pools(
             });
             let report =
                 found.with_context(|| format!("the directory does not know CXL pool `{name}`"))?;
-            Ok((report.pool, pool))
+            Ok((name, report.pool, pool))
         })
         .collect()
 }

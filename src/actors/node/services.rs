@@ -7,7 +7,7 @@ use super::pool::{AddExtent, Allocate, AllocateInNewExtent, Free, PoolActor};
 use crate::backends::{Allocation, PoolError};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
-use crate::model::{Clock, Location, PoolId};
+use crate::model::{Clock, Location, ObjectId, PoolId};
 use crate::node::{ExtentAction, NodeCore};
 use crate::protocol::messages::PoolMapping;
 use actix::prelude::*;
@@ -36,8 +36,17 @@ impl NodeServices {
         lock_core(&self.core)
     }
 
+    /// A replica this node wrote was published at `location`: the node holds it, and
+    /// reports it when it rejoins.
+    pub fn published(&self, object: ObjectId, location: Location) {
+        self.core()
+            .holdings
+            .published(crate::directory::Holding { object, location });
+    }
+
     /// Frees an allocation this node holds; logs when the pool refuses.
     pub async fn free(&self, location: Location) {
+        self.core().holdings.freed(&location);
         if let Some(pool) = self.pools.get(&location.pool) {
             let freed = pool
                 .send(Free {

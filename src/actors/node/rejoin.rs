@@ -1,0 +1,286 @@
+//! Rejoin: when its session is lost — the directory restarted, or fenced it — a node does
+//! not exit and drop its cache. It stops serving (clients get misses and skipped stores),
+//! opens a new session, registers its pools again under the same ids, claims the extents of
+//! shared pools it still allocates in, and reports what it holds in bounded batches, paced
+//! by the directory. Then it serves again. The rule that keeps this safe is in
+//! `directory::adoption`; a node that was silent for its fence window first gives up its
+//! shared extents, which the directory may have granted to another node meanwhile.
+
+use super::link::{Binding, LinkError};
+use super::pool::{DropExtent, HeldExtents};
+use super::services::NodeServices;
+use crate::directory::{AdoptOutcome, DirectoryError};
+use crate::model::{NodeId, PoolId, PoolSpec};
+use crate::node::Liveness;
+use crate::policy::profiles::Measurement;
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The first wait before opening a session again after a failure; doubled up to
+/// [`REOPEN_BACKOFF_MAX`].
+const REOPEN_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long one attempt to open a session may take (a directory that is down does not
+/// answer the QUIC handshake at all).
+const REOPEN_ATTEMPT_MAX: Duration = Duration::from_secs(5);
+/// The first wait before sending a paced report again; doubled up to [`PACED_BACKOFF_MAX`].
+const PACED_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const PACED_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What a node registers again in each new session.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    /// The node's id, which a new session must give it again.
+    pub node: NodeId,
+    /// The CPU pool as registered, and the id its clients know it by.
+    pub cpu_spec: PoolSpec,
+    pub cpu_pool: PoolId,
+    /// The shared pools the node maps, by name, with the ids its clients know them by.
+    pub shared_pools: Vec<(String, PoolId)>,
+    /// What the node measured of its pools.
+    pub profiles: Vec<(PoolId, Measurement)>,
+}
+
+/// Why a rejoin could not keep the node's cache: the node stops.
+#[derive(Debug, Error)]
+pub enum RejoinError {
+    /// The new directory gives this node or one of its pools another id (its configuration
+    /// changed order): locations the engines hold would name other memory.
+    #[error("the directory changed the id of {0}; restart the node to start afresh")]
+    IdentityChanged(String),
+    /// The directory refused a step of the rejoin.
+    #[error("rejoin refused: {0}")]
+    Refused(#[from] LinkError),
+}
+
+/// How a rejoin ended.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Rejoined {
+    pub adopted: usize,
+    pub refused: usize,
+    pub extents_kept: usize,
+    pub extents_lost: usize,
+}
+
+/// Rejoins the directory (see the module documentation). Retries opening a session until
+/// the directory answers; returns once the node serves again, or why it must stop.
+pub async fn rejoin(
+    services: &NodeServices,
+    registration: &Registration,
+) -> Result<Rejoined, RejoinError> {
+    let link = &services.link;
+    link.stop_serving();
+    let keep_extents = {
+        let mut core = services.core();
+        let silent_too_long = core.liveness.may_be_fenced(services.clock.now());
+        core.session_lost();
+        !silent_too_long
+    };
+    let mut rejoined = Rejoined::default();
+    if !keep_extents {
+        rejoined.extents_lost += drop_shared_extents(services, registration).await;
+    }
+    let binding = reopen(services).await;
+    tracing::info!(session = %binding.session, epoch = %binding.epoch, "rejoining the directory");
+    register_again(services, registration, &binding).await?;
+    claim_extents(services, registration, &mut rejoined).await?;
+    adopt(services, &binding, &mut rejoined).await?;
+    link.resume_serving();
+    tracing::info!(
+        adopted = rejoined.adopted,
+        refused = rejoined.refused,
+        extents_kept = rejoined.extents_kept,
+        extents_lost = rejoined.extents_lost,
+        "rejoined the directory: serving again"
+    );
+    Ok(rejoined)
+}
+
+/// Opens a new session, retrying with backoff while the directory is out of reach.
+async fn reopen(services: &NodeServices) -> Binding {
+    let mut backoff = REOPEN_BACKOFF_MIN;
+    loop {
+        let attempt = tokio::time::timeout(REOPEN_ATTEMPT_MAX, services.link.reopen()).await;
+        match attempt.unwrap_or(Err(LinkError::Unexpected("opening timed out".into()))) {
+            Ok(binding) => {
+                let opened_at = services.clock.now() - binding.opened.elapsed();
+                services.core().liveness = Liveness::new(opened_at, binding.fence_after);
+                return binding;
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?backoff, "the directory is not reachable yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Registers the node's pools and namespaces again and checks every id is unchanged.
+async fn register_again(
+    services: &NodeServices,
+    registration: &Registration,
+    binding: &Binding,
+) -> Result<(), RejoinError> {
+    let link = &services.link;
+    if binding.node != registration.node {
+        return Err(RejoinError::IdentityChanged("this node".into()));
+    }
+    let spec = registration.cpu_spec.clone();
+    match link.send(DirectoryRequest::RegisterPool(spec)).await? {
+        DirectoryReply::Pool(pool) if pool == registration.cpu_pool => {}
+        _ => return Err(RejoinError::IdentityChanged("the CPU pool".into())),
+    }
+    if !registration.shared_pools.is_empty() {
+        let DirectoryReply::Usage(listed) = link.send(DirectoryRequest::Usage).await? else {
+            return Err(RejoinError::IdentityChanged("the shared pools".into()));
+        };
+        for (name, pool) in &registration.shared_pools {
+            if !listed
+                .iter()
+                .any(|report| report.pool == *pool && report.spec.name == *name)
+            {
+                return Err(RejoinError::IdentityChanged(format!(
+                    "shared pool `{name}`"
+                )));
+            }
+        }
+    }
+    let namespaces = services.core().holdings.namespaces();
+    for (id, descriptor) in namespaces {
+        match link
+            .send(DirectoryRequest::RegisterNamespace(descriptor))
+            .await
+        {
+            Ok(DirectoryReply::Namespace(registered)) if registered == id => {}
+            other => tracing::warn!(?other, "a namespace could not be registered again"),
+        }
+    }
+    for (pool, measured) in &registration.profiles {
+        let request = DirectoryRequest::ReportProfile {
+            pool: *pool,
+            measured: *measured,
+        };
+        if let Err(error) = link.send(request).await {
+            tracing::warn!(%error, ?pool, "a pool's profile could not be reported again");
+        }
+    }
+    Ok(())
+}
+
+/// Claims the extents of every shared pool; those refused leave the allocator with
+/// their replicas.
+async fn claim_extents(
+    services: &NodeServices,
+    registration: &Registration,
+    rejoined: &mut Rejoined,
+) -> Result<(), RejoinError> {
+    let batch = services.link.batch_items_max().max(1);
+    for (_, pool) in &registration.shared_pools {
+        let Some(actor) = services.pools.get(pool) else {
+            continue;
+        };
+        let held = actor.send(HeldExtents).await.unwrap_or_default();
+        for chunk in held.chunks(batch) {
+            let offsets: Vec<u64> = chunk.iter().map(|(offset, _)| *offset).collect();
+            let request = DirectoryRequest::ClaimExtents {
+                pool: *pool,
+                offsets,
+            };
+            let DirectoryReply::Claimed(answers) = paced(services, request).await? else {
+                return Err(RejoinError::Refused(LinkError::Unexpected(
+                    "claim answered with another reply".into(),
+                )));
+            };
+            for (&(offset, length), claimed) in chunk.iter().zip(answers) {
+                if claimed {
+                    rejoined.extents_kept += 1;
+                } else {
+                    lose_extent(services, *pool, offset, length).await;
+                    rejoined.extents_lost += 1;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives up every extent of the shared pools: the node was silent long enough that the
+/// directory may have granted them to others.
+async fn drop_shared_extents(services: &NodeServices, registration: &Registration) -> usize {
+    let mut lost = 0;
+    for (_, pool) in &registration.shared_pools {
+        let Some(actor) = services.pools.get(pool) else {
+            continue;
+        };
+        for (offset, length) in actor.send(HeldExtents).await.unwrap_or_default() {
+            lose_extent(services, *pool, offset, length).await;
+            lost += 1;
+        }
+    }
+    lost
+}
+
+/// Takes an extent the node may no longer write out of its allocator and its holdings.
+async fn lose_extent(services: &NodeServices, pool: PoolId, offset_bytes: u64, length: u64) {
+    if let Some(actor) = services.pools.get(&pool) {
+        let _ = actor.send(DropExtent { offset_bytes }).await;
+    }
+    let forgotten = services
+        .core()
+        .holdings
+        .extent_lost(pool, offset_bytes, length);
+    tracing::warn!(
+        ?pool,
+        offset_bytes,
+        forgotten,
+        "an extent was not this node's any more"
+    );
+}
+
+/// Reports the node's READY replicas in batches; those refused are freed.
+async fn adopt(
+    services: &NodeServices,
+    binding: &Binding,
+    rejoined: &mut Rejoined,
+) -> Result<(), RejoinError> {
+    let holdings = services.core().holdings.replicas();
+    for chunk in holdings.chunks(binding.batch_items_max.max(1)) {
+        let request = DirectoryRequest::Adopt {
+            holdings: chunk.to_vec(),
+        };
+        let DirectoryReply::Adopted(outcomes) = paced(services, request).await? else {
+            return Err(RejoinError::Refused(LinkError::Unexpected(
+                "adopt answered with another reply".into(),
+            )));
+        };
+        for (holding, outcome) in chunk.iter().zip(outcomes) {
+            match outcome {
+                AdoptOutcome::Adopted | AdoptOutcome::Known => rejoined.adopted += 1,
+                AdoptOutcome::Refused => {
+                    services.free(holding.location).await;
+                    rejoined.refused += 1;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends a rejoin report, waiting and sending it again while the directory paces.
+async fn paced(
+    services: &NodeServices,
+    request: DirectoryRequest,
+) -> Result<DirectoryReply, LinkError> {
+    let mut backoff = PACED_BACKOFF_MIN;
+    loop {
+        match services.link.send(request.clone()).await {
+            Err(LinkError::Refused(ProtocolError::Directory(DirectoryError::Paced))) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(PACED_BACKOFF_MAX);
+            }
+            other => return other,
+        }
+    }
+}

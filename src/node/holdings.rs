@@ -1,0 +1,140 @@
+//! What a node re-reports when it rejoins the directory: the READY replicas it published
+//! (by pool and allocation) and the namespaces its clients registered. Kept as it happens
+//! — a replica enters when its commit is published and leaves when its pages are freed —
+//! so a rejoin reports exactly what the node's pools hold.
+
+use crate::directory::Holding;
+use crate::model::{AllocationId, Location, NamespaceDescriptor, NamespaceId, PoolId};
+use std::collections::{BTreeMap, HashMap};
+
+/// Namespaces a node remembers for re-registration: the directory's own table bound.
+pub const NAMESPACES_MAX: usize = 1024;
+
+/// The node's published replicas and registered namespaces. Replicas are bounded by the
+/// pools' allocation tables (one entry per live allocation).
+#[derive(Debug, Default)]
+pub struct Holdings {
+    replicas: HashMap<(PoolId, AllocationId), Holding>,
+    namespaces: BTreeMap<NamespaceId, NamespaceDescriptor>,
+}
+
+impl Holdings {
+    /// A replica was published at its location.
+    pub fn published(&mut self, holding: Holding) {
+        let key = (holding.location.pool, holding.location.allocation);
+        self.replicas.insert(key, holding);
+    }
+
+    /// The pages at `location` were freed (reclaimed, or the store failed): no longer held.
+    pub fn freed(&mut self, location: &Location) {
+        let key = (location.pool, location.allocation);
+        if self
+            .replicas
+            .get(&key)
+            .is_some_and(|held| held.location.generation == location.generation)
+        {
+            self.replicas.remove(&key);
+        }
+    }
+
+    /// The extent `[offset, offset + length)` of `pool` was lost (not this node's in the
+    /// new session): forgets the replicas inside and returns how many.
+    pub fn extent_lost(&mut self, pool: PoolId, offset_bytes: u64, length_bytes: u64) -> usize {
+        let before = self.replicas.len();
+        self.replicas.retain(|(held_pool, _), held| {
+            *held_pool != pool
+                || held.location.offset_bytes < offset_bytes
+                || held.location.offset_bytes >= offset_bytes.saturating_add(length_bytes)
+        });
+        before - self.replicas.len()
+    }
+
+    /// The object whose published replica is at `location`, if this node holds it.
+    pub fn object_at(&self, location: &Location) -> Option<crate::model::ObjectId> {
+        self.replicas
+            .get(&(location.pool, location.allocation))
+            .filter(|held| held.location.generation == location.generation)
+            .map(|held| held.object)
+    }
+
+    /// Every held replica, for the rejoin report (in no particular order).
+    pub fn replicas(&self) -> Vec<Holding> {
+        self.replicas.values().copied().collect()
+    }
+
+    /// Replicas held now.
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// A namespace a client registered; the oldest-registered stay once the bound is met
+    /// (the directory's table has the same bound).
+    pub fn namespace_registered(&mut self, id: NamespaceId, descriptor: NamespaceDescriptor) {
+        if self.namespaces.len() < NAMESPACES_MAX || self.namespaces.contains_key(&id) {
+            self.namespaces.insert(id, descriptor);
+        }
+    }
+
+    /// The namespaces to register again, with the ids the node's clients use.
+    pub fn namespaces(&self) -> Vec<(NamespaceId, NamespaceDescriptor)> {
+        self.namespaces
+            .iter()
+            .map(|(id, descriptor)| (*id, descriptor.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Generation, ObjectId, PrefixDigest};
+
+    fn holding(pool: u32, allocation: u64, generation: u64, offset_bytes: u64) -> Holding {
+        Holding {
+            object: ObjectId {
+                namespace: NamespaceId([7; 16]),
+                prefix: PrefixDigest::ROOT.chain(&[allocation as u32]),
+                shard: 0,
+                part: 0,
+            },
+            location: Location {
+                pool: PoolId(pool),
+                allocation: AllocationId(allocation),
+                generation: Generation(generation),
+                offset_bytes,
+                length_bytes: 100,
+            },
+        }
+    }
+
+    #[test]
+    fn a_freed_allocation_leaves_only_at_its_generation() {
+        let mut holdings = Holdings::default();
+        holdings.published(holding(0, 1, 5, 0));
+        holdings.freed(&holding(0, 1, 4, 0).location);
+        assert_eq!(
+            holdings.replica_count(),
+            1,
+            "an older generation is not this replica"
+        );
+        holdings.freed(&holding(0, 1, 5, 0).location);
+        assert_eq!(holdings.replica_count(), 0);
+    }
+
+    #[test]
+    fn a_lost_extent_takes_exactly_its_replicas() {
+        let mut holdings = Holdings::default();
+        holdings.published(holding(1, 1, 0, 0));
+        holdings.published(holding(1, 2, 0, 4096));
+        holdings.published(holding(1, 3, 0, 8192));
+        holdings.published(holding(0, 4, 0, 4096));
+        assert_eq!(holdings.extent_lost(PoolId(1), 4096, 4096), 1);
+        let mut left: Vec<u64> = holdings
+            .replicas()
+            .iter()
+            .map(|held| held.location.allocation.0)
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![1, 3, 4]);
+    }
+}

@@ -1,0 +1,165 @@
+//! A directory restart keeps the cache: the directory is killed with SIGKILL and started
+//! again while two nodes serve engines; the nodes stay up, rejoin the new incarnation and
+//! report what they hold, and every object stored before the kill is a hit again, byte
+//! for byte, from the same engine connections. While the nodes rejoin, engines get misses
+//! and skipped stores, never errors. Waits on conditions; deadlines are hang guards only.
+
+use kvtier::client::{Client, StoreOutcome};
+use kvtier::directory::{AcquireMode, ProbeOutcome};
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const CHUNK: usize = 256 << 10;
+/// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn object(namespace: NamespaceId, node: u32, index: u32) -> (ObjectId, Vec<u8>) {
+    let id = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[node, index, 11]),
+        shard: 0,
+        part: 0,
+    };
+    let mut bytes = vec![0u8; CHUNK];
+    chunk::fill(&id, &mut bytes);
+    (id, bytes)
+}
+
+/// Loads every object through `client` and compares it with its content; the number of hits.
+async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usize {
+    let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+    let views = client
+        .load(&ids, AcquireMode::Each)
+        .await
+        .expect("a load never fails with an error, rejoining or not");
+    let mut hits = 0;
+    for (view, (id, bytes)) in views.iter().zip(objects) {
+        if let Some(view) = view {
+            assert_eq!(view.bytes().unwrap(), &bytes[..], "wrong bytes for {id:?}");
+            hits += 1;
+        }
+    }
+    hits
+}
+
+#[test]
+fn a_directory_restart_keeps_the_cache_and_the_nodes() {
+    let spec = ClusterSpec {
+        nodes: 2,
+        // Four chunks fill a CPU pool: the rest of each node's stores go to the shared pool.
+        cpu_pool_bytes: 1 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 2 << 20,
+        write_order: vec![Medium::Cpu, Medium::Cxl],
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let pids = [cluster.node_pid(0), cluster.node_pid(1)];
+    assert!(pids.iter().all(Option::is_some));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (clients, stored) = runtime.block_on(async {
+        let mut clients = Vec::new();
+        let mut stored = Vec::new();
+        for node in 0..2 {
+            let client = Client::connect(&cluster.socket(node).unwrap())
+                .await
+                .unwrap();
+            let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+            let objects: Vec<_> = (0..8)
+                .map(|index| object(namespace, node as u32, index))
+                .collect();
+            for (id, bytes) in &objects {
+                assert_eq!(
+                    client.store(*id, bytes).await.unwrap(),
+                    StoreOutcome::Stored
+                );
+            }
+            assert_eq!(verified_hits(&client, &objects).await, objects.len());
+            clients.push(client);
+            stored.push(objects);
+        }
+        (clients, stored)
+    });
+    let in_cxl = runtime.block_on(async {
+        let ids: Vec<ObjectId> = stored[0].iter().map(|(id, _)| *id).collect();
+        let probed = clients[0].probe(&ids).await.unwrap();
+        probed
+            .iter()
+            .filter(|outcome| {
+                matches!(
+                    outcome,
+                    ProbeOutcome::Hit {
+                        medium: Medium::Cxl,
+                        ..
+                    }
+                )
+            })
+            .count()
+    });
+    assert!(
+        in_cxl > 0,
+        "some of node-a's objects are in the shared pool"
+    );
+
+    cluster.kill_directory().unwrap();
+    // While the directory is down the nodes answer misses and skips, never errors.
+    runtime.block_on(async {
+        let (id, bytes) = object(stored[0][0].0.namespace, 9, 0);
+        let outcome = clients[0].store(id, &bytes).await.unwrap();
+        assert!(matches!(
+            outcome,
+            StoreOutcome::Skipped | StoreOutcome::Stored
+        ));
+    });
+    cluster.restart_directory().unwrap();
+
+    runtime.block_on(async {
+        let deadline = Instant::now() + HANG_GUARD;
+        for (node, client) in clients.iter().enumerate() {
+            loop {
+                if verified_hits(client, &stored[node]).await == stored[node].len() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {node} did not get its cache back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        // The shared pool's replicas are the other node's hits too, as before the restart.
+        let shared: Vec<_> = stored[0]
+            .iter()
+            .filter(|(id, _)| !stored[1].iter().any(|(other, _)| other == id))
+            .cloned()
+            .collect();
+        let hits_from_b = verified_hits(&clients[1], &shared).await;
+        assert_eq!(
+            hits_from_b, in_cxl,
+            "node-b reads node-a's shared replicas again"
+        );
+        // New stores work in the new incarnation.
+        let (id, bytes) = object(stored[1][0].0.namespace, 7, 1);
+        let outcome = clients[1].store(id, &bytes).await.unwrap();
+        assert!(matches!(
+            outcome,
+            StoreOutcome::Stored | StoreOutcome::Skipped
+        ));
+    });
+    assert_eq!(
+        [cluster.node_pid(0), cluster.node_pid(1)],
+        pids,
+        "no node restarted"
+    );
+}
