@@ -100,6 +100,11 @@ enum BenchCommand {
     Data(kvtier::bench::data::DataBenchArgs),
     /// Cross-node loads from a shared CXL pool against memcpy, and a pressure run.
     Cxl(kvtier::bench::cxl::CxlBenchArgs),
+    /// A local cluster under verified load while the directory and nodes are killed.
+    Chaos(kvtier::bench::chaos::ChaosBenchArgs),
+    /// One client process of `bench chaos` (started by it).
+    #[command(hide = true)]
+    ChaosClient(kvtier::bench::chaos_client::ChaosClientArgs),
 }
 
 fn init_tracing() {
@@ -140,6 +145,12 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::Cxl(args),
         } => kvtier::bench::cxl::run(&exe, &args),
+        Command::Bench {
+            which: BenchCommand::Chaos(args),
+        } => kvtier::bench::chaos::run(&exe, &args),
+        Command::Bench {
+            which: BenchCommand::ChaosClient(args),
+        } => kvtier::bench::chaos_client::run(&args),
         Command::Certs {
             which: CertsCommand::Init { dir, names, force },
         } => {

@@ -2,6 +2,8 @@
 //! the same run (memcpy, a bare hash index, loopback transport) and reports the ratio,
 //! with fixed seeds and distributions from histograms.
 
+pub mod chaos;
+pub mod chaos_client;
 pub mod cxl;
 pub mod data;
 pub mod directory;

@@ -309,23 +309,30 @@ impl DirectoryLink {
     }
 
     /// Sends one heartbeat on the heartbeat connection (opened, and bound to the session
-    /// with `Resume`, on first use and after a loss). Takes at most
-    /// [`DIRECTORY_REQUEST_TIMEOUT`], connecting included, so a directory that is down is
-    /// noticed at the heartbeat period rather than after QUIC's idle timeout.
+    /// with `Resume`, on first use and after a loss). A heartbeat that gets no answer
+    /// within the heartbeat period (at most [`DIRECTORY_REQUEST_TIMEOUT`], connecting
+    /// included) is sent once more on a new connection at once, so a restarted directory is
+    /// found within about two periods rather than after QUIC's idle timeout.
     pub async fn heartbeat(
         &self,
         acknowledged_through: Option<OperationId>,
     ) -> Result<DirectoryReply, LinkError> {
-        let beat = self.heartbeat_unbounded(acknowledged_through);
-        match tokio::time::timeout(DIRECTORY_REQUEST_TIMEOUT, beat).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                *self.heartbeats.lock().await = None;
-                Err(LinkError::Wire(WireError::Timeout {
-                    timeout: DIRECTORY_REQUEST_TIMEOUT,
-                }))
+        let timeout = self
+            .binding()
+            .heartbeat_interval
+            .min(DIRECTORY_REQUEST_TIMEOUT);
+        let mut answer = Err(LinkError::Wire(WireError::Timeout { timeout }));
+        for _ in 0..2 {
+            let beat = self.heartbeat_unbounded(acknowledged_through);
+            answer = tokio::time::timeout(timeout, beat)
+                .await
+                .unwrap_or(Err(LinkError::Wire(WireError::Timeout { timeout })));
+            if !matches!(answer, Err(LinkError::Wire(_))) {
+                break;
             }
+            *self.heartbeats.lock().await = None;
         }
+        answer
     }
 
     async fn heartbeat_unbounded(

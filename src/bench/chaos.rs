@@ -1,0 +1,302 @@
+//! `kvtier bench chaos`: a local cluster (a directory, three nodes, a shared CXL pool) under
+//! several client processes (`chaos_client`) that load and store verified chunks, while the
+//! directory and the nodes are killed with SIGKILL and started again at random. It reports
+//! what the cache promises under faults: no load ever returns a wrong byte, no store fails
+//! with anything but a skip, a directory restart loses nothing a surviving node held, how
+//! long the nodes take to rejoin, and whether the long-lived processes' memory grows.
+
+use super::chaos_client::{key_object, ClientCounts};
+use crate::client::Client;
+use crate::directory::ProbeOutcome;
+use crate::launch::{ClusterSpec, LocalCluster};
+use crate::model::{Medium, ObjectId};
+use crate::workload::histogram::Histogram;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::rng::SplitMix64;
+use anyhow::Context;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NODES: usize = 3;
+/// How long the nodes may take to report everything again after a directory restart
+/// before what they did not report counts as lost.
+const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the orchestrator looks at the nodes while they rejoin.
+const RECOVERY_POLL: Duration = Duration::from_millis(20);
+/// Load before the first fault and before memory is first measured.
+const WARM_UP: Duration = Duration::from_secs(3);
+
+/// Options of `kvtier bench chaos`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ChaosBenchArgs {
+    /// How long the faults go on.
+    #[arg(long, default_value_t = 120)]
+    pub seconds: u64,
+    /// Client processes (spread over the nodes).
+    #[arg(long, default_value_t = 6)]
+    pub clients: usize,
+    /// Keys of the shared key space (all fit in the pools: nothing is evicted).
+    #[arg(long, default_value_t = 1024)]
+    pub keys: u32,
+    #[arg(long, default_value_t = 64 << 10)]
+    pub chunk_bytes: usize,
+    /// Mean time between two faults.
+    #[arg(long, default_value_t = 4000)]
+    pub fault_interval_ms: u64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The benchmark's output.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChaosReport {
+    pub seconds: u64,
+    pub loads_verified: u64,
+    pub corrupt_loads: u64,
+    pub expired_views: u64,
+    pub stores: u64,
+    pub skipped_stores: u64,
+    pub failed_stores: u64,
+    pub failed_loads: u64,
+    pub reconnects: u64,
+    pub directory_restarts: u64,
+    pub node_restarts: u64,
+    /// Objects the surviving nodes had as hits just before the directory was killed,
+    /// summed over kills and nodes.
+    pub ready_before_directory_kill: u64,
+    /// Of those, the hits again once the nodes rejoined.
+    pub found_after_recovery: u64,
+    pub recovery_ms_p50: f64,
+    pub recovery_ms_max: f64,
+    /// Growth of anonymous resident memory of the nodes never restarted, first
+    /// measurement to last (the largest over those nodes).
+    pub rss_growth_percent: f64,
+}
+
+/// Runs the benchmark and prints its report.
+pub fn run(exe: &Path, args: &ChaosBenchArgs) -> anyhow::Result<()> {
+    let working_set = u64::from(args.keys) * args.chunk_bytes as u64;
+    let spec = ClusterSpec {
+        nodes: NODES,
+        cpu_pool_bytes: (working_set / 4).next_multiple_of(1 << 20),
+        cxl_pool_bytes: (working_set * 2).next_multiple_of(16 << 20),
+        cxl_extent_bytes: 4 << 20,
+        write_order: vec![Medium::Cpu, Medium::Cxl],
+        suspect_after_ms: 3_000,
+        fence_after_ms: 15_000,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe, &spec)?;
+    let mut clients = (0..args.clients)
+        .map(|index| spawn_client(exe, &cluster, args, index))
+        .collect::<anyhow::Result<Vec<Child>>>()?;
+    let outcome = inject_faults(&mut cluster, args);
+    let mut report = outcome.unwrap_or_else(|error| {
+        tracing::error!(%error, "the fault schedule stopped early");
+        ChaosReport::default()
+    });
+    for child in &mut clients {
+        report.add(&finish_client(child)?);
+    }
+    report.seconds = args.seconds;
+    print(&report, args.json)
+}
+
+impl ChaosReport {
+    fn add(&mut self, counts: &ClientCounts) {
+        self.loads_verified += counts.loads_verified;
+        self.corrupt_loads += counts.corrupt_loads;
+        self.expired_views += counts.expired_views;
+        self.stores += counts.stores;
+        self.skipped_stores += counts.skipped_stores;
+        self.failed_stores += counts.failed_stores;
+        self.failed_loads += counts.failed_loads;
+        self.reconnects += counts.reconnects;
+    }
+}
+
+fn spawn_client(
+    exe: &Path,
+    cluster: &LocalCluster,
+    args: &ChaosBenchArgs,
+    index: usize,
+) -> anyhow::Result<Child> {
+    Command::new(exe)
+        .args(["bench", "chaos-client", "--socket"])
+        .arg(cluster.socket(index % NODES)?)
+        .args(["--keys", &args.keys.to_string()])
+        .args(["--chunk-bytes", &args.chunk_bytes.to_string()])
+        .args(["--seed", &(args.seed + index as u64).to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting a chaos client")
+}
+
+/// Closes the client's standard input (it stops) and reads its counts.
+fn finish_client(child: &mut Child) -> anyhow::Result<ClientCounts> {
+    drop(child.stdin.take());
+    let stdout = child.stdout.take().context("client without output")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    child.wait()?;
+    serde_json::from_str(&line).with_context(|| format!("client counts `{line}`"))
+}
+
+/// Kills and restarts the directory or a node at random times until the run ends.
+fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::Result<ChaosReport> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut report = ChaosReport::default();
+    let mut random = SplitMix64::new(args.seed);
+    let mut recoveries = Histogram::default();
+    let mut restarted_nodes = HashSet::new();
+    std::thread::sleep(WARM_UP);
+    let first_rss: Vec<u64> = (0..NODES)
+        .map(|node| anonymous_rss(cluster, node))
+        .collect();
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < end {
+        let wait = args.fault_interval_ms / 2 + random.below(args.fault_interval_ms.max(1));
+        std::thread::sleep(Duration::from_millis(wait));
+        if random.chance(34) {
+            let (before, found, took) = runtime.block_on(restart_directory(cluster, args))?;
+            report.directory_restarts += 1;
+            report.ready_before_directory_kill += before;
+            report.found_after_recovery += found;
+            recoveries.record(took);
+        } else {
+            let node = random.below(NODES as u64) as usize;
+            cluster.restart_node(node)?;
+            restarted_nodes.insert(node);
+            report.node_restarts += 1;
+        }
+    }
+    report.recovery_ms_p50 = recoveries.quantile(0.5).as_secs_f64() * 1e3;
+    report.recovery_ms_max = recoveries.max().as_secs_f64() * 1e3;
+    report.rss_growth_percent = (0..NODES)
+        .filter(|node| !restarted_nodes.contains(node))
+        .map(|node| {
+            let (first, last) = (first_rss[node], anonymous_rss(cluster, node));
+            (last as f64 - first as f64) * 100.0 / first.max(1) as f64
+        })
+        .fold(0.0, f64::max);
+    Ok(report)
+}
+
+/// Kills the directory, starts it again, and waits until every node has its hits back
+/// (or [`RECOVERY_DEADLINE`]). Returns the hits before, those found again, and how long
+/// the restart took to be whole.
+async fn restart_directory(
+    cluster: &mut LocalCluster,
+    args: &ChaosBenchArgs,
+) -> anyhow::Result<(u64, u64, Duration)> {
+    let mut probes = Vec::new();
+    for node in 0..NODES {
+        let client = Client::connect(&cluster.socket(node)?).await?;
+        let namespace = client.register_namespace(demo_namespace()).await?;
+        let keys: Vec<ObjectId> = (0..args.keys)
+            .map(|key| key_object(namespace, key))
+            .collect();
+        let before = hits(&client, &keys).await?;
+        probes.push((client, keys, before));
+    }
+    cluster.kill_directory()?;
+    let killed = Instant::now();
+    cluster.restart_directory()?;
+    let deadline = killed + RECOVERY_DEADLINE;
+    let mut found = vec![0u64; NODES];
+    let mut whole = vec![false; NODES];
+    while whole.iter().any(|done| !done) && Instant::now() < deadline {
+        for (node, (client, keys, before)) in probes.iter().enumerate() {
+            if whole[node] {
+                continue;
+            }
+            let now_hits = hits(client, keys).await.unwrap_or_default();
+            found[node] = before.intersection(&now_hits).count() as u64;
+            whole[node] = found[node] == before.len() as u64;
+        }
+        tokio::time::sleep(RECOVERY_POLL).await;
+    }
+    let before: u64 = probes
+        .iter()
+        .map(|(_, _, before)| before.len() as u64)
+        .sum();
+    Ok((before, found.iter().sum(), killed.elapsed()))
+}
+
+/// The keys `client`'s node has as hits now (in batches the directory accepts).
+async fn hits(client: &Client, keys: &[ObjectId]) -> anyhow::Result<HashSet<usize>> {
+    let mut hit = HashSet::new();
+    for (batch, chunk) in keys.chunks(1024).enumerate() {
+        let outcomes = client.probe(chunk).await?;
+        for (index, outcome) in outcomes.iter().enumerate() {
+            if matches!(outcome, ProbeOutcome::Hit { .. }) {
+                hit.insert(batch * 1024 + index);
+            }
+        }
+    }
+    Ok(hit)
+}
+
+/// Anonymous resident memory of node `node` (its pools, mapped shared, do not count).
+fn anonymous_rss(cluster: &mut LocalCluster, node: usize) -> u64 {
+    let Some(pid) = cluster.node_pid(node) else {
+        return 0;
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("RssAnon:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
+fn print(report: &ChaosReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+        return Ok(());
+    }
+    let kept =
+        report.found_after_recovery as f64 / report.ready_before_directory_kill.max(1) as f64;
+    println!(
+        "chaos {} s: {} directory and {} node restarts; {} loads verified, {} corrupt; {} stores ({} skipped, {} failed), {} failed loads",
+        report.seconds,
+        report.directory_restarts,
+        report.node_restarts,
+        report.loads_verified,
+        report.corrupt_loads,
+        report.stores,
+        report.skipped_stores,
+        report.failed_stores,
+        report.failed_loads
+    );
+    println!(
+        "directory restarts kept {}/{} hits ({:.4}); recovery p50 {:.0} ms, max {:.0} ms; node memory growth {:.1} %",
+        report.found_after_recovery,
+        report.ready_before_directory_kill,
+        kept,
+        report.recovery_ms_p50,
+        report.recovery_ms_max,
+        report.rss_growth_percent
+    );
+    Ok(())
+}
