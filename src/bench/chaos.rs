@@ -216,8 +216,8 @@ async fn restart_directory(
     let killed = Instant::now();
     cluster.restart_directory()?;
     let deadline = killed + RECOVERY_DEADLINE;
-    let mut found = vec![0u64; NODES];
-    let mut whole = vec![false; NODES];
+    let mut found = [0u64; NODES];
+    let mut whole = [false; NODES];
     while whole.iter().any(|done| !done) && Instant::now() < deadline {
         for (node, (client, keys, before)) in probes.iter().enumerate() {
             if whole[node] {
