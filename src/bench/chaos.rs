@@ -5,11 +5,12 @@
 //! with anything but a skip, a directory restart loses nothing a surviving node held, how
 //! long the nodes take to rejoin, and whether the long-lived processes' memory grows.
 
-use super::chaos_client::{key_object, ClientCounts};
-use crate::client::Client;
+use super::chaos_client::ClientCounts;
+use crate::client::{Client, StoreOutcome};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
-use crate::model::{Medium, ObjectId};
+use crate::model::{Medium, ObjectId, PrefixDigest};
+use crate::workload::chunk;
 use crate::workload::histogram::Histogram;
 use crate::workload::namespace::demo_namespace;
 use crate::workload::rng::SplitMix64;
@@ -27,6 +28,10 @@ const NODES: usize = 3;
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the orchestrator looks at the nodes while they rejoin.
 const RECOVERY_POLL: Duration = Duration::from_millis(20);
+/// Canaries each node process stores (see [`Canaries`]).
+const CANARIES_PER_NODE: u32 = 64;
+/// The first word of a canary's prefix: no client key starts with it.
+const CANARY_TAG: u32 = 0xCA4A_2127;
 /// Load before the first fault and before memory is first measured.
 const WARM_UP: Duration = Duration::from_secs(3);
 
@@ -68,8 +73,9 @@ pub struct ChaosReport {
     pub reconnects: u64,
     pub directory_restarts: u64,
     pub node_restarts: u64,
-    /// Objects the surviving nodes had as hits just before the directory was killed,
-    /// summed over kills and nodes.
+    /// Canaries (objects the benchmark stored through each live node process, which no
+    /// client touches) that were hits just before the directory was killed, summed over
+    /// kills.
     pub ready_before_directory_kill: u64,
     /// Of those, the hits again once the nodes rejoined.
     pub found_after_recovery: u64,
@@ -162,6 +168,10 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
     let mut random = SplitMix64::new(args.seed);
     let mut recoveries = Histogram::default();
     let mut restarted_nodes = HashSet::new();
+    let mut canaries = Canaries::new(CANARIES_PER_NODE);
+    for node in 0..NODES {
+        runtime.block_on(canaries.store(cluster, node, args.chunk_bytes))?;
+    }
     std::thread::sleep(WARM_UP);
     let first_rss: Vec<u64> = (0..NODES)
         .map(|node| anonymous_rss(cluster, node))
@@ -171,7 +181,7 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
         let wait = args.fault_interval_ms / 2 + random.below(args.fault_interval_ms.max(1));
         std::thread::sleep(Duration::from_millis(wait));
         if random.chance(34) {
-            let (before, found, took) = runtime.block_on(restart_directory(cluster, args))?;
+            let (before, found, took) = runtime.block_on(restart_directory(cluster, &canaries))?;
             report.directory_restarts += 1;
             report.ready_before_directory_kill += before;
             report.found_after_recovery += found;
@@ -179,6 +189,7 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
         } else {
             let node = random.below(NODES as u64) as usize;
             cluster.restart_node(node)?;
+            runtime.block_on(canaries.store(cluster, node, args.chunk_bytes))?;
             restarted_nodes.insert(node);
             report.node_restarts += 1;
         }
@@ -195,22 +206,72 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
     Ok(report)
 }
 
-/// Kills the directory, starts it again, and waits until every node has its hits back
-/// (or [`RECOVERY_DEADLINE`]). Returns the hits before, those found again, and how long
-/// the restart took to be whole.
+/// Objects the orchestrator stored through each node and no client touches: what a
+/// directory restart must keep. Each node process gets fresh ones (its generation), so
+/// every canary counted was written by a process that is still alive.
+struct Canaries {
+    /// Per node: the canaries its current process stored.
+    stored: Vec<Vec<ObjectId>>,
+    generations: Vec<u32>,
+    per_node: u32,
+}
+
+impl Canaries {
+    fn new(per_node: u32) -> Canaries {
+        Canaries {
+            stored: vec![Vec::new(); NODES],
+            generations: vec![0; NODES],
+            per_node,
+        }
+    }
+
+    /// Stores a new generation of canaries through node `node`; keeps those stored.
+    async fn store(
+        &mut self,
+        cluster: &LocalCluster,
+        node: usize,
+        chunk_bytes: usize,
+    ) -> anyhow::Result<()> {
+        self.generations[node] += 1;
+        let client = Client::connect(&cluster.socket(node)?).await?;
+        let namespace = client.register_namespace(demo_namespace()).await?;
+        let mut bytes = vec![0u8; chunk_bytes];
+        let mut stored = Vec::new();
+        for index in 0..self.per_node {
+            let id = ObjectId {
+                namespace,
+                prefix: PrefixDigest::ROOT.chain(&[
+                    CANARY_TAG,
+                    node as u32,
+                    self.generations[node],
+                    index,
+                ]),
+                shard: 0,
+                part: 0,
+            };
+            chunk::fill(&id, &mut bytes);
+            if client.store(id, &bytes).await? == StoreOutcome::Stored {
+                stored.push(id);
+            }
+        }
+        self.stored[node] = stored;
+        Ok(())
+    }
+}
+
+/// Kills the directory, starts it again, and waits until every node has its canaries back
+/// as hits (or [`RECOVERY_DEADLINE`]). Returns the canaries that were hits before, those
+/// found again, and how long the restart took to be whole.
 async fn restart_directory(
     cluster: &mut LocalCluster,
-    args: &ChaosBenchArgs,
+    canaries: &Canaries,
 ) -> anyhow::Result<(u64, u64, Duration)> {
     let mut probes = Vec::new();
     for node in 0..NODES {
         let client = Client::connect(&cluster.socket(node)?).await?;
-        let namespace = client.register_namespace(demo_namespace()).await?;
-        let keys: Vec<ObjectId> = (0..args.keys)
-            .map(|key| key_object(namespace, key))
-            .collect();
-        let before = hits(&client, &keys).await?;
-        probes.push((client, keys, before));
+        client.register_namespace(demo_namespace()).await?;
+        let before = hits(&client, &canaries.stored[node]).await?;
+        probes.push((client, before));
     }
     cluster.kill_directory()?;
     let killed = Instant::now();
@@ -219,20 +280,19 @@ async fn restart_directory(
     let mut found = [0u64; NODES];
     let mut whole = [false; NODES];
     while whole.iter().any(|done| !done) && Instant::now() < deadline {
-        for (node, (client, keys, before)) in probes.iter().enumerate() {
+        for (node, (client, before)) in probes.iter().enumerate() {
             if whole[node] {
                 continue;
             }
-            let now_hits = hits(client, keys).await.unwrap_or_default();
+            let now_hits = hits(client, &canaries.stored[node])
+                .await
+                .unwrap_or_default();
             found[node] = before.intersection(&now_hits).count() as u64;
             whole[node] = found[node] == before.len() as u64;
         }
         tokio::time::sleep(RECOVERY_POLL).await;
     }
-    let before: u64 = probes
-        .iter()
-        .map(|(_, _, before)| before.len() as u64)
-        .sum();
+    let before: u64 = probes.iter().map(|(_, before)| before.len() as u64).sum();
     Ok((before, found.iter().sum(), killed.elapsed()))
 }
 

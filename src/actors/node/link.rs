@@ -87,8 +87,23 @@ pub struct DirectoryAddress {
 
 type Rpc = RpcClient<DirectoryRequest, DirectoryReply>;
 
-/// A connected, negotiated RPC channel to the directory over `endpoint`.
+/// A connected, negotiated RPC channel to the directory over `endpoint`, within
+/// [`DIRECTORY_REQUEST_TIMEOUT`] (a directory that is down never answers the handshake).
 async fn connect(endpoint: &quinn::Endpoint, target: &DirectoryAddress) -> Result<Rpc, LinkError> {
+    tokio::time::timeout(
+        DIRECTORY_REQUEST_TIMEOUT,
+        connect_unbounded(endpoint, target),
+    )
+    .await
+    .unwrap_or(Err(LinkError::Wire(WireError::Timeout {
+        timeout: DIRECTORY_REQUEST_TIMEOUT,
+    })))
+}
+
+async fn connect_unbounded(
+    endpoint: &quinn::Endpoint,
+    target: &DirectoryAddress,
+) -> Result<Rpc, LinkError> {
     let config = tls::client_config(&target.certs, &target.node_name)
         .map_err(|error| LinkError::Unexpected(format!("TLS configuration: {error}")))?;
     let connection = quic::connect(endpoint, target.address, &target.server_name, config).await?;
@@ -146,8 +161,9 @@ pub struct DirectoryLink {
     /// A second connection bound to the same session, for heartbeats only: they never wait
     /// behind client traffic for a slot of the main connection.
     heartbeats: tokio::sync::Mutex<Option<Rpc>>,
-    /// One reconnect at a time; the others wait and reuse its result.
-    reconnecting: tokio::sync::Mutex<()>,
+    /// One reconnect at a time; the others wait and reuse its result. Holds the connection
+    /// generation whose reconnect last failed, and when.
+    reconnecting: tokio::sync::Mutex<Option<(u64, std::time::Instant)>>,
     /// One UDP endpoint for every connection of this link (a fixed `bind` port stays usable).
     endpoint: quinn::Endpoint,
     target: DirectoryAddress,
@@ -190,7 +206,7 @@ impl DirectoryLink {
         Ok(DirectoryLink {
             rpc: RwLock::new((rpc, 0)),
             heartbeats: tokio::sync::Mutex::new(None),
-            reconnecting: tokio::sync::Mutex::new(()),
+            reconnecting: tokio::sync::Mutex::new(None),
             endpoint,
             target,
             write_order,
@@ -267,11 +283,29 @@ impl DirectoryLink {
     /// call) and binds the new one to the same session; a no-op when another task already
     /// did. Fails with `Refused(Directory(Fenced))` when the session ended meanwhile.
     async fn reconnect_after(&self, seen: u64) -> Result<(), LinkError> {
-        let _single_flight = self.reconnecting.lock().await;
+        let mut last_failure = self.reconnecting.lock().await;
         if self.current()?.1 != seen {
             return Ok(());
         }
-        let rpc = connect(&self.endpoint, &self.target).await?;
+        if !self.is_serving() {
+            return Err(LinkError::Rejoining);
+        }
+        // Callers queued behind a reconnect that just failed share its failure rather than
+        // each waiting out a handshake of their own.
+        if last_failure.is_some_and(|(generation, at): (u64, std::time::Instant)| {
+            generation == seen && at.elapsed() < DIRECTORY_REQUEST_TIMEOUT
+        }) {
+            return Err(LinkError::Wire(WireError::ConnectionLost {
+                reason: "the directory is not reachable".into(),
+            }));
+        }
+        let rpc = match connect(&self.endpoint, &self.target).await {
+            Ok(rpc) => rpc,
+            Err(error) => {
+                *last_failure = Some((seen, std::time::Instant::now()));
+                return Err(error);
+            }
+        };
         match rpc
             .call(DirectoryRequest::Resume {
                 session: self.session(),
