@@ -278,6 +278,28 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_extent_takes_its_allocations_with_it() {
+        let page = 4096;
+        let mut pool = ExtentAllocator::new(16 * page, page, 64);
+        pool.add_extent(0, 4 * page).unwrap();
+        pool.add_extent(8 * page, 4 * page).unwrap();
+        let lost = pool.allocate(4 * page).unwrap();
+        assert!(pool.drop_extent(lost.offset));
+        assert!(!pool.drop_extent(lost.offset), "dropped once");
+        assert!(
+            pool.free(lost.id, lost.generation).is_err(),
+            "an allocation of a dropped extent is stale"
+        );
+        assert_eq!(pool.extents().count(), 1);
+        let kept = pool.allocate(page).unwrap();
+        assert_ne!(
+            kept.offset / (8 * page),
+            lost.offset / (8 * page),
+            "never in the lost extent"
+        );
+    }
+
+    #[test]
     fn an_extent_given_back_makes_its_ids_stale() {
         let page = 4096;
         let mut pool = ExtentAllocator::new(16 * page, page, 64);

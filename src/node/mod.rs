@@ -189,4 +189,38 @@ mod tests {
         assert_eq!(core.clients(), CLIENTS_MAX - 1);
         assert!(core.connect_client().is_ok());
     }
+
+    #[test]
+    fn a_lost_session_forgets_its_leases_and_quarantined_returns_but_not_its_holdings() {
+        use crate::model::{LeaseId, Timestamp};
+        let mut core = NodeCore::new(CLIENT_LIMITS);
+        let client = core.connect_client().unwrap();
+        let now = Timestamp::ZERO;
+        let books = core.client(client).unwrap();
+        books.admit_acquire(1, now).unwrap();
+        books.leases_granted(
+            1,
+            vec![(LeaseId(9), now + std::time::Duration::from_secs(30))],
+        );
+        let operation = core.begin_return(PoolId(1), 0, 4096).unwrap();
+        core.return_answered(PoolId(1), 0, operation, None);
+        assert_eq!(core.returns.pending(), 1);
+        core.holdings.namespace_registered(
+            crate::model::NamespaceId([1; 16]),
+            crate::workload::namespace::demo_namespace(),
+        );
+        core.session_lost();
+        assert_eq!(
+            core.returns.pending(),
+            0,
+            "the new session claims what it holds"
+        );
+        let released = core.client(client).unwrap().release(&[LeaseId(9)], 16);
+        assert_eq!(released, Ok(vec![false]), "the lease went with its session");
+        assert_eq!(
+            core.holdings.namespaces().len(),
+            1,
+            "holdings are what a rejoin reports"
+        );
+    }
 }
