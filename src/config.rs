@@ -139,7 +139,7 @@ fn default_extent_bytes() -> u64 {
 impl ClusterConfig {
     /// Reads `path` with `KVTIER_` environment overrides and resolves relative paths.
     pub fn load(path: &Path) -> anyhow::Result<ClusterConfig> {
-        let mut loaded: ClusterConfig = config::Config::builder()
+        let loaded: ClusterConfig = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .add_source(
                 config::Environment::with_prefix("KVTIER")
@@ -150,21 +150,39 @@ impl ClusterConfig {
             .with_context(|| format!("reading {}", path.display()))?
             .try_deserialize()
             .with_context(|| format!("parsing {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        loaded.directory.certs = base.join(&loaded.directory.certs);
-        for node in &mut loaded.nodes {
+        loaded.resolved(path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Parses the text of a `cluster.toml` (no environment overrides), resolving relative
+    /// paths against `base`, and validates it. Any text gives a configuration or an error,
+    /// never a panic (fuzzed: `fuzz/fuzz_targets/config.rs`).
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<ClusterConfig> {
+        let parsed: ClusterConfig = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .context("reading the configuration")?
+            .try_deserialize()
+            .context("parsing the configuration")?;
+        parsed.resolved(base)
+    }
+
+    /// Resolves relative paths against `base`, hands the profiles to the directory's
+    /// limits, and validates.
+    fn resolved(mut self, base: &Path) -> anyhow::Result<ClusterConfig> {
+        self.directory.certs = base.join(&self.directory.certs);
+        for node in &mut self.nodes {
             node.socket = base.join(&node.socket);
             node.cpu_pool.path = base.join(&node.cpu_pool.path);
             for path in node.cxl_paths.values_mut() {
                 *path = base.join(&*path);
             }
         }
-        for pool in &mut loaded.cxl_pools {
+        for pool in &mut self.cxl_pools {
             pool.path = base.join(&pool.path);
         }
-        loaded.directory.limits.profiles = loaded.profiles.clone();
-        loaded.validate()?;
-        Ok(loaded)
+        self.directory.limits.profiles = self.profiles.clone();
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.

@@ -249,6 +249,7 @@ impl Harness {
             reservation_duration: RESERVATION,
             suspect_after: SUSPECT_AFTER,
             fence_after: FENCE_AFTER,
+            hash_seed: Some(7),
             ..DirectoryConfig::default()
         });
         let cxl_pool = directory

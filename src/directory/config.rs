@@ -81,8 +81,6 @@ pub struct DirectoryConfig {
         with = "crate::model::time::milliseconds"
     )]
     pub task_ack_timeout: Duration,
-    /// Seed of the object index's hash function (from configuration, so runs replay).
-    pub hash_seed: u64,
     /// This directory's incarnation, carried in every session id it opens: a process
     /// sets a fresh one at each start (a simulation derives it from its seed), so a node
     /// presenting a session of an earlier incarnation is told `UnknownSession` and rejoins.
@@ -92,6 +90,13 @@ pub struct DirectoryConfig {
     /// per tick, over all nodes: a rack of nodes rejoining at once is paced (each is told
     /// when to come back) so that serving the others stays within its latency budget.
     pub adopt_items_per_tick: u32,
+    /// Seed of the object index's hash function. Absent (in service), each directory draws
+    /// a random one, so clients cannot choose object ids that collide in the index; a
+    /// simulation or a property test sets it so that runs replay.
+    pub hash_seed: Option<u64>,
+    /// Host pools one node may register (a CPU pool, an SSD pool or two): bounds what one
+    /// node certificate can add to the pool table.
+    pub pools_per_node_max: u32,
     /// Prefill time of one token, in microseconds, for a model not named in
     /// `prefill_us_per_token_by_model`: what recomputing an evicted chunk costs. A
     /// representative mid-size model on one GPU.
@@ -176,6 +181,7 @@ impl DirectoryConfig {
             ("leases_max", self.leases_max),
             ("leases_per_session_max", self.leases_per_session_max),
             ("sessions_max", self.sessions_max),
+            ("pools_per_node_max", self.pools_per_node_max),
             ("batch_items_max", self.batch_items_max),
             (
                 "ledger_entries_per_session_max",
@@ -197,6 +203,14 @@ impl DirectoryConfig {
 }
 
 impl DirectoryConfig {
+    /// The seed of the object index: the configured one, else a random one drawn now.
+    pub fn hash_seed_or_random(&self) -> u64 {
+        use std::hash::BuildHasher;
+        // std's RandomState is keyed from the operating system's randomness per process.
+        self.hash_seed
+            .unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0x6b76_u16))
+    }
+
     /// The settings of kvtier's placement ([`crate::policy::placement`]) in force.
     pub fn placement(&self) -> PlacementConfig {
         PlacementConfig {
@@ -249,9 +263,10 @@ impl Default for DirectoryConfig {
             suspect_after: Duration::from_secs(3),
             fence_after: Duration::from_secs(15),
             task_ack_timeout: Duration::from_secs(10),
-            hash_seed: 0x6b76_7469_6572,
             incarnation: default_incarnation(),
             adopt_items_per_tick: 16_384,
+            hash_seed: None,
+            pools_per_node_max: 8,
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             profiles: BTreeMap::new(),

@@ -117,9 +117,11 @@ impl Directory {
     /// Whether `bytes` more fit in the pool of `record` and leave it at or below its high
     /// watermark.
     fn room_below_high_watermark(&self, record: &PoolRecord, bytes: u64) -> bool {
-        let high = u64::from(self.config.high_watermark_percent);
-        let after = (record.reserved_bytes + record.ready_bytes + bytes).saturating_mul(100);
-        record.free_bytes() >= bytes && after <= high * record.spec.capacity_bytes
+        let high = u128::from(self.config.high_watermark_percent);
+        let after = (u128::from(record.reserved_bytes) + u128::from(record.ready_bytes)
+            + u128::from(bytes))
+            * 100;
+        record.free_bytes() >= bytes && after <= high * u128::from(record.spec.capacity_bytes)
     }
 
     /// Reserves the target and queues the copy for the owner. `false` when a bound refuses.

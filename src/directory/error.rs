@@ -19,6 +19,8 @@ pub enum Table {
     Ledger,
     Reservations,
     Extents,
+    /// Host pools of one node (`pools_per_node_max`).
+    PoolsOfNode,
 }
 
 /// A refused directory request. Nothing changed; the doc of each variant says what the

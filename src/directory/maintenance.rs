@@ -78,10 +78,10 @@ impl Directory {
     /// are above `percent` of its capacity.
     fn used_above(&self, pool: PoolId, leaving_bytes: u64, percent: u64) -> bool {
         let record = &self.pools[pool.0 as usize];
-        (record.reserved_bytes + record.ready_bytes)
-            .saturating_mul(100)
-            .saturating_sub(leaving_bytes * 100)
-            > percent * record.spec.capacity_bytes
+        // In u128: capacities and byte counts times 100 cannot overflow.
+        let used = u128::from(record.reserved_bytes) + u128::from(record.ready_bytes);
+        used.saturating_sub(u128::from(leaving_bytes)) * 100
+            > u128::from(percent) * u128::from(record.spec.capacity_bytes)
     }
 
     /// Bytes of `pool`'s replicas being demoted.

@@ -66,6 +66,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 pub const OBJECT_BYTES_MAX: u64 = 1 << 32;
 /// Extents of one shared pool: 65536 extents of 64 MiB cover 4 TiB of CXL memory.
 pub const EXTENTS_PER_POOL_MAX: u64 = 1 << 16;
+/// Largest accepted pool capacity, in bytes: 256 TiB, above any host's memory or CXL
+/// device. Watermark arithmetic multiplies a capacity by 100, and usage sums add up to
+/// `pools_max` capacities: under this bound neither overflows a `u64`.
+pub const POOL_CAPACITY_BYTES_MAX: u64 = 1 << 48;
 /// Longest accepted node or pool name, in bytes (it becomes a metrics label).
 pub const NAME_BYTES_MAX: usize = 128;
 
@@ -151,7 +155,7 @@ impl Directory {
     /// An empty directory.
     pub fn new(config: DirectoryConfig) -> Directory {
         Directory {
-            replicas: ReplicaTable::new(config.replicas_max, config.hash_seed),
+            replicas: ReplicaTable::new(config.replicas_max, config.hash_seed_or_random()),
             leases: LeaseTable::new(config.leases_max),
             pools: Vec::new(),
             pool_ids: HashMap::new(),

@@ -3,8 +3,9 @@
 //! holds by construction and is asserted.
 
 use super::ops::ExtentReturn;
-use crate::model::{PoolSpec, PoolUsage, SessionId, Timestamp};
+use crate::model::{NodeId, PoolSpec, PoolUsage, SessionId, Timestamp};
 use crate::policy::profiles::TierProfile;
+use std::collections::BTreeMap;
 
 /// The extents of a shared pool: fixed-size ranges the directory grants to one session at a
 /// time, so two nodes never allocate the same bytes. An extent whose session ended stays
@@ -236,9 +237,12 @@ pub struct PoolRecord {
     pub pinned_bytes: u64,
     /// For a shared pool, who may allocate where.
     pub extents: Option<ExtentTable>,
-    /// The profile the policy prices this pool by: representative, then the latest
-    /// measurement a node reported, then the operator's overrides.
+    /// The profile the policy prices this pool by: representative, then the most
+    /// conservative of the measurements its nodes reported, then the operator's overrides.
     pub profile: TierProfile,
+    /// The latest measurement each node reported of this pool, at most one per node (so
+    /// bounded by `nodes_max`): a node replaces its own report, never another's.
+    pub reports: BTreeMap<NodeId, TierProfile>,
 }
 
 impl PoolRecord {
@@ -261,6 +265,7 @@ impl PoolRecord {
             retiring_bytes: 0,
             pinned_bytes: 0,
             profile,
+            reports: BTreeMap::new(),
         }
     }
 

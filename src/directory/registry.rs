@@ -6,6 +6,7 @@ use super::pools::PoolRecord;
 use super::sessions::Session;
 use super::{
     Directory, DirectoryError, NamespaceAccess, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX,
+    POOL_CAPACITY_BYTES_MAX,
 };
 use crate::model::{NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, Scope, SessionId};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
@@ -60,6 +61,17 @@ impl Directory {
         if self.pools.len() >= self.config.pools_max as usize {
             return Err(DirectoryError::Full(Table::Pools));
         }
+        if let Scope::Host(node) = spec.scope {
+            // Rare (a node's start-up), and bounded by `pools_max`.
+            let registered = self
+                .pool_ids
+                .keys()
+                .filter(|(scope, _)| *scope == Scope::Host(node))
+                .count();
+            if registered >= self.config.pools_per_node_max as usize {
+                return Err(DirectoryError::Full(Table::PoolsOfNode));
+            }
+        }
         let pool = PoolId(self.pools.len() as u32);
         let profile = self.config.baseline_profile(spec.medium);
         self.pools.push(PoolRecord::new(spec, session, profile));
@@ -104,9 +116,11 @@ impl Directory {
         Ok(node)
     }
 
-    /// Records what `session`'s node measured of `pool`, a pool it maps: the policy prices
-    /// the pool by it from now on, except for figures the operator overrides. Returns the
-    /// profile in force.
+    /// Records what `session`'s node measured of `pool`, a pool it maps, and returns the
+    /// profile in force. A pool is priced by the most conservative report of the nodes that
+    /// map it (the highest latency, the lowest bandwidths; each node's latest report counts
+    /// once), then the operator's overrides: one node cannot make a shared pool look faster
+    /// than another measured it, only slower, which costs placement, never correctness.
     pub fn report_profile(
         &mut self,
         session: SessionId,
@@ -127,18 +141,28 @@ impl Directory {
                 "a profile of a pool this node does not map".into(),
             ));
         }
+        let node = record.node;
         let medium = target.spec.medium;
         let representative = TierProfile::representative(TierKind::of_medium(medium));
-        let mut profile = measured
+        let reported = measured
             .figures()
             .apply(&representative)
             .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
+        let mut profile = target
+            .reports
+            .iter()
+            .filter(|(reporter, _)| **reporter != node)
+            .fold(reported.clone(), |slowest, (_, other)| {
+                slowest.most_conservative(other)
+            });
         if let Some(overrides) = self.config.profiles.get(&medium) {
             profile = overrides
                 .apply(&profile)
                 .map_err(|error| DirectoryError::InvalidProfile(error.to_string()))?;
         }
-        self.pools[pool.0 as usize].profile = profile.clone();
+        let target = &mut self.pools[pool.0 as usize];
+        target.reports.insert(node, reported);
+        target.profile = profile.clone();
         Ok(profile)
     }
 
@@ -196,8 +220,10 @@ impl Directory {
 /// Checks what a pool's description must satisfy on its own: capacity, extents (a shared
 /// pool has them, a host pool has none), page size and name.
 fn check_pool_spec(spec: &PoolSpec) -> Result<(), DirectoryError> {
-    if spec.capacity_bytes == 0 {
-        return Err(DirectoryError::InvalidPool("zero capacity".into()));
+    if spec.capacity_bytes == 0 || spec.capacity_bytes > POOL_CAPACITY_BYTES_MAX {
+        return Err(DirectoryError::InvalidPool(format!(
+            "capacity must be 1 to {POOL_CAPACITY_BYTES_MAX} bytes"
+        )));
     }
     match (spec.scope, spec.extent_bytes) {
         (Scope::Host(_), None) => {}

@@ -1844,3 +1844,111 @@ fn a_holding_outside_the_nodes_own_storage_is_refused() {
     }
     fixture.directory.check_invariants();
 }
+fn host_pool(node: NodeId, name: &str, capacity_bytes: u64) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        medium: Medium::Ssd,
+        scope: Scope::Host(node),
+        capacity_bytes,
+        page_bytes: 4096,
+        extent_bytes: None,
+    }
+}
+
+#[test]
+fn a_node_registers_a_bounded_number_of_pools() {
+    let config = DirectoryConfig {
+        pools_per_node_max: 3,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node("a", 16 * MIB);
+    for index in 0..2 {
+        let spec = host_pool(a.node, &format!("a-ssd-{index}"), 16 * MIB);
+        fixture
+            .directory
+            .register_pool(Some(a.session), spec)
+            .unwrap();
+    }
+    let refused = fixture
+        .directory
+        .register_pool(Some(a.session), host_pool(a.node, "a-ssd-2", 16 * MIB));
+    assert_eq!(refused, Err(DirectoryError::Full(Table::PoolsOfNode)));
+    // Registering a pool it has again is not a new pool; another node has its own bound.
+    assert_eq!(
+        fixture
+            .directory
+            .register_pool(Some(a.session), host_pool(a.node, "a-ssd-1", 16 * MIB)),
+        Ok(PoolId(2))
+    );
+    let b = fixture.node("b", 16 * MIB);
+    fixture
+        .directory
+        .register_pool(Some(b.session), host_pool(b.node, "b-ssd", 16 * MIB))
+        .unwrap();
+}
+
+#[test]
+fn a_capacity_past_the_bound_is_refused_and_the_bound_is_safe_under_pressure() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    for capacity_bytes in [u64::MAX - 4095, POOL_CAPACITY_BYTES_MAX + 4096] {
+        let refused = fixture
+            .directory
+            .register_pool(Some(a.session), host_pool(a.node, "huge", capacity_bytes));
+        assert!(
+            matches!(refused, Err(DirectoryError::InvalidPool(_))),
+            "{capacity_bytes}: {refused:?}"
+        );
+    }
+    // The largest accepted capacity: storing and evicting compute watermarks without
+    // overflow (a debug build panics on overflow).
+    let b = fixture.node_with("b", POOL_CAPACITY_BYTES_MAX, vec![Medium::Cpu], vec![]);
+    let object = fixture.object(1);
+    fixture.store(&b, object, MIB);
+    fixture.now = fixture.now + Duration::from_millis(10);
+    fixture.directory.tick(fixture.now);
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn the_replica_index_seed_is_random_unless_injected() {
+    let random = DirectoryConfig::default();
+    assert_ne!(random.hash_seed_or_random(), random.hash_seed_or_random());
+    let injected = DirectoryConfig {
+        hash_seed: Some(42),
+        ..DirectoryConfig::default()
+    };
+    assert_eq!(injected.hash_seed_or_random(), 42);
+    assert_eq!(injected.hash_seed_or_random(), 42);
+}
+
+#[test]
+fn a_shared_pool_is_priced_by_its_most_conservative_report() {
+    let slow = Measurement {
+        read_latency_ns: 5_000,
+        read_bandwidth_bytes_per_s: 1_000_000,
+        write_bandwidth_bytes_per_s: Some(1_000_000),
+    };
+    let fast = Measurement {
+        read_latency_ns: 100,
+        read_bandwidth_bytes_per_s: 100_000_000_000,
+        write_bandwidth_bytes_per_s: Some(100_000_000_000),
+    };
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let b = fixture.node_with("b", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let directory = &mut fixture.directory;
+    let after_a = directory.report_profile(a.session, cxl, slow).unwrap();
+    assert_eq!(after_a.read_bandwidth_bytes_per_s, 1e6);
+    // B claims a far faster pool: the price stays at A's measurement.
+    let after_b = directory.report_profile(b.session, cxl, fast).unwrap();
+    assert_eq!(after_b.read_bandwidth_bytes_per_s, 1e6);
+    assert_eq!(after_b.read_latency_us, 5.0);
+    assert_eq!(directory.usage()[cxl.0 as usize].profile, after_b);
+    // A replaces its own report: only then does the price move.
+    let after_a_again = directory.report_profile(a.session, cxl, fast).unwrap();
+    assert_eq!(after_a_again.read_bandwidth_bytes_per_s, 1e11);
+    assert_eq!(after_a_again.read_latency_us, 0.1);
+}

@@ -232,6 +232,23 @@ pub struct ProfileFigures {
     pub write_bandwidth_bytes_per_s: Option<f64>,
 }
 
+impl TierProfile {
+    /// This profile with each performance figure the worse of its own and `other`'s: the
+    /// higher latency, the lower bandwidths. Other fields are this profile's.
+    pub fn most_conservative(&self, other: &TierProfile) -> TierProfile {
+        TierProfile {
+            read_latency_us: self.read_latency_us.max(other.read_latency_us),
+            read_bandwidth_bytes_per_s: self
+                .read_bandwidth_bytes_per_s
+                .min(other.read_bandwidth_bytes_per_s),
+            write_bandwidth_bytes_per_s: self
+                .write_bandwidth_bytes_per_s
+                .min(other.write_bandwidth_bytes_per_s),
+            ..self.clone()
+        }
+    }
+}
+
 impl ProfileFigures {
     /// `profile` with every figure given here replacing its own. Fails, leaving nothing
     /// half-applied, when a given figure is not a positive finite number.

@@ -4,4 +4,5 @@
 //! point for every runtime. Bytes on sockets are `wire`'s; this module knows none.
 
 pub mod directory;
+pub mod inputs;
 pub mod messages;

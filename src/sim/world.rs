@@ -90,7 +90,7 @@ fn config(seed: u64) -> DirectoryConfig {
         suspect_after: Duration::from_millis(400),
         fence_after: Duration::from_millis(1200),
         ledger_entries_per_session_max: 256,
-        hash_seed: seed,
+        hash_seed: Some(seed),
         ttl: [
             (Medium::Cpu, ttl(1_500, 500, true)),
             (Medium::Cxl, ttl(3_000, 0, false)),

@@ -69,6 +69,14 @@ pub enum WireError {
         /// The codec's explanation.
         reason: String,
     },
+    /// A frame began but did not arrive whole within the completion timeout
+    /// ([`super::frame::FRAME_COMPLETION_TIMEOUT`]): the peer stalled mid-frame. The stream is
+    /// out of sync; the caller closes it.
+    #[error("frame incomplete {timeout:?} after its first byte")]
+    FrameTimeout {
+        /// The completion timeout that expired.
+        timeout: Duration,
+    },
     /// The operating system or the QUIC stream reported an I/O error. The caller closes the
     /// stream (a QUIC connection loss also surfaces here, through the stream).
     #[error("i/o error: {0}")]

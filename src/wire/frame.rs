@@ -12,8 +12,13 @@
 //! ```
 //!
 //! [`FrameHeader`] is the sans-I/O part (bytes in, header or typed error out); the async
-//! functions only move bytes. The readers are not cancel-safe: a read dropped mid-frame loses
+//! functions only move bytes. A reader never allocates a payload from the header's claim: it
+//! grows its buffer as bytes arrive (at most [`FRAME_PAYLOAD_BYTES_MAX`]), and once a frame's
+//! first byte arrived the whole frame must arrive within [`FRAME_COMPLETION_TIMEOUT`], so a
+//! peer cannot pin a buffer by stalling mid-frame. The readers are not cancel-safe: a read dropped mid-frame loses
 //! sync, so run each reader in its own loop or task rather than racing it in `select!`.
+
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -29,6 +34,17 @@ pub const FRAME_MAGIC: u16 = u16::from_le_bytes(*b"KV");
 /// The protocol version this build writes and the only one it reads. Bump it whenever the
 /// codec configuration, the frame layout or any message changes incompatibly.
 pub const PROTOCOL_VERSION: u16 = 1;
+
+/// How long a frame may take from its first byte to its last: 10 s. A healthy peer writes a
+/// frame (at most 4 MiB) in milliseconds; one that stalls mid-frame holds the reader's buffer
+/// and the stream's sync, so the reader gives up ([`WireError::FrameTimeout`]) and the caller
+/// drops the connection. Waiting for a frame's first byte has no limit here: an idle session
+/// is healthy (the transport's idle timeout bounds it).
+pub const FRAME_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes a payload buffer starts with before it grows with what arrives: small, so a header
+/// that claims 4 MiB and sends nothing costs this much, not 4 MiB.
+const PAYLOAD_INITIAL_BYTES: usize = 4096;
 
 /// Size of the fixed frame header in bytes.
 pub const FRAME_HEADER_BYTES: usize = 16;
@@ -146,14 +162,48 @@ where
 /// [`WireError::Truncated`] (EOF inside a frame), [`WireError::BadMagic`] and
 /// [`WireError::Oversized`] (nothing of the payload read or allocated; stream out of sync),
 /// [`WireError::UnknownVersion`] (payload consumed without buffering it; stream in sync),
-/// [`WireError::Io`]. Allocates at most [`FRAME_PAYLOAD_BYTES_MAX`] bytes.
+/// [`WireError::FrameTimeout`] (the frame did not complete within
+/// [`FRAME_COMPLETION_TIMEOUT`] of its first byte; stream out of sync), [`WireError::Io`].
+/// The payload buffer grows with the bytes that arrived, never past
+/// [`FRAME_PAYLOAD_BYTES_MAX`].
 pub async fn read_raw_frame<R>(reader: &mut R) -> Result<Option<RawFrame>, WireError>
 where
     R: AsyncRead + Unpin + ?Sized,
 {
-    let Some(header_bytes) = read_header_bytes(reader).await? else {
+    read_raw_frame_within(reader, FRAME_COMPLETION_TIMEOUT).await
+}
+
+/// [`read_raw_frame`] with the completion timeout given: the frame must arrive whole within
+/// `timeout` of its first byte.
+pub(crate) async fn read_raw_frame_within<R>(
+    reader: &mut R,
+    timeout: Duration,
+) -> Result<Option<RawFrame>, WireError>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    let mut first = [0u8; 1];
+    // Waiting for a frame to begin is unbounded (an idle stream); EOF here is clean.
+    if reader.read(&mut first).await? == 0 {
         return Ok(None);
-    };
+    }
+    match tokio::time::timeout(timeout, read_rest_of_frame(reader, first[0])).await {
+        Ok(result) => result.map(Some),
+        Err(_elapsed) => Err(WireError::FrameTimeout { timeout }),
+    }
+}
+
+/// Reads the rest of a frame whose first byte was `first`.
+async fn read_rest_of_frame<R>(reader: &mut R, first: u8) -> Result<RawFrame, WireError>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
+    header_bytes[0] = first;
+    reader
+        .read_exact(&mut header_bytes[1..])
+        .await
+        .map_err(truncated_on_eof)?;
     let header = FrameHeader::decode(&header_bytes)?;
     if header.version != PROTOCOL_VERSION {
         skip_payload(reader, header.payload_bytes).await?;
@@ -162,12 +212,18 @@ where
             request_id: header.request_id,
         });
     }
-    let mut payload = vec![0u8; header.payload_length()];
-    reader
-        .read_exact(&mut payload)
-        .await
-        .map_err(truncated_on_eof)?;
-    Ok(Some(RawFrame { header, payload }))
+    let length = header.payload_length();
+    let mut payload = Vec::with_capacity(length.min(PAYLOAD_INITIAL_BYTES));
+    // `take` stops at the declared length; the buffer only grows with bytes that arrived,
+    // and the length is at most FRAME_PAYLOAD_BYTES_MAX (checked by `decode`).
+    let read_bytes = reader
+        .take(u64::from(header.payload_bytes))
+        .read_to_end(&mut payload)
+        .await?;
+    if read_bytes != length {
+        return Err(WireError::Truncated);
+    }
+    Ok(RawFrame { header, payload })
 }
 
 /// Reads one frame and decodes its payload as `T`; returns the request id and the message.
@@ -190,28 +246,6 @@ where
             reason: error.to_string(),
         }),
     }
-}
-
-/// Reads exactly one header, or `None` on EOF before its first byte.
-async fn read_header_bytes<R>(reader: &mut R) -> Result<Option<[u8; FRAME_HEADER_BYTES]>, WireError>
-where
-    R: AsyncRead + Unpin + ?Sized,
-{
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    let mut filled_bytes = 0;
-    // Bounded: each iteration reads at least one byte or returns.
-    while filled_bytes < FRAME_HEADER_BYTES {
-        let read_bytes = reader.read(&mut bytes[filled_bytes..]).await?;
-        if read_bytes == 0 {
-            return if filled_bytes == 0 {
-                Ok(None)
-            } else {
-                Err(WireError::Truncated)
-            };
-        }
-        filled_bytes += read_bytes;
-    }
-    Ok(Some(bytes))
 }
 
 /// Reads and discards `payload_bytes` bytes through a small fixed buffer.
@@ -371,6 +405,51 @@ mod tests {
         );
         let next = read_frame::<_, Sample>(&mut reader).await.unwrap();
         assert_eq!(next, Some((78, Sample::Empty)));
+    }
+
+    #[tokio::test]
+    async fn a_frame_stalled_after_its_header_times_out() {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        // A header claiming 100 bytes, then 10 of them, then silence with the stream open.
+        let mut bytes = header_bytes(PROTOCOL_VERSION, 5, 100);
+        bytes.extend_from_slice(&[0u8; 10]);
+        client.write_all(&bytes).await.unwrap();
+        let timeout = Duration::from_millis(50);
+        let result = read_raw_frame_within(&mut server, timeout).await;
+        assert!(
+            matches!(result, Err(WireError::FrameTimeout { timeout: t }) if t == timeout),
+            "{result:?}"
+        );
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_header_times_out_too() {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client.write_all(&FRAME_MAGIC.to_le_bytes()).await.unwrap();
+        let result = read_raw_frame_within(&mut server, Duration::from_millis(50)).await;
+        assert!(
+            matches!(result, Err(WireError::FrameTimeout { .. })),
+            "{result:?}"
+        );
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_does_not_time_out() {
+        let (client, mut server) = tokio::io::duplex(1024);
+        // Nothing written: the reader waits past the completion timeout, then reads a frame.
+        let reading = tokio::spawn(async move {
+            read_raw_frame_within(&mut server, Duration::from_millis(20)).await
+        });
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let mut client = client;
+        client
+            .write_all(&encode_frame(3, &Sample::Empty).unwrap())
+            .await
+            .unwrap();
+        let frame = reading.await.unwrap().unwrap().unwrap();
+        assert_eq!(frame.header.request_id, 3);
     }
 
     #[tokio::test]

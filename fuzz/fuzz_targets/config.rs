@@ -1,0 +1,12 @@
+//! Fuzzes the `cluster.toml` parser: any text gives a configuration or an error; nothing
+//! panics.
+#![no_main]
+
+use kvtier::protocol::inputs::check_config;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|bytes: &[u8]| {
+    if let Err(reason) = check_config(bytes) {
+        panic!("{reason}");
+    }
+});

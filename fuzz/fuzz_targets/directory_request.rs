@@ -1,0 +1,13 @@
+//! Fuzzes the `DirectoryRequest` decoder: any bytes decode to a value that round-trips, or to a typed
+//! error; nothing panics.
+#![no_main]
+
+use kvtier::protocol::inputs::check_message;
+use kvtier::protocol::messages::DirectoryRequest;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|bytes: &[u8]| {
+    if let Err(reason) = check_message::<DirectoryRequest>(bytes) {
+        panic!("{reason}");
+    }
+});
