@@ -118,7 +118,8 @@ impl Directory {
     /// watermark.
     fn room_below_high_watermark(&self, record: &PoolRecord, bytes: u64) -> bool {
         let high = u128::from(self.config.high_watermark_percent);
-        let after = (u128::from(record.reserved_bytes) + u128::from(record.ready_bytes)
+        let after = (u128::from(record.reserved_bytes)
+            + u128::from(record.ready_bytes)
             + u128::from(bytes))
             * 100;
         record.free_bytes() >= bytes && after <= high * u128::from(record.spec.capacity_bytes)

@@ -166,6 +166,7 @@ pub struct Metrics {
     expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
     label_drops_total: IntCounter,
+    accept_backoffs_total: IntCounter,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
     pools: Mutex<BTreeMap<PoolId, Medium>>,
 }
@@ -242,6 +243,10 @@ impl Metrics {
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
             )?,
+            accept_backoffs_total: IntCounter::new(
+                "kvtier_accept_backoffs_total",
+                "Times accepting a connection paused because the process or system ran out of file descriptors or memory.",
+            )?,
             registry,
             pools: Mutex::new(BTreeMap::new()),
         };
@@ -286,7 +291,9 @@ impl Metrics {
         self.registry
             .register(Box::new(self.medium_bytes.clone()))?;
         self.registry
-            .register(Box::new(self.label_drops_total.clone()))
+            .register(Box::new(self.label_drops_total.clone()))?;
+        self.registry
+            .register(Box::new(self.accept_backoffs_total.clone()))
     }
 
     /// Declares (or updates) a pool and its capacity, and its usage states at zero. Past
@@ -428,6 +435,11 @@ impl Metrics {
     /// Counts replicas the eviction policy started retiring.
     pub fn add_evictions(&self, evictions: u64) {
         self.evictions_total.inc_by(evictions);
+    }
+
+    /// Counts a pause of an accept loop out of descriptors or memory.
+    pub fn add_accept_backoff(&self) {
+        self.accept_backoffs_total.inc();
     }
 
     /// Counts replicas that left their pool at the end of their time to live.

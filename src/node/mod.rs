@@ -5,12 +5,14 @@
 //!
 //! * `operations`: the session's operation ids and acknowledgement window.
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
+//! * `accept`: how an accept loop backs off when descriptors run out.
 //! * `clients`: one local client's tickets, leases and bounds.
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 
+pub mod accept;
 pub mod clients;
 pub mod extents;
 pub mod holdings;

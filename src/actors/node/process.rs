@@ -15,6 +15,7 @@ use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, Scope};
+use crate::node::accept::{AcceptBackoff, AcceptStep};
 use crate::node::{ExtentAction, Liveness, NodeCore, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
@@ -176,6 +177,9 @@ fn mapping_of(pool: PoolId, medium: Medium, memory: &SharedMemory) -> PoolMappin
 }
 
 /// Binds the node's Unix socket and serves each admitted client with a session actor.
+/// Connections are bounded by the core's client bound ([`crate::node::CLIENTS_MAX`]; one
+/// over it is closed at once); out of descriptors, accepting pauses (see
+/// [`crate::node::accept`]), logged and counted in `kvtier_accept_backoffs_total`.
 async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow::Result<()> {
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
@@ -184,15 +188,26 @@ async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow:
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
     actix_rt::spawn(async move {
+        let mut backoff = AcceptBackoff::default();
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => match services.core().connect_client() {
-                    Ok(client) => {
-                        ClientSessionActor::new(services.clone(), stream, client).start();
+                Ok((stream, _)) => {
+                    backoff.accepted();
+                    match services.core().connect_client() {
+                        Ok(client) => {
+                            ClientSessionActor::new(services.clone(), stream, client).start();
+                        }
+                        Err(refusal) => tracing::warn!(?refusal, "refusing a client connection"),
                     }
-                    Err(refusal) => tracing::warn!(?refusal, "refusing a client connection"),
+                }
+                Err(error) => match backoff.failed(&error) {
+                    AcceptStep::Continue => tracing::warn!(%error, "accepting a client failed"),
+                    AcceptStep::Pause(pause) => {
+                        services.metrics.add_accept_backoff();
+                        tracing::warn!(%error, ?pause, "out of descriptors: pausing accepts");
+                        tokio::time::sleep(pause).await;
+                    }
                 },
-                Err(error) => tracing::warn!(%error, "accepting a client failed"),
             }
         }
     });
