@@ -26,6 +26,33 @@ pub struct ClusterConfig {
     /// better than the nodes' start-up probe. A figure given here wins over the measured one.
     #[serde(default)]
     pub profiles: BTreeMap<Medium, ProfileFigures>,
+    /// Who may use a node's socket, and with which namespaces and salt (`[[tenants]]`).
+    /// None: only the uid the node runs as.
+    #[serde(default)]
+    pub tenants: Vec<TenantSection>,
+}
+
+/// One tenant rule: the local users or groups whose engines are this tenant, the models
+/// (namespaces) they may use, and the salt mixed into their namespaces. A peer is matched
+/// by the uid and effective gid of its socket's credentials; the first matching rule wins.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TenantSection {
+    pub name: String,
+    /// User names, resolved through `/etc/passwd` when the node starts.
+    #[serde(default)]
+    pub users: Vec<String>,
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Group names, resolved through `/etc/group` when the node starts.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub gids: Vec<u32>,
+    /// Model names of the namespaces the tenant may register; `"*"` for any.
+    pub namespaces: Vec<String>,
+    /// Mixed by the node into every namespace the tenant registers (as vLLM's
+    /// `cache_salt`): tenants with different salts never share objects or probe answers.
+    pub salt: Option<String>,
 }
 
 /// One shared CXL pool.
@@ -105,6 +132,10 @@ pub struct NodeSection {
     /// Where this node sees a CXL pool when its path differs from the pool's `path`.
     #[serde(default)]
     pub cxl_paths: std::collections::HashMap<String, PathBuf>,
+    /// A group (name or number) given the node's socket and CPU pool file, both mode 0660,
+    /// so engines of other uids in that group can connect and map; absent, only the node's
+    /// uid (and root) can.
+    pub socket_group: Option<String>,
 }
 
 /// The node's CPU DRAM pool.
@@ -217,6 +248,50 @@ impl ClusterConfig {
     }
 }
 
+impl ClusterConfig {
+    /// The tenant rules with user and group names resolved through `passwd` and `group`
+    /// (the texts of `/etc/passwd` and `/etc/group`); `owner_uid` is the node's own uid.
+    pub fn tenants(
+        &self,
+        owner_uid: u32,
+        passwd: &str,
+        group: &str,
+    ) -> anyhow::Result<crate::node::Tenants> {
+        use crate::node::tenants::{gid_of, uid_of, ModelAccess, Tenant};
+        let rules = self
+            .tenants
+            .iter()
+            .map(|rule| {
+                let mut uids = rule.uids.clone();
+                for user in &rule.users {
+                    uids.push(uid_of(passwd, user).with_context(|| {
+                        format!("tenant `{}`: no user `{user}` on this host", rule.name)
+                    })?);
+                }
+                let mut gids = rule.gids.clone();
+                for name in &rule.groups {
+                    gids.push(gid_of(group, name).with_context(|| {
+                        format!("tenant `{}`: no group `{name}` on this host", rule.name)
+                    })?);
+                }
+                let models = if rule.namespaces.iter().any(|model| model == "*") {
+                    ModelAccess::Any
+                } else {
+                    ModelAccess::Models(rule.namespaces.clone())
+                };
+                Ok(Tenant {
+                    name: rule.name.clone(),
+                    uids,
+                    gids,
+                    models,
+                    salt: rule.salt.clone(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<Tenant>>>()?;
+        Ok(crate::node::Tenants::new(owner_uid, rules)?)
+    }
+}
+
 impl DirectorySection {
     /// The tick interval as a duration.
     pub fn tick_interval(&self) -> Duration {
@@ -225,6 +300,24 @@ impl DirectorySection {
 }
 
 impl NodeSection {
+    /// The gid of [`NodeSection::socket_group`] (a number, or a name in `group`, the text
+    /// of `/etc/group`).
+    pub fn socket_gid(&self, group: &str) -> anyhow::Result<Option<u32>> {
+        let Some(name) = &self.socket_group else {
+            return Ok(None);
+        };
+        let gid = name
+            .parse()
+            .ok()
+            .or_else(|| crate::node::tenants::gid_of(group, name));
+        gid.map(Some).with_context(|| {
+            format!(
+                "node `{}`: no group `{name}` for the socket on this host",
+                self.name
+            )
+        })
+    }
+
     /// What the directory grants this node, from the operator's configuration.
     pub fn access(&self) -> (Vec<DomainId>, NamespaceAccess) {
         let domains = self

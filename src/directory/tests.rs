@@ -25,6 +25,7 @@ pub(crate) fn descriptor() -> NamespaceDescriptor {
         chunk_tokens: 256,
         tensor_parallel: 1,
         pipeline_parallel: 1,
+        salt: None,
     }
 }
 

@@ -164,6 +164,7 @@ pub struct Metrics {
     expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
     label_drops_total: IntCounter,
+    client_refusals_total: IntCounterVec,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
     pools: Mutex<BTreeMap<PoolId, Medium>>,
 }
@@ -240,6 +241,13 @@ impl Metrics {
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
             )?,
+            client_refusals_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_client_refusals_total",
+                    "Local client connections a node refused, by reason.",
+                ),
+                &["reason"],
+            )?,
             registry,
             pools: Mutex::new(BTreeMap::new()),
         };
@@ -283,6 +291,8 @@ impl Metrics {
             .register(Box::new(self.expirations_total.clone()))?;
         self.registry
             .register(Box::new(self.medium_bytes.clone()))?;
+        self.registry
+            .register(Box::new(self.client_refusals_total.clone()))?;
         self.registry
             .register(Box::new(self.label_drops_total.clone()))
     }
@@ -397,6 +407,14 @@ impl Metrics {
         }
     }
 
+    /// Counts a refused local client connection. `reason` must be a fixed kind name
+    /// (`unknown_peer`, `too_many_clients`, `no_credentials`), never text built from data.
+    pub fn refuse_client(&self, reason: &'static str) {
+        self.client_refusals_total
+            .with_label_values(&[reason])
+            .inc();
+    }
+
     /// Sets the number of read leases held now.
     pub fn set_leases(&self, lease_count: u64) {
         self.leases.set(saturating_i64(lease_count));
@@ -469,11 +487,12 @@ pub(crate) mod tests {
         metrics.set_leases(3);
         metrics.set_sessions(SessionState::Live, 2);
         metrics.add_bytes_moved(Direction::Store, 1 << 20);
+        metrics.refuse_client("unknown_peer");
         metrics
     }
 
     /// A line of each family `populated` fills, as rendered.
-    pub(crate) const FAMILIES: [&str; 8] = [
+    pub(crate) const FAMILIES: [&str; 9] = [
         "kvtier_pool_capacity_bytes{medium=\"cpu\",pool=\"1\"} 1073741824",
         "kvtier_pool_bytes{pool=\"1\",state=\"ready\"} 4096",
         "kvtier_requests_total{op=\"acquire\"} 1",
@@ -482,6 +501,7 @@ pub(crate) mod tests {
         "kvtier_leases 3",
         "kvtier_sessions{state=\"live\"} 2",
         "kvtier_bytes_moved_total{direction=\"store\"} 1048576",
+        "kvtier_client_refusals_total{reason=\"unknown_peer\"} 1",
     ];
 
     #[test]
