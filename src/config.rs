@@ -365,6 +365,29 @@ mod tests {
     }
 
     #[test]
+    fn tenant_rules_resolve_names_and_admit_by_credentials() {
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
+        let directory =
+            std::env::temp_dir().join(format!("kvtier-config-tenants-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let path = directory.join("cluster.toml");
+        std::fs::write(&path, text).unwrap();
+        let config = ClusterConfig::load(&path).unwrap();
+        std::fs::remove_dir_all(directory).unwrap();
+        let (passwd, group) = ("vllm:x:1001:1001::/:/bin/false\n", "engines:x:2001:\n");
+        assert_eq!(config.nodes[0].socket_gid(group).unwrap(), Some(2001));
+        let tenants = config.tenants(0, passwd, group).unwrap();
+        let peer = |uid, gid| crate::node::PeerIdentity { uid, gid, pid: None };
+        let chat = tenants.admit(&peer(1001, 5)).unwrap();
+        assert_eq!((chat.name.as_str(), chat.salt.as_deref()), ("chat", Some("s1")));
+        assert_eq!(tenants.admit(&peer(3, 2001)).unwrap().name, "chat");
+        assert_eq!(tenants.admit(&peer(7, 7)).unwrap().name, "any");
+        assert!(tenants.admit(&peer(0, 0)).is_err(), "rules replace the owner default");
+        let error = config.tenants(0, "", group).unwrap_err();
+        assert!(error.to_string().contains("no user `vllm`"), "{error}");
+    }
+
+    #[test]
     fn duplicate_names_are_refused() {
         let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[nodes]]\nname = \"a\"\nsocket = \"t\"\n[nodes.cpu_pool]\npath = \"/dev/shm/y\"\ncapacity_bytes = 65536\n";
         let directory = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));

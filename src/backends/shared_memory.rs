@@ -29,7 +29,7 @@
 use super::error::PoolError;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
@@ -196,6 +196,10 @@ impl SharedMemory {
             .mode(POOL_FILE_MODE)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
+            .map_err(io)?;
+        // The umask narrowed the creation mode (0640 under the usual 022): the group of
+        // engines allowed to map the pool needs write access too.
+        file.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))
             .map_err(io)?;
         allocate_storage(&file, total_bytes).map_err(io)?;
         let map = map_populated(&file, total_bytes).map_err(io)?;
