@@ -377,12 +377,22 @@ mod tests {
         let (passwd, group) = ("vllm:x:1001:1001::/:/bin/false\n", "engines:x:2001:\n");
         assert_eq!(config.nodes[0].socket_gid(group).unwrap(), Some(2001));
         let tenants = config.tenants(0, passwd, group).unwrap();
-        let peer = |uid, gid| crate::node::PeerIdentity { uid, gid, pid: None };
+        let peer = |uid, gid| crate::node::PeerIdentity {
+            uid,
+            gid,
+            pid: None,
+        };
         let chat = tenants.admit(&peer(1001, 5)).unwrap();
-        assert_eq!((chat.name.as_str(), chat.salt.as_deref()), ("chat", Some("s1")));
+        assert_eq!(
+            (chat.name.as_str(), chat.salt.as_deref()),
+            ("chat", Some("s1"))
+        );
         assert_eq!(tenants.admit(&peer(3, 2001)).unwrap().name, "chat");
         assert_eq!(tenants.admit(&peer(7, 7)).unwrap().name, "any");
-        assert!(tenants.admit(&peer(0, 0)).is_err(), "rules replace the owner default");
+        assert!(
+            tenants.admit(&peer(0, 0)).is_err(),
+            "rules replace the owner default"
+        );
         let error = config.tenants(0, "", group).unwrap_err();
         assert!(error.to_string().contains("no user `vllm`"), "{error}");
     }

@@ -109,7 +109,11 @@ fn a_node_without_rules_serves_only_its_owner() {
     let socket = cluster.socket(0).unwrap();
     let pool = cluster.config.nodes[0].cpu_pool.path.clone();
     let file = scratch_file("private", b"the owner's prompt");
-    let (output, report) = ctl_as(ROOT, &socket, &["put", file.to_str().unwrap(), "--key", "k"]);
+    let (output, report) = ctl_as(
+        ROOT,
+        &socket,
+        &["put", file.to_str().unwrap(), "--key", "k"],
+    );
     assert!(output.status.success(), "{report}");
     assert_eq!(report["outcome"], "stored");
 
@@ -149,22 +153,40 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
     let socket = cluster.socket(0).unwrap();
     let a_file = scratch_file("a", b"tenant A's prompt");
     let b_file = scratch_file("b", b"tenant B's different prompt");
-    let (output, a_put) = ctl_as(ROOT, &socket, &["put", a_file.to_str().unwrap(), "--key", "k"]);
+    let (output, a_put) = ctl_as(
+        ROOT,
+        &socket,
+        &["put", a_file.to_str().unwrap(), "--key", "k"],
+    );
     assert!(output.status.success(), "{a_put}");
 
     // B does not see A's object under the same key, and storing it makes another object.
     let (_, probed) = ctl_as(other, &socket, &["probe", "--key", "k"]);
     assert_eq!(probed["outcome"], "miss", "{probed}");
-    let (output, b_put) = ctl_as(other, &socket, &["put", b_file.to_str().unwrap(), "--key", "k"]);
+    let (output, b_put) = ctl_as(
+        other,
+        &socket,
+        &["put", b_file.to_str().unwrap(), "--key", "k"],
+    );
     assert!(output.status.success(), "{b_put}");
     assert_eq!(b_put["outcome"], "stored", "{b_put}");
-    assert_ne!(a_put["object"], b_put["object"], "distinct digests per tenant");
+    assert_ne!(
+        a_put["object"], b_put["object"],
+        "distinct digests per tenant"
+    );
     let out = std::env::temp_dir().join(format!("kvtier-tenants-{}-out", std::process::id()));
     for (identity, expected) in [(ROOT, &a_file), (other, &b_file)] {
         let _ = std::fs::remove_file(&out);
-        let (output, got) = ctl_as(identity, &socket, &["get", "--key", "k", "--out", out.to_str().unwrap()]);
+        let (output, got) = ctl_as(
+            identity,
+            &socket,
+            &["get", "--key", "k", "--out", out.to_str().unwrap()],
+        );
         assert!(output.status.success(), "{got}");
-        assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(expected).unwrap());
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(expected).unwrap()
+        );
     }
 
     // B names A's object and replica directly: every request is refused.
@@ -182,12 +204,19 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
             part: 0,
         };
         let views = client.load(&[object], AcquireMode::Each).await.unwrap();
-        let replica = views[0].as_ref().expect("A's object is cached").lease().replica;
+        let replica = views[0]
+            .as_ref()
+            .expect("A's object is cached")
+            .lease()
+            .replica;
         (object, replica)
     });
     let helper = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "tenant_b_helper", "--nocapture"])
-        .env(HELPER_INPUT, serde_json::to_string(&(a_object, a_replica, &socket)).unwrap())
+        .env(
+            HELPER_INPUT,
+            serde_json::to_string(&(a_object, a_replica, &socket)).unwrap(),
+        )
         .uid(other.0)
         .gid(other.1)
         .output()
@@ -221,7 +250,10 @@ fn tenant_b_helper() {
     runtime.block_on(async {
         let client = Client::connect(&socket).await.unwrap();
         let own = client.register_namespace(ctl_namespace()).await.unwrap();
-        assert_ne!(own, a_object.namespace, "B's salt gives B its own namespace");
+        assert_ne!(
+            own, a_object.namespace,
+            "B's salt gives B its own namespace"
+        );
         let not_registered = |result: Result<_, ClientError>| match result {
             Err(ClientError::Refused(ProtocolError::Client(
                 ClientRefusal::NamespaceNotRegistered(namespace),
@@ -239,9 +271,9 @@ fn tenant_b_helper() {
             ..a_object
         };
         match client.retire(own_object, a_replica).await {
-            Err(ClientError::Refused(ProtocolError::Directory(DirectoryError::UnknownReplica(
-                replica,
-            )))) => assert_eq!(replica, a_replica),
+            Err(ClientError::Refused(ProtocolError::Directory(
+                DirectoryError::UnknownReplica(replica),
+            ))) => assert_eq!(replica, a_replica),
             other => panic!("retired another tenant's replica: {other:?}"),
         }
         // A model its rule does not list.

@@ -405,6 +405,16 @@ pub(crate) mod tests {
     const UUID: u128 = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
 
     #[test]
+    fn a_pool_file_is_mode_0660_whatever_the_umask() {
+        let path = std::env::temp_dir().join(format!("kvtier-mode-{}", std::process::id()));
+        let memory = SharedMemory::create(&path, 1 << 20, 7, 4096).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, POOL_FILE_MODE);
+        drop(memory);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn create_then_open_shares_bytes() {
         let path = ShmPath::new("share");
         let creator = SharedMemory::create(&path.0, 16 * PAGE, UUID, PAGE).unwrap();

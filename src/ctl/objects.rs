@@ -110,16 +110,21 @@ pub fn put(args: &PutArgs) -> anyhow::Result<()> {
     if bytes.is_empty() || bytes.len() as u64 > CTL_OBJECT_BYTES_MAX {
         bail!("an object is 1 byte to {CTL_OBJECT_BYTES_MAX} bytes");
     }
-    with_object(&args.key, &args.target, false, |client, object| async move {
-        let outcome = client.store(object, &bytes).await?;
-        let outcome = match outcome {
-            StoreOutcome::Stored => "stored",
-            StoreOutcome::AlreadyPresent => "already_present",
-            StoreOutcome::Pending => "pending",
-            StoreOutcome::Skipped => "skipped",
-        };
-        Ok(json!({ "outcome": outcome, "bytes": bytes.len() }))
-    })
+    with_object(
+        &args.key,
+        &args.target,
+        false,
+        |client, object| async move {
+            let outcome = client.store(object, &bytes).await?;
+            let outcome = match outcome {
+                StoreOutcome::Stored => "stored",
+                StoreOutcome::AlreadyPresent => "already_present",
+                StoreOutcome::Pending => "pending",
+                StoreOutcome::Skipped => "skipped",
+            };
+            Ok(json!({ "outcome": outcome, "bytes": bytes.len() }))
+        },
+    )
 }
 
 /// Loads the key's object into the output file; a miss is an error.
@@ -143,17 +148,22 @@ pub fn get(args: &GetArgs) -> anyhow::Result<()> {
 
 /// Says whether the key's object is cached where the node can read it.
 pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
-    with_object(&args.key, &args.target, false, |client, object| async move {
-        let outcome = client.probe(&[object]).await?.into_iter().next();
-        Ok(match outcome {
-            Some(ProbeOutcome::Hit {
-                medium,
-                length_bytes,
-            }) => json!({ "outcome": "hit", "medium": medium.name(), "bytes": length_bytes }),
-            Some(ProbeOutcome::Pending) => json!({ "outcome": "pending" }),
-            _ => json!({ "outcome": "miss" }),
-        })
-    })
+    with_object(
+        &args.key,
+        &args.target,
+        false,
+        |client, object| async move {
+            let outcome = client.probe(&[object]).await?.into_iter().next();
+            Ok(match outcome {
+                Some(ProbeOutcome::Hit {
+                    medium,
+                    length_bytes,
+                }) => json!({ "outcome": "hit", "medium": medium.name(), "bytes": length_bytes }),
+                Some(ProbeOutcome::Pending) => json!({ "outcome": "pending" }),
+                _ => json!({ "outcome": "miss" }),
+            })
+        },
+    )
 }
 
 /// Connects, registers the ctl namespace, and runs `act` on the key's object; prints the

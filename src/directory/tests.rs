@@ -598,6 +598,23 @@ fn silence_hides_then_fences_and_a_heartbeat_revives_a_suspect() {
 }
 
 #[test]
+fn a_retire_naming_another_object_is_refused_as_unknown() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let (victim, mine) = (fixture.object(1), fixture.object(2));
+    let (replica, _) = fixture.store(&a, victim, MIB);
+    assert_eq!(
+        fixture.directory.retire_object(a.session, &mine, replica),
+        Err(DirectoryError::UnknownReplica(replica)),
+        "a replica of another object"
+    );
+    assert_eq!(
+        fixture.directory.retire_object(a.session, &victim, replica),
+        Ok(RetireOutcome::Reclaimable)
+    );
+}
+
+#[test]
 fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
     // Invariant 4.
     let mut fixture = Fixture::new();

@@ -298,7 +298,8 @@ mod tests {
 
     #[test]
     fn names_resolve_from_the_user_databases() {
-        let passwd = "root:x:0:0:root:/root:/bin/bash\nkvtier-other:x:998:998::/:/usr/sbin/nologin\n";
+        let passwd =
+            "root:x:0:0:root:/root:/bin/bash\nkvtier-other:x:998:998::/:/usr/sbin/nologin\n";
         assert_eq!(uid_of(passwd, "kvtier-other"), Some(998));
         assert_eq!(uid_of(passwd, "kvtier"), None);
         assert_eq!(gid_of("engines:x:1500:alice,bob\n", "engines"), Some(1500));

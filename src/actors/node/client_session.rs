@@ -361,7 +361,10 @@ fn error(error: ProtocolError) -> ClientReply {
 }
 
 fn refused(refusal: ClientRefusal) -> ClientReply {
-    tracing::debug!(?refusal, "client request refused by its bounds or namespaces");
+    tracing::debug!(
+        ?refusal,
+        "client request refused by its bounds or namespaces"
+    );
     ClientReply::Error(ProtocolError::Client(refusal))
 }
 

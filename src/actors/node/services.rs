@@ -99,7 +99,10 @@ impl NodeServices {
         }
         if let Some(client) = client {
             let now = self.clock.now();
-            let admitted = self.core().client(client).map(|books| books.admit_extent(now));
+            let admitted = self
+                .core()
+                .client(client)
+                .map(|books| books.admit_extent(now));
             if let Some(Err(refusal)) = admitted {
                 return Ok(Err(AllocationRefused::Client(refusal)));
             }
