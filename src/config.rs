@@ -26,6 +26,33 @@ pub struct ClusterConfig {
     /// better than the nodes' start-up probe. A figure given here wins over the measured one.
     #[serde(default)]
     pub profiles: BTreeMap<Medium, ProfileFigures>,
+    /// Who may use a node's socket, and with which namespaces and salt (`[[tenants]]`).
+    /// None: only the uid the node runs as.
+    #[serde(default)]
+    pub tenants: Vec<TenantSection>,
+}
+
+/// One tenant rule: the local users or groups whose engines are this tenant, the models
+/// (namespaces) they may use, and the salt mixed into their namespaces. A peer is matched
+/// by the uid and effective gid of its socket's credentials; the first matching rule wins.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TenantSection {
+    pub name: String,
+    /// User names, resolved through `/etc/passwd` when the node starts.
+    #[serde(default)]
+    pub users: Vec<String>,
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Group names, resolved through `/etc/group` when the node starts.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub gids: Vec<u32>,
+    /// Model names of the namespaces the tenant may register; `"*"` for any.
+    pub namespaces: Vec<String>,
+    /// Mixed by the node into every namespace the tenant registers (as vLLM's
+    /// `cache_salt`): tenants with different salts never share objects or probe answers.
+    pub salt: Option<String>,
 }
 
 /// One shared CXL pool.
@@ -105,6 +132,10 @@ pub struct NodeSection {
     /// Where this node sees a CXL pool when its path differs from the pool's `path`.
     #[serde(default)]
     pub cxl_paths: std::collections::HashMap<String, PathBuf>,
+    /// A group (name or number) given the node's socket and CPU pool file, both mode 0660,
+    /// so engines of other uids in that group can connect and map; absent, only the node's
+    /// uid (and root) can.
+    pub socket_group: Option<String>,
 }
 
 /// The node's CPU DRAM pool.
@@ -235,6 +266,50 @@ impl ClusterConfig {
     }
 }
 
+impl ClusterConfig {
+    /// The tenant rules with user and group names resolved through `passwd` and `group`
+    /// (the texts of `/etc/passwd` and `/etc/group`); `owner_uid` is the node's own uid.
+    pub fn tenants(
+        &self,
+        owner_uid: u32,
+        passwd: &str,
+        group: &str,
+    ) -> anyhow::Result<crate::node::Tenants> {
+        use crate::node::tenants::{gid_of, uid_of, ModelAccess, Tenant};
+        let rules = self
+            .tenants
+            .iter()
+            .map(|rule| {
+                let mut uids = rule.uids.clone();
+                for user in &rule.users {
+                    uids.push(uid_of(passwd, user).with_context(|| {
+                        format!("tenant `{}`: no user `{user}` on this host", rule.name)
+                    })?);
+                }
+                let mut gids = rule.gids.clone();
+                for name in &rule.groups {
+                    gids.push(gid_of(group, name).with_context(|| {
+                        format!("tenant `{}`: no group `{name}` on this host", rule.name)
+                    })?);
+                }
+                let models = if rule.namespaces.iter().any(|model| model == "*") {
+                    ModelAccess::Any
+                } else {
+                    ModelAccess::Models(rule.namespaces.clone())
+                };
+                Ok(Tenant {
+                    name: rule.name.clone(),
+                    uids,
+                    gids,
+                    models,
+                    salt: rule.salt.clone(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<Tenant>>>()?;
+        Ok(crate::node::Tenants::new(owner_uid, rules)?)
+    }
+}
+
 impl DirectorySection {
     /// The tick interval as a duration.
     pub fn tick_interval(&self) -> Duration {
@@ -253,6 +328,24 @@ impl NodeSection {
             page_bytes: self.cpu_pool.page_bytes,
             extent_bytes: None,
         }
+    }
+
+    /// The gid of [`NodeSection::socket_group`] (a number, or a name in `group`, the text
+    /// of `/etc/group`).
+    pub fn socket_gid(&self, group: &str) -> anyhow::Result<Option<u32>> {
+        let Some(name) = &self.socket_group else {
+            return Ok(None);
+        };
+        let gid = name
+            .parse()
+            .ok()
+            .or_else(|| crate::node::tenants::gid_of(group, name));
+        gid.map(Some).with_context(|| {
+            format!(
+                "node `{}`: no group `{name}` for the socket on this host",
+                self.name
+            )
+        })
     }
 
     /// What the directory grants this node, from the operator's configuration.
@@ -299,6 +392,39 @@ mod tests {
                 .prefill_us_per_token_of("meta-llama/Llama-3.1-8B-Instruct"),
             60.0
         );
+    }
+
+    #[test]
+    fn tenant_rules_resolve_names_and_admit_by_credentials() {
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
+        let directory =
+            std::env::temp_dir().join(format!("kvtier-config-tenants-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let path = directory.join("cluster.toml");
+        std::fs::write(&path, text).unwrap();
+        let config = ClusterConfig::load(&path).unwrap();
+        std::fs::remove_dir_all(directory).unwrap();
+        let (passwd, group) = ("vllm:x:1001:1001::/:/bin/false\n", "engines:x:2001:\n");
+        assert_eq!(config.nodes[0].socket_gid(group).unwrap(), Some(2001));
+        let tenants = config.tenants(0, passwd, group).unwrap();
+        let peer = |uid, gid| crate::node::PeerIdentity {
+            uid,
+            gid,
+            pid: None,
+        };
+        let chat = tenants.admit(&peer(1001, 5)).unwrap();
+        assert_eq!(
+            (chat.name.as_str(), chat.salt.as_deref()),
+            ("chat", Some("s1"))
+        );
+        assert_eq!(tenants.admit(&peer(3, 2001)).unwrap().name, "chat");
+        assert_eq!(tenants.admit(&peer(7, 7)).unwrap().name, "any");
+        assert!(
+            tenants.admit(&peer(0, 0)).is_err(),
+            "rules replace the owner default"
+        );
+        let error = config.tenants(0, "", group).unwrap_err();
+        assert!(error.to_string().contains("no user `vllm`"), "{error}");
     }
 
     #[test]

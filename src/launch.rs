@@ -55,6 +55,10 @@ pub struct ClusterSpec {
     /// The directory's `reservation_duration_ms`: how long a reservation waits for its
     /// commit, and how long an extent given back cools before it is granted again.
     pub reservation_duration_ms: u64,
+    /// Every node's `socket_group` (the group given its socket and CPU pool file).
+    pub socket_group: Option<String>,
+    /// Text appended to `cluster.toml`: top-level tables such as `[[tenants]]` rules.
+    pub extra_toml: String,
 }
 
 impl Default for ClusterSpec {
@@ -74,6 +78,8 @@ impl Default for ClusterSpec {
             low_watermark_percent: 95,
             policy_time_scale: 1.0,
             reservation_duration_ms: 30_000,
+            socket_group: None,
+            extra_toml: String::new(),
         }
     }
 }
@@ -322,14 +328,19 @@ fn cluster_toml(
         };
         // A node inside its own namespace serves no metrics this process could reach.
         let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
+        let group = match &spec.socket_group {
+            Some(group) => format!("socket_group = \"{group}\"\n"),
+            None => String::new(),
+        };
         toml.push_str(&format!(
-            "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+            "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
             metrics_address(metrics)?,
             write_order.join(", "),
             spec.cpu_pool_bytes,
             spec.page_bytes,
         ));
     }
+    toml.push_str(&spec.extra_toml);
     Ok(toml)
 }
 

@@ -12,6 +12,7 @@ pub mod backends;
 pub mod bench;
 pub mod client;
 pub mod config;
+pub mod ctl;
 pub mod demo;
 pub mod directory;
 pub mod launch;

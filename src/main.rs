@@ -1,4 +1,4 @@
-//! The `kvtier` command: directory, node, demo, up, bench, replay and certs.
+//! The `kvtier` command: directory, node, demo, up, bench, replay, ctl and certs.
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -48,6 +48,11 @@ enum Command {
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
+    },
+    /// Talk to a running cluster: objects by key through a node's socket.
+    Ctl {
+        #[command(subcommand)]
+        which: kvtier::ctl::CtlCommand,
     },
     /// Manage the cluster's certificates.
     Certs {
@@ -151,6 +156,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::ChaosClient(args),
         } => kvtier::bench::chaos_client::run(&args),
+        Command::Ctl { which } => kvtier::ctl::run(&which),
         Command::Certs {
             which: CertsCommand::Init { dir, names, force },
         } => {

@@ -170,7 +170,7 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
         let view = views[0].as_ref().unwrap();
         let replica = view.lease().replica;
         assert_eq!(
-            a.retire(replica).await.unwrap(),
+            a.retire(victim, replica).await.unwrap(),
             RetireOutcome::AwaitingReaders { leases: 1 }
         );
         assert!(

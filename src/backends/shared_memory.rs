@@ -29,7 +29,7 @@
 use super::error::PoolError;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
@@ -196,6 +196,10 @@ impl SharedMemory {
             .mode(POOL_FILE_MODE)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
+            .map_err(io)?;
+        // The umask narrowed the creation mode (0640 under the usual 022): the group of
+        // engines allowed to map the pool needs write access too.
+        file.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))
             .map_err(io)?;
         allocate_storage(&file, total_bytes).map_err(io)?;
         let map = map_populated(&file, total_bytes).map_err(io)?;
@@ -399,6 +403,16 @@ pub(crate) mod tests {
 
     const PAGE: u64 = 4096;
     const UUID: u128 = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
+
+    #[test]
+    fn a_pool_file_is_mode_0660_whatever_the_umask() {
+        let path = std::env::temp_dir().join(format!("kvtier-mode-{}", std::process::id()));
+        let memory = SharedMemory::create(&path, 1 << 20, 7, 4096).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, POOL_FILE_MODE);
+        drop(memory);
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn create_then_open_shares_bytes() {

@@ -296,10 +296,15 @@ impl Client {
         Ok(hits)
     }
 
-    /// Starts retiring a replica this client's node wrote (its id comes from a lease): new
-    /// loads miss it at once; its pages are reused only after the last reader released it.
-    pub async fn retire(&self, replica: ReplicaId) -> Result<RetireOutcome, ClientError> {
-        match self.call(ClientRequest::Retire { replica }).await? {
+    /// Starts retiring `replica` of `object`, a replica this client's node wrote (its id
+    /// comes from a lease): new loads miss it at once; its pages are reused only after the
+    /// last reader released it. The object must be of a namespace this client registered.
+    pub async fn retire(
+        &self,
+        object: ObjectId,
+        replica: ReplicaId,
+    ) -> Result<RetireOutcome, ClientError> {
+        match self.call(ClientRequest::Retire { object, replica }).await? {
             ClientReply::Retired(outcome) => Ok(outcome),
             other => Err(unexpected(other)),
         }

@@ -6,10 +6,27 @@ use super::sessions::Session;
 use super::{
     Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
 };
-use crate::model::{ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{ObjectId, ReplicaId, SessionId, TaskId, Timestamp};
 use std::collections::VecDeque;
 
 impl Directory {
+    /// A node's retire on behalf of a client: `replica` must be a replica of `object`, in a
+    /// namespace the session may use, so a client that names an object it may touch can
+    /// retire no other object's replica. A replica of another object is refused as unknown
+    /// (replica ids are enumerable; whether one exists is not the client's to learn).
+    pub fn retire_object(
+        &mut self,
+        session_id: SessionId,
+        object: &ObjectId,
+        replica_id: ReplicaId,
+    ) -> Result<RetireOutcome, DirectoryError> {
+        self.check_namespace(self.open_session(session_id)?, object.namespace)?;
+        match self.replicas.get(replica_id) {
+            Some(replica) if replica.object == *object => self.retire(Some(session_id), replica_id),
+            _ => Err(DirectoryError::UnknownReplica(replica_id)),
+        }
+    }
+
     /// Starts retiring a READY replica: new acquires no longer see it. Once no lease
     /// remains, its owner gets a reclaim task. The owner node, or the directory's own
     /// policy (with `session = None`), may retire.

@@ -25,6 +25,7 @@ pub(crate) fn descriptor() -> NamespaceDescriptor {
         chunk_tokens: 256,
         tensor_parallel: 1,
         pipeline_parallel: 1,
+        salt: None,
     }
 }
 
@@ -594,6 +595,23 @@ fn silence_hides_then_fences_and_a_heartbeat_revives_a_suspect() {
         Err(DirectoryError::Fenced { epoch: Epoch(1) })
     );
     fixture.directory.check_invariants();
+}
+
+#[test]
+fn a_retire_naming_another_object_is_refused_as_unknown() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let (victim, mine) = (fixture.object(1), fixture.object(2));
+    let (replica, _) = fixture.store(&a, victim, MIB);
+    assert_eq!(
+        fixture.directory.retire_object(a.session, &mine, replica),
+        Err(DirectoryError::UnknownReplica(replica)),
+        "a replica of another object"
+    );
+    assert_eq!(
+        fixture.directory.retire_object(a.session, &victim, replica),
+        Ok(RetireOutcome::Reclaimable)
+    );
 }
 
 #[test]

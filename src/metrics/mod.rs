@@ -167,6 +167,7 @@ pub struct Metrics {
     medium_bytes: IntGaugeVec,
     label_drops_total: IntCounter,
     accept_backoffs_total: IntCounter,
+    client_refusals_total: IntCounterVec,
     /// The pools currently labelled, with their medium; at most [`POOL_LABELS_MAX`].
     pools: Mutex<BTreeMap<PoolId, Medium>>,
 }
@@ -247,6 +248,13 @@ impl Metrics {
                 "kvtier_accept_backoffs_total",
                 "Times accepting a connection paused because the process or system ran out of file descriptors or memory.",
             )?,
+            client_refusals_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_client_refusals_total",
+                    "Local client connections a node refused, by reason.",
+                ),
+                &["reason"],
+            )?,
             registry,
             pools: Mutex::new(BTreeMap::new()),
         };
@@ -293,7 +301,9 @@ impl Metrics {
         self.registry
             .register(Box::new(self.label_drops_total.clone()))?;
         self.registry
-            .register(Box::new(self.accept_backoffs_total.clone()))
+            .register(Box::new(self.accept_backoffs_total.clone()))?;
+        self.registry
+            .register(Box::new(self.client_refusals_total.clone()))
     }
 
     /// Declares (or updates) a pool and its capacity, and its usage states at zero. Past
@@ -406,6 +416,14 @@ impl Metrics {
         }
     }
 
+    /// Counts a refused local client connection. `reason` must be a fixed kind name
+    /// (`unknown_peer`, `too_many_clients`, `no_credentials`), never text built from data.
+    pub fn refuse_client(&self, reason: &'static str) {
+        self.client_refusals_total
+            .with_label_values(&[reason])
+            .inc();
+    }
+
     /// Sets the number of read leases held now.
     pub fn set_leases(&self, lease_count: u64) {
         self.leases.set(saturating_i64(lease_count));
@@ -483,11 +501,12 @@ pub(crate) mod tests {
         metrics.set_leases(3);
         metrics.set_sessions(SessionState::Live, 2);
         metrics.add_bytes_moved(Direction::Store, 1 << 20);
+        metrics.refuse_client("unknown_peer");
         metrics
     }
 
     /// A line of each family `populated` fills, as rendered.
-    pub(crate) const FAMILIES: [&str; 8] = [
+    pub(crate) const FAMILIES: [&str; 9] = [
         "kvtier_pool_capacity_bytes{medium=\"cpu\",pool=\"1\"} 1073741824",
         "kvtier_pool_bytes{pool=\"1\",state=\"ready\"} 4096",
         "kvtier_requests_total{op=\"acquire\"} 1",
@@ -496,6 +515,7 @@ pub(crate) mod tests {
         "kvtier_leases 3",
         "kvtier_sessions{state=\"live\"} 2",
         "kvtier_bytes_moved_total{direction=\"store\"} 1048576",
+        "kvtier_client_refusals_total{reason=\"unknown_peer\"} 1",
     ];
 
     #[test]

@@ -10,7 +10,9 @@ pub use ids::{
     AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId, ReplicaId,
     SessionId, TaskId,
 };
-pub use namespace::{KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId};
+pub use namespace::{
+    KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId, NAMESPACE_TEXT_BYTES_MAX,
+};
 pub use object::{Location, ObjectId, PrefixDigest};
 pub use pool::{Medium, PoolSpec, PoolUsage, Scope, Tier};
 pub use time::{Clock, Timestamp};

@@ -59,6 +59,11 @@ pub struct NamespaceDescriptor {
     pub chunk_tokens: u32,
     pub tensor_parallel: u32,
     pub pipeline_parallel: u32,
+    /// The tenant's salt (as vLLM's `cache_salt`), set by the node from its tenant rules and
+    /// never by the client: descriptors differing only in salt are different namespaces, so
+    /// one tenant's probes reveal nothing of another's prompts. `None`: unsalted.
+    #[serde(default)]
+    pub salt: Option<String>,
 }
 
 /// Why a namespace descriptor was refused.
@@ -120,6 +125,10 @@ impl NamespaceDescriptor {
         ] {
             hasher.update(&number.to_le_bytes());
         }
+        // Only a salted descriptor hashes its salt: unsalted ids stay as they were.
+        if self.salt.is_some() {
+            hash_text(&mut hasher, self.salt.as_ref());
+        }
         let mut id = [0u8; 16];
         id.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
         Ok(NamespaceId(id))
@@ -150,6 +159,7 @@ impl NamespaceDescriptor {
             ("revision", Some(&self.revision)),
             ("adapter", self.adapter.as_ref()),
             ("quantization", self.quantization.as_ref()),
+            ("salt", self.salt.as_ref()),
         ] {
             if text.is_some_and(|text| text.len() > NAMESPACE_TEXT_BYTES_MAX) {
                 return Err(NamespaceError::TooLong {
@@ -221,6 +231,7 @@ mod tests {
             chunk_tokens: 256,
             tensor_parallel: 1,
             pipeline_parallel: 1,
+            salt: None,
         }
     }
 
@@ -275,6 +286,10 @@ mod tests {
             },
             NamespaceDescriptor {
                 pipeline_parallel: 2,
+                ..llama()
+            },
+            NamespaceDescriptor {
+                salt: Some("tenant".into()),
                 ..llama()
             },
         ];

@@ -8,6 +8,7 @@
 //! * `accept`: how an accept loop backs off when descriptors run out.
 //! * `clients`: one local client's tickets, leases and bounds.
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
+//! * `tenants`: who a local client is (its peer credentials) and what its tenant may use.
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
@@ -19,6 +20,7 @@ pub mod holdings;
 pub mod liveness;
 pub mod operations;
 pub mod stores;
+pub mod tenants;
 
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
@@ -26,6 +28,7 @@ pub use holdings::Holdings;
 pub use liveness::Liveness;
 pub use operations::OperationWindow;
 pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
+pub use tenants::{PeerIdentity, Tenant, TenantRefusal, Tenants};
 
 use crate::directory::{ExtentReturn, ResolveOutcome};
 use crate::model::{OperationId, PoolId};
@@ -184,8 +187,7 @@ mod tests {
             .collect();
         assert_eq!(core.connect_client(), Err(NodeRefusal::TooManyClients));
         let first = ids[0];
-        let now = crate::model::Timestamp::ZERO;
-        core.client(first).unwrap().admit_acquire(1, now).unwrap();
+        core.client(first).unwrap().admit_namespace().unwrap();
         core.disconnect_client(first);
         assert!(core.client(first).is_none());
         assert_eq!(core.clients(), CLIENTS_MAX - 1);

@@ -136,7 +136,9 @@ fn data(
             Reply::Acquired(core.acquire(now, session, &objects, mode)?)
         }
         Request::Release { leases } => Reply::Released(core.release(session, &leases)?),
-        Request::Retire { replica } => Reply::Retired(core.retire(Some(session), replica)?),
+        Request::Retire { object, replica } => {
+            Reply::Retired(core.retire_object(session, &object, replica)?)
+        }
         Request::GrantExtent { operation, pool } => {
             Reply::Extent(core.grant_extent(now, session, operation, pool)?)
         }

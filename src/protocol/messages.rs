@@ -11,6 +11,7 @@ use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
 };
+use crate::node::{ClientRefusal, TenantRefusal};
 use crate::policy::profiles::Measurement;
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +104,9 @@ pub enum DirectoryRequest {
     Release {
         leases: Vec<LeaseId>,
     },
+    /// Retires `replica`, which must be a replica of `object`.
     Retire {
+        object: ObjectId,
         replica: ReplicaId,
     },
     /// Gives an unwritten reservation back.
@@ -212,6 +215,12 @@ pub enum ProtocolError {
     /// The node could not complete a local step (pool allocation, reaching the directory).
     #[error("node: {0}")]
     Node(String),
+    /// The node's tenant rules refuse this client or this namespace.
+    #[error("tenant: {0}")]
+    Tenant(TenantRefusal),
+    /// A per-client quota, or an object outside the client's namespaces; nothing changed.
+    #[error("client: {0}")]
+    Client(ClientRefusal),
 }
 
 /// What an engine asks its local node.
@@ -244,8 +253,11 @@ pub enum ClientRequest {
     Release {
         leases: Vec<LeaseId>,
     },
-    /// Starts retiring a replica this node wrote (the engine knows its id from a lease).
+    /// Starts retiring a replica of `object` this node wrote (the engine knows its id from
+    /// a lease). The object must be in a namespace this connection registered, and the
+    /// directory checks the replica is that object's.
     Retire {
+        object: ObjectId,
         replica: ReplicaId,
     },
 }
@@ -337,6 +349,9 @@ impl ProtocolError {
             ProtocolError::UnknownPeer(_) => "unknown_peer",
             ProtocolError::Busy => "busy",
             ProtocolError::Node(_) => "node",
+            ProtocolError::Tenant(TenantRefusal::UnknownPeer { .. }) => "unknown_peer",
+            ProtocolError::Tenant(TenantRefusal::NamespaceDenied { .. }) => "namespace_denied",
+            ProtocolError::Client(refusal) => refusal.label(),
         }
     }
 }

@@ -47,6 +47,7 @@ pub(super) enum Purpose {
         object: ObjectId,
     },
     Commit {
+        object: ObjectId,
         replica: ReplicaId,
         location: Location,
     },
@@ -84,7 +85,7 @@ pub struct SimNode {
     next_request: u64,
     /// The engine's leases.
     pub leases: Vec<HeldLease>,
-    pub(super) committed: Vec<ReplicaId>,
+    pub(super) committed: Vec<(ObjectId, ReplicaId)>,
 }
 
 impl SimNode {
@@ -181,6 +182,12 @@ impl World {
         state.cpu = Some((pool, pages));
         state.cxl = cxl;
         state.client = state.core.connect_client().ok();
+        // The simulated engine registers the cluster's one namespace on its connection.
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            if books.admit_namespace().is_ok() {
+                books.namespace_registered(descriptor().id().ok());
+            }
+        }
         let fence_after = Duration::from_millis(opened.fence_after_ms);
         state.core.liveness = Liveness::new(opened_at, fence_after);
     }
@@ -301,11 +308,11 @@ impl World {
         let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
             return;
         };
-        let Ok(ticket) = books.admit_store(now) else {
+        let Ok(ticket) = books.admit_store(&object, OBJECT_BYTES, now) else {
             return;
         };
         let Some(operation) = self.operation(node) else {
-            self.end_store(node);
+            self.end_store(node, ticket);
             return;
         };
         let item = ReserveItem {
@@ -316,10 +323,10 @@ impl World {
         self.send(node, request, Purpose::Store { ticket, object });
     }
 
-    pub(super) fn end_store(&mut self, node: usize) {
+    pub(super) fn end_store(&mut self, node: usize, ticket: u64) {
         let state = &mut self.nodes[node];
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
-            books.store_ended();
+            books.store_ended(ticket);
         }
     }
 
@@ -336,7 +343,7 @@ impl World {
         let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
             return;
         };
-        if books.admit_acquire(count, now).is_err() {
+        if books.admit_acquire(&objects, now).is_err() {
             return;
         }
         let request = DirectoryRequest::Acquire { objects, mode };
@@ -367,8 +374,9 @@ impl World {
             return;
         }
         let index = self.rng.below(self.nodes[node].committed.len() as u64) as usize;
-        let replica = self.nodes[node].committed[index];
-        self.send(node, DirectoryRequest::Retire { replica }, Purpose::Plain);
+        let (object, replica) = self.nodes[node].committed[index];
+        let request = DirectoryRequest::Retire { object, replica };
+        self.send(node, request, Purpose::Plain);
     }
 
     /// Offers every empty extent back to the directory, through the node core.
@@ -572,9 +580,9 @@ impl World {
                 self.nodes[node].core.operations.end(operation);
                 self.extent_granted(node, grant);
             }
-            (_, Purpose::Store { .. }) => {
+            (_, Purpose::Store { ticket, .. }) => {
                 self.nodes[node].core.operations.end(operation);
-                self.end_store(node);
+                self.end_store(node, ticket);
             }
             _ => self.nodes[node].core.operations.end(operation),
         }

@@ -21,11 +21,11 @@ impl World {
             return;
         };
         let DirectoryReply::Reserved(ReserveOutcome::Granted { replica, pool, .. }) = reply else {
-            self.end_store(node);
+            self.end_store(node, ticket);
             return;
         };
         let Some((location, space)) = self.allocate(node, pool) else {
-            self.end_store(node);
+            self.end_store(node, ticket);
             self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
             return;
         };
@@ -52,7 +52,11 @@ impl World {
             replica,
             location,
         };
-        let purpose = Purpose::Commit { replica, location };
+        let purpose = Purpose::Commit {
+            object,
+            replica,
+            location,
+        };
         self.send(node, request, purpose);
     }
 
@@ -130,7 +134,9 @@ impl World {
     /// A commit ended with `result`: the pages follow the node core's rule.
     pub(super) fn committed(&mut self, node: usize, result: CommitResult, purpose: Purpose) {
         let Purpose::Commit {
-            replica, location, ..
+            object,
+            replica,
+            location,
         } = purpose
         else {
             return;
@@ -138,7 +144,7 @@ impl World {
         match after_commit(result) {
             PagesAfterCommit::Published => {
                 self.stats.covered.stores_committed += 1;
-                self.nodes[node].committed.push(replica);
+                self.nodes[node].committed.push((object, replica));
             }
             PagesAfterCommit::Keep => {}
             PagesAfterCommit::Free => {
@@ -254,7 +260,9 @@ impl World {
             self.stats.seed
         );
         let freed = self.free(node, location);
-        self.nodes[node].committed.retain(|kept| *kept != replica);
+        self.nodes[node]
+            .committed
+            .retain(|(_, kept)| *kept != replica);
         if reclaim_done(&freed) {
             self.send(
                 node,
@@ -293,6 +301,7 @@ impl World {
             location,
         };
         let purpose = Purpose::Commit {
+            object,
             replica: target,
             location,
         };

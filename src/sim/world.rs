@@ -75,6 +75,7 @@ pub fn descriptor() -> NamespaceDescriptor {
         chunk_tokens: 16,
         tensor_parallel: 1,
         pipeline_parallel: 1,
+        salt: None,
     }
 }
 

@@ -1,9 +1,10 @@
 //! Unix domain sockets between the node and the engines' client libraries on the same host.
-//! They carry the same frames as QUIC; access is controlled by the socket file's mode.
+//! They carry the same frames as QUIC. Who can reach the socket is the socket file's mode
+//! and group; who is served is the node's tenant rules, by the peer's credentials.
 
 use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -28,19 +29,37 @@ impl SocketMode {
     }
 }
 
-/// Listens on `path` with file mode `mode`.
+/// Listens on `path` with file mode `mode`, the file given group `group` when set.
 ///
 /// A socket file left by a dead process is removed first. Refuses with
 /// [`WireError::SocketInUse`] when a live listener answers on `path`, and with
-/// [`WireError::NotASocket`] when `path` is another kind of file (it is never removed).
-/// The mode is set right after binding; until then the file has the process umask's mode, so
-/// the caller puts the socket in a directory only trusted users can reach. Must be called
-/// inside a tokio runtime.
-pub async fn bind(path: &Path, mode: SocketMode) -> Result<UnixListener, WireError> {
+/// [`WireError::NotASocket`] when `path` is another kind of file or a link (it is never
+/// removed nor followed). The socket is bound inside a fresh private (0700) folder beside
+/// `path`, given its mode and group there, and only then linked at `path` — a link that
+/// fails when anything appeared at `path` meanwhile — so no one can connect before the
+/// mode holds, and nothing at `path` is ever replaced. Must be called inside a tokio
+/// runtime.
+pub async fn bind(
+    path: &Path,
+    mode: SocketMode,
+    group: Option<u32>,
+) -> Result<UnixListener, WireError> {
     remove_stale_socket(path).await?;
-    let listener = UnixListener::bind(path)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode.bits()))?;
-    Ok(listener)
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let private = parent.join(format!(".{name}.{}.binding", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = (|| -> std::io::Result<UnixListener> {
+        let staged = private.join("socket");
+        let listener = UnixListener::bind(&staged)?;
+        fs::set_permissions(&staged, fs::Permissions::from_mode(mode.bits()))?;
+        std::os::unix::fs::chown(&staged, None, group)?;
+        fs::hard_link(&staged, path)?;
+        Ok(listener)
+    })();
+    let _ = fs::remove_file(private.join("socket"));
+    let _ = fs::remove_dir(&private);
+    Ok(bound?)
 }
 
 /// Connects to the listener at `path`. Errors: [`WireError::Io`] (no such socket, refused,
@@ -83,7 +102,7 @@ mod tests {
     async fn bind_sets_the_mode_and_carries_frames() {
         let directory = temp_directory("uds-bind");
         let path = directory.join("node.sock");
-        let listener = bind(&path, SocketMode::OwnerOnly).await.unwrap();
+        let listener = bind(&path, SocketMode::OwnerOnly, None).await.unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let mut client = connect(&path).await.unwrap();
@@ -103,10 +122,10 @@ mod tests {
         // A socket file whose listener is gone.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists());
-        let live = bind(&path, SocketMode::OwnerAndGroup).await.unwrap();
+        let live = bind(&path, SocketMode::OwnerAndGroup, None).await.unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o660);
-        let refused = bind(&path, SocketMode::OwnerOnly).await;
+        let refused = bind(&path, SocketMode::OwnerOnly, None).await;
         assert!(
             matches!(refused, Err(WireError::SocketInUse { .. })),
             "{refused:?}"
@@ -116,11 +135,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_link_is_never_followed_nor_replaced() {
+        let directory = temp_directory("uds-link");
+        let path = directory.join("node.sock");
+        let target = directory.join("elsewhere");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let refused = bind(&path, SocketMode::OwnerOnly, None).await;
+        assert!(
+            matches!(refused, Err(WireError::NotASocket { .. })),
+            "{refused:?}"
+        );
+        assert!(!target.exists(), "nothing was created through the link");
+        assert!(fs::symlink_metadata(&path).unwrap().is_symlink());
+        fs::remove_dir_all(&directory).unwrap();
+    }
+
+    #[tokio::test]
     async fn a_regular_file_is_never_removed() {
         let directory = temp_directory("uds-file");
         let path = directory.join("node.sock");
         fs::write(&path, b"data").unwrap();
-        let refused = bind(&path, SocketMode::OwnerOnly).await;
+        let refused = bind(&path, SocketMode::OwnerOnly, None).await;
         assert!(
             matches!(refused, Err(WireError::NotASocket { .. })),
             "{refused:?}"

@@ -20,5 +20,6 @@ pub fn demo_namespace() -> NamespaceDescriptor {
         chunk_tokens: 512,
         tensor_parallel: 1,
         pipeline_parallel: 1,
+        salt: None,
     }
 }

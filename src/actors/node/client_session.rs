@@ -1,7 +1,9 @@
 //! The `ClientSessionActor`: one per local engine connection on the node's Unix socket.
 //! It turns the engine's store and load requests into directory operations and pool
 //! allocations, and keeps the books of the grants and leases it handed out, so that a
-//! client that disconnects gives them back.
+//! client that disconnects gives them back. The client was admitted as a tenant from its
+//! peer credentials: it registers only namespaces its tenant may use (salted with the
+//! tenant's salt by the node), and touches only objects of namespaces it registered.
 //!
 //! Each request's work runs as a detached task that always finishes: if the connection is
 //! gone when it does, the task itself frees what it allocated and releases what it leased.
@@ -9,7 +11,7 @@
 
 use super::actor::commit_result;
 use super::link::LinkError;
-use super::services::NodeServices;
+use super::services::{AllocationRefused, NodeServices};
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
@@ -18,8 +20,10 @@ use crate::directory::{
     ReserveOutcome,
 };
 use crate::metrics::Operation;
-use crate::model::{LeaseId, Location, Timestamp};
-use crate::node::{after_commit, ClientId, ClientRefusal, PagesAfterCommit, Ticket};
+use crate::model::{LeaseId, Location, NamespaceId, Timestamp};
+use crate::node::{
+    after_commit, ClientId, ClientRefusal, PagesAfterCommit, Tenant, TenantRefusal, Ticket,
+};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
     ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
@@ -28,6 +32,7 @@ use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
@@ -42,14 +47,18 @@ enum Change {
     Ticket(u64, Ticket),
     /// Leases granted, valid on this node's clock until the given instant.
     Leases(Vec<(LeaseId, Timestamp)>),
+    /// A namespace registered for this client.
+    Namespace(NamespaceId),
 }
 
 /// What a finished request needs from the books: the slots it reserved at dispatch.
 #[derive(Clone, Copy)]
 enum Slots {
     None,
-    Ticket,
+    /// The ticket number admitted.
+    Ticket(u64),
     Leases(usize),
+    Namespace,
 }
 
 /// The result of a detached request, sent back to the actor.
@@ -73,6 +82,8 @@ pub struct ClientSessionActor {
     services: NodeServices,
     /// This client's books in the node core.
     client: ClientId,
+    /// What the client's peer credentials admitted it as.
+    tenant: Arc<Tenant>,
     replies: mpsc::Sender<(u64, ClientReply)>,
     reader: Option<OwnedReadHalf>,
     greeted: bool,
@@ -87,16 +98,18 @@ enum Admitted {
 
 impl ClientSessionActor {
     /// A session over an accepted Unix socket connection, whose books the node core
-    /// admitted as `client`.
+    /// admitted as `client`, of `tenant`.
     pub fn new(
         services: NodeServices,
         stream: tokio::net::UnixStream,
         client: ClientId,
+        tenant: Arc<Tenant>,
     ) -> ClientSessionActor {
         let (reader, writer) = stream.into_split();
         ClientSessionActor {
             services,
             client,
+            tenant,
             replies: spawn_writer(writer, |error| {
                 ClientReply::Error(ProtocolError::Node(error))
             }),
@@ -182,19 +195,42 @@ impl ClientSessionActor {
                     pools: services.mappings.clone(),
                 }))
             }
+            ClientRequest::RegisterNamespace(descriptor) => {
+                if !self.tenant.permits(&descriptor) {
+                    return Admitted::Reply(error(ProtocolError::Tenant(
+                        TenantRefusal::NamespaceDenied {
+                            tenant: self.tenant.name.clone(),
+                            model: descriptor.model,
+                        },
+                    )));
+                }
+                match self.books(|books| books.admit_namespace()) {
+                    Some(Ok(())) => {
+                        // The tenant's salt, never one the client sent.
+                        let salted = self.tenant.salted(descriptor);
+                        let work = register_namespace(services, salted);
+                        Admitted::Work(Box::pin(work), Slots::Namespace)
+                    }
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
+            }
             ClientRequest::BeginStore {
                 object,
                 length_bytes,
-            } => match self.books(|books| (books.admit_store(now), books.ticket_duration())) {
+            } => match self.books(|books| {
+                let admitted = books.admit_store(&object, length_bytes, now);
+                (admitted, books.ticket_duration())
+            }) {
                 Some((Ok(ticket), valid)) => {
                     let item = ReserveItem {
                         object,
                         length_bytes,
                     };
-                    let work = begin_store(services, ticket, item, valid);
-                    Admitted::Work(Box::pin(work), Slots::Ticket)
+                    let work = begin_store(services, self.client, ticket, item, valid);
+                    Admitted::Work(Box::pin(work), Slots::Ticket(ticket))
                 }
-                Some((Err(refusal), _)) => Admitted::Reply(busy(refusal)),
+                Some((Err(refusal), _)) => Admitted::Reply(refused(refusal)),
                 None => Admitted::Reply(error(gone())),
             },
             ClientRequest::CommitStore { ticket } => match self.take_ticket(ticket) {
@@ -215,12 +251,32 @@ impl ClientSessionActor {
             },
             ClientRequest::Acquire { objects, mode } => {
                 let wanted = objects.len();
-                match self.books(|books| books.admit_acquire(wanted, now)) {
+                match self.books(|books| books.admit_acquire(&objects, now)) {
                     Some(Ok(())) => Admitted::Work(
                         Box::pin(acquire(services, objects, mode)),
                         Slots::Leases(wanted),
                     ),
-                    Some(Err(refusal)) => Admitted::Reply(busy(refusal)),
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
+            }
+            ClientRequest::Probe { objects } => {
+                match self.books(|books| books.check_objects(&objects)) {
+                    Some(Ok(())) => {
+                        let request = DirectoryRequest::Probe { objects };
+                        Admitted::Work(Box::pin(forward(services, request)), Slots::None)
+                    }
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
+            }
+            ClientRequest::Retire { object, replica } => {
+                match self.books(|books| books.check_objects(std::slice::from_ref(&object))) {
+                    Some(Ok(())) => {
+                        let request = DirectoryRequest::Retire { object, replica };
+                        Admitted::Work(Box::pin(forward(services, request)), Slots::None)
+                    }
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
                     None => Admitted::Reply(error(gone())),
                 }
             }
@@ -236,11 +292,10 @@ impl ClientSessionActor {
                             DirectoryError::BatchTooLarge { items, max },
                         )))
                     }
-                    Some(Err(refusal)) => Admitted::Reply(busy(refusal)),
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
                     None => Admitted::Reply(error(gone())),
                 }
             }
-            request => Admitted::Work(Box::pin(forward(services, request)), Slots::None),
         }
     }
 
@@ -257,14 +312,18 @@ impl Handler<Finished> for ClientSessionActor {
         let now = self.services.clock.now();
         let mut core = self.services.core();
         match (core.client(self.client), finished.slots, finished.change) {
-            (Some(books), Slots::Ticket, Change::Ticket(ticket, granted)) => {
+            (Some(books), Slots::Ticket(_), Change::Ticket(ticket, granted)) => {
                 books.store_granted(ticket, granted, now)
             }
-            (Some(books), Slots::Ticket, _) => books.store_ended(),
+            (Some(books), Slots::Ticket(ticket), _) => books.store_ended(ticket),
             (Some(books), Slots::Leases(count), Change::Leases(leases)) => {
                 books.leases_granted(count, leases)
             }
             (Some(books), Slots::Leases(count), _) => books.leases_granted(count, Vec::new()),
+            (Some(books), Slots::Namespace, Change::Namespace(namespace)) => {
+                books.namespace_registered(Some(namespace))
+            }
+            (Some(books), Slots::Namespace, _) => books.namespace_registered(None),
             (Some(_), Slots::None, _) => {}
             // The client's books are gone: give back what the request obtained.
             (None, _, change) => {
@@ -289,7 +348,7 @@ impl Handler<Finished> for ClientSessionActor {
 /// Gives back what a finished request obtained for a client that is gone.
 async fn undo(services: &NodeServices, change: Change) {
     match change {
-        Change::None => {}
+        Change::None | Change::Namespace(_) => {}
         Change::Ticket(_, granted) => give_back(services, granted).await,
         Change::Leases(leases) => {
             let leases = leases.into_iter().map(|(lease, _)| lease).collect();
@@ -305,46 +364,45 @@ fn error(error: ProtocolError) -> ClientReply {
     ClientReply::Error(error)
 }
 
-fn busy(refusal: ClientRefusal) -> ClientReply {
-    tracing::debug!(?refusal, "client request refused by its bounds");
-    ClientReply::Error(ProtocolError::Busy)
+fn refused(refusal: ClientRefusal) -> ClientReply {
+    tracing::debug!(
+        ?refusal,
+        "client request refused by its bounds or namespaces"
+    );
+    ClientReply::Error(ProtocolError::Client(refusal))
 }
 
 fn gone() -> ProtocolError {
     ProtocolError::Node("this client's books were removed".into())
 }
 
-/// A request the node passes to the directory as it is, and the client reply it becomes.
-async fn forward(services: NodeServices, request: ClientRequest) -> (ClientReply, Change) {
-    let request = match request {
-        ClientRequest::RegisterNamespace(descriptor) => {
-            DirectoryRequest::RegisterNamespace(descriptor)
+/// Registers a (salted) namespace for the client; on success it joins the client's books,
+/// and the node's holdings (a rejoin registers it again).
+async fn register_namespace(
+    services: NodeServices,
+    descriptor: crate::model::NamespaceDescriptor,
+) -> (ClientReply, Change) {
+    let request = DirectoryRequest::RegisterNamespace(descriptor.clone());
+    match services.link.call(request).await {
+        Ok(DirectoryReply::Namespace(id)) => {
+            services
+                .core()
+                .holdings
+                .namespace_registered(id, descriptor);
+            (ClientReply::Namespace(id), Change::Namespace(id))
         }
-        ClientRequest::Probe { objects } => DirectoryRequest::Probe { objects },
-        ClientRequest::Retire { replica } => DirectoryRequest::Retire { replica },
-        other => {
-            let reason = format!("the node does not forward {other:?}");
-            return (error(ProtocolError::Node(reason)), Change::None);
-        }
-    };
-    let registered = match &request {
-        DirectoryRequest::RegisterNamespace(descriptor) => Some(descriptor.clone()),
-        _ => None,
-    };
+        other => (error(refusal(other)), Change::None),
+    }
+}
+
+/// A probe or retire the node checked and passes to the directory, and the client reply
+/// it becomes.
+async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientReply, Change) {
     let probed = match &request {
         DirectoryRequest::Probe { objects } => objects.len(),
         _ => 0,
     };
     let reply = match services.link.call(request).await {
-        Ok(DirectoryReply::Namespace(id)) => {
-            if let Some(descriptor) = registered {
-                services
-                    .core()
-                    .holdings
-                    .namespace_registered(id, descriptor);
-            }
-            ClientReply::Namespace(id)
-        }
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
         // The directory is out of reach or being rejoined: every object is a miss.
@@ -391,6 +449,7 @@ async fn give_back(services: &NodeServices, granted: Ticket) {
 
 async fn begin_store(
     services: NodeServices,
+    client: ClientId,
     ticket: u64,
     item: ReserveItem,
     valid: Duration,
@@ -413,7 +472,12 @@ async fn begin_store(
         ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
     };
     let allocated = match services.pools.get(&pool) {
-        Some(actor) => services.allocate(actor, pool, item.length_bytes).await,
+        Some(actor) => {
+            let length_bytes = item.length_bytes;
+            services
+                .allocate_for(actor, pool, length_bytes, Some(client))
+                .await
+        }
         None => {
             services.link.abort(session, replica).await;
             return (
@@ -449,6 +513,10 @@ async fn begin_store(
                     },
                 ),
             )
+        }
+        Ok(Err(AllocationRefused::Client(refused))) => {
+            services.link.abort(session, replica).await;
+            (error(ProtocolError::Client(refused)), Change::None)
         }
         // The pool's hard limit holds even when the directory's budget lags: skip the store
         // and give the reservation back.

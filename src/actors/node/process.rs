@@ -16,10 +16,13 @@ use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
-use crate::node::{ExtentAction, Liveness, NodeCore, CLIENT_LIMITS};
+use crate::node::{ExtentAction, Liveness, NodeCore, PeerIdentity, Tenants, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
-use crate::protocol::messages::{DirectoryReply, DirectoryRequest, PoolMapping};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolMapping, ProtocolError,
+};
 use crate::wire::uds::{self, SocketMode};
+use crate::wire::{read_frame, write_frame};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use std::collections::HashMap;
@@ -52,6 +55,11 @@ pub fn fresh_uuid() -> u128 {
 /// Runs node `name` until SIGINT, SIGTERM or fencing. Must run inside an actix `System`.
 pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
+    let (passwd, group) = (user_database("/etc/passwd")?, user_database("/etc/group")?);
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let owner_uid = unsafe { libc::getuid() };
+    let tenants = config.tenants(owner_uid, &passwd, &group)?;
+    let socket_gid = section.socket_gid(&group)?;
     let target = DirectoryAddress {
         address: section.directory_address.unwrap_or(config.directory.listen),
         server_name: config.directory.name.clone(),
@@ -59,7 +67,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         node_name: section.name.clone(),
         bind: section.bind,
     };
-    let pool = create_cpu_pool(&section)?;
+    let pool = create_cpu_pool(&section, socket_gid)?;
     // Whatever happens from here on, the pool file and the socket go with the process.
     let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
     let _socket_file = RemoveOnExit(section.socket.clone());
@@ -92,7 +100,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         clock,
     };
     NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
-    serve_clients(&section, services).await?;
+    serve_clients(&section, socket_gid, tenants, services).await?;
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal.map(|()| None),
         reason = exit.recv() => Ok(reason),
@@ -176,29 +184,40 @@ fn mapping_of(pool: PoolId, medium: Medium, memory: &SharedMemory) -> PoolMappin
     }
 }
 
-/// Binds the node's Unix socket and serves each admitted client with a session actor.
-/// Connections are bounded by the core's client bound ([`crate::node::CLIENTS_MAX`]; one
-/// over it is closed at once); out of descriptors, accepting pauses (see
-/// [`crate::node::accept`]), logged and counted in `kvtier_accept_backoffs_total`.
-async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow::Result<()> {
+/// The text of a user database (`/etc/passwd`, `/etc/group`); empty where there is none.
+fn user_database(path: &str) -> anyhow::Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(error) => Err(error).with_context(|| format!("reading {path}")),
+    }
+}
+
+/// Binds the node's Unix socket (mode 0660, group `socket_gid` when set) and serves each
+/// client its tenant rules admit, by its peer credentials, with a session actor.
+/// Connections are bounded by the core's client bound ([`crate::node::CLIENTS_MAX`]); out
+/// of descriptors, accepting pauses (see [`crate::node::accept`]), logged and counted in
+/// `kvtier_accept_backoffs_total`.
+async fn serve_clients(
+    section: &NodeSection,
+    socket_gid: Option<u32>,
+    tenants: Tenants,
+    services: NodeServices,
+) -> anyhow::Result<()> {
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
+    let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup, socket_gid).await?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
+    let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSED_HANDSHAKES_MAX));
     actix_rt::spawn(async move {
         let mut backoff = AcceptBackoff::default();
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
                     backoff.accepted();
-                    match services.core().connect_client() {
-                        Ok(client) => {
-                            ClientSessionActor::new(services.clone(), stream, client).start();
-                        }
-                        Err(refusal) => tracing::warn!(?refusal, "refusing a client connection"),
-                    }
+                    admit_client(&services, &tenants, &refusals, stream);
                 }
                 Err(error) => match backoff.failed(&error) {
                     AcceptStep::Continue => tracing::warn!(%error, "accepting a client failed"),
@@ -212,6 +231,67 @@ async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow:
         }
     });
     Ok(())
+}
+
+/// Refused connections answered at once (their hello gets the refusal); past this, one
+/// is closed unanswered.
+const REFUSED_HANDSHAKES_MAX: usize = 64;
+/// How long a refused connection has to send its hello.
+const REFUSED_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `stream` as the tenant its peer credentials are, or refuses it with a typed
+/// error at the handshake (counted by reason).
+fn admit_client(
+    services: &NodeServices,
+    tenants: &Tenants,
+    refusals: &Arc<tokio::sync::Semaphore>,
+    stream: tokio::net::UnixStream,
+) {
+    let peer = match stream.peer_cred() {
+        Ok(credentials) => PeerIdentity {
+            uid: credentials.uid(),
+            gid: credentials.gid(),
+            pid: credentials.pid(),
+        },
+        Err(error) => {
+            tracing::warn!(%error, "a client's peer credentials are unreadable; closing it");
+            services.metrics.refuse_client("no_credentials");
+            return;
+        }
+    };
+    let refusal = match tenants.admit(&peer) {
+        Ok(tenant) => match services.core().connect_client() {
+            Ok(client) => {
+                tracing::debug!(?peer, tenant = %tenant.name, "client admitted");
+                ClientSessionActor::new(services.clone(), stream, client, tenant).start();
+                return;
+            }
+            Err(refusal) => {
+                services.metrics.refuse_client("too_many_clients");
+                tracing::warn!(?refusal, ?peer, "refusing a client connection");
+                ProtocolError::Busy
+            }
+        },
+        Err(refusal) => {
+            services.metrics.refuse_client("unknown_peer");
+            tracing::warn!(?peer, %refusal, "refusing a client no tenant rule admits");
+            ProtocolError::Tenant(refusal)
+        }
+    };
+    let Ok(permit) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    actix_rt::spawn(async move {
+        let mut stream = stream;
+        let answered = tokio::time::timeout(REFUSED_HANDSHAKE_TIMEOUT, async {
+            if let Ok(Some((request_id, _))) = read_frame::<_, ClientRequest>(&mut stream).await {
+                let reply = ClientReply::Error(refusal);
+                let _ = write_frame(&mut stream, request_id, &reply).await;
+            }
+        });
+        let _ = answered.await;
+        drop(permit);
+    });
 }
 
 /// Probes a shared pool through an extent granted for the probe (unused, so the probe may
@@ -345,8 +425,9 @@ async fn locate_cxl_pools(
 }
 
 /// Creates the pool file anew: a fresh file (not truncated in place, so engines still
-/// mapping an old incarnation keep valid pages) with a fresh UUID.
-fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
+/// mapping an old incarnation keep valid pages) with a fresh UUID, mode 0660, of group
+/// `group` when set (the engines allowed to map it).
+fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<CpuPool> {
     let path = &section.cpu_pool.path;
     if path.exists() {
         std::fs::remove_file(path)
@@ -361,6 +442,11 @@ fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<CpuPool> {
         pool_uuid: fresh_uuid(),
     })
     .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+    if group.is_some() {
+        // The file this process just created exclusively, not through a link.
+        std::os::unix::fs::lchown(path, None, group)
+            .with_context(|| format!("giving {} its group", path.display()))?;
+    }
     tracing::info!(path = %path.display(), bytes = section.cpu_pool.capacity_bytes, elapsed = ?started.elapsed(), "CPU pool pre-faulted");
     Ok(pool)
 }

@@ -1,6 +1,7 @@
 //! What every actor of a node shares: the link to the directory, the pool actors, the node
 //! core, the clock and the metrics; and the pool allocation path, which in a shared pool
-//! asks the directory for another extent when the granted ones are full.
+//! asks the directory for another extent when the granted ones are full (for a client's
+//! store, within that client's extent quota).
 
 use super::link::DirectoryLink;
 use super::pool::{AddExtent, Allocate, AllocateInNewExtent, Free, PoolActor};
@@ -8,11 +9,22 @@ use crate::backends::{Allocation, PoolError};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Location, ObjectId, PoolId};
-use crate::node::{ExtentAction, NodeCore};
+use crate::node::{ClientId, ClientRefusal, ExtentAction, NodeCore};
 use crate::protocol::messages::PoolMapping;
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Why an allocation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocationRefused {
+    /// The pool refused (full, or a bad length).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The pool is full and the client may not make the node ask for another extent now.
+    #[error(transparent)]
+    Client(ClientRefusal),
+}
 
 /// What the node shares with every client session and its node actor.
 #[derive(Clone)]
@@ -69,21 +81,43 @@ impl NodeServices {
         actor: &Addr<PoolActor>,
         pool: PoolId,
         length_bytes: u64,
-    ) -> Result<Result<Allocation, PoolError>, MailboxError> {
+    ) -> Result<Result<Allocation, AllocationRefused>, MailboxError> {
+        self.allocate_for(actor, pool, length_bytes, None).await
+    }
+
+    /// [`NodeServices::allocate`] for a store of `client`, whose extent quota an extent
+    /// request must fit (`None`: the node's own copy, unbounded by any client).
+    pub async fn allocate_for(
+        &self,
+        actor: &Addr<PoolActor>,
+        pool: PoolId,
+        length_bytes: u64,
+        client: Option<ClientId>,
+    ) -> Result<Result<Allocation, AllocationRefused>, MailboxError> {
         let first = actor.send(Allocate { length_bytes }).await?;
         let Some(extent_lock) = self.shared_pools.get(&pool) else {
-            return Ok(first);
+            return Ok(first.map_err(AllocationRefused::Pool));
         };
         if !matches!(first, Err(PoolError::Full { .. })) {
-            return Ok(first);
+            return Ok(first.map_err(AllocationRefused::Pool));
         }
         let _serialized = extent_lock.lock().await;
         let again = actor.send(Allocate { length_bytes }).await?;
         if !matches!(again, Err(PoolError::Full { .. })) {
-            return Ok(again);
+            return Ok(again.map_err(AllocationRefused::Pool));
+        }
+        if let Some(client) = client {
+            let now = self.clock.now();
+            let admitted = self
+                .core()
+                .client(client)
+                .map(|books| books.admit_extent(now));
+            if let Some(Err(refusal)) = admitted {
+                return Ok(Err(AllocationRefused::Client(refusal)));
+            }
         }
         let Ok(ExtentGrant::Granted(extent)) = self.link.grant_extent(pool).await else {
-            return Ok(again);
+            return Ok(again.map_err(AllocationRefused::Pool));
         };
         let allocated = actor
             .send(AllocateInNewExtent {
@@ -95,7 +129,7 @@ impl NodeServices {
         match allocated {
             Ok(allocation) => Ok(Ok(allocation)),
             // In use now: an empty extent goes back on the node's next round.
-            Err((error, true)) => Ok(Err(error)),
+            Err((error, true)) => Ok(Err(error.into())),
             Err((error, false)) => {
                 // Never keep an extent this node cannot use: give it back.
                 let action = self
@@ -103,7 +137,7 @@ impl NodeServices {
                     .give_back_extent(pool, extent.offset_bytes, extent.length_bytes)
                     .await;
                 self.apply_extent_action(action).await;
-                Ok(Err(error))
+                Ok(Err(error.into()))
             }
         }
     }

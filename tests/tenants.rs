@@ -1,0 +1,291 @@
+//! Tenants, as a second local user would try them: processes running as the system user
+//! `kvtier-other` (created when absent) against nodes run by this (root) process. That
+//! user cannot read a pool file nor reach a node that does not let it in; a peer no rule
+//! admits is refused at the handshake with a typed error; admitted as tenant B, it cannot
+//! see, probe, load or retire tenant A's objects, and the same key stored by both is two
+//! objects. Needs root (to create the user and run processes as it): skipped, saying so,
+//! otherwise.
+
+use kvtier::client::{Client, ClientError};
+use kvtier::ctl::objects::{ctl_namespace, key_digest};
+use kvtier::directory::{AcquireMode, DirectoryError};
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::{ObjectId, ReplicaId};
+use kvtier::node::{ClientRefusal, TenantRefusal};
+use kvtier::protocol::messages::ProtocolError;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const OTHER: &str = "kvtier-other";
+/// Where the tenant-B helper finds tenant A's object and replica (JSON).
+const HELPER_INPUT: &str = "KVTIER_TENANT_A_OBJECT";
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_kvtier"))
+}
+
+/// The uid and gid of `kvtier-other`, created if absent; `None` (with the reason printed)
+/// when this process is not root.
+fn other_user() -> Option<(u32, u32)> {
+    if std::fs::metadata("/proc/self").map(|meta| meta.uid()).ok() != Some(0) {
+        eprintln!("skipped: tests as a second local user need root");
+        return None;
+    }
+    let find = || {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+        passwd.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.first() == Some(&OTHER)).then(|| {
+                (
+                    fields[2].parse::<u32>().unwrap(),
+                    fields[3].parse::<u32>().unwrap(),
+                )
+            })
+        })
+    };
+    if find().is_none() {
+        let status = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--user-group", OTHER])
+            .status()
+            .expect("useradd runs");
+        assert!(status.success(), "useradd {OTHER}: {status}");
+    }
+    find()
+}
+
+fn small_cluster(socket_group: Option<&str>, extra_toml: &str) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        socket_group: socket_group.map(str::to_string),
+        extra_toml: extra_toml.into(),
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(exe(), &spec).unwrap()
+}
+
+/// Runs `kvtier ctl ARGS --socket SOCKET --json` as `(uid, gid)` (the standard library
+/// drops root's supplementary groups) and returns its output and its one JSON line.
+fn ctl_as(identity: (u32, u32), socket: &Path, args: &[&str]) -> (Output, serde_json::Value) {
+    let output = Command::new(exe())
+        .arg("ctl")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .arg("--json")
+        .uid(identity.0)
+        .gid(identity.1)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = serde_json::from_str(stdout.trim()).unwrap_or_else(|error| {
+        panic!(
+            "ctl {args:?} printed no JSON ({error}): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output, report)
+}
+
+fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("kvtier-tenants-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    // Readable by the other user, who runs `ctl put` on it.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    path
+}
+
+const ROOT: (u32, u32) = (0, 0);
+
+#[test]
+fn a_node_without_rules_serves_only_its_owner() {
+    let Some(other) = other_user() else { return };
+    let cluster = small_cluster(None, "");
+    let socket = cluster.socket(0).unwrap();
+    let pool = cluster.config.nodes[0].cpu_pool.path.clone();
+    let file = scratch_file("private", b"the owner's prompt");
+    let (output, report) = ctl_as(
+        ROOT,
+        &socket,
+        &["put", file.to_str().unwrap(), "--key", "k"],
+    );
+    assert!(output.status.success(), "{report}");
+    assert_eq!(report["outcome"], "stored");
+
+    // The other user can neither read the pool file nor reach the socket.
+    let cat = Command::new("cat")
+        .arg(&pool)
+        .uid(other.0)
+        .gid(other.1)
+        .output()
+        .unwrap();
+    assert!(!cat.status.success(), "{OTHER} read the pool file");
+    let (output, report) = ctl_as(other, &socket, &["probe", "--key", "k"]);
+    assert!(!output.status.success());
+    assert_eq!(report["error"], "unreachable", "{report}");
+
+    // In the socket's group, it reaches the node and is refused at the handshake.
+    let (output, report) = ctl_as((other.0, 0), &socket, &["probe", "--key", "k"]);
+    assert!(!output.status.success());
+    assert_eq!(report["error"], "unknown_peer", "{report}");
+    let message = report["message"].as_str().unwrap();
+    assert!(message.contains(&format!("uid {}", other.0)), "{message}");
+    std::fs::remove_file(file).unwrap();
+}
+
+/// Tenant A is root, tenant B the other user; each with its own salt. B may use only the
+/// ctl namespace.
+fn tenant_rules() -> String {
+    format!(
+        "\n[[tenants]]\nname = \"a\"\nuids = [0]\nnamespaces = [\"*\"]\nsalt = \"tenant-a\"\n\n[[tenants]]\nname = \"b\"\nusers = [\"{OTHER}\"]\nnamespaces = [\"kvtier-ctl\"]\nsalt = \"tenant-b\"\n"
+    )
+}
+
+#[test]
+fn tenants_neither_share_nor_touch_each_others_objects() {
+    let Some(other) = other_user() else { return };
+    let cluster = small_cluster(Some(OTHER), &tenant_rules());
+    let socket = cluster.socket(0).unwrap();
+    let a_file = scratch_file("a", b"tenant A's prompt");
+    let b_file = scratch_file("b", b"tenant B's different prompt");
+    let (output, a_put) = ctl_as(
+        ROOT,
+        &socket,
+        &["put", a_file.to_str().unwrap(), "--key", "k"],
+    );
+    assert!(output.status.success(), "{a_put}");
+
+    // B does not see A's object under the same key, and storing it makes another object.
+    let (_, probed) = ctl_as(other, &socket, &["probe", "--key", "k"]);
+    assert_eq!(probed["outcome"], "miss", "{probed}");
+    let (output, b_put) = ctl_as(
+        other,
+        &socket,
+        &["put", b_file.to_str().unwrap(), "--key", "k"],
+    );
+    assert!(output.status.success(), "{b_put}");
+    assert_eq!(b_put["outcome"], "stored", "{b_put}");
+    assert_ne!(
+        a_put["object"], b_put["object"],
+        "distinct digests per tenant"
+    );
+    let out = std::env::temp_dir().join(format!("kvtier-tenants-{}-out", std::process::id()));
+    for (identity, expected) in [(ROOT, &a_file), (other, &b_file)] {
+        let _ = std::fs::remove_file(&out);
+        let (output, got) = ctl_as(
+            identity,
+            &socket,
+            &["get", "--key", "k", "--out", out.to_str().unwrap()],
+        );
+        assert!(output.status.success(), "{got}");
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(expected).unwrap()
+        );
+    }
+
+    // B names A's object and replica directly: every request is refused.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a_object, a_replica) = runtime.block_on(async {
+        let client = Client::connect(&socket).await.unwrap();
+        let namespace = client.register_namespace(ctl_namespace()).await.unwrap();
+        let object = ObjectId {
+            namespace,
+            prefix: key_digest("k"),
+            shard: 0,
+            part: 0,
+        };
+        let views = client.load(&[object], AcquireMode::Each).await.unwrap();
+        let replica = views[0]
+            .as_ref()
+            .expect("A's object is cached")
+            .lease()
+            .replica;
+        (object, replica)
+    });
+    let helper = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "tenant_b_helper", "--nocapture"])
+        .env(
+            HELPER_INPUT,
+            serde_json::to_string(&(a_object, a_replica, &socket)).unwrap(),
+        )
+        .uid(other.0)
+        .gid(other.1)
+        .output()
+        .unwrap();
+    assert!(
+        helper.status.success() && String::from_utf8_lossy(&helper.stdout).contains("1 passed"),
+        "tenant B's helper failed:\n{}\n{}",
+        String::from_utf8_lossy(&helper.stdout),
+        String::from_utf8_lossy(&helper.stderr)
+    );
+    // A's object is still there, whole.
+    let (_, probed) = ctl_as(ROOT, &socket, &["probe", "--key", "k"]);
+    assert_eq!(probed["outcome"], "hit", "{probed}");
+    for path in [a_file, b_file, out] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Run by `tenants_neither_share_nor_touch_each_others_objects` as tenant B, with tenant
+/// A's object and replica: B can neither name A's namespace nor another model's.
+#[test]
+#[ignore = "run as tenant B by tenants_neither_share_nor_touch_each_others_objects"]
+fn tenant_b_helper() {
+    let input = std::env::var(HELPER_INPUT).expect("started by the tenant test");
+    let (a_object, a_replica, socket): (ObjectId, ReplicaId, PathBuf) =
+        serde_json::from_str(&input).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(&socket).await.unwrap();
+        let own = client.register_namespace(ctl_namespace()).await.unwrap();
+        assert_ne!(
+            own, a_object.namespace,
+            "B's salt gives B its own namespace"
+        );
+        let not_registered = |result: Result<_, ClientError>| match result {
+            Err(ClientError::Refused(ProtocolError::Client(
+                ClientRefusal::NamespaceNotRegistered(namespace),
+            ))) => assert_eq!(namespace, a_object.namespace),
+            Err(other) => panic!("refused otherwise: {other}"),
+            Ok(_) => panic!("tenant B reached tenant A's object"),
+        };
+        not_registered(client.probe(&[a_object]).await.map(drop));
+        not_registered(client.load(&[a_object], AcquireMode::Each).await.map(drop));
+        not_registered(client.retire(a_object, a_replica).await.map(drop));
+        not_registered(client.store(a_object, b"overwrite").await.map(drop));
+        // Its own object's name with A's replica: the directory refuses the pairing.
+        let own_object = ObjectId {
+            namespace: own,
+            ..a_object
+        };
+        match client.retire(own_object, a_replica).await {
+            Err(ClientError::Refused(ProtocolError::Directory(
+                DirectoryError::UnknownReplica(replica),
+            ))) => assert_eq!(replica, a_replica),
+            other => panic!("retired another tenant's replica: {other:?}"),
+        }
+        // A model its rule does not list.
+        match client
+            .register_namespace(kvtier::workload::namespace::demo_namespace())
+            .await
+        {
+            Err(ClientError::Refused(ProtocolError::Tenant(TenantRefusal::NamespaceDenied {
+                tenant,
+                ..
+            }))) => assert_eq!(tenant, "b"),
+            other => panic!("registered a denied model: {other:?}"),
+        }
+    });
+}
