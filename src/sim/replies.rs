@@ -5,7 +5,9 @@
 use super::node::{HeldLease, Purpose};
 use super::world::{Space, World, OBJECT_BYTES};
 use crate::backends::PoolError;
-use crate::directory::{AcquireOutcome, ExtentGrant, ExtentReturn, ReserveOutcome, Task, TaskKind};
+use crate::directory::{
+    AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
+};
 use crate::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{
     after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
@@ -52,7 +54,11 @@ impl World {
             replica,
             location,
         };
-        let purpose = Purpose::Commit { replica, location };
+        let purpose = Purpose::Commit {
+            replica,
+            object,
+            location,
+        };
         self.send(node, request, purpose);
     }
 
@@ -95,7 +101,7 @@ impl World {
     }
 
     /// Frees an allocation of node `node`; its bytes are gone.
-    fn free(&mut self, node: usize, location: Location) -> Result<u64, PoolError> {
+    pub(super) fn free(&mut self, node: usize, location: Location) -> Result<u64, PoolError> {
         let Some(space) = self.spaces.get(&location.pool).copied() else {
             return Err(PoolError::UnknownAllocation {
                 id: location.allocation,
@@ -123,6 +129,7 @@ impl World {
         };
         if freed.is_ok() {
             self.memory.remove(&(space, location.offset_bytes));
+            self.nodes[node].core.holdings.freed(&location);
         }
         freed
     }
@@ -130,7 +137,9 @@ impl World {
     /// A commit ended with `result`: the pages follow the node core's rule.
     pub(super) fn committed(&mut self, node: usize, result: CommitResult, purpose: Purpose) {
         let Purpose::Commit {
-            replica, location, ..
+            replica,
+            object,
+            location,
         } = purpose
         else {
             return;
@@ -139,6 +148,8 @@ impl World {
             PagesAfterCommit::Published => {
                 self.stats.covered.stores_committed += 1;
                 self.nodes[node].committed.push(replica);
+                let holding = Holding { object, location };
+                self.nodes[node].core.holdings.published(holding);
             }
             PagesAfterCommit::Keep => {}
             PagesAfterCommit::Free => {
@@ -294,6 +305,7 @@ impl World {
         };
         let purpose = Purpose::Commit {
             replica: target,
+            object,
             location,
         };
         self.send(node, request, purpose);
