@@ -258,12 +258,12 @@ impl World {
             attempts,
         };
         state.pending.insert(request_id, pending);
-        let incarnation = state.incarnation;
+        let connection = state.connection;
         self.network.send(
             &mut self.rng,
             self.now,
             node,
-            incarnation,
+            connection,
             request_id,
             Payload::Request(request),
         );
