@@ -1,5 +1,7 @@
 //! The seeded whole-cluster simulation (`kvtier sim`) at a size that fits CI: every seed
-//! must keep every invariant, and the run must have exercised what it claims to cover.
+//! must keep every invariant, and the run must have exercised what it claims to cover:
+//! directory restarts with rejoins, adoptions and paced reports, and a rejoin storm per
+//! seed (every node serving again within its computed bound).
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
 use kvtier::sim::{run_seed, run_seeds};
@@ -36,6 +38,21 @@ fn the_simulated_cluster_keeps_every_invariant() {
         ("expirations", summary.covered.expired, 100),
         ("evictions", summary.covered.evicted, 100),
         ("demotions", summary.covered.demotions, 50),
+        ("rejoins", summary.covered.rejoins, 100),
+        ("holdings adopted", summary.covered.adopted, 500),
+        (
+            "replicas kept across directory restarts",
+            summary.covered.replicas_kept_across_restarts,
+            300,
+        ),
+        ("rejoin reports paced", summary.covered.paced, 50),
+        ("rejoin storms", summary.covered.storms, 24),
+        ("storm items", summary.covered.storm_items, 500),
+        (
+            "replies while another node rejoined",
+            summary.covered.answered_beside_rejoins,
+            20,
+        ),
     ];
     for (what, count, least) in covered {
         assert!(

@@ -196,6 +196,16 @@ impl Directory {
         self.replicas.get(replica).map(|record| record.state)
     }
 
+    /// Where `object`'s READY replicas lie (the simulation checks that a rejoin re-adopted
+    /// what the node held).
+    pub fn ready_locations(&self, object: &ObjectId) -> Vec<crate::model::Location> {
+        self.replicas
+            .of_object(object)
+            .filter(|(_, replica)| replica.state == ReplicaState::Ready)
+            .map(|(_, replica)| replica.location())
+            .collect()
+    }
+
     /// Bytes held by the replica table's arrays.
     pub fn replica_memory_bytes(&self) -> usize {
         self.replicas.memory_bytes()

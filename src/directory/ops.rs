@@ -47,6 +47,10 @@ pub struct OpenReply {
     /// Items one probe, acquire or release may carry: a node refuses larger batches itself,
     /// before changing its books.
     pub batch_items_max: u32,
+    /// The directory's recovery window ([`crate::directory::Directory::recovery_window`]):
+    /// a rejoining node frees a replica the directory did not adopt only this long after
+    /// its session was lost, when no lease of the previous incarnation can be read any more.
+    pub recovery_window_ms: u64,
 }
 
 /// One object to store.

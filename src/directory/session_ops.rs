@@ -73,6 +73,7 @@ impl Directory {
             heartbeat_interval_ms: (self.config.suspect_after.as_millis() / 3) as u64,
             fence_after_ms: self.config.fence_after.as_millis() as u64,
             batch_items_max: self.config.batch_items_max,
+            recovery_window_ms: self.recovery_window().as_millis() as u64,
         })
     }
 

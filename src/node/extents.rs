@@ -58,6 +58,14 @@ impl ExtentReturns {
         ExtentReturns::default()
     }
 
+    /// The operations of every pending return.
+    pub fn operations(&self) -> Vec<OperationId> {
+        self.pending
+            .values()
+            .map(|pending| pending.operation)
+            .collect()
+    }
+
     /// The extent at `offset_bytes` of `pool` left the allocator and is offered back under
     /// `operation`. On a refusal the caller puts it back into the allocator.
     pub fn begin(

@@ -4,8 +4,9 @@
 //! so a rejoin reports exactly what the node's pools hold.
 
 use crate::directory::Holding;
+use crate::model::Timestamp;
 use crate::model::{AllocationId, Location, NamespaceDescriptor, NamespaceId, PoolId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Namespaces a node remembers for re-registration: the directory's own table bound.
 pub const NAMESPACES_MAX: usize = 1024;
@@ -16,6 +17,10 @@ pub const NAMESPACES_MAX: usize = 1024;
 pub struct Holdings {
     replicas: HashMap<(PoolId, AllocationId), Holding>,
     namespaces: BTreeMap<NamespaceId, NamespaceDescriptor>,
+    /// Replicas the directory did not adopt, forgotten but with their pages kept until the
+    /// given time: an engine may still read them under a lease of the previous incarnation.
+    /// In time order; bounded by the replicas a rejoin reports.
+    refused: VecDeque<(Timestamp, Location)>,
 }
 
 impl Holdings {
@@ -55,6 +60,30 @@ impl Holdings {
             .get(&(location.pool, location.allocation))
             .filter(|held| held.location.generation == location.generation)
             .map(|held| held.object)
+    }
+
+    /// The directory did not adopt the replica at `location`: it is no longer held, and its
+    /// pages are freed at `free_at` (see [`Holdings::due_frees`]), not before.
+    pub fn refused(&mut self, location: Location, free_at: Timestamp) {
+        self.freed(&location);
+        let at = self
+            .refused
+            .back()
+            .map_or(free_at, |(last, _)| free_at.max(*last));
+        self.refused.push_back((at, location));
+    }
+
+    /// Pages of refused replicas that may be freed now.
+    pub fn due_frees(&mut self, now: Timestamp) -> Vec<Location> {
+        let mut due = Vec::new();
+        while let Some((at, location)) = self.refused.front().copied() {
+            if at > now {
+                break;
+            }
+            self.refused.pop_front();
+            due.push(location);
+        }
+        due
     }
 
     /// Every held replica, for the rejoin report (in no particular order).
@@ -119,6 +148,18 @@ mod tests {
         );
         holdings.freed(&holding(0, 1, 5, 0).location);
         assert_eq!(holdings.replica_count(), 0);
+    }
+
+    #[test]
+    fn a_refused_replica_is_forgotten_at_once_and_freed_only_when_due() {
+        let mut holdings = Holdings::default();
+        let refused = holding(0, 1, 1, 0);
+        holdings.published(refused);
+        holdings.refused(refused.location, Timestamp(30));
+        assert_eq!(holdings.replica_count(), 0, "not reported again");
+        assert_eq!(holdings.due_frees(Timestamp(29)), vec![]);
+        assert_eq!(holdings.due_frees(Timestamp(30)), vec![refused.location]);
+        assert_eq!(holdings.due_frees(Timestamp(31)), vec![], "freed once");
     }
 
     #[test]

@@ -114,8 +114,12 @@ impl NodeCore {
     /// what holds replicas), and clients' leases leave the books (their views stay valid
     /// to their deadlines, which the directory's recovery window covers; a release of one
     /// is answered here).
+    /// Their operations end: left outstanding, they would pin the acknowledgement window
+    /// of every later session, whose ledger then fills and refuses new operations.
     pub fn session_lost(&mut self) {
-        self.returns = ExtentReturns::new();
+        for operation in std::mem::take(&mut self.returns).operations() {
+            self.operations.end(operation);
+        }
         for books in self.clients.values_mut() {
             books.forget_leases();
         }
@@ -225,6 +229,23 @@ mod tests {
             core.holdings.namespaces().len(),
             1,
             "holdings are what a rejoin reports"
+        );
+    }
+
+    #[test]
+    fn a_lost_session_ends_the_operations_of_its_returns() {
+        let mut core = NodeCore::new(CLIENT_LIMITS);
+        let lost = core.begin_return(PoolId(1), 0, 4096).unwrap();
+        core.return_answered(PoolId(1), 0, lost, None);
+        core.begin_return(PoolId(1), 4096, 4096).unwrap();
+        core.session_lost();
+        assert_eq!(core.operations.outstanding(), 0);
+        let next = core.operations.begin().unwrap();
+        core.operations.end(next);
+        assert_eq!(
+            core.operations.acknowledged_through(),
+            Some(next),
+            "the new session's window is not pinned by the old session's returns"
         );
     }
 }

@@ -19,7 +19,9 @@
 
 pub mod network;
 pub mod node;
+pub mod rejoin;
 pub mod replies;
+pub mod storm;
 pub mod world;
 
 use serde::Serialize;
@@ -58,7 +60,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         println!(
             "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
              {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
-             {} expirations, {} evictions, {} demotions",
+             {} expirations, {} evictions, {} demotions; {} rejoins, {} holdings adopted ({} refused), \
+             {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents, \
+             {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}",
             summary.seeds,
             summary.steps,
             summary.elapsed_ms as f64 / 1e3,
@@ -71,7 +75,20 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.directory_restarts,
             summary.covered.expired,
             summary.covered.evicted,
-            summary.covered.demotions
+            summary.covered.demotions,
+            summary.covered.rejoins,
+            summary.covered.adopted,
+            summary.covered.adoptions_refused,
+            summary.covered.paced,
+            summary.covered.replicas_kept_across_restarts,
+            summary.covered.replicas_superseded,
+            summary.covered.replicas_refused_for_reservations,
+            summary.covered.replicas_lost_with_extents,
+            summary.covered.extents_lost,
+            summary.covered.answered_beside_rejoins,
+            summary.covered.storms,
+            summary.covered.storm_items,
+            summary.storm_nearest_bound
         );
     }
     match summary.first_failing_seed {
@@ -95,6 +112,31 @@ pub struct Coverage {
     pub extent_returns_quarantined: u64,
     pub node_restarts: u64,
     pub directory_restarts: u64,
+    /// Sessions lost and rejoined (after a directory restart, or a fence).
+    pub rejoins: u64,
+    /// Holdings a rejoining node reported that the directory adopted (or already knew).
+    pub adopted: u64,
+    /// Holdings the directory refused to adopt (the node freed them).
+    pub adoptions_refused: u64,
+    /// Rejoin reports the directory paced (sent again next tick).
+    pub paced: u64,
+    /// Replicas a node held when the directory was killed, READY again after its rejoin.
+    pub replicas_kept_across_restarts: u64,
+    /// Replicas a node held when the directory was killed, refused on rejoining because a
+    /// newer copy was READY in the same pool.
+    pub replicas_superseded: u64,
+    /// Replicas a node held when the directory was killed, refused on rejoining because
+    /// the pool's books were full of reservations (the node's extent still held them).
+    pub replicas_refused_for_reservations: u64,
+    /// Replicas a node held when the directory was killed, lost with their extent.
+    pub replicas_lost_with_extents: u64,
+    /// Shared extents nodes gave up or were refused on rejoining.
+    pub extents_lost: u64,
+    /// Replies to a node while another node was rejoining.
+    pub answered_beside_rejoins: u64,
+    /// Rejoin storms run, and the extents and replicas their nodes reported.
+    pub storms: u64,
+    pub storm_items: u64,
     /// Replicas that left by their tier's time to live.
     pub expired: u64,
     /// Replicas evicted under pressure.
@@ -111,6 +153,18 @@ impl Coverage {
         self.extent_returns_quarantined += other.extent_returns_quarantined;
         self.node_restarts += other.node_restarts;
         self.directory_restarts += other.directory_restarts;
+        self.rejoins += other.rejoins;
+        self.adopted += other.adopted;
+        self.adoptions_refused += other.adoptions_refused;
+        self.paced += other.paced;
+        self.replicas_kept_across_restarts += other.replicas_kept_across_restarts;
+        self.replicas_lost_with_extents += other.replicas_lost_with_extents;
+        self.replicas_superseded += other.replicas_superseded;
+        self.replicas_refused_for_reservations += other.replicas_refused_for_reservations;
+        self.extents_lost += other.extents_lost;
+        self.answered_beside_rejoins += other.answered_beside_rejoins;
+        self.storms += other.storms;
+        self.storm_items += other.storm_items;
         self.expired += other.expired;
         self.evicted += other.evicted;
         self.demotions += other.demotions;
@@ -124,6 +178,8 @@ pub struct SeedReport {
     pub steps: u32,
     #[serde(flatten)]
     pub covered: Coverage,
+    /// The seed's rejoin storm.
+    pub storm: storm::StormReport,
     /// The first invariant that failed, if any.
     pub violation: Option<String>,
 }
@@ -139,18 +195,26 @@ pub struct SimSummary {
     pub first_violation: Option<String>,
     #[serde(flatten)]
     pub covered: Coverage,
+    /// The storm that came nearest its bound (the largest share of it used).
+    pub storm_nearest_bound: Option<storm::StormReport>,
     pub elapsed_ms: u64,
 }
 
-/// Runs one seed for `steps` steps. A broken invariant ends the run and is reported, never
-/// propagated as a panic.
+/// Runs one seed for `steps` steps, then a rejoin storm on a cluster of its own. A broken
+/// invariant ends the run and is reported, never propagated as a panic.
 pub fn run_seed(seed: u64, steps: u32) -> SeedReport {
     let outcome = std::panic::catch_unwind(|| {
         let mut world = world::World::new(seed);
         for _ in 0..steps {
             world.step();
         }
-        world.report(steps)
+        let mut storm = world::World::new(seed);
+        let stormed = storm.storm();
+        world.stats.covered.add(&storm.stats.covered);
+        SeedReport {
+            storm: stormed,
+            ..world.report(steps)
+        }
     });
     outcome.unwrap_or_else(|panic| {
         let reason = panic
@@ -185,12 +249,21 @@ pub fn run_seeds(
         first_failing_seed: None,
         first_violation: None,
         covered: Coverage::default(),
+        storm_nearest_bound: None,
         elapsed_ms: 0,
     };
     for seed in first..first.saturating_add(seeds) {
         let report = run_seed(seed, steps);
         progress(&report);
         summary.covered.add(&report.covered);
+        let share = |storm: &storm::StormReport| storm.took_ms * 1000 / storm.bound_ms.max(1);
+        if summary
+            .storm_nearest_bound
+            .as_ref()
+            .is_none_or(|nearest| share(&report.storm) > share(nearest))
+        {
+            summary.storm_nearest_bound = Some(report.storm.clone());
+        }
         if let Some(violation) = report.violation {
             summary.violations += 1;
             if summary.first_failing_seed.is_none() {

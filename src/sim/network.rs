@@ -25,12 +25,12 @@ pub enum Payload {
     Reply(DirectoryReply),
 }
 
-/// One message of node `node`'s connection, sent in its incarnation `incarnation` (a
-/// restarted node never receives what was meant for its previous process).
+/// One message of node `node`'s connection number `connection` (a restarted or rejoined
+/// node never receives what was meant for its previous process or session).
 #[derive(Clone, Debug)]
 pub struct Message {
     pub node: usize,
-    pub incarnation: u64,
+    pub connection: u64,
     pub request_id: u64,
     pub payload: Payload,
     deliver_at: Timestamp,
@@ -61,7 +61,7 @@ impl Network {
         rng: &mut SplitMix64,
         now: Timestamp,
         node: usize,
-        incarnation: u64,
+        connection: u64,
         request_id: u64,
         payload: Payload,
     ) {
@@ -81,7 +81,7 @@ impl Network {
             self.order += 1;
             self.in_flight.push(Message {
                 node,
-                incarnation,
+                connection,
                 request_id,
                 payload: payload.clone(),
                 deliver_at: now + delay,

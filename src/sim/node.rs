@@ -3,7 +3,8 @@
 //! extent allocator per shared pool), with one engine client. Requests go through the
 //! faulty network; a request whose reply does not come is retried with the same operation
 //! id, then resolved. A node that hears its session is gone, or whose heartbeats went
-//! unanswered for the fence window, restarts as a new process and a new epoch.
+//! unanswered for the fence window, rejoins (`rejoin`); a crashed node restarts as a new
+//! process and a new epoch.
 
 use super::network::Payload;
 use super::world::{descriptor, Space, World, CPU_POOL_OBJECTS, OBJECT_BYTES};
@@ -13,7 +14,7 @@ use crate::directory::{
     AcquireMode, DirectoryError, ExtentReturn, Lease, ReserveItem, ResolveOutcome,
 };
 use crate::model::{
-    DomainId, Location, Medium, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
+    DomainId, Location, Medium, NodeId, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
     SessionId, Timestamp,
 };
 use crate::node::{ClientId, CommitResult, Liveness, NodeCore};
@@ -63,8 +64,8 @@ pub(super) enum Purpose {
 
 #[derive(Clone, Debug)]
 pub(super) struct Pending {
-    request: DirectoryRequest,
-    purpose: Purpose,
+    pub(super) request: DirectoryRequest,
+    pub(super) purpose: Purpose,
     sent_at: Timestamp,
     attempts: u32,
 }
@@ -73,9 +74,19 @@ pub(super) struct Pending {
 pub struct SimNode {
     pub name: String,
     pub domains: Vec<DomainId>,
-    /// Bumps at every process start: replies to an earlier process are never delivered.
+    /// Bumps at every process start.
     pub incarnation: u64,
+    /// Bumps at every process start and session loss: replies meant for an earlier
+    /// process or session are never delivered.
+    pub connection: u64,
     pub session: Option<SessionId>,
+    /// The id the directory gave this node.
+    pub(super) node_id: Option<NodeId>,
+    /// The rejoin under way, if the node lost its session.
+    pub(super) rejoin: Option<super::rejoin::Rejoin>,
+    /// What the node held when the directory was last killed, and the extents it lost
+    /// since: checked when its rejoin ends.
+    pub(super) held_at_kill: Option<super::rejoin::HeldAtKill>,
     pub(super) core: NodeCore,
     pub(super) client: Option<ClientId>,
     pub(super) cpu: Option<(PoolId, PageAllocator)>,
@@ -95,7 +106,11 @@ impl SimNode {
             name: format!("node{index}"),
             domains: domains.iter().map(|domain| DomainId(*domain)).collect(),
             incarnation: 0,
+            connection: 0,
             session: None,
+            node_id: None,
+            rejoin: None,
+            held_at_kill: None,
             core: NodeCore::default(),
             client: None,
             cpu: None,
@@ -115,6 +130,33 @@ impl SimNode {
     }
 }
 
+/// The CPU pool node `node` registers (and the directory declares, under any node id).
+pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
+    PoolSpec {
+        name: format!("cpu{node}"),
+        medium: Medium::Cpu,
+        scope: Scope::Host(host),
+        capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
+        page_bytes: 4096,
+        extent_bytes: None,
+    }
+}
+
+/// The tier orders node `node` opens its sessions with: even nodes write CPU first.
+pub(super) fn media_orders(node: usize) -> (Vec<Medium>, Vec<Medium>) {
+    if node % 2 == 0 {
+        (
+            vec![Medium::Cpu, Medium::Cxl],
+            vec![Medium::Cpu, Medium::Cxl],
+        )
+    } else {
+        (
+            vec![Medium::Cxl, Medium::Cpu],
+            vec![Medium::Cpu, Medium::Cxl],
+        )
+    }
+}
+
 impl World {
     /// The process of node `node` dies: its session, books, allocators and in-flight work
     /// are gone; its engine's leases live on as orphans until their deadlines (the engine
@@ -123,6 +165,8 @@ impl World {
         let state = &mut self.nodes[node];
         self.orphan_leases.append(&mut state.leases);
         state.session = None;
+        state.rejoin = None;
+        state.held_at_kill = None;
         state.core = NodeCore::default();
         state.client = None;
         state.cpu = None;
@@ -135,18 +179,9 @@ impl World {
     /// Starts node `node` as a new process: opens a session (a new epoch), registers a
     /// fresh CPU pool and the namespace. Start-up talks to the directory directly.
     fn start(&mut self, node: usize) {
-        let (write_order, read_order) = if node % 2 == 0 {
-            (
-                vec![Medium::Cpu, Medium::Cxl],
-                vec![Medium::Cpu, Medium::Cxl],
-            )
-        } else {
-            (
-                vec![Medium::Cxl, Medium::Cpu],
-                vec![Medium::Cpu, Medium::Cxl],
-            )
-        };
+        let (write_order, read_order) = media_orders(node);
         self.nodes[node].incarnation += 1;
+        self.nodes[node].connection += 1;
         self.nodes[node].session = None;
         let opened_at = self.now;
         let DirectoryReply::Opened(opened) = self.call(
@@ -159,20 +194,21 @@ impl World {
             return;
         };
         self.nodes[node].session = Some(opened.session);
-        let spec = PoolSpec {
-            name: format!("cpu{node}"),
-            medium: Medium::Cpu,
-            scope: Scope::Host(opened.node),
-            capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
-            page_bytes: 4096,
-            extent_bytes: None,
-        };
+        self.nodes[node].node_id = Some(opened.node);
+        let spec = cpu_pool_spec(node, opened.node);
         let DirectoryReply::Pool(pool) = self.call(node, DirectoryRequest::RegisterPool(spec))
         else {
             self.nodes[node].session = None;
             return;
         };
-        self.call(node, DirectoryRequest::RegisterNamespace(descriptor()));
+        if let DirectoryReply::Namespace(id) =
+            self.call(node, DirectoryRequest::RegisterNamespace(descriptor()))
+        {
+            self.nodes[node]
+                .core
+                .holdings
+                .namespace_registered(id, descriptor());
+        }
         let space = self.nodes[node].space_of_cpu(node);
         self.spaces.insert(pool, space);
         let pages = PageAllocator::new(CPU_POOL_OBJECTS * OBJECT_BYTES, 4096, ALLOCATIONS_MAX)
@@ -228,12 +264,12 @@ impl World {
             attempts,
         };
         state.pending.insert(request_id, pending);
-        let incarnation = state.incarnation;
+        let connection = state.connection;
         self.network.send(
             &mut self.rng,
             self.now,
             node,
-            incarnation,
+            connection,
             request_id,
             Payload::Request(request),
         );
@@ -246,6 +282,13 @@ impl World {
 
     /// One thing node `node` does: start, or one engine or node action.
     pub fn node_step(&mut self, node: usize) {
+        if self.nodes[node].rejoin.is_some() {
+            // Not serving until the rejoin ends; a crash may still come.
+            if self.faults && self.rng.chance(1) {
+                self.crash(node);
+            }
+            return;
+        }
         if self.nodes[node].session.is_none() {
             if self.rng.chance(30) {
                 self.start(node);
@@ -254,8 +297,8 @@ impl World {
         }
         if self.nodes[node].core.liveness.may_be_fenced(self.now) {
             // Silent for the fence window: the directory may have fenced this session and
-            // handed its extents on. Stop writing: restart as a new epoch.
-            self.crash(node);
+            // handed its extents on. Stop writing: rejoin without them.
+            self.session_lost(node);
             return;
         }
         match self.rng.below(100) {
@@ -271,7 +314,7 @@ impl World {
             81..=92 => self.heartbeat(node),
             93..=97 => self.return_empty_extents(node),
             _ => {
-                if self.rng.chance(15) {
+                if self.faults && self.rng.chance(15) {
                     self.crash(node);
                 }
             }
@@ -296,6 +339,9 @@ impl World {
             }
         }
         let now = self.now;
+        for location in self.nodes[node].core.holdings.due_frees(now) {
+            self.free(node, location).ok();
+        }
         self.nodes[node]
             .leases
             .retain(|held| held.trusted_until > now);
@@ -438,6 +484,9 @@ impl World {
         let Some(session) = self.nodes[node].session else {
             return;
         };
+        if self.nodes[node].rejoin.is_some() {
+            return;
+        }
         let now = self.now;
         let due: Vec<u64> = self.nodes[node]
             .pending
@@ -503,8 +552,17 @@ impl World {
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
         )) = reply
         {
-            self.crash(node);
+            self.session_lost(node);
             return;
+        }
+        if let DirectoryReply::Error(ProtocolError::Directory(DirectoryError::Paced)) = reply {
+            panic!(
+                "seed={}: node {node}'s {:?} was paced: only rejoin reports are",
+                self.stats.seed, pending.request
+            );
+        }
+        if (0..self.nodes.len()).any(|other| other != node && self.nodes[other].rejoin.is_some()) {
+            self.stats.covered.answered_beside_rejoins += 1;
         }
         match (pending.request, reply) {
             (DirectoryRequest::Resolve { operation, .. }, DirectoryReply::Resolved(outcome)) => {
@@ -590,7 +648,7 @@ impl World {
 }
 
 /// The operation id a request carries, if any.
-fn operation_of(request: &DirectoryRequest) -> Option<OperationId> {
+pub(super) fn operation_of(request: &DirectoryRequest) -> Option<OperationId> {
     match request {
         DirectoryRequest::Reserve { operation, .. }
         | DirectoryRequest::Commit { operation, .. }

@@ -5,7 +5,9 @@
 use super::node::{HeldLease, Purpose};
 use super::world::{Space, World, OBJECT_BYTES};
 use crate::backends::PoolError;
-use crate::directory::{AcquireOutcome, ExtentGrant, ExtentReturn, ReserveOutcome, Task, TaskKind};
+use crate::directory::{
+    AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
+};
 use crate::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{
     after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
@@ -99,7 +101,7 @@ impl World {
     }
 
     /// Frees an allocation of node `node`; its bytes are gone.
-    fn free(&mut self, node: usize, location: Location) -> Result<u64, PoolError> {
+    pub(super) fn free(&mut self, node: usize, location: Location) -> Result<u64, PoolError> {
         let Some(space) = self.spaces.get(&location.pool).copied() else {
             return Err(PoolError::UnknownAllocation {
                 id: location.allocation,
@@ -127,6 +129,7 @@ impl World {
         };
         if freed.is_ok() {
             self.memory.remove(&(space, location.offset_bytes));
+            self.nodes[node].core.holdings.freed(&location);
         }
         freed
     }
@@ -145,6 +148,8 @@ impl World {
             PagesAfterCommit::Published => {
                 self.stats.covered.stores_committed += 1;
                 self.nodes[node].committed.push((object, replica));
+                let holding = Holding { object, location };
+                self.nodes[node].core.holdings.published(holding);
             }
             PagesAfterCommit::Keep => {}
             PagesAfterCommit::Free => {

@@ -30,9 +30,15 @@ pub const CXL_POOL_OBJECTS: u64 = 16;
 pub const EXTENT_OBJECTS: u64 = 4;
 /// Steps in a thousand at which the directory restarts.
 const DIRECTORY_RESTART_PER_MILLE: u64 = 1;
+/// The longest step of virtual time.
+pub const STEP_MS_MAX: u64 = 20;
+/// Items of one rejoin report, and rejoin items the directory takes per tick: small, so
+/// that the few replicas a simulated node holds are paced.
+pub const BATCH_ITEMS_MAX: u32 = 4;
+pub const ADOPT_ITEMS_PER_TICK: u32 = 6;
 
-/// Where bytes live, stable across directory incarnations (pool ids are not): a node
-/// process's CPU pool, or one of the shared pools.
+/// Where bytes live: a node process's CPU pool (a restarted process keeps the pool's id
+/// but not its memory), or one of the shared pools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Space {
     Cpu { node: usize, incarnation: u64 },
@@ -45,11 +51,15 @@ pub struct World {
     pub now: Timestamp,
     pub directory: Directory,
     config: DirectoryConfig,
+    /// Whether the seed's faults (directory restarts, node crashes) happen.
+    pub faults: bool,
+    /// Rejoin report items the directory took since its last tick.
+    pub tick_items: u32,
     pub network: Network,
     pub nodes: Vec<SimNode>,
     /// The directory's id of each shared pool (by domain), in its current incarnation.
     pub cxl_pools: HashMap<PoolId, u32>,
-    /// The space behind each pool id of the current directory incarnation.
+    /// The space behind each pool id.
     pub spaces: HashMap<PoolId, Space>,
     /// The object whose bytes begin at each offset of each space.
     pub memory: HashMap<(Space, u64), ObjectId>,
@@ -91,6 +101,8 @@ fn config(seed: u64) -> DirectoryConfig {
         suspect_after: Duration::from_millis(400),
         fence_after: Duration::from_millis(1200),
         ledger_entries_per_session_max: 256,
+        batch_items_max: BATCH_ITEMS_MAX,
+        adopt_items_per_tick: ADOPT_ITEMS_PER_TICK,
         hash_seed: Some(seed),
         ttl: [
             (Medium::Cpu, ttl(1_500, 500, true)),
@@ -110,6 +122,8 @@ impl World {
             now: Timestamp::ZERO,
             directory: Directory::new(config.clone()),
             config,
+            faults: true,
+            tick_items: 0,
             network: Network::new(Faults {
                 drop_percent: 5,
                 duplicate_percent: 3,
@@ -133,7 +147,22 @@ impl World {
             },
         };
         world.register_cxl_pools();
+        world.declare_nodes();
+        let until = world.now + world.directory.recovery_window();
+        world.directory.recover_until(until);
         world
+    }
+
+    /// Declares the nodes and their CPU pools in configuration order, as the directory
+    /// process does at every start: each node and pool gets the id it had before.
+    fn declare_nodes(&mut self) {
+        for node in 0..self.nodes.len() {
+            let name = self.nodes[node].name.clone();
+            let pool = super::node::cpu_pool_spec(node, crate::model::NodeId(0));
+            self.directory
+                .declare_node(&name, vec![pool])
+                .expect("a configured node declares");
+        }
     }
 
     fn register_cxl_pools(&mut self) {
@@ -158,19 +187,31 @@ impl World {
     /// The directory process dies and a new incarnation starts over the same shared pools:
     /// every session is gone, and no extent is granted before the previous incarnation's
     /// leases, grants and fences have run out.
-    fn restart_directory(&mut self) {
+    /// Nodes and pools are declared in the same order, so every id stays (checked here for
+    /// the shared pools, and by each node's rejoin for its own).
+    pub fn restart_directory(&mut self) {
         self.stats.covered.directory_restarts += 1;
         self.network.break_connections();
+        self.config.incarnation = self.config.incarnation.wrapping_add(1).max(1);
         self.directory = Directory::new(self.config.clone());
-        self.cxl_pools.clear();
-        self.spaces.clear();
+        let before = std::mem::take(&mut self.cxl_pools);
         self.register_cxl_pools();
+        assert_eq!(
+            before, self.cxl_pools,
+            "seed={}: a restarted directory gave a shared pool another id",
+            self.stats.seed
+        );
+        self.declare_nodes();
         let until = self.now + self.directory.recovery_window();
         let pools: Vec<PoolId> = self.cxl_pools.keys().copied().collect();
         for pool in pools {
             self.directory
                 .hold_extents_until(pool, until)
                 .expect("shared pools hold extents");
+        }
+        self.directory.recover_until(until);
+        for node in 0..self.nodes.len() {
+            self.nodes[node].directory_killed();
         }
     }
 
@@ -198,16 +239,25 @@ impl World {
 
     /// One step: time moves, the directory ticks, due messages arrive, one node acts.
     pub fn step(&mut self) {
-        self.now = self.now + Duration::from_millis(1 + self.rng.below(20));
+        self.now = self.now + Duration::from_millis(1 + self.rng.below(STEP_MS_MAX));
         let ticked = self.directory.tick(self.now);
+        self.tick_items = 0;
         self.stats.covered.expired += u64::from(ticked.expired);
         self.stats.covered.evicted += u64::from(ticked.evicted);
-        if self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
+        if self.faults && self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
             self.restart_directory();
         }
         for message in self.network.due(self.now) {
             self.deliver(message);
             self.directory.check_invariants();
+        }
+        // Rejoins run beside the node's other work, every node's at once (a storm).
+        let first = self.rng.below(self.nodes.len() as u64) as usize;
+        for offset in 0..self.nodes.len() {
+            let rejoining = (first + offset) % self.nodes.len();
+            if self.nodes[rejoining].rejoin.is_some() {
+                self.rejoin_step(rejoining);
+            }
         }
         let node = self.rng.below(self.nodes.len() as u64) as usize;
         self.node_step(node);
@@ -216,7 +266,7 @@ impl World {
     }
 
     fn deliver(&mut self, message: Message) {
-        if self.nodes[message.node].incarnation != message.incarnation {
+        if self.nodes[message.node].connection != message.connection {
             // That process's connection is closed.
             return;
         }
@@ -228,7 +278,7 @@ impl World {
                     &mut self.rng,
                     self.now,
                     node,
-                    message.incarnation,
+                    message.connection,
                     message.request_id,
                     Payload::Reply(reply),
                 );

@@ -188,6 +188,10 @@ async fn run_tasks(services: &NodeServices) {
             break;
         }
     }
+    let due = services.core().holdings.due_frees(services.clock.now());
+    for location in due {
+        services.free(location).await;
+    }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
 }

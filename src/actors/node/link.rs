@@ -135,6 +135,9 @@ pub struct Binding {
     pub fence_after: Duration,
     /// Items one batched request may carry at the directory.
     pub batch_items_max: usize,
+    /// The directory's recovery window: how long after a session is lost an engine may
+    /// still read under one of its leases.
+    pub recovery_window: Duration,
     /// Just before the `Open` that opened the session was sent.
     pub opened: std::time::Instant,
 }
@@ -148,6 +151,7 @@ impl Binding {
             heartbeat_interval: Duration::from_millis(opened.heartbeat_interval_ms.max(10)),
             fence_after: Duration::from_millis(opened.fence_after_ms),
             batch_items_max: opened.batch_items_max as usize,
+            recovery_window: Duration::from_millis(opened.recovery_window_ms),
             opened: sent,
         }
     }

@@ -71,6 +71,7 @@ pub async fn rejoin(
 ) -> Result<Rejoined, RejoinError> {
     let link = &services.link;
     link.stop_serving();
+    let lost_at = services.clock.now();
     let keep_extents = {
         let mut core = services.core();
         let silent_too_long = core.liveness.may_be_fenced(services.clock.now());
@@ -85,7 +86,10 @@ pub async fn rejoin(
     tracing::info!(session = %binding.session, epoch = %binding.epoch, "rejoining the directory");
     register_again(services, registration, &binding).await?;
     claim_extents(services, registration, &mut rejoined).await?;
-    adopt(services, &binding, &mut rejoined).await?;
+    // A replica the directory does not adopt may still be read under a lease of the lost
+    // session's incarnation: its pages are freed once that lease must have ended.
+    let free_refused_at = lost_at + binding.recovery_window;
+    adopt(services, &binding, free_refused_at, &mut rejoined).await?;
     link.resume_serving();
     tracing::info!(
         adopted = rejoined.adopted,
@@ -239,10 +243,12 @@ async fn lose_extent(services: &NodeServices, pool: PoolId, offset_bytes: u64, l
     );
 }
 
-/// Reports the node's READY replicas in batches; those refused are freed.
+/// Reports the node's READY replicas in batches; those refused are forgotten, their pages
+/// freed at `free_refused_at`.
 async fn adopt(
     services: &NodeServices,
     binding: &Binding,
+    free_refused_at: crate::model::Timestamp,
     rejoined: &mut Rejoined,
 ) -> Result<(), RejoinError> {
     let holdings = services.core().holdings.replicas();
@@ -259,7 +265,10 @@ async fn adopt(
             match outcome {
                 AdoptOutcome::Adopted | AdoptOutcome::Known => rejoined.adopted += 1,
                 AdoptOutcome::Refused => {
-                    services.free(holding.location).await;
+                    services
+                        .core()
+                        .holdings
+                        .refused(holding.location, free_refused_at);
                     rejoined.refused += 1;
                 }
             }
