@@ -1,4 +1,4 @@
-//! The `kvtier` command: directory, node, demo, up, bench, replay and certs.
+//! The `kvtier` command: directory, node, demo, up, bench, replay, ctl and certs.
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -48,6 +48,11 @@ enum Command {
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
+    },
+    /// Operate a running cluster through a node's socket.
+    Ctl {
+        #[command(subcommand)]
+        which: kvtier::ctl::CtlCommand,
     },
     /// Manage the cluster's certificates.
     Certs {
@@ -116,10 +121,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let exe = std::env::current_exe().context("locating this binary")?;
     match cli.command {
-        Command::Directory { config } => {
+        Command::Directory { config: path } => {
             init_tracing();
-            let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config))
+            let config = ClusterConfig::load(&path)?;
+            actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config, &path))
         }
         Command::Node { config, name } => {
             init_tracing();
@@ -140,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::Cxl(args),
         } => kvtier::bench::cxl::run(&exe, &args),
+        Command::Ctl { which } => kvtier::ctl::run(which),
         Command::Certs {
             which: CertsCommand::Init { dir, names, force },
         } => {

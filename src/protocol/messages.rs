@@ -4,14 +4,16 @@
 //! one reply with the same request id.
 
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, ExtentReturn, OpenReply,
-    ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
+    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, DrainProgress, ExtentReturn,
+    NodeStatus, OpenReply, ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem,
+    ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
     OperationId, PoolId, PoolSpec, PoolUsage, ReplicaId, SessionId,
 };
 use crate::policy::profiles::Measurement;
+use crate::reload::{ConfigChange, ReloadRefusal};
 use serde::{Deserialize, Serialize};
 
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the
@@ -134,6 +136,21 @@ pub enum DirectoryRequest {
     PollTasks {
         max: u32,
     },
+    /// The cluster as the directory sees it (`kvtier ctl status`).
+    ClusterStatus,
+    /// Re-read `cluster.toml` (`kvtier ctl reload`); the node checked the engine's rights.
+    Reload,
+    /// Drain node `node` (`kvtier ctl drain`); the node checked the engine's rights.
+    Drain {
+        node: String,
+    },
+}
+
+/// The cluster as the directory sees it: every node and every pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub nodes: Vec<NodeStatus>,
+    pub pools: Vec<PoolUsageReport>,
 }
 
 /// One registered pool's usage, as reported by `usage`.
@@ -172,6 +189,11 @@ pub enum DirectoryReply {
     Profile(Measurement),
     Usage(Vec<PoolUsageReport>),
     Tasks(Vec<Task>),
+    ClusterStatus(ClusterStatus),
+    /// What a reload applied.
+    Reloaded(ConfigChange),
+    /// A drain started (or under way), with its progress.
+    Draining(DrainProgress),
     Error(ProtocolError),
 }
 
@@ -200,6 +222,13 @@ pub enum ProtocolError {
     /// The node could not complete a local step (pool allocation, reaching the directory).
     #[error("node: {0}")]
     Node(String),
+    /// The directory refused a reload as a whole; the configuration in force stays.
+    #[error("reload refused: {0}")]
+    Reload(ReloadRefusal),
+    /// An administrative request (reload, drain) from a client that may not make it: only
+    /// a process of the node's own user may.
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
 }
 
 /// What an engine asks its local node.
@@ -235,6 +264,14 @@ pub enum ClientRequest {
     /// Starts retiring a replica this node wrote (the engine knows its id from a lease).
     Retire {
         replica: ReplicaId,
+    },
+    /// The cluster as the directory sees it.
+    ClusterStatus,
+    /// Makes the directory re-read `cluster.toml`. Administrative: node's user only.
+    Reload,
+    /// Drains node `node`. Administrative: node's user only.
+    Drain {
+        node: String,
     },
 }
 
@@ -287,6 +324,9 @@ pub enum ClientReply {
     Acquired(Vec<AcquireOutcome>),
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
+    ClusterStatus(ClusterStatus),
+    Reloaded(ConfigChange),
+    Draining(DrainProgress),
     Error(ProtocolError),
 }
 
@@ -314,6 +354,8 @@ impl ProtocolError {
                 Error::OperationAcknowledged(_) => "operation_acknowledged",
                 Error::ForeignSession => "foreign_session",
                 Error::NotDrained { .. } => "not_drained",
+                Error::Drained => "drained",
+                Error::UnknownNode(_) => "unknown_node",
             },
             ProtocolError::UnsupportedVersion { .. } => "unsupported_version",
             ProtocolError::Sequence(_) => "sequence",
@@ -321,6 +363,8 @@ impl ProtocolError {
             ProtocolError::UnknownPeer(_) => "unknown_peer",
             ProtocolError::Busy => "busy",
             ProtocolError::Node(_) => "node",
+            ProtocolError::Reload(_) => "reload",
+            ProtocolError::NotPermitted(_) => "not_permitted",
         }
     }
 }

@@ -32,6 +32,8 @@ pub enum NodeExit {
     /// The directory fenced this node's session (it was silent too long, or another
     /// process opened the same node name).
     Fenced,
+    /// The directory drained this node and ended its session: exit cleanly, do not rejoin.
+    Drained,
 }
 
 /// The node's liveness and task loops. See the module documentation.
@@ -110,6 +112,9 @@ async fn heartbeat(services: &NodeServices, exit: &tokio::sync::mpsc::Sender<Nod
     }
     match answered {
         Ok(_) => {}
+        Err(LinkError::Refused(ProtocolError::Directory(DirectoryError::Drained))) => {
+            let _ = exit.try_send(NodeExit::Drained);
+        }
         Err(LinkError::Refused(ProtocolError::Directory(
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
         ))) => {

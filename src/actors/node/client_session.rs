@@ -76,6 +76,17 @@ pub struct ClientSessionActor {
     reader: Option<OwnedReadHalf>,
     greeted: bool,
     inflight: usize,
+    /// Whether this client may make administrative requests (reload, drain): see
+    /// [`may_administer`].
+    admin: bool,
+}
+
+/// Whether the peer of `stream` may make administrative requests: only a process of the
+/// node process's own user (its effective uid, from the socket's peer credentials).
+pub fn may_administer(stream: &tokio::net::UnixStream) -> bool {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let own = unsafe { libc::geteuid() };
+    stream.peer_cred().is_ok_and(|peer| peer.uid() == own)
 }
 
 /// What admission made of a request: an answer now, or work to run detached.
@@ -92,6 +103,7 @@ impl ClientSessionActor {
         stream: tokio::net::UnixStream,
         client: ClientId,
     ) -> ClientSessionActor {
+        let admin = may_administer(&stream);
         let (reader, writer) = stream.into_split();
         ClientSessionActor {
             services,
@@ -102,6 +114,7 @@ impl ClientSessionActor {
             reader: Some(reader),
             greeted: false,
             inflight: 0,
+            admin,
         }
     }
 
@@ -236,6 +249,11 @@ impl ClientSessionActor {
                     None => Admitted::Reply(error(gone())),
                 }
             }
+            ClientRequest::Reload | ClientRequest::Drain { .. } if !self.admin => {
+                Admitted::Reply(error(ProtocolError::NotPermitted(
+                    "reload and drain are for the node's own user".into(),
+                )))
+            }
             request => Admitted::Work(Box::pin(forward(services, request)), Slots::None),
         }
     }
@@ -318,6 +336,9 @@ async fn forward(services: NodeServices, request: ClientRequest) -> (ClientReply
         }
         ClientRequest::Probe { objects } => DirectoryRequest::Probe { objects },
         ClientRequest::Retire { replica } => DirectoryRequest::Retire { replica },
+        ClientRequest::ClusterStatus => DirectoryRequest::ClusterStatus,
+        ClientRequest::Reload => DirectoryRequest::Reload,
+        ClientRequest::Drain { node } => DirectoryRequest::Drain { node },
         other => {
             let reason = format!("the node does not forward {other:?}");
             return (error(ProtocolError::Node(reason)), Change::None);
@@ -327,6 +348,9 @@ async fn forward(services: NodeServices, request: ClientRequest) -> (ClientReply
         Ok(DirectoryReply::Namespace(id)) => ClientReply::Namespace(id),
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
+        Ok(DirectoryReply::ClusterStatus(status)) => ClientReply::ClusterStatus(status),
+        Ok(DirectoryReply::Reloaded(change)) => ClientReply::Reloaded(change),
+        Ok(DirectoryReply::Draining(progress)) => ClientReply::Draining(progress),
         other => error(refusal(other)),
     };
     (reply, Change::None)
@@ -343,6 +367,9 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         ClientRequest::Acquire { .. } => Operation::Acquire,
         ClientRequest::Release { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
+        ClientRequest::ClusterStatus | ClientRequest::Reload | ClientRequest::Drain { .. } => {
+            Operation::Admin
+        }
     })
 }
 

@@ -97,6 +97,10 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         Some(NodeExit::Fenced) => {
             bail!("the directory fenced this node's session; restart it to open a new epoch")
         }
+        Some(NodeExit::Drained) => {
+            tracing::info!("the directory drained this node; exiting");
+            Ok(())
+        }
         None => {
             let _ = link.call(DirectoryRequest::Close).await;
             Ok(())
