@@ -46,7 +46,11 @@ pub fn diff(current: &ClusterConfig, new: &ClusterConfig) -> Result<ConfigChange
     check_directory_section(current, new)?;
     let mut change = ConfigChange::default();
     for pool in &current.cxl_pools {
-        match new.cxl_pools.iter().find(|candidate| candidate.name == pool.name) {
+        match new
+            .cxl_pools
+            .iter()
+            .find(|candidate| candidate.name == pool.name)
+        {
             None => return Err(not_live(format!("cxl_pools.{}", pool.name))),
             Some(candidate) => check_pool_unchanged(pool, candidate)?,
         }
@@ -130,7 +134,7 @@ mod tests {
     const BASE: &str = r#"
 [directory]
 listen = "127.0.0.1:7400"
-certs = "certs"
+certs = "/etc/kvtier-reload-test/certs"
 
 [[cxl_pools]]
 name = "cxl0"
@@ -141,7 +145,7 @@ uuid = "000000000000000000000000000000aa"
 
 [[nodes]]
 name = "node-a"
-socket = "a.sock"
+socket = "/run/kvtier-reload-test/a.sock"
 domains = [0]
 [nodes.cpu_pool]
 path = "/dev/shm/kvtier-reload-test-a"
@@ -149,7 +153,7 @@ capacity_bytes = 65536
 
 [[nodes]]
 name = "node-b"
-socket = "b.sock"
+socket = "/run/kvtier-reload-test/b.sock"
 [nodes.cpu_pool]
 path = "/dev/shm/kvtier-reload-test-b"
 capacity_bytes = 65536
@@ -158,7 +162,7 @@ capacity_bytes = 65536
     const NODE_C: &str = r#"
 [[nodes]]
 name = "node-c"
-socket = "c.sock"
+socket = "/run/kvtier-reload-test/c.sock"
 domains = [0]
 [nodes.cpu_pool]
 path = "/dev/shm/kvtier-reload-test-c"
@@ -166,11 +170,10 @@ capacity_bytes = 65536
 "#;
 
     fn load(text: &str) -> Result<ClusterConfig, String> {
-        let directory = std::env::temp_dir().join(format!(
-            "kvtier-reload-{}-{}",
-            std::process::id(),
-            blake3::hash(text.as_bytes()).to_hex()
-        ));
+        static FILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let file = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let directory =
+            std::env::temp_dir().join(format!("kvtier-reload-{}-{file}", std::process::id(),));
         std::fs::create_dir_all(&directory).map_err(|error| error.to_string())?;
         let path = directory.join("cluster.toml");
         std::fs::write(&path, text).map_err(|error| error.to_string())?;
@@ -190,7 +193,7 @@ capacity_bytes = 65536
         let current = load(BASE).unwrap();
         let text = format!(
             "{}{NODE_C}\n[[cxl_pools]]\nname = \"cxl1\"\ndomain = 1\npath = \"/dev/shm/x\"\ncapacity_bytes = 67108864\nuuid = \"000000000000000000000000000000bb\"\n",
-            BASE.replace("name = \"node-b\"\nsocket = \"b.sock\"\n", "name = \"node-d\"\nsocket = \"b.sock\"\n")
+            BASE.replace("name = \"node-b\"", "name = \"node-d\"")
                 .replace("domains = [0]\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-reload-test-a\"", "domains = [0, 1]\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-reload-test-a\"")
         );
         let change = diff(&current, &load(&text).unwrap()).unwrap();
@@ -204,7 +207,11 @@ capacity_bytes = 65536
     fn a_pool_geometry_change_is_refused_by_name() {
         let current = load(BASE).unwrap();
         for (field, from, to) in [
-            ("capacity_bytes", "capacity_bytes = 67108864", "capacity_bytes = 134217728"),
+            (
+                "capacity_bytes",
+                "capacity_bytes = 67108864",
+                "capacity_bytes = 134217728",
+            ),
             ("uuid", "0000aa\"", "0000ab\""),
         ] {
             let new = load(&BASE.replacen(from, to, 1)).unwrap();
@@ -213,7 +220,10 @@ capacity_bytes = 65536
                 Err(ReloadRefusal::NotLive(format!("cxl_pools.cxl0.{field}")))
             );
         }
-        let extent = BASE.replace("capacity_bytes = 67108864\n", "capacity_bytes = 67108864\nextent_bytes = 1048576\n");
+        let extent = BASE.replace(
+            "capacity_bytes = 67108864\n",
+            "capacity_bytes = 67108864\nextent_bytes = 1048576\n",
+        );
         assert_eq!(
             diff(&current, &load(&extent).unwrap()),
             Err(ReloadRefusal::NotLive("cxl_pools.cxl0.extent_bytes".into()))
@@ -240,7 +250,7 @@ capacity_bytes = 65536
 
     #[test]
     fn a_parse_error_names_its_line() {
-        let broken = BASE.replace("socket = \"b.sock\"", "socket = \"b.sock");
+        let broken = BASE.replace("b.sock\"", "b.sock");
         let error = load(&broken).unwrap_err();
         assert!(error.contains("line 23"), "{error}");
     }

@@ -223,7 +223,10 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
             .with_context(|| format!("the directory no longer reports {}", args.name))?;
     }
     if progress.state == DrainState::Interrupted {
-        bail!("the drain of {} was interrupted: its session was fenced or replaced", args.name);
+        bail!(
+            "the drain of {} was interrupted: its session was fenced or replaced",
+            args.name
+        );
     }
     Ok(())
 }

@@ -109,7 +109,8 @@ impl Directory {
             replicas_left,
             demotions_in_flight,
             leases_outstanding: session.map_or(0, |session| session.leases),
-            reservations_outstanding: session.map_or(0, |session| session.reservations.len() as u32),
+            reservations_outstanding: session
+                .map_or(0, |session| session.reservations.len() as u32),
         })
     }
 
@@ -176,7 +177,9 @@ impl Directory {
     fn relocatable(&self, pools: &[PoolId], max: u32) -> Vec<ReplicaId> {
         pools
             .iter()
-            .flat_map(|pool| (0..FREQUENCY_CLASSES).flat_map(|class| self.replicas.coldest(*pool, class)))
+            .flat_map(|pool| {
+                (0..FREQUENCY_CLASSES).flat_map(|class| self.replicas.coldest(*pool, class))
+            })
             .filter(|(id, replica)| replica.lease_count == 0 && !self.demoting.contains(id))
             .map(|(id, _)| id)
             .take(max as usize)

@@ -36,7 +36,9 @@ impl Directory {
                     .or_else(|| self.drains.get(&node).map(|drain| drain.session));
                 let state = match session.and_then(|session| self.session_state(session)) {
                     None => "none",
-                    Some(_) if session.is_some_and(|session| self.is_draining(session)) => "draining",
+                    Some(_) if session.is_some_and(|session| self.is_draining(session)) => {
+                        "draining"
+                    }
                     Some(state) => state.name(),
                 };
                 NodeStatus {

@@ -113,11 +113,14 @@ impl DirectoryActor {
             };
             match self.core.drain(name) {
                 Ok(_) => tracing::info!(node = %name, "removed from the configuration: draining"),
-                Err(error) => tracing::info!(node = %name, %error, "removed from the configuration"),
+                Err(error) => {
+                    tracing::info!(node = %name, %error, "removed from the configuration")
+                }
             }
             self.removed.insert(name.clone(), grant);
         }
-        self.removed.retain(|name, _| !self.grants.contains_key(name));
+        self.removed
+            .retain(|name, _| !self.grants.contains_key(name));
         self.config = new;
         Ok(change)
     }
@@ -138,7 +141,10 @@ impl DirectoryActor {
         let (mut replicas, mut leases, mut reservations) = (0, 0, 0);
         let mut per_state = [0u64; DrainState::ALL.len()];
         for drain in drains {
-            if let Some(index) = DrainState::ALL.iter().position(|state| *state == drain.state) {
+            if let Some(index) = DrainState::ALL
+                .iter()
+                .position(|state| *state == drain.state)
+            {
                 per_state[index] += 1;
             }
             if drain.state.is_active() {
@@ -260,17 +266,20 @@ impl Handler<Call> for DirectoryActor {
         let started = Instant::now();
         let operation = operation_label(&call.request);
         let grant = self.grant_for(&call.peer, &call.request);
-        let reply = if call.request == DirectoryRequest::Reload && grant.is_some() && call.session.is_some() {
+        let reply = if call.request == DirectoryRequest::Reload
+            && grant.is_some()
+            && call.session.is_some()
+        {
             match Handler::<Reload>::handle(self, Reload, context).0 {
                 Ok(change) => DirectoryReply::Reloaded(change),
                 Err(refusal) => DirectoryReply::Error(ProtocolError::Reload(refusal)),
             }
         } else {
             crate::protocol::directory::handle(
-            &mut self.core,
-            self.clock.now(),
-            &call.peer,
-            grant,
+                &mut self.core,
+                self.clock.now(),
+                &call.peer,
+                grant,
                 call.session,
                 call.request,
             )

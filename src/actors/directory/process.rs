@@ -35,9 +35,14 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     let metrics = Arc::new(Metrics::new()?);
     serve_metrics(section.metrics, metrics.clone()).await?;
     let tick_interval = section.tick_interval();
-    let directory =
-        DirectoryActor::new(core, config, config_path.to_path_buf(), metrics, tick_interval)
-            .start();
+    let directory = DirectoryActor::new(
+        core,
+        config,
+        config_path.to_path_buf(),
+        metrics,
+        tick_interval,
+    )
+    .start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     actix_rt::spawn(reload_on_hangup(directory.clone()));
     let accepting = endpoint.clone();
@@ -58,8 +63,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
 
 /// Re-reads the configuration on every SIGHUP, as `kvtier ctl reload` does.
 async fn reload_on_hangup(directory: Addr<DirectoryActor>) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-    {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(error) => {
             tracing::warn!(%error, "cannot listen for SIGHUP; reload with `kvtier ctl reload`");
