@@ -7,9 +7,11 @@
 //! * `client_session`: a `ClientSessionActor` per local engine connection (Unix socket).
 //! * `pool`: a `PoolActor` per pool (allocation and reclaim of pages).
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
+//! * `host_files`: the instance lock, the files removed by identity, the stop signals.
 
 pub mod actor;
 pub mod client_session;
+pub mod host_files;
 pub mod link;
 pub mod pool;
 pub mod process;

@@ -1,13 +1,14 @@
 //! `kvtier node`: creates the host's CPU pool, opens a session with the directory (a new
 //! epoch), registers the pool, and serves local engines on a Unix socket until a signal.
-//! On exit it closes its session and removes its socket and pool file.
+//! On exit it closes its session and removes its socket, pool file and instance lock.
 
 use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
+use super::host_files::{InstanceLock, OwnedFile, Stop};
 use super::link::{DirectoryAddress, DirectoryLink};
 use super::pool::PoolActor;
 use super::services::{lock_core, NodeServices};
-use crate::actors::process::{serve_metrics, shutdown_signal};
+use crate::actors::process::serve_metrics;
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
@@ -47,7 +48,10 @@ pub fn fresh_uuid() -> u128 {
     (u128::from(high) << 64) | u128::from(hasher.finish())
 }
 
-/// Runs node `name` until SIGINT, SIGTERM or fencing. Must run inside an actix `System`.
+/// Runs node `name` until SIGINT, SIGTERM, fencing or a drain. Must run inside an actix
+/// `System`. A stop signal at any step (pre-fault, reaching the directory, starting the
+/// pools, serving) ends it cleanly; whatever the way out, the files it created (pool file,
+/// socket, instance lock) go with it.
 pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
     let target = DirectoryAddress {
@@ -57,22 +61,71 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         node_name: section.name.clone(),
         bind: section.bind,
     };
+    let mut stop = Stop::install()?;
+    let _instance = InstanceLock::acquire(&section.socket)?;
     let pool = create_cpu_pool(&section)?;
-    // Whatever happens from here on, the pool file and the socket go with the process.
-    let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
-    let _socket_file = RemoveOnExit(section.socket.clone());
+    let _pool_file = OwnedFile::record(&section.cpu_pool.path)?;
+    if stop.requested() {
+        tracing::info!("stopped during the pool's pre-fault");
+        return Ok(());
+    }
     let core = Arc::new(Mutex::new(NodeCore::new(CLIENT_LIMITS)));
     let clock = Clock::start();
-    let link = Arc::new(open_link(target, &section, core.clone()).await?);
+    let link = tokio::select! {
+        () = stop.wait() => {
+            tracing::info!("stopped before reaching the directory");
+            return Ok(());
+        }
+        link = open_link(target, &section, core.clone()) => Arc::new(link?),
+    };
     let opened_at = clock.now() - link.opened.elapsed();
     lock_core(&core).liveness = Liveness::new(opened_at, link.fence_after);
-    // The directory formats the CXL pools before it accepts nodes: map them now.
-    let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %link.node, epoch = %link.epoch, session = %link.session, "session open");
+    let started = tokio::select! {
+        () = stop.wait() => None,
+        started = start(&config, &section, &link, core, clock, pool) => Some(started?),
+    };
+    let Some((mut exit, _socket_file)) = started else {
+        tracing::info!("stopped while starting");
+        let _ = link.call(DirectoryRequest::Close).await;
+        return Ok(());
+    };
+    let outcome = tokio::select! {
+        () = stop.wait() => None,
+        reason = exit.recv() => reason,
+    };
+    match outcome {
+        Some(NodeExit::Fenced) => {
+            bail!("the directory fenced this node's session; restart it to open a new epoch")
+        }
+        Some(NodeExit::Drained) => {
+            tracing::info!("the directory drained this node; exiting");
+            Ok(())
+        }
+        None => {
+            let _ = link.call(DirectoryRequest::Close).await;
+            Ok(())
+        }
+    }
+}
+
+/// Maps the CXL pools, registers and probes every pool, starts the node's actors and
+/// serves clients. Returns the channel on which the node actor reports a fatal exit, and
+/// the socket file.
+async fn start(
+    config: &ClusterConfig,
+    section: &NodeSection,
+    link: &Arc<DirectoryLink>,
+    core: Arc<Mutex<NodeCore>>,
+    clock: Clock,
+    pool: CpuPool,
+) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
+    // The directory formats the CXL pools before it accepts nodes: map them now.
+    let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
-    let (pools, mappings) = start_pools(&link, &metrics, &section, pool, cxl_pools).await?;
+    let (pools, mappings) = start_pools(link, &metrics, section, pool, cxl_pools).await?;
     serve_metrics(section.metrics, metrics.clone()).await?;
-    let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
+    let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
         .iter()
         .filter(|mapping| mapping.medium == Medium::Cxl)
@@ -88,24 +141,8 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         clock,
     };
     NodeActor::new(services.clone(), TASK_INTERVAL, exit_sender).start();
-    serve_clients(&section, services).await?;
-    let outcome = tokio::select! {
-        signal = shutdown_signal() => signal.map(|()| None),
-        reason = exit.recv() => Ok(reason),
-    };
-    match outcome? {
-        Some(NodeExit::Fenced) => {
-            bail!("the directory fenced this node's session; restart it to open a new epoch")
-        }
-        Some(NodeExit::Drained) => {
-            tracing::info!("the directory drained this node; exiting");
-            Ok(())
-        }
-        None => {
-            let _ = link.call(DirectoryRequest::Close).await;
-            Ok(())
-        }
-    }
+    let socket_file = serve_clients(section, services).await?;
+    Ok((exit, socket_file))
 }
 
 /// Registers the CPU pool, probes every pool and reports what it measured, and starts a
@@ -161,12 +198,14 @@ fn mapping_of(pool: PoolId, medium: Medium, memory: &SharedMemory) -> PoolMappin
 }
 
 /// Binds the node's Unix socket and serves each admitted client with a session actor.
-async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow::Result<()> {
+/// Returns the socket file, removed when it is dropped.
+async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow::Result<OwnedFile> {
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup).await?;
+    let socket_file = OwnedFile::record(&section.socket)?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
     actix_rt::spawn(async move {
         loop {
@@ -181,7 +220,7 @@ async fn serve_clients(section: &NodeSection, services: NodeServices) -> anyhow:
             }
         }
     });
-    Ok(())
+    Ok(socket_file)
 }
 
 /// Probes a shared pool through an extent granted for the probe (unused, so the probe may
@@ -251,15 +290,6 @@ async fn report_probe(
         Ok(DirectoryReply::Profile(_)) => {}
         Ok(other) => tracing::warn!(?other, ?pool, "profile report refused"),
         Err(error) => tracing::warn!(%error, ?pool, "profile report failed"),
-    }
-}
-
-/// Removes a file this process created when the process leaves `run`, on every path.
-struct RemoveOnExit(std::path::PathBuf);
-
-impl Drop for RemoveOnExit {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 
