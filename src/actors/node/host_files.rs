@@ -7,6 +7,7 @@
 use anyhow::{bail, Context};
 use futures_util::FutureExt;
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -74,15 +75,17 @@ impl InstanceLock {
             .truncate(false)
             .open(&path)
             .with_context(|| format!("opening the instance lock {}", path.display()))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => bail!(
-                "another instance of this node runs on this host (it holds {}); stop it first",
-                path.display()
-            ),
-            Err(std::fs::TryLockError::Error(error)) => {
-                return Err(error).with_context(|| format!("locking {}", path.display()))
+        // SAFETY: flock(2) on a descriptor this function owns; it changes no memory.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                bail!(
+                    "another instance of this node runs on this host (it holds {}); stop it first",
+                    path.display()
+                );
             }
+            return Err(error).with_context(|| format!("locking {}", path.display()));
         }
         // The file locked must still be the one at `path`: an instance that was just
         // leaving may have removed it after this one opened it.
