@@ -59,6 +59,9 @@ pub struct ClusterSpec {
     pub socket_group: Option<String>,
     /// Text appended to `cluster.toml`: top-level tables such as `[[tenants]]` rules.
     pub extra_toml: String,
+    /// Nodes with a certificate but no section yet: [`LocalCluster::add_node`] adds them
+    /// to `cluster.toml` later, as an operator scaling out does.
+    pub spare_nodes: usize,
 }
 
 impl Default for ClusterSpec {
@@ -80,6 +83,7 @@ impl Default for ClusterSpec {
             reservation_duration_ms: 30_000,
             socket_group: None,
             extra_toml: String::new(),
+            spare_nodes: 0,
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct LocalCluster {
     pub config_path: PathBuf,
     pub config: ClusterConfig,
     exe: PathBuf,
+    /// What the cluster's file names carry (`/dev/shm/kvtier-<tag>-...`), and its spec.
+    tag: String,
+    spec: ClusterSpec,
     directory: Option<Child>,
     nodes: Vec<(String, Option<Child>)>,
     /// The network namespace of each node, when they have one.
@@ -295,7 +302,7 @@ fn cluster_toml(
         spec.policy_time_scale,
         spec.reservation_duration_ms,
     );
-    let domains = if spec.cxl_pool_bytes > 0 {
+    if spec.cxl_pool_bytes > 0 {
         toml.push_str(&format!(
             "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",
             spec.cxl_pool_bytes,
@@ -303,15 +310,7 @@ fn cluster_toml(
             spec.cxl_extent_bytes,
             crate::actors::node::process::fresh_uuid(),
         ));
-        "[0]"
-    } else {
-        "[]"
-    };
-    let write_order: Vec<String> = spec
-        .write_order
-        .iter()
-        .map(|medium| format!("\"{}\"", medium.name()))
-        .collect();
+    }
     let peers = names.iter().map(String::as_str).chain([BENCH_PEER]);
     for (index, name) in peers.enumerate() {
         let reach = match namespaces.get(index) {
@@ -328,20 +327,41 @@ fn cluster_toml(
         };
         // A node inside its own namespace serves no metrics this process could reach.
         let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
-        let group = match &spec.socket_group {
-            Some(group) => format!("socket_group = \"{group}\"\n"),
-            None => String::new(),
-        };
-        toml.push_str(&format!(
-            "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
-            metrics_address(metrics)?,
-            write_order.join(", "),
-            spec.cpu_pool_bytes,
-            spec.page_bytes,
-        ));
+        toml.push_str(&node_toml(spec, tag, name, &reach, metrics)?);
     }
     toml.push_str(&spec.extra_toml);
     Ok(toml)
+}
+
+/// The `[[nodes]]` section of node `name`, reaching the directory as `reach` says.
+fn node_toml(
+    spec: &ClusterSpec,
+    tag: &str,
+    name: &str,
+    reach: &str,
+    metrics: bool,
+) -> anyhow::Result<String> {
+    let domains = if spec.cxl_pool_bytes > 0 { "[0]" } else { "[]" };
+    let write_order: Vec<String> = spec
+        .write_order
+        .iter()
+        .map(|medium| format!("\"{}\"", medium.name()))
+        .collect();
+    let metrics = if metrics {
+        format!("metrics = \"{}\"\n", free_tcp_port()?)
+    } else {
+        String::new()
+    };
+    let group = match &spec.socket_group {
+        Some(group) => format!("socket_group = \"{group}\"\n"),
+        None => String::new(),
+    };
+    Ok(format!(
+        "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{metrics}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+        write_order.join(", "),
+        spec.cpu_pool_bytes,
+        spec.page_bytes,
+    ))
 }
 
 impl LocalCluster {
@@ -409,6 +429,7 @@ impl LocalCluster {
         created.root = Some(root.to_path_buf());
         let names: Vec<String> = (0..spec.nodes).map(node_name).collect();
         let mut certificate_names = names.clone();
+        certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
         certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
         tls::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
         // With namespaces, every node gets a veth pair to the root namespace; the directory
@@ -435,6 +456,8 @@ impl LocalCluster {
             config_path,
             config,
             exe: exe.to_path_buf(),
+            tag: tag.to_string(),
+            spec: spec.clone(),
             directory: None,
             nodes: Vec::new(),
             namespaces: namespaces
@@ -580,13 +603,6 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// The process id of node `index` while it runs (`None` once it exited).
-    pub fn node_pid(&mut self, index: usize) -> Option<u32> {
-        let (_, child) = self.nodes.get_mut(index)?;
-        let child = child.as_mut()?;
-        matches!(child.try_wait(), Ok(None)).then(|| child.id())
-    }
-
     /// Starts node `index` again (a new epoch) and waits until it serves clients.
     pub fn restart_node(&mut self, index: usize) -> anyhow::Result<()> {
         self.kill_node(index)?;
@@ -670,6 +686,76 @@ fn create_namespaces(
 }
 
 impl LocalCluster {
+    /// Adds the next node (a spare one: it has a certificate) to `cluster.toml`, as an
+    /// operator scaling out does, without telling the directory (reload it) or starting the
+    /// node ([`LocalCluster::start_node`]). Returns its index. Loopback clusters only.
+    pub fn add_node(&mut self) -> anyhow::Result<usize> {
+        if self.uses_namespaces() {
+            bail!("adding a node to a cluster of network namespaces is not supported");
+        }
+        let index = self.nodes.len();
+        let name = node_name(index);
+        let section = node_toml(&self.spec, &self.tag, &name, "", self.spec.metrics)?;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.config_path)?;
+        std::io::Write::write_all(&mut file, section.as_bytes())?;
+        self.config = ClusterConfig::load(&self.config_path)?;
+        self.created
+            .files
+            .push(self.config.node(&name)?.cpu_pool.path.clone());
+        self.nodes.push((name, None));
+        Ok(index)
+    }
+
+    /// Starts node `index` (one that is not running) and waits until it serves clients.
+    pub fn start_node(&mut self, index: usize) -> anyhow::Result<()> {
+        let name = self.nodes.get(index).context("no such node")?.0.clone();
+        let namespace = self.namespaces.get(index).cloned();
+        let child = self.spawn(namespace.as_deref(), &["node", "--name", &name])?;
+        self.nodes[index].1 = Some(child);
+        self.wait_ready(index)
+    }
+
+    /// Stops node `index` with SIGTERM, as a service manager does, and waits for it.
+    pub fn stop_node(&mut self, index: usize) -> anyhow::Result<std::process::ExitStatus> {
+        let Some((_, Some(mut child))) = self
+            .nodes
+            .get_mut(index)
+            .map(|(name, child)| (name.clone(), child.take()))
+        else {
+            bail!("node {index} is not running here");
+        };
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        Ok(child.wait()?)
+    }
+
+    /// The process id of node `index`, while it runs under this cluster.
+    pub fn node_pid(&self, index: usize) -> Option<u32> {
+        self.nodes.get(index)?.1.as_ref().map(Child::id)
+    }
+
+    /// The process id of the directory.
+    pub fn directory_pid(&self) -> Option<u32> {
+        self.directory.as_ref().map(Child::id)
+    }
+
+    /// Whether node `index` still runs (`None`), or how it exited.
+    pub fn node_exit(&mut self, index: usize) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        match self.nodes.get_mut(index) {
+            Some((_, Some(child))) => Ok(child.try_wait()?),
+            _ => bail!("node {index} was not started here"),
+        }
+    }
+
+    /// Whether the directory still runs.
+    pub fn directory_runs(&mut self) -> bool {
+        self.directory
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     /// Whether the nodes run in network namespaces of their own.
     pub fn uses_namespaces(&self) -> bool {
         !self.namespaces.is_empty()

@@ -21,6 +21,7 @@ pub mod model;
 pub mod node;
 pub mod policy;
 pub mod protocol;
+pub mod reload;
 pub mod replay;
 pub mod sim;
 pub mod wire;

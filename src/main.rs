@@ -49,7 +49,8 @@ enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
-    /// Talk to a running cluster: objects by key through a node's socket.
+    /// Operate a running cluster through a node's socket: objects by key, status, reload
+    /// and drain.
     Ctl {
         #[command(subcommand)]
         which: kvtier::ctl::CtlCommand,
@@ -126,10 +127,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let exe = std::env::current_exe().context("locating this binary")?;
     match cli.command {
-        Command::Directory { config } => {
+        Command::Directory { config: path } => {
             init_tracing();
-            let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config))
+            let config = ClusterConfig::load(&path)?;
+            actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config, &path))
         }
         Command::Node { config, name } => {
             init_tracing();
@@ -156,7 +157,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::ChaosClient(args),
         } => kvtier::bench::chaos_client::run(&args),
-        Command::Ctl { which } => kvtier::ctl::run(&which),
+        Command::Ctl { which } => kvtier::ctl::run(which),
         Command::Certs {
             which: CertsCommand::Init { dir, names, force },
         } => {

@@ -1,12 +1,13 @@
-//! `kvtier ctl`: operator commands against a running cluster, for debugging a host and for
-//! tests. `objects` stores, loads and probes objects by key through a node's socket, as an
-//! engine would.
+//! `kvtier ctl`: operator commands, spoken to a node's Unix socket as an engine would, for
+//! debugging a host and for tests. `objects` stores, loads and probes objects by key;
+//! `cluster` holds the cluster commands (status, reload, drain).
 
+pub mod cluster;
 pub mod objects;
 
 use clap::Subcommand;
 
-/// The `kvtier ctl` subcommands.
+/// A `kvtier ctl` command.
 #[derive(Subcommand)]
 pub enum CtlCommand {
     /// Store a file's bytes under a key through a node's socket.
@@ -15,13 +16,23 @@ pub enum CtlCommand {
     Get(objects::GetArgs),
     /// Say whether the object of a key is cached where the node can read it.
     Probe(objects::ProbeArgs),
+    /// Show the cluster as the directory sees it: nodes, epochs, sessions, drains, pools.
+    Status(cluster::StatusArgs),
+    /// Make the directory re-read cluster.toml (as SIGHUP does); a refusal names the reason.
+    Reload(cluster::ReloadArgs),
+    /// Drain a node: nothing new is placed there, what is worth keeping is relocated, its
+    /// leases end, then its session ends and it exits.
+    Drain(cluster::DrainArgs),
 }
 
 /// Runs one `kvtier ctl` command.
-pub fn run(command: &CtlCommand) -> anyhow::Result<()> {
+pub fn run(command: CtlCommand) -> anyhow::Result<()> {
     match command {
-        CtlCommand::Put(args) => objects::put(args),
-        CtlCommand::Get(args) => objects::get(args),
-        CtlCommand::Probe(args) => objects::probe(args),
+        CtlCommand::Put(args) => objects::put(&args),
+        CtlCommand::Get(args) => objects::get(&args),
+        CtlCommand::Probe(args) => objects::probe(&args),
+        CtlCommand::Status(args) => cluster::status(&args),
+        CtlCommand::Reload(args) => cluster::reload(&args),
+        CtlCommand::Drain(args) => cluster::drain(&args),
     }
 }

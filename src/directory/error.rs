@@ -95,4 +95,11 @@ pub enum DirectoryError {
     /// `close` while the session still holds leases or reservations; release them first.
     #[error("session not drained: {leases} leases, {reservations} reservations")]
     NotDrained { leases: u32, reservations: u32 },
+    /// The directory drained this node and ended its session. The node exits cleanly and
+    /// removes its files; it does not rejoin (unlike after `UnknownSession` or `Fenced`).
+    #[error("this node was drained; its session ended")]
+    Drained,
+    /// No node of that name has an open session to drain.
+    #[error("no node `{0}` with an open session")]
+    UnknownNode(String),
 }

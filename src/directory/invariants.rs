@@ -226,7 +226,7 @@ impl Directory {
                 );
                 assert!(matches!(
                     session.state,
-                    SessionState::Fenced | SessionState::Closed
+                    SessionState::Fenced | SessionState::Closed | SessionState::Drained
                 ));
             }
         }

@@ -25,6 +25,7 @@ impl Directory {
         let expired_leases = self.expire_leases(now);
         let expired_reservations = self.expire_reservations(now);
         let transitions = self.advance_silent_sessions(now);
+        self.advance_drains(now);
         TickReport {
             expired_leases,
             expired_reservations,
@@ -185,7 +186,7 @@ impl Directory {
                 SessionState::Live => counts.sessions_live += 1,
                 SessionState::Suspect => counts.sessions_suspect += 1,
                 SessionState::Fenced => counts.sessions_fenced += 1,
-                SessionState::Closed => {}
+                SessionState::Closed | SessionState::Drained => {}
             }
         }
         counts

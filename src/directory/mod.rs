@@ -17,7 +17,7 @@
 //! (open, heartbeat, close, fencing), `registry` (pools, profiles, namespaces), `store`
 //! (reserve, commit, abort, resolve, reservation deadlines), `load` (probe, acquire,
 //! release, leases), `reclaim` (retire, reclaim tasks, freeing), `extents` (shared-pool
-//! extents), `maintenance` (tick, eviction, access history, reports), `demotion` and
+//! extents), `maintenance` (tick, eviction, access history, reports), `drain` (a node's graceful way out), `status` (nodes as `ctl status` shows them), `demotion` and
 //! `expiry` (leaving a tier), `idempotency` (the ledger check of reserve, commit and
 //! grant_extent) and `invariants`. The records they work on are in `sessions`, `pools`,
 //! `replicas`, `leases` and `ledger`; the messages in `ops`.
@@ -25,6 +25,7 @@
 mod adoption;
 pub mod config;
 mod demotion;
+pub mod drain;
 pub mod error;
 mod expiry;
 mod extents;
@@ -41,14 +42,17 @@ mod registry;
 mod replicas;
 mod session_ops;
 mod sessions;
+pub mod status;
 mod store;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::DirectoryConfig;
+pub use drain::{DrainProgress, DrainState};
 pub use error::{DirectoryError, Table};
 pub use ops::*;
 pub use replicas::ReplicaState;
 pub use sessions::SessionState;
+pub use status::NodeStatus;
 
 use crate::model::{
     NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope,
@@ -149,6 +153,8 @@ pub struct Directory {
     history: History,
     /// This incarnation's recovery window and rejoin budget ([`adoption`]).
     recovery: adoption::Recovery,
+    /// Drains started, one per node at most (bounded by `nodes_max`).
+    drains: HashMap<NodeId, drain::DrainRecord>,
 }
 
 impl Directory {
@@ -177,6 +183,7 @@ impl Directory {
                 adopted: false,
                 budget: config.adopt_items_per_tick,
             },
+            drains: HashMap::new(),
             config,
         }
     }
@@ -184,6 +191,11 @@ impl Directory {
     /// The configuration in force.
     pub fn config(&self) -> &DirectoryConfig {
         &self.config
+    }
+
+    /// The `now` of the latest `tick` (zero before the first): a time no later than now.
+    pub fn latest_time(&self) -> Timestamp {
+        self.latest_tick
     }
 }
 

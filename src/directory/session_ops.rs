@@ -130,6 +130,7 @@ impl Directory {
     pub(super) fn open_session(&self, session: SessionId) -> Result<&Session, DirectoryError> {
         match self.sessions.get(&session) {
             None => Err(DirectoryError::UnknownSession),
+            Some(record) if record.state == SessionState::Drained => Err(DirectoryError::Drained),
             Some(record) if !record.is_open() => Err(DirectoryError::Fenced {
                 epoch: record.epoch,
             }),
@@ -143,6 +144,7 @@ impl Directory {
     ) -> Result<&mut Session, DirectoryError> {
         match self.sessions.get_mut(&session) {
             None => Err(DirectoryError::UnknownSession),
+            Some(record) if record.state == SessionState::Drained => Err(DirectoryError::Drained),
             Some(record) if !record.is_open() => Err(DirectoryError::Fenced {
                 epoch: record.epoch,
             }),
@@ -212,7 +214,7 @@ impl Directory {
     }
 
     /// The host pools `session` registered.
-    fn host_pools_of(&self, session: SessionId) -> Vec<PoolId> {
+    pub(super) fn host_pools_of(&self, session: SessionId) -> Vec<PoolId> {
         (0..self.pools.len())
             .filter(|&index| self.pools[index].owner_session == Some(session))
             .map(|index| PoolId(index as u32))

@@ -18,6 +18,9 @@ pub enum SessionState {
     Fenced,
     /// Closed after draining.
     Closed,
+    /// Ended by the directory at the end of a drain (`kvtier ctl drain`, or the node's
+    /// section removed from `cluster.toml`): the node exits cleanly and does not rejoin.
+    Drained,
 }
 
 impl SessionState {
@@ -28,6 +31,7 @@ impl SessionState {
             SessionState::Suspect => "suspect",
             SessionState::Fenced => "fenced",
             SessionState::Closed => "closed",
+            SessionState::Drained => "drained",
         }
     }
 }

@@ -151,6 +151,10 @@ impl Directory {
         object: &ObjectId,
         length_bytes: u64,
     ) -> Option<(PoolId, u64)> {
+        // A node being drained gets nothing new: its stores are skipped.
+        if self.is_draining(session_id) {
+            return None;
+        }
         let candidates = session
             .write_order
             .iter()

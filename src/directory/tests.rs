@@ -1970,3 +1970,169 @@ fn a_shared_pool_is_priced_by_its_most_conservative_report() {
     assert_eq!(after_a_again.read_bandwidth_bytes_per_s, 1e11);
     assert_eq!(after_a_again.read_latency_us, 0.1);
 }
+
+/// Runs the demote tasks `node` has: each copy is committed into `cxl` at a fresh extent.
+fn commit_demotions(fixture: &mut Fixture, node: &NodeHandle, cxl: PoolId) -> usize {
+    let tasks = fixture
+        .directory
+        .poll_tasks(fixture.now, node.session, 16)
+        .unwrap();
+    let mut committed = 0;
+    for task in tasks {
+        let TaskKind::Demote { source, target, .. } = task.kind else {
+            continue;
+        };
+        let ExtentGrant::Granted(extent) = fixture
+            .grant_extent(fixture.now, node.session, cxl)
+            .unwrap()
+        else {
+            panic!("no extent for the demotion")
+        };
+        let copy = Location {
+            pool: cxl,
+            offset_bytes: extent.offset_bytes,
+            ..source
+        };
+        let operation = fixture.operation();
+        assert_eq!(
+            fixture
+                .directory
+                .commit(fixture.now, node.session, operation, target, copy),
+            Ok(CommitOutcome::Committed)
+        );
+        committed += 1;
+    }
+    committed
+}
+
+#[test]
+fn a_drain_relocates_what_is_worth_keeping_waits_for_leases_then_ends_as_drained() {
+    let mut fixture = Fixture::new();
+    let cxl = fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    let objects: Vec<ObjectId> = (0..2).map(|index| fixture.object(index)).collect();
+    for object in &objects {
+        fixture.store(&a, *object, MIB);
+    }
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, objects[1]) else {
+        panic!("a hit")
+    };
+    let progress = fixture.directory.drain("a").unwrap();
+    assert_eq!(progress.state, DrainState::Relocating);
+    assert_eq!(
+        (progress.replicas_left, progress.leases_outstanding),
+        (2, 1)
+    );
+    assert_eq!(
+        fixture.directory.drain("a"),
+        Ok(progress),
+        "draining again reports the drain under way"
+    );
+    assert_eq!(
+        fixture.reserve(&a, fixture.object(9), MIB),
+        ReserveOutcome::Skip,
+        "nothing new is placed on a draining node"
+    );
+    fixture.directory.tick(fixture.now);
+    fixture.directory.check_invariants();
+    assert_eq!(
+        commit_demotions(&mut fixture, &a, cxl),
+        1,
+        "the leased replica waits"
+    );
+    fixture.directory.tick(fixture.now);
+    let progress = fixture.directory.drain_progress(a.node).unwrap();
+    assert_eq!(
+        (progress.state, progress.replicas_left),
+        (DrainState::Relocating, 1)
+    );
+    fixture
+        .directory
+        .release(a.session, &[lease.lease])
+        .unwrap();
+    fixture.directory.tick(fixture.now);
+    assert_eq!(commit_demotions(&mut fixture, &a, cxl), 1);
+    fixture.directory.tick(fixture.now);
+    fixture.directory.check_invariants();
+    let progress = fixture.directory.drain_progress(a.node).unwrap();
+    assert_eq!(
+        (progress.state, progress.replicas_left),
+        (DrainState::Drained, 0)
+    );
+    assert_eq!(
+        fixture.directory.heartbeat(fixture.now, a.session, None),
+        Err(DirectoryError::Drained),
+        "the node learns it was drained, distinct from fenced"
+    );
+    assert_eq!(
+        fixture.directory.probe(b.session, &objects).unwrap(),
+        vec![
+            ProbeOutcome::Hit {
+                medium: Medium::Cxl,
+                length_bytes: MIB
+            };
+            2
+        ],
+        "what a kept is a hit for b"
+    );
+    let statuses = fixture.directory.node_statuses();
+    assert_eq!(statuses[0].state, "drained");
+    assert_eq!(statuses[1].state, "live");
+}
+
+#[test]
+fn a_drain_waits_for_leases_of_shared_replicas_and_a_reopen_interrupts_it() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(8 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let object = fixture.object(1);
+    fixture.store(&a, object, MIB);
+    let AcquireOutcome::Leased(lease) = fixture.acquire_one(&a, object) else {
+        panic!("a hit")
+    };
+    fixture.directory.drain("a").unwrap();
+    assert_eq!(fixture.directory.node_statuses()[0].state, "draining");
+    fixture.directory.tick(fixture.now);
+    let progress = fixture.directory.drain_progress(a.node).unwrap();
+    assert_eq!(progress.state, DrainState::AwaitingLeases);
+    assert_eq!(progress.leases_outstanding, 1);
+    fixture
+        .directory
+        .release(a.session, &[lease.lease])
+        .unwrap();
+    fixture.directory.tick(fixture.now);
+    assert_eq!(
+        fixture.directory.drain_progress(a.node).unwrap().state,
+        DrainState::Drained
+    );
+    assert!(matches!(
+        fixture.directory.probe(a.session, &[object]),
+        Err(DirectoryError::Drained)
+    ));
+    assert_eq!(
+        fixture.directory.drain("nobody"),
+        Err(DirectoryError::UnknownNode("nobody".into()))
+    );
+    assert_eq!(
+        fixture.directory.drain("a"),
+        Err(DirectoryError::UnknownNode("a".into())),
+        "a drained node has no session left to drain"
+    );
+    let c = fixture.node("c", MIB);
+    fixture.directory.drain("c").unwrap();
+    let reopened = fixture.node("c", MIB);
+    fixture.directory.tick(fixture.now);
+    assert_eq!(
+        fixture.directory.drain_progress(c.node).unwrap().state,
+        DrainState::Interrupted
+    );
+    assert!(
+        matches!(
+            fixture.reserve(&reopened, fixture.object(2), MIB),
+            ReserveOutcome::Granted { .. }
+        ),
+        "the new session is not drained"
+    );
+    fixture.directory.check_invariants();
+}

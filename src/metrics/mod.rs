@@ -98,6 +98,8 @@ label_enum!(
         CompleteTask => "complete_task",
         /// A rejoining node's extent claims and adopted replicas.
         Rejoin => "rejoin",
+        /// Cluster status, reload and drain (`kvtier ctl`).
+        Admin => "admin",
     }
 );
 
@@ -165,6 +167,9 @@ pub struct Metrics {
     evictions_total: IntCounter,
     expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
+    drains: IntGaugeVec,
+    drain_pending: IntGaugeVec,
+    reloads_total: IntCounterVec,
     label_drops_total: IntCounter,
     accept_backoffs_total: IntCounter,
     client_refusals_total: IntCounterVec,
@@ -240,6 +245,21 @@ impl Metrics {
                 "kvtier_expirations_total",
                 "READY replicas that outlived their tier's time to live, retired or demoted.",
             )?,
+            drains: IntGaugeVec::new(
+                Opts::new("kvtier_drains", "Node drains, by state."),
+                &["state"],
+            )?,
+            drain_pending: IntGaugeVec::new(
+                Opts::new(
+                    "kvtier_drain_pending",
+                    "What active drains still wait for: replicas to relocate, leases and reservations to end.",
+                ),
+                &["what"],
+            )?,
+            reloads_total: IntCounterVec::new(
+                Opts::new("kvtier_reloads_total", "Configuration reloads, by outcome."),
+                &["outcome"],
+            )?,
             label_drops_total: IntCounter::new(
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
@@ -298,6 +318,11 @@ impl Metrics {
             .register(Box::new(self.expirations_total.clone()))?;
         self.registry
             .register(Box::new(self.medium_bytes.clone()))?;
+        self.registry.register(Box::new(self.drains.clone()))?;
+        self.registry
+            .register(Box::new(self.drain_pending.clone()))?;
+        self.registry
+            .register(Box::new(self.reloads_total.clone()))?;
         self.registry
             .register(Box::new(self.label_drops_total.clone()))?;
         self.registry
@@ -422,6 +447,25 @@ impl Metrics {
         self.client_refusals_total
             .with_label_values(&[reason])
             .inc();
+    }
+
+    /// Sets the number of node drains in `state` (a [`crate::directory::DrainState`] name).
+    pub fn set_drains(&self, state: &'static str, drain_count: u64) {
+        self.drains
+            .with_label_values(&[state])
+            .set(saturating_i64(drain_count));
+    }
+
+    /// Sets what active drains still wait for: `replicas`, `leases` or `reservations`.
+    pub fn set_drain_pending(&self, what: &'static str, count: u64) {
+        self.drain_pending
+            .with_label_values(&[what])
+            .set(saturating_i64(count));
+    }
+
+    /// Counts one configuration reload, `applied` or `refused`.
+    pub fn add_reload(&self, outcome: &'static str) {
+        self.reloads_total.with_label_values(&[outcome]).inc();
     }
 
     /// Sets the number of read leases held now.

@@ -205,9 +205,9 @@ mod tests {
         let client = core.connect_client().unwrap();
         let now = Timestamp::ZERO;
         let books = core.client(client).unwrap();
-        books.admit_acquire(1, now).unwrap();
+        books.admit_acquire(&[], now).unwrap();
         books.leases_granted(
-            1,
+            0,
             vec![(LeaseId(9), now + std::time::Duration::from_secs(30))],
         );
         let operation = core.begin_return(PoolId(1), 0, 4096).unwrap();

@@ -2,7 +2,9 @@
 //! certificate name, the session handshake (`Open`, `Resume`), then one core call per
 //! operation. Pure: the caller supplies `now` and owns the core.
 
-use super::messages::{DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError};
+use super::messages::{
+    ClusterStatus, DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError,
+};
 use crate::directory::{Directory, DirectoryError, NamespaceAccess, OpenRequest};
 use crate::model::{DomainId, SessionId, Timestamp};
 use crate::policy::profiles::Measurement;
@@ -105,6 +107,12 @@ fn bound(
             Reply::Claimed(core.claim_extents(session, pool, &offsets)?)
         }
         Request::Adopt { holdings } => Reply::Adopted(core.adopt(now, session, &holdings)?),
+        Request::ClusterStatus => Reply::ClusterStatus(cluster_status(core)),
+        Request::Drain { node } => Reply::Draining(core.drain(&node)?),
+        // Reading the file is the directory process's: its actor answers before `handle`.
+        Request::Reload => Reply::Error(ProtocolError::Reload(
+            crate::reload::ReloadRefusal::Invalid("this directory has no file to reload".into()),
+        )),
         request => return data(core, now, session, request),
     })
 }
@@ -155,6 +163,14 @@ fn data(
         )?),
         request => unreachable!("`bound` answers {request:?}"),
     })
+}
+
+/// Every node and pool, as `kvtier ctl status` shows them.
+pub fn cluster_status(core: &Directory) -> ClusterStatus {
+    ClusterStatus {
+        nodes: core.node_statuses(),
+        pools: usage(core),
+    }
 }
 
 fn usage(core: &Directory) -> Vec<PoolUsageReport> {

@@ -4,8 +4,9 @@
 //! one reply with the same request id.
 
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, ExtentReturn, OpenReply,
-    ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem, ResolveOutcome, RetireOutcome, Task,
+    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, DrainProgress, ExtentReturn,
+    NodeStatus, OpenReply, ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem,
+    ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
@@ -13,6 +14,7 @@ use crate::model::{
 };
 use crate::node::{ClientRefusal, TenantRefusal};
 use crate::policy::profiles::Measurement;
+use crate::reload::{ConfigChange, ReloadRefusal};
 use serde::{Deserialize, Serialize};
 
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the
@@ -146,6 +148,21 @@ pub enum DirectoryRequest {
     Adopt {
         holdings: Vec<crate::directory::Holding>,
     },
+    /// The cluster as the directory sees it (`kvtier ctl status`).
+    ClusterStatus,
+    /// Re-read `cluster.toml` (`kvtier ctl reload`); the node checked the engine's rights.
+    Reload,
+    /// Drain node `node` (`kvtier ctl drain`); the node checked the engine's rights.
+    Drain {
+        node: String,
+    },
+}
+
+/// The cluster as the directory sees it: every node and every pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub nodes: Vec<NodeStatus>,
+    pub pools: Vec<PoolUsageReport>,
 }
 
 /// One registered pool's usage, as reported by `usage`.
@@ -187,6 +204,11 @@ pub enum DirectoryReply {
     /// Per claimed extent, whether it is the session's now.
     Claimed(Vec<bool>),
     Adopted(Vec<crate::directory::AdoptOutcome>),
+    ClusterStatus(ClusterStatus),
+    /// What a reload applied.
+    Reloaded(ConfigChange),
+    /// A drain started (or under way), with its progress.
+    Draining(DrainProgress),
     Error(ProtocolError),
 }
 
@@ -221,6 +243,13 @@ pub enum ProtocolError {
     /// A per-client quota, or an object outside the client's namespaces; nothing changed.
     #[error("client: {0}")]
     Client(ClientRefusal),
+    /// The directory refused a reload as a whole; the configuration in force stays.
+    #[error("reload refused: {0}")]
+    Reload(ReloadRefusal),
+    /// An administrative request (reload, drain) from a client that may not make it: only
+    /// a process of the node's own user may.
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
 }
 
 /// What an engine asks its local node.
@@ -259,6 +288,14 @@ pub enum ClientRequest {
     Retire {
         object: ObjectId,
         replica: ReplicaId,
+    },
+    /// The cluster as the directory sees it.
+    ClusterStatus,
+    /// Makes the directory re-read `cluster.toml`. Administrative: node's user only.
+    Reload,
+    /// Drains node `node`. Administrative: node's user only.
+    Drain {
+        node: String,
     },
 }
 
@@ -314,6 +351,9 @@ pub enum ClientReply {
     Acquired(Vec<AcquireOutcome>),
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
+    ClusterStatus(ClusterStatus),
+    Reloaded(ConfigChange),
+    Draining(DrainProgress),
     Error(ProtocolError),
 }
 
@@ -342,6 +382,8 @@ impl ProtocolError {
                 Error::ForeignSession => "foreign_session",
                 Error::NotDrained { .. } => "not_drained",
                 Error::Paced => "paced",
+                Error::Drained => "drained",
+                Error::UnknownNode(_) => "unknown_node",
             },
             ProtocolError::UnsupportedVersion { .. } => "unsupported_version",
             ProtocolError::Sequence(_) => "sequence",
@@ -352,6 +394,8 @@ impl ProtocolError {
             ProtocolError::Tenant(TenantRefusal::UnknownPeer { .. }) => "unknown_peer",
             ProtocolError::Tenant(TenantRefusal::NamespaceDenied { .. }) => "namespace_denied",
             ProtocolError::Client(refusal) => refusal.label(),
+            ProtocolError::Reload(_) => "reload",
+            ProtocolError::NotPermitted(_) => "not_permitted",
         }
     }
 }

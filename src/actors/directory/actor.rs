@@ -1,14 +1,21 @@
 //! The `DirectoryActor`: owns the directory core and serializes every change of lease and
 //! publication state. Session actors send it [`Call`]s; a timer advances the core's time.
+//! It also owns the configuration in force: a [`Reload`] (SIGHUP, or `kvtier ctl reload`
+//! through a node) re-reads the file, and applies what [`crate::reload::diff`] says when the
+//! whole file is acceptable: new nodes' grants, new CXL pools, drains of removed nodes.
 
-use crate::directory::{Directory, DirectoryCounts, PoolReport};
+use super::process::add_cxl_pool;
+use crate::config::ClusterConfig;
+use crate::directory::{Directory, DirectoryCounts, DrainState, PoolReport};
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, Medium, PoolUsage, SessionId};
 use crate::policy::profiles::Measurement;
 use crate::protocol::directory::NodeGrant;
-use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use crate::reload::{self, ConfigChange, ReloadRefusal};
 use actix::prelude::*;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,30 +34,144 @@ impl Message for Call {
     type Result = DirectoryReply;
 }
 
+/// Re-read the configuration file and apply it, or refuse it as a whole.
+pub struct Reload;
+
+impl Message for Reload {
+    type Result = Result<ConfigChange, ReloadRefusal>;
+}
+
 /// The directory actor. See the module documentation.
 pub struct DirectoryActor {
     core: Directory,
     clock: Clock,
+    /// The configuration in force and the file it came from.
+    config: ClusterConfig,
+    config_path: PathBuf,
+    /// What the configuration grants each node, by node (certificate) name.
     grants: HashMap<String, NodeGrant>,
+    /// Nodes a reload removed: their open session keeps being answered (so it learns it
+    /// was drained), but they cannot open a new one. Bounded by the nodes ever configured.
+    removed: HashMap<String, NodeGrant>,
     metrics: Arc<Metrics>,
     tick_interval: Duration,
 }
 
+/// What `config` grants each of its nodes.
+fn grants_of(config: &ClusterConfig) -> HashMap<String, NodeGrant> {
+    config
+        .nodes
+        .iter()
+        .map(|node| {
+            let (domains, namespaces) = node.access();
+            let grant = NodeGrant {
+                domains,
+                namespaces,
+            };
+            (node.name.clone(), grant)
+        })
+        .collect()
+}
+
 impl DirectoryActor {
-    /// An actor owning `core`; `grants` is keyed by node (certificate) name.
+    /// An actor owning `core`, serving `config` (loaded from `config_path`).
     pub fn new(
         core: Directory,
-        grants: HashMap<String, NodeGrant>,
+        config: ClusterConfig,
+        config_path: PathBuf,
         metrics: Arc<Metrics>,
         tick_interval: Duration,
     ) -> Self {
         DirectoryActor {
             core,
             clock: Clock::start(),
-            grants,
+            grants: grants_of(&config),
+            removed: HashMap::new(),
+            config,
+            config_path,
             metrics,
             tick_interval,
         }
+    }
+
+    /// Re-reads the file; applies it when it is valid and every change can be applied
+    /// live, else refuses it whole and keeps the configuration in force.
+    fn reload(&mut self) -> Result<ConfigChange, ReloadRefusal> {
+        let new = ClusterConfig::load(&self.config_path)
+            .map_err(|error| ReloadRefusal::Invalid(format!("{error:#}")))?;
+        let change = reload::diff(&self.config, &new)?;
+        for name in &change.added_cxl_pools {
+            if let Some(pool) = new.cxl_pools.iter().find(|pool| &pool.name == name) {
+                add_cxl_pool(&mut self.core, pool)
+                    .map_err(|error| ReloadRefusal::Invalid(format!("{error:#}")))?;
+            }
+        }
+        // New nodes are declared as at start, after every pool there is: a directory
+        // started later over this file declares them in file order, after the CXL pools
+        // and the nodes above them, so their ids agree when the file only grew at its end.
+        for name in &change.added_nodes {
+            if let Ok(section) = new.node(name) {
+                let spec = section.cpu_pool_spec(crate::model::NodeId(0));
+                if let Err(error) = self.core.declare_node(name, vec![spec]) {
+                    return Err(ReloadRefusal::Invalid(format!(
+                        "declaring node `{name}`: {error}"
+                    )));
+                }
+            }
+        }
+        self.grants = grants_of(&new);
+        for name in &change.removed_nodes {
+            let Some(grant) = grants_of(&self.config).remove(name) else {
+                continue;
+            };
+            match self.core.drain(name) {
+                Ok(_) => tracing::info!(node = %name, "removed from the configuration: draining"),
+                Err(error) => {
+                    tracing::info!(node = %name, %error, "removed from the configuration")
+                }
+            }
+            self.removed.insert(name.clone(), grant);
+        }
+        self.removed
+            .retain(|name, _| !self.grants.contains_key(name));
+        self.config = new;
+        Ok(change)
+    }
+
+    /// The grant a request of `peer` is served under: its configured one; for a removed
+    /// node, its old one except to open a session.
+    fn grant_for(&self, peer: &str, request: &DirectoryRequest) -> Option<NodeGrant> {
+        self.grants.get(peer).cloned().or_else(|| {
+            let opens = matches!(request, DirectoryRequest::Open { .. });
+            self.removed.get(peer).filter(|_| !opens).cloned()
+        })
+    }
+
+    /// Exports how many drains are in each state and what the active ones wait for.
+    fn publish_drains(&self) {
+        let statuses = self.core.node_statuses();
+        let drains = statuses.iter().filter_map(|status| status.drain.as_ref());
+        let (mut replicas, mut leases, mut reservations) = (0, 0, 0);
+        let mut per_state = [0u64; DrainState::ALL.len()];
+        for drain in drains {
+            if let Some(index) = DrainState::ALL
+                .iter()
+                .position(|state| *state == drain.state)
+            {
+                per_state[index] += 1;
+            }
+            if drain.state.is_active() {
+                replicas += drain.replicas_left;
+                leases += u64::from(drain.leases_outstanding);
+                reservations += u64::from(drain.reservations_outstanding);
+            }
+        }
+        for (state, count) in DrainState::ALL.iter().zip(per_state) {
+            self.metrics.set_drains(state.name(), count);
+        }
+        self.metrics.set_drain_pending("replicas", replicas);
+        self.metrics.set_drain_pending("leases", leases);
+        self.metrics.set_drain_pending("reservations", reservations);
     }
 
     fn publish_metrics(&self) {
@@ -127,25 +248,55 @@ impl Actor for DirectoryActor {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
             }
             actor.publish_metrics();
+            actor.publish_drains();
         });
+    }
+}
+
+impl Handler<Reload> for DirectoryActor {
+    type Result = MessageResult<Reload>;
+
+    fn handle(&mut self, _: Reload, _: &mut Context<Self>) -> Self::Result {
+        let outcome = self.reload();
+        match &outcome {
+            Ok(change) => {
+                self.metrics.add_reload("applied");
+                tracing::info!(?change, path = %self.config_path.display(), "configuration reloaded");
+            }
+            Err(refusal) => {
+                self.metrics.add_reload("refused");
+                tracing::warn!(%refusal, path = %self.config_path.display(), "configuration reload refused; the configuration in force stays");
+            }
+        }
+        MessageResult(outcome)
     }
 }
 
 impl Handler<Call> for DirectoryActor {
     type Result = MessageResult<Call>;
 
-    fn handle(&mut self, call: Call, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, call: Call, context: &mut Context<Self>) -> Self::Result {
         let started = Instant::now();
         let operation = operation_label(&call.request);
-        let grant = self.grants.get(&call.peer).cloned();
-        let reply = crate::protocol::directory::handle(
-            &mut self.core,
-            self.clock.now(),
-            &call.peer,
-            grant,
-            call.session,
-            call.request,
-        );
+        let grant = self.grant_for(&call.peer, &call.request);
+        let reply = if call.request == DirectoryRequest::Reload
+            && grant.is_some()
+            && call.session.is_some()
+        {
+            match Handler::<Reload>::handle(self, Reload, context).0 {
+                Ok(change) => DirectoryReply::Reloaded(change),
+                Err(refusal) => DirectoryReply::Error(ProtocolError::Reload(refusal)),
+            }
+        } else {
+            crate::protocol::directory::handle(
+                &mut self.core,
+                self.clock.now(),
+                &call.peer,
+                grant,
+                call.session,
+                call.request,
+            )
+        };
         let error = match &reply {
             DirectoryReply::Error(error) => Some(error.label()),
             _ => None,
@@ -183,5 +334,6 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::Usage => Operation::Usage,
         Request::PollTasks { .. } => Operation::PollTasks,
         Request::ClaimExtents { .. } | Request::Adopt { .. } => Operation::Rejoin,
+        Request::ClusterStatus | Request::Reload | Request::Drain { .. } => Operation::Admin,
     })
 }

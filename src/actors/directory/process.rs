@@ -1,23 +1,23 @@
 //! `kvtier directory`: the directory actor, a QUIC endpoint with mutual TLS, a session
 //! actor per node connection, and the metrics exporter.
 
-use super::actor::DirectoryActor;
+use super::actor::{DirectoryActor, Reload};
 use super::session::SessionActor;
 use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
 use crate::metrics::Metrics;
-use crate::model::{DomainId, Medium, PoolSpec, Scope, Timestamp};
-use crate::protocol::directory::NodeGrant;
+use crate::model::{DomainId, Medium, PoolSpec, Scope};
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;
-use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
-/// Runs the directory until SIGINT or SIGTERM. Must run inside an actix `System`.
-pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
+/// Runs the directory until SIGINT or SIGTERM; SIGHUP re-reads `config_path` (the file
+/// `config` was loaded from). Must run inside an actix `System`.
+pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()> {
     let section = &config.directory;
     let server_config = tls::server_config(&section.certs, &section.name).with_context(|| {
         format!(
@@ -30,26 +30,7 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     limits.incarnation = fresh_incarnation();
     let mut core = Directory::new(limits);
     for pool in &config.cxl_pools {
-        let prepared = prepare_cxl_pool(pool)?;
-        let spec = PoolSpec {
-            name: pool.name.clone(),
-            medium: Medium::Cxl,
-            scope: Scope::Domain(DomainId(pool.domain)),
-            capacity_bytes: pool.capacity_bytes,
-            page_bytes: pool.page_bytes,
-            extent_bytes: Some(pool.extent_bytes),
-        };
-        let id = core
-            .register_pool(None, spec)
-            .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
-        if prepared == Prepared::Existing {
-            // A previous incarnation may have granted extents and leases here: reuse
-            // nothing until they have all run out. The actor's clock starts after this,
-            // so its zero is later than now and the hold errs on the long side.
-            let until = Timestamp::ZERO + core.recovery_window();
-            core.hold_extents_until(id, until)?;
-            tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
-        }
+        add_cxl_pool(&mut core, pool)?;
     }
     // Nodes and their pools get the ids of the previous incarnation (configuration order).
     for node in &config.nodes {
@@ -57,27 +38,22 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
         core.declare_node(&node.name, vec![spec])
             .with_context(|| format!("declaring node `{}`", node.name))?;
     }
-    core.recover_until(Timestamp::ZERO + core.recovery_window());
+    core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
     let endpoint = quic::server_endpoint(section.listen, server_config)
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
     serve_metrics(section.metrics, metrics.clone()).await?;
-    let grants: HashMap<String, NodeGrant> = config
-        .nodes
-        .iter()
-        .map(|node| {
-            let (domains, namespaces) = node.access();
-            (
-                node.name.clone(),
-                NodeGrant {
-                    domains,
-                    namespaces,
-                },
-            )
-        })
-        .collect();
-    let directory = DirectoryActor::new(core, grants, metrics, section.tick_interval()).start();
+    let tick_interval = section.tick_interval();
+    let directory = DirectoryActor::new(
+        core,
+        config,
+        config_path.to_path_buf(),
+        metrics,
+        tick_interval,
+    )
+    .start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
+    actix_rt::spawn(reload_on_hangup(directory.clone()));
     let accepting = endpoint.clone();
     actix_rt::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
@@ -91,6 +67,47 @@ pub async fn run(config: ClusterConfig) -> anyhow::Result<()> {
     });
     shutdown_signal().await?;
     endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
+    Ok(())
+}
+
+/// Re-reads the configuration on every SIGHUP, as `kvtier ctl reload` does.
+async fn reload_on_hangup(directory: Addr<DirectoryActor>) {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGHUP; reload with `kvtier ctl reload`");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        // The actor logs the outcome.
+        let _ = directory.send(Reload).await;
+    }
+}
+
+/// Formats (when new) and registers a CXL pool of the configuration: at start, and when a
+/// reload adds it. A pool that already held data reuses nothing before the recovery window.
+pub(super) fn add_cxl_pool(core: &mut Directory, pool: &CxlPoolSection) -> anyhow::Result<()> {
+    let prepared = prepare_cxl_pool(pool)?;
+    let spec = PoolSpec {
+        name: pool.name.clone(),
+        medium: Medium::Cxl,
+        scope: Scope::Domain(DomainId(pool.domain)),
+        capacity_bytes: pool.capacity_bytes,
+        page_bytes: pool.page_bytes,
+        extent_bytes: Some(pool.extent_bytes),
+    };
+    let id = core
+        .register_pool(None, spec)
+        .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
+    if prepared == Prepared::Existing {
+        // A previous incarnation may have granted extents and leases here: reuse nothing
+        // until they have all run out. The actor's clock starts after this at the earliest,
+        // so its zero is no later than now and the hold errs on the long side.
+        let until = core.latest_time() + core.recovery_window();
+        core.hold_extents_until(id, until)?;
+        tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
+    }
     Ok(())
 }
 

@@ -34,6 +34,8 @@ pub const TASKS_IN_FLIGHT_MAX: usize = 32;
 pub enum NodeExit {
     /// The node could not rejoin with its cache (see [`RejoinError`]).
     RejoinFailed(String),
+    /// The directory drained this node and ended its session: exit cleanly, do not rejoin.
+    Drained,
 }
 
 /// The node's liveness and task loops. See the module documentation.
@@ -100,10 +102,15 @@ impl Actor for NodeActor {
             let services = actor.services.clone();
             async move { heartbeat(&services).await }
                 .into_actor(actor)
-                .map(|lost, actor, context| {
+                .map(|beat, actor, context| {
                     actor.heartbeat_running = false;
-                    if lost && !actor.rejoining {
-                        actor.start_rejoin(context);
+                    match beat {
+                        Beat::Alive => {}
+                        Beat::Lost if !actor.rejoining => actor.start_rejoin(context),
+                        Beat::Lost => {}
+                        Beat::Drained => {
+                            let _ = actor.exit.try_send(NodeExit::Drained);
+                        }
                     }
                 })
                 .spawn(context);
@@ -123,10 +130,19 @@ impl Actor for NodeActor {
     }
 }
 
-/// One heartbeat, on the link's heartbeat connection. True when the session is lost: the
-/// directory no longer knows it (a restart), fenced it, or stayed silent for the fence
-/// window.
-async fn heartbeat(services: &NodeServices) -> bool {
+/// What a heartbeat learnt of the session.
+enum Beat {
+    /// Answered, or not yet silent for long: the session goes on.
+    Alive,
+    /// The directory no longer knows it (a restart), fenced it, or stayed silent for the
+    /// fence window: the node rejoins.
+    Lost,
+    /// The directory drained the node: it exits.
+    Drained,
+}
+
+/// One heartbeat, on the link's heartbeat connection.
+async fn heartbeat(services: &NodeServices) -> Beat {
     let link = &services.link;
     let sent_at = services.clock.now();
     let answered = link.heartbeat(link.acknowledged_through()).await;
@@ -139,19 +155,20 @@ async fn heartbeat(services: &NodeServices) -> bool {
     };
     if may_be_fenced {
         tracing::error!("no heartbeat answered for the fence window; rejoining");
-        return true;
+        return Beat::Lost;
     }
     match answered {
-        Ok(_) => false,
+        Ok(_) => Beat::Alive,
+        Err(LinkError::Refused(ProtocolError::Directory(DirectoryError::Drained))) => Beat::Drained,
         Err(LinkError::Refused(ProtocolError::Directory(
             DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
         ))) => {
             tracing::warn!("the directory no longer knows this session; rejoining");
-            true
+            Beat::Lost
         }
         Err(error) => {
             tracing::warn!(%error, "directory heartbeat failed");
-            false
+            Beat::Alive
         }
     }
 }

@@ -88,6 +88,17 @@ pub struct ClientSessionActor {
     reader: Option<OwnedReadHalf>,
     greeted: bool,
     inflight: usize,
+    /// Whether this client may make administrative requests (reload, drain): see
+    /// [`may_administer`].
+    admin: bool,
+}
+
+/// Whether the peer of `stream` may make administrative requests: only a process of the
+/// node process's own user (its effective uid, from the socket's peer credentials).
+pub fn may_administer(stream: &tokio::net::UnixStream) -> bool {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let own = unsafe { libc::geteuid() };
+    stream.peer_cred().is_ok_and(|peer| peer.uid() == own)
 }
 
 /// What admission made of a request: an answer now, or work to run detached.
@@ -105,6 +116,7 @@ impl ClientSessionActor {
         client: ClientId,
         tenant: Arc<Tenant>,
     ) -> ClientSessionActor {
+        let admin = may_administer(&stream);
         let (reader, writer) = stream.into_split();
         ClientSessionActor {
             services,
@@ -116,6 +128,7 @@ impl ClientSessionActor {
             reader: Some(reader),
             greeted: false,
             inflight: 0,
+            admin,
         }
     }
 
@@ -296,6 +309,23 @@ impl ClientSessionActor {
                     None => Admitted::Reply(error(gone())),
                 }
             }
+            ClientRequest::Reload | ClientRequest::Drain { .. } if !self.admin => {
+                Admitted::Reply(error(ProtocolError::NotPermitted(
+                    "reload and drain are for the node's own user".into(),
+                )))
+            }
+            ClientRequest::ClusterStatus => {
+                let request = DirectoryRequest::ClusterStatus;
+                Admitted::Work(Box::pin(forward(services, request)), Slots::None)
+            }
+            ClientRequest::Reload => Admitted::Work(
+                Box::pin(forward(services, DirectoryRequest::Reload)),
+                Slots::None,
+            ),
+            ClientRequest::Drain { node } => {
+                let request = DirectoryRequest::Drain { node };
+                Admitted::Work(Box::pin(forward(services, request)), Slots::None)
+            }
         }
     }
 
@@ -409,6 +439,9 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
         Err(unavailable) if probed > 0 && unavailable.is_unavailable() => {
             ClientReply::Probed(vec![ProbeOutcome::Miss; probed])
         }
+        Ok(DirectoryReply::ClusterStatus(status)) => ClientReply::ClusterStatus(status),
+        Ok(DirectoryReply::Reloaded(change)) => ClientReply::Reloaded(change),
+        Ok(DirectoryReply::Draining(progress)) => ClientReply::Draining(progress),
         other => error(refusal(other)),
     };
     (reply, Change::None)
@@ -425,6 +458,9 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         ClientRequest::Acquire { .. } => Operation::Acquire,
         ClientRequest::Release { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
+        ClientRequest::ClusterStatus | ClientRequest::Reload | ClientRequest::Drain { .. } => {
+            Operation::Admin
+        }
     })
 }
 

@@ -8,9 +8,11 @@
 //! * `pool`: a `PoolActor` per pool (allocation and reclaim of pages).
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
+//! * `host_files`: the instance lock, the files removed by identity, the stop signals.
 
 pub mod actor;
 pub mod client_session;
+pub mod host_files;
 pub mod link;
 pub mod pool;
 pub mod process;

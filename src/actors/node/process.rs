@@ -1,14 +1,15 @@
 //! `kvtier node`: creates the host's CPU pool, opens a session with the directory (a new
 //! epoch), registers the pool, and serves local engines on a Unix socket until a signal.
-//! On exit it closes its session and removes its socket and pool file.
+//! On exit it closes its session and removes its socket, pool file and instance lock.
 
 use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
+use super::host_files::{InstanceLock, OwnedFile, Stop};
 use super::link::{DirectoryAddress, DirectoryLink};
 use super::pool::PoolActor;
 use super::rejoin::Registration;
 use super::services::{lock_core, NodeServices};
-use crate::actors::process::{serve_metrics, shutdown_signal};
+use crate::actors::process::serve_metrics;
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
@@ -52,7 +53,10 @@ pub fn fresh_uuid() -> u128 {
     (u128::from(high) << 64) | u128::from(hasher.finish())
 }
 
-/// Runs node `name` until SIGINT, SIGTERM or fencing. Must run inside an actix `System`.
+/// Runs node `name` until SIGINT, SIGTERM, fencing or a drain. Must run inside an actix
+/// `System`. A stop signal at any step (pre-fault, reaching the directory, starting the
+/// pools, serving) ends it cleanly; whatever the way out, the files it created (pool file,
+/// socket, instance lock) go with it.
 pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
     let (passwd, group) = (user_database("/etc/passwd")?, user_database("/etc/group")?);
@@ -67,24 +71,84 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         node_name: section.name.clone(),
         bind: section.bind,
     };
+    let mut stop = Stop::install()?;
+    let _instance = InstanceLock::acquire(&section.socket)?;
     let pool = create_cpu_pool(&section, socket_gid)?;
-    // Whatever happens from here on, the pool file and the socket go with the process.
-    let _pool_file = RemoveOnExit(section.cpu_pool.path.clone());
-    let _socket_file = RemoveOnExit(section.socket.clone());
+    let _pool_file = OwnedFile::record(&section.cpu_pool.path)?;
+    if stop.requested() {
+        tracing::info!("stopped during the pool's pre-fault");
+        return Ok(());
+    }
     let core = Arc::new(Mutex::new(NodeCore::new(CLIENT_LIMITS)));
     let clock = Clock::start();
-    let link = Arc::new(open_link(target, &section, core.clone()).await?);
+    let link = tokio::select! {
+        () = stop.wait() => {
+            tracing::info!("stopped before reaching the directory");
+            return Ok(());
+        }
+        link = open_link(target, &section, core.clone()) => Arc::new(link?),
+    };
     let binding = link.binding();
     let opened_at = clock.now() - binding.opened.elapsed();
     lock_core(&core).liveness = Liveness::new(opened_at, binding.fence_after);
-    // The directory formats the CXL pools before it accepts nodes: map them now.
-    let cxl_pools = map_cxl_pools(&config, &section)?;
     tracing::info!(node = %binding.node, epoch = %binding.epoch, session = %binding.session, "session open");
+    let clients = ClientPolicy {
+        socket_gid,
+        tenants,
+    };
+    let started = tokio::select! {
+        () = stop.wait() => None,
+        started = start(&config, &section, &link, core, clock, pool, clients) => Some(started?),
+    };
+    let Some((mut exit, _socket_file)) = started else {
+        tracing::info!("stopped while starting");
+        let _ = link.call(DirectoryRequest::Close).await;
+        return Ok(());
+    };
+    let outcome = tokio::select! {
+        () = stop.wait() => None,
+        reason = exit.recv() => reason,
+    };
+    match outcome {
+        Some(NodeExit::RejoinFailed(reason)) => {
+            bail!("this node could not rejoin the directory with its cache: {reason}")
+        }
+        Some(NodeExit::Drained) => {
+            tracing::info!("the directory drained this node; exiting");
+            Ok(())
+        }
+        None => {
+            let _ = link.call(DirectoryRequest::Close).await;
+            Ok(())
+        }
+    }
+}
+
+/// Who may connect to the node's socket: its group, and the tenant rules.
+struct ClientPolicy {
+    socket_gid: Option<u32>,
+    tenants: Tenants,
+}
+
+/// Maps the CXL pools, registers and probes every pool, starts the node's actors and
+/// serves clients. Returns the channel on which the node actor reports a fatal exit, and
+/// the socket file.
+async fn start(
+    config: &ClusterConfig,
+    section: &NodeSection,
+    link: &Arc<DirectoryLink>,
+    core: Arc<Mutex<NodeCore>>,
+    clock: Clock,
+    pool: CpuPool,
+    clients: ClientPolicy,
+) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
+    // The directory formats the CXL pools before it accepts nodes: map them now.
+    let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
     let (pools, mappings, registration) =
-        start_pools(&link, &metrics, &section, pool, cxl_pools).await?;
+        start_pools(link, &metrics, section, pool, cxl_pools).await?;
     serve_metrics(section.metrics, metrics.clone()).await?;
-    let (exit_sender, mut exit) = tokio::sync::mpsc::channel(1);
+    let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
         .iter()
         .filter(|mapping| mapping.medium == Medium::Cxl)
@@ -100,20 +164,8 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         clock,
     };
     NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
-    serve_clients(&section, socket_gid, tenants, services).await?;
-    let outcome = tokio::select! {
-        signal = shutdown_signal() => signal.map(|()| None),
-        reason = exit.recv() => Ok(reason),
-    };
-    match outcome? {
-        Some(NodeExit::RejoinFailed(reason)) => {
-            bail!("this node could not rejoin the directory with its cache: {reason}")
-        }
-        None => {
-            let _ = link.call(DirectoryRequest::Close).await;
-            Ok(())
-        }
-    }
+    let socket_file = serve_clients(section, clients, services).await?;
+    Ok((exit, socket_file))
 }
 
 /// The pool actors, what clients map, and what a rejoin registers again.
@@ -198,17 +250,22 @@ fn user_database(path: &str) -> anyhow::Result<String> {
 /// Connections are bounded by the core's client bound ([`crate::node::CLIENTS_MAX`]); out
 /// of descriptors, accepting pauses (see [`crate::node::accept`]), logged and counted in
 /// `kvtier_accept_backoffs_total`.
+/// Returns the socket file, removed when it is dropped.
 async fn serve_clients(
     section: &NodeSection,
-    socket_gid: Option<u32>,
-    tenants: Tenants,
+    clients: ClientPolicy,
     services: NodeServices,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<OwnedFile> {
+    let ClientPolicy {
+        socket_gid,
+        tenants,
+    } = clients;
     if let Some(parent) = section.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let listener = uds::bind(&section.socket, SocketMode::OwnerAndGroup, socket_gid).await?;
+    let socket_file = OwnedFile::record(&section.socket)?;
     tracing::info!(socket = %section.socket.display(), "serving local clients");
     let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSED_HANDSHAKES_MAX));
     actix_rt::spawn(async move {
@@ -230,7 +287,7 @@ async fn serve_clients(
             }
         }
     });
-    Ok(())
+    Ok(socket_file)
 }
 
 /// Refused connections answered at once (their hello gets the refusal); past this, one
@@ -364,15 +421,6 @@ async fn report_probe(
         Err(error) => tracing::warn!(%error, ?pool, "profile report failed"),
     }
     Some((pool, measured))
-}
-
-/// Removes a file this process created when the process leaves `run`, on every path.
-struct RemoveOnExit(std::path::PathBuf);
-
-impl Drop for RemoveOnExit {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Maps every CXL pool of the node's domains and verifies each header: a node that sees

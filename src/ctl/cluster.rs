@@ -1,0 +1,244 @@
+//! `kvtier ctl status|reload|drain`: the cluster half of `kvtier ctl`. Each connects to a
+//! node's Unix socket (`--socket`, or `--config` and `--node`), says hello as an engine
+//! does, and asks the node, which forwards to the directory. Reload and drain are answered
+//! only to a process of the node's own user.
+
+use crate::config::ClusterConfig;
+use crate::directory::{DrainProgress, DrainState};
+use crate::model::Scope;
+use crate::protocol::messages::{ClientReply, ClientRequest, ClusterStatus, Hello};
+use crate::wire::{uds, RpcClient, RpcConfig};
+use anyhow::{bail, Context};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long one request may take: a reload formats new CXL pools.
+const CTL_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often `drain --wait` looks at the drain's progress.
+const DRAIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Which node to speak to.
+#[derive(Args, Clone, Debug)]
+pub struct Target {
+    /// The node's Unix socket.
+    #[arg(long, conflicts_with_all = ["config", "node"])]
+    pub socket: Option<PathBuf>,
+    /// The cluster's configuration, to find `--node`'s socket in.
+    #[arg(long, requires = "node")]
+    pub config: Option<PathBuf>,
+    /// The node (in `--config`) whose socket to use.
+    #[arg(long, requires = "config")]
+    pub node: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `kvtier ctl status`.
+#[derive(Args, Clone, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `kvtier ctl reload`.
+#[derive(Args, Clone, Debug)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `kvtier ctl drain`.
+#[derive(Args, Clone, Debug)]
+pub struct DrainArgs {
+    /// The node to drain.
+    pub name: String,
+    #[command(flatten)]
+    pub target: Target,
+    /// Wait until the drain ends (drained or interrupted), printing its progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up (non-zero exit) after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+}
+
+impl Target {
+    fn socket(&self) -> anyhow::Result<PathBuf> {
+        match (&self.socket, &self.config, &self.node) {
+            (Some(socket), _, _) => Ok(socket.clone()),
+            (None, Some(config), Some(node)) => {
+                Ok(ClusterConfig::load(config)?.node(node)?.socket.clone())
+            }
+            _ => bail!("say which node to ask: --socket PATH, or --config FILE --node NAME"),
+        }
+    }
+}
+
+/// A connection to a node for control requests.
+struct Control {
+    runtime: tokio::runtime::Runtime,
+    rpc: RpcClient<ClientRequest, ClientReply>,
+}
+
+impl Control {
+    fn connect(target: &Target) -> anyhow::Result<Control> {
+        let socket = target.socket()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let rpc = runtime.block_on(async {
+            let stream = uds::connect(&socket)
+                .await
+                .with_context(|| format!("connecting to the node at {}", socket.display()))?;
+            let (reader, writer) = stream.into_split();
+            let config = RpcConfig {
+                inflight_requests_max: 1,
+                request_timeout: CTL_REQUEST_TIMEOUT,
+            };
+            let rpc = RpcClient::spawn(reader, writer, config)?;
+            match rpc.call(ClientRequest::Hello(Hello::ours())).await? {
+                ClientReply::Hello(_) => Ok::<_, anyhow::Error>(rpc),
+                other => bail!("the node answered hello with {other:?}"),
+            }
+        })?;
+        Ok(Control { runtime, rpc })
+    }
+
+    fn call(&self, request: ClientRequest) -> anyhow::Result<ClientReply> {
+        match self.runtime.block_on(self.rpc.call(request))? {
+            ClientReply::Error(error) => bail!("{error}"),
+            reply => Ok(reply),
+        }
+    }
+
+    fn status(&self) -> anyhow::Result<ClusterStatus> {
+        match self.call(ClientRequest::ClusterStatus)? {
+            ClientReply::ClusterStatus(status) => Ok(status),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+}
+
+/// `kvtier ctl status`: prints every node and pool.
+pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
+    let status = Control::connect(&args.target)?.status()?;
+    if args.target.json {
+        println!("{}", serde_json::to_string(&status)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:>5} {:>6} {:>8}  {:<10} drain",
+        "node", "id", "epoch", "session", "state"
+    );
+    for node in &status.nodes {
+        let session = node
+            .session
+            .map_or_else(|| "-".to_string(), |session| session.to_string());
+        let drain = node.drain.as_ref().map_or_else(String::new, describe_drain);
+        println!(
+            "{:<16} {:>5} {:>6} {:>8}  {:<10} {drain}",
+            node.name,
+            node.node.to_string(),
+            node.epoch.to_string(),
+            session,
+            node.state
+        );
+    }
+    println!();
+    println!(
+        "{:<20} {:>5} {:<6} {:<10} {:>12} {:>12} {:>12}",
+        "pool", "id", "medium", "scope", "capacity", "ready", "reserved"
+    );
+    for pool in &status.pools {
+        let scope = match pool.spec.scope {
+            Scope::Host(node) => format!("node {node}"),
+            Scope::Domain(domain) => format!("domain {}", domain.0),
+        };
+        println!(
+            "{:<20} {:>5} {:<6} {:<10} {:>12} {:>12} {:>12}",
+            pool.spec.name,
+            pool.pool.to_string(),
+            pool.spec.medium.name(),
+            scope,
+            pool.usage.capacity_bytes,
+            pool.usage.ready_bytes,
+            pool.usage.reserved_bytes
+        );
+    }
+    Ok(())
+}
+
+/// `kvtier ctl reload`: prints what the reload applied, or fails with the refusal.
+pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
+    let change = match Control::connect(&args.target)?.call(ClientRequest::Reload)? {
+        ClientReply::Reloaded(change) => change,
+        other => bail!("unexpected reply {other:?}"),
+    };
+    if args.target.json {
+        println!("{}", serde_json::to_string(&change)?);
+    } else if change.is_empty() {
+        println!("reloaded: nothing changed");
+    } else {
+        println!(
+            "reloaded: nodes added {:?}, removed (draining) {:?}, regranted {:?}; CXL pools added {:?}",
+            change.added_nodes,
+            change.removed_nodes,
+            change.regranted_nodes,
+            change.added_cxl_pools
+        );
+    }
+    Ok(())
+}
+
+/// `kvtier ctl drain NAME`: starts the drain and prints its progress; with `--wait`,
+/// until it ends (an interrupted drain fails the command).
+pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
+    let control = Control::connect(&args.target)?;
+    let mut progress = match control.call(ClientRequest::Drain {
+        node: args.name.clone(),
+    })? {
+        ClientReply::Draining(progress) => progress,
+        other => bail!("unexpected reply {other:?}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
+    loop {
+        if args.target.json {
+            println!("{}", serde_json::to_string(&progress)?);
+        } else {
+            println!("{}: {}", args.name, describe_drain(&progress));
+        }
+        if !args.wait || !progress.state.is_active() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("{} not drained after {} s", args.name, args.timeout_s);
+        }
+        std::thread::sleep(DRAIN_POLL_INTERVAL);
+        let status = control.status()?;
+        let node = status.nodes.iter().find(|node| node.name == args.name);
+        progress = node
+            .and_then(|node| node.drain.clone())
+            .with_context(|| format!("the directory no longer reports {}", args.name))?;
+    }
+    if progress.state == DrainState::Interrupted {
+        bail!(
+            "the drain of {} was interrupted: its session was fenced or replaced",
+            args.name
+        );
+    }
+    Ok(())
+}
+
+/// One line of a drain's progress.
+fn describe_drain(progress: &DrainProgress) -> String {
+    format!(
+        "{} ({} replicas to relocate, {} demotions in flight, {} leases, {} reservations)",
+        progress.state.name(),
+        progress.replicas_left,
+        progress.demotions_in_flight,
+        progress.leases_outstanding,
+        progress.reservations_outstanding
+    )
+}
