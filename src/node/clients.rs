@@ -267,6 +267,11 @@ impl ClientBooks {
         Ok(())
     }
 
+    /// The extent request admitted last got no extent (the pool is full): it does not count.
+    pub fn extent_not_granted(&mut self) {
+        self.extent_requests.pop_back();
+    }
+
     /// How long a grant stays valid uncommitted.
     pub fn ticket_duration(&self) -> Duration {
         self.limits.ticket_duration
@@ -531,6 +536,10 @@ mod tests {
         // The first request left the window.
         books.admit_extent(at(1000)).unwrap();
         assert!(books.admit_extent(at(1400)).is_err());
+        // A request that got no extent is not counted.
+        books.admit_extent(at(1500)).unwrap();
+        books.extent_not_granted();
+        books.admit_extent(at(1501)).unwrap();
     }
 
     #[test]

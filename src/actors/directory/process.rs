@@ -9,6 +9,7 @@ use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
+use crate::wire::admission::ConnectionCounts;
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;
@@ -55,11 +56,12 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     actix_rt::spawn(reload_on_hangup(directory.clone()));
     let accepting = endpoint.clone();
+    let counts = ConnectionCounts::default();
     actix_rt::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let directory = directory.clone();
+            let (directory, counts) = (directory.clone(), counts.clone());
             actix_rt::spawn(async move {
-                if let Err(error) = accept(incoming, directory).await {
+                if let Err(error) = accept(incoming, directory, counts).await {
                     tracing::warn!(%error, "refused a connection");
                 }
             });
@@ -172,11 +174,30 @@ fn format_cxl_pool(pool: &CxlPoolSection, uuid: u128) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn accept(incoming: quinn::Incoming, directory: Addr<DirectoryActor>) -> anyhow::Result<()> {
-    let connection = incoming.await?;
-    let peer = tls::peer_name(&connection).context("peer certificate names nobody")?;
-    let streams = quic::accept_session(&connection).await?;
-    SessionActor::new(directory, connection, peer, streams).start();
+/// How long a connection may take from its first packet to its session stream.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Completes a connection's handshake within [`HANDSHAKE_TIMEOUT`], admits it under its
+/// peer's bound ([`crate::wire::admission`]) and gives it a session actor.
+async fn accept(
+    incoming: quinn::Incoming,
+    directory: Addr<DirectoryActor>,
+    counts: ConnectionCounts,
+) -> anyhow::Result<()> {
+    let handshake = async {
+        let connection = incoming.await?;
+        let peer = tls::peer_name(&connection).context("peer certificate names nobody")?;
+        let Some(slot) = counts.admit(&peer) else {
+            connection.close(quinn::VarInt::from_u32(2), b"too many connections");
+            anyhow::bail!("peer `{peer}` holds as many connections as it may");
+        };
+        let streams = quic::accept_session(&connection).await?;
+        anyhow::Ok((connection, slot, peer, streams))
+    };
+    let (connection, slot, peer, streams) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        .await
+        .context("the handshake took too long")??;
+    SessionActor::new(directory, connection, slot, peer, streams).start();
     Ok(())
 }
 

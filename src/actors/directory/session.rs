@@ -12,6 +12,7 @@ use crate::model::SessionId;
 use crate::protocol::messages::{
     DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS,
 };
+use crate::wire::admission::ConnectionSlot;
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use tokio::sync::mpsc;
@@ -30,6 +31,8 @@ enum Phase {
 pub struct SessionActor {
     directory: Addr<DirectoryActor>,
     connection: quinn::Connection,
+    /// The connection's place among its peer's: given back when the actor stops.
+    _slot: ConnectionSlot,
     peer: String,
     replies: mpsc::Sender<(u64, DirectoryReply)>,
     receiver: Option<quinn::RecvStream>,
@@ -45,6 +48,7 @@ impl SessionActor {
     pub fn new(
         directory: Addr<DirectoryActor>,
         connection: quinn::Connection,
+        slot: ConnectionSlot,
         peer: String,
         streams: (quinn::SendStream, quinn::RecvStream),
     ) -> SessionActor {
@@ -52,6 +56,7 @@ impl SessionActor {
         SessionActor {
             directory,
             connection,
+            _slot: slot,
             peer,
             replies: spawn_writer(sender, |error| {
                 DirectoryReply::Error(ProtocolError::Malformed(error))

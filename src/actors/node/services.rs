@@ -117,6 +117,12 @@ impl NodeServices {
             }
         }
         let Ok(ExtentGrant::Granted(extent)) = self.link.grant_extent(pool).await else {
+            // Only extents obtained count against the client's quota.
+            if let Some(client) = client {
+                if let Some(books) = self.core().client(client) {
+                    books.extent_not_granted();
+                }
+            }
             return Ok(again.map_err(AllocationRefused::Pool));
         };
         let allocated = actor
