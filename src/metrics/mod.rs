@@ -10,6 +10,7 @@
 //! observes each request); nothing here reads a clock: durations arrive measured.
 
 pub mod exporter;
+pub mod scrape;
 
 pub use exporter::serve;
 
