@@ -126,6 +126,8 @@ fn load_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<(f64, f64)> {
         let writer = Client::connect(&cluster.socket(0)?).await?;
         let reader = Client::connect(&cluster.socket(1)?).await?;
         let namespace = writer.register_namespace(demo_namespace()).await?;
+        // Every connection registers the namespaces it uses (its tenant's salt applies).
+        reader.register_namespace(demo_namespace()).await?;
         let ids = namespaced(
             seeded_ids(&demo_namespace(), count as u64, args.seed)?,
             namespace,
