@@ -50,7 +50,7 @@ impl Directory {
 
     /// Takes `items` from this tick's rejoin budget, or refuses with `Paced`.
     fn take_adopt_budget(&mut self, items: usize) -> Result<(), DirectoryError> {
-        self.check_batch_items(items)?;
+        self.check_batch(items)?;
         let items = items as u32;
         if items > self.recovery.budget {
             return Err(DirectoryError::Paced);
@@ -62,14 +62,6 @@ impl Directory {
     /// Refills the rejoin budget (each tick).
     pub(super) fn refill_adopt_budget(&mut self) {
         self.recovery.budget = self.config.adopt_items_per_tick;
-    }
-
-    fn check_batch_items(&self, items: usize) -> Result<(), DirectoryError> {
-        let max = self.config.batch_items_max as usize;
-        if items > max {
-            return Err(DirectoryError::BatchTooLarge { items, max });
-        }
-        Ok(())
     }
 
     /// Claims extents of shared pool `pool` the session's node still allocates in: each

@@ -35,13 +35,7 @@ impl Directory {
                 "the node does not map this pool's domain".into(),
             ));
         }
-        let held = self
-            .pools
-            .iter()
-            .filter_map(|record| record.extents.as_ref())
-            .map(|extents| extents.held_by(session_id))
-            .sum::<u32>();
-        if held >= self.config.extents_per_session_max {
+        if self.extents_held(session_id) >= self.config.extents_per_session_max {
             return Err(DirectoryError::Full(Table::Extents));
         }
         let Some(extents) = self.pools[pool.0 as usize].extents.as_mut() else {

@@ -231,7 +231,7 @@ impl Directory {
         }
     }
 
-    fn check_batch(&self, items: usize) -> Result<(), DirectoryError> {
+    pub(super) fn check_batch(&self, items: usize) -> Result<(), DirectoryError> {
         let max = self.config.batch_items_max as usize;
         if items > max {
             return Err(DirectoryError::BatchTooLarge { items, max });
