@@ -73,6 +73,11 @@ pub struct CxlPoolSection {
     pub extent_bytes: u64,
     /// The pool's UUID (32 hex digits), written in its header and checked by every node.
     pub uuid: String,
+    /// Format the path when it exists but holds no kvtier pool header (a fresh DAX device).
+    /// Off by default: the directory then refuses such a path, which may hold other data.
+    /// A path that does not exist is always created; a pool is never formatted away.
+    #[serde(default)]
+    pub format: bool,
 }
 
 impl CxlPoolSection {

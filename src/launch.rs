@@ -9,7 +9,6 @@ use crate::client::Client;
 use crate::config::ClusterConfig;
 pub use crate::metrics::scrape::{metric_value, scrape_metrics, wait_for_metrics};
 use crate::model::Medium;
-use crate::wire::tls;
 use anyhow::{bail, Context};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -432,7 +431,7 @@ impl LocalCluster {
         let mut certificate_names = names.clone();
         certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
         certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
-        tls::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
+        crate::wire::certs::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
         // With namespaces, every node gets a veth pair to the root namespace; the directory
         // listens on all addresses and each node reaches it at its pair's host end.
         let namespaces = if spec.netns {

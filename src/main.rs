@@ -95,6 +95,30 @@ enum CertsCommand {
         /// Replace an existing CA (every certificate must then be redistributed).
         #[arg(long)]
         force: bool,
+        /// Days the certificates are valid.
+        #[arg(long, default_value_t = kvtier::wire::certs::LEAF_VALIDITY_DAYS_DEFAULT)]
+        days: u32,
+    },
+    /// Issue (or renew) certificates signed by the existing cluster CA.
+    Issue {
+        /// Folder of the cluster CA (`ca.pem`, `ca/ca.key`).
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// Names to issue certificates for.
+        #[arg(long, value_delimiter = ',', required = true)]
+        names: Vec<String>,
+        /// Days the certificates are valid.
+        #[arg(long, default_value_t = kvtier::wire::certs::LEAF_VALIDITY_DAYS_DEFAULT)]
+        days: u32,
+    },
+    /// Retire a certificate: the directory refuses it from its next connection on.
+    Retire {
+        /// Folder the directory reads its certificates from.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// Name whose current certificate (`NAME.pem`) is retired.
+        #[arg(long)]
+        name: String,
     },
 }
 
@@ -158,18 +182,45 @@ fn main() -> anyhow::Result<()> {
             which: BenchCommand::ChaosClient(args),
         } => kvtier::bench::chaos_client::run(&args),
         Command::Ctl { which } => kvtier::ctl::run(which),
-        Command::Certs {
-            which: CertsCommand::Init { dir, names, force },
+        Command::Certs { which } => certs(which),
+    }
+}
+
+fn certs(command: CertsCommand) -> anyhow::Result<()> {
+    use kvtier::wire::certs;
+    match command {
+        CertsCommand::Init {
+            dir,
+            names,
+            force,
+            days,
         } => {
-            kvtier::wire::tls::init_cluster_certs(&dir, &names, force)?;
+            certs::create_ca(&dir, force)?;
+            certs::issue_certificates(&dir, &names, days)?;
             println!(
-                "wrote the cluster CA and {} certificates to {}",
+                "wrote the cluster CA and {} certificates (valid {days} days) to {}; the CA key is in {} — keep it off the hosts",
+                names.len(),
+                dir.display(),
+                certs::ca_key_directory(&dir).display()
+            );
+        }
+        CertsCommand::Issue { dir, names, days } => {
+            certs::issue_certificates(&dir, &names, days)?;
+            println!(
+                "issued {} certificates (valid {days} days) in {}",
                 names.len(),
                 dir.display()
             );
-            Ok(())
+        }
+        CertsCommand::Retire { dir, name } => {
+            if certs::retire_certificate(&dir, &name)? {
+                println!("retired the certificate of `{name}`: the directory refuses it from its next connection");
+            } else {
+                println!("the certificate of `{name}` was already retired");
+            }
         }
     }
+    Ok(())
 }
 
 fn probe(args: &ProbeArgs) -> anyhow::Result<()> {

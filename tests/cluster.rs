@@ -12,7 +12,7 @@ use kvtier::policy::profiles::{Measurement, TierKind, TierProfile};
 use kvtier::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
-use kvtier::wire::{codec, read_frame, tls, FrameHeader};
+use kvtier::wire::{codec, read_frame, FrameHeader};
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
 use std::path::Path;
@@ -195,7 +195,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
 
         // A peer with a certificate from another CA is refused by the directory.
         let foreign = cluster.root.join("foreign-certs");
-        tls::init_cluster_certs(&foreign, &["node-a".to_string()], false).unwrap();
+        kvtier::wire::certs::init_cluster_certs(&foreign, &["node-a".to_string()], false).unwrap();
         let mut target = bench_link_target(&cluster);
         target.certs = foreign;
         target.node_name = "node-a".into();
@@ -256,6 +256,33 @@ fn store_load_isolation_bad_peers_and_metrics() {
             a.probe(&[bad_namespace]).await,
             Err(ClientError::Refused(_))
         ));
+
+        // A retired certificate is refused from its next connection on, with the reason;
+        // a renewal issued by the same CA is accepted.
+        drop(link);
+        let certs = &cluster.config.directory.certs;
+        assert!(kvtier::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
+        let open = || {
+            DirectoryLink::open(
+                bench_link_target(&cluster),
+                vec![Medium::Cpu],
+                vec![Medium::Cpu],
+                Default::default(),
+            )
+        };
+        let refused = open()
+            .await
+            .err()
+            .expect("a retired certificate was accepted");
+        assert!(
+            refused.to_string().contains("certificate_retired"),
+            "{refused}"
+        );
+        kvtier::wire::certs::issue_certificates(certs, &[BENCH_PEER.to_string()], 1).unwrap();
+        eventually("the renewed certificate connects", || async {
+            open().await.is_ok()
+        })
+        .await;
     });
 
     // The metrics endpoints serve the named families.

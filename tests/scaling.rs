@@ -295,7 +295,7 @@ impl LoneNode {
             .unwrap()
             .local_addr()
             .unwrap();
-        kvtier::wire::tls::init_cluster_certs(
+        kvtier::wire::certs::init_cluster_certs(
             &root.join("certs"),
             &["directory".into(), "node-a".into()],
             false,

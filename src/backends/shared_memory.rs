@@ -169,7 +169,7 @@ const _: fn() = || {
 };
 
 impl SharedMemory {
-    /// Creates (or truncates) the regular file at `path`, sizes it to one page of header
+    /// Creates the regular file at `path` (exclusively: a path that exists is refused), sizes it to one page of header
     /// plus `data_bytes`, allocates its storage (so a full `/dev/shm` fails here with `Io`
     /// instead of a SIGBUS on a later write), maps it `MAP_SHARED`, pre-faults every page
     /// and writes the header. The data area reads as zero. `page_bytes` must be a power of
@@ -181,7 +181,7 @@ impl SharedMemory {
         pool_uuid: u128,
         page_bytes: u64,
     ) -> Result<Self, PoolError> {
-        let total_bytes = validate_geometry(data_bytes, page_bytes)?;
+        validate_geometry(data_bytes, page_bytes)?;
         let io = |source| PoolError::Io {
             path: path.to_owned(),
             source,
@@ -201,8 +201,63 @@ impl SharedMemory {
         // engines allowed to map the pool needs write access too.
         file.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))
             .map_err(io)?;
-        allocate_storage(&file, total_bytes).map_err(io)?;
-        let map = map_populated(&file, total_bytes).map_err(io)?;
+        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes)
+    }
+
+    /// Formats a device or file that exists but holds no kvtier pool (a fresh DAX device,
+    /// typically): sizes a regular file that is too short, maps it, pre-faults it and writes
+    /// the header. Refuses a path that is a link, and one whose first bytes already carry
+    /// the pool magic (`InvalidConfig`: another pool's data is never formatted away). A
+    /// file that is too short is extended, a device (`fallocate` gives `ENODEV`) is used as it
+    /// is. The caller decides that the path may be formatted; nothing here can tell a blank device
+    /// from one holding someone else's data.
+    pub fn format_existing(
+        path: &Path,
+        data_bytes: u64,
+        pool_uuid: u128,
+        page_bytes: u64,
+    ) -> Result<Self, PoolError> {
+        validate_geometry(data_bytes, page_bytes)?;
+        let io = |source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io)?;
+        let mut magic = [0u8; MAGIC_RANGE.end];
+        match file.read_exact_at(&mut magic, 0) {
+            Ok(()) if magic == POOL_MAGIC => {
+                return Err(PoolError::InvalidConfig {
+                    reason: "the path already holds a kvtier pool",
+                })
+            }
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
+            Err(error) => return Err(io(error)),
+        }
+        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes)
+    }
+
+    /// Maps `file` (at least one header page plus `data_bytes` long, or a device), pre-faults
+    /// it and writes the header, magic last. Sizes a regular file (see [`allocate_storage`]).
+    fn initialize(
+        path: &Path,
+        file: &File,
+        data_bytes: u64,
+        pool_uuid: u128,
+        page_bytes: u64,
+    ) -> Result<Self, PoolError> {
+        let total_bytes = validate_geometry(data_bytes, page_bytes)?;
+        let io = |source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        allocate_storage(file, total_bytes).map_err(io)?;
+        let map = map_populated(file, total_bytes).map_err(io)?;
         let header = Header {
             pool_uuid,
             data_bytes,
@@ -353,7 +408,8 @@ impl SharedMemory {
 }
 
 /// Gives the file `total_bytes` of allocated storage. `fallocate` reserves the pages now;
-/// a file system without it gets a sparse `set_len` (its pages come at first touch).
+/// a file system without it gets a sparse `set_len` (its pages come at first touch); a
+/// device without it (a DAX device answers `ENODEV`) is used as it is.
 fn allocate_storage(file: &File, total_bytes: u64) -> std::io::Result<()> {
     let length = libc::off_t::try_from(total_bytes)
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
@@ -363,10 +419,11 @@ fn allocate_storage(file: &File, total_bytes: u64) -> std::io::Result<()> {
         return Ok(());
     }
     let error = std::io::Error::last_os_error();
-    if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        file.set_len(total_bytes)
-    } else {
-        Err(error)
+    match error.raw_os_error() {
+        // A device (DAX gives ENODEV) has its storage already; `set_len` would fail on it.
+        Some(libc::ENODEV) if !file.metadata()?.is_file() => Ok(()),
+        Some(libc::EOPNOTSUPP | libc::ENODEV) => file.set_len(total_bytes),
+        _ => Err(error),
     }
 }
 
@@ -437,6 +494,39 @@ pub(crate) mod tests {
             .iter()
             .all(|byte| *byte == 0));
         SharedMemory::open(&path.0, None).unwrap();
+    }
+
+    #[test]
+    fn format_existing_takes_a_blank_path_and_never_a_pool() {
+        let path = ShmPath::new("format");
+        std::fs::write(&path.0, vec![0xa5u8; 100]).unwrap();
+        assert!(matches!(
+            SharedMemory::open(&path.0, Some(UUID)),
+            Err(PoolError::WrongMagic { .. })
+        ));
+        let formatted = SharedMemory::format_existing(&path.0, 4 * PAGE, UUID, PAGE).unwrap();
+        formatted.write_at(0, b"kv").unwrap();
+        assert_eq!(std::fs::metadata(&path.0).unwrap().len(), 5 * PAGE);
+        let opened = SharedMemory::open(&path.0, Some(UUID)).unwrap();
+        assert_eq!(opened.slice(0, 2).unwrap(), b"kv");
+        let again = SharedMemory::format_existing(&path.0, 4 * PAGE, UUID + 1, PAGE);
+        assert!(
+            matches!(again, Err(PoolError::InvalidConfig { .. })),
+            "a pool was formatted away: {again:?}"
+        );
+        assert_eq!(
+            SharedMemory::open(&path.0, Some(UUID))
+                .unwrap()
+                .slice(0, 2)
+                .unwrap(),
+            b"kv"
+        );
+        let link = ShmPath::new("format-link");
+        std::os::unix::fs::symlink(&path.0, &link.0).unwrap();
+        assert!(matches!(
+            SharedMemory::format_existing(&link.0, 4 * PAGE, UUID, PAGE),
+            Err(PoolError::Io { .. })
+        ));
     }
 
     #[test]

@@ -95,14 +95,26 @@ pub async fn accept_session(
     Ok(connection.accept_bi().await?)
 }
 
+/// The reason the peer gave when it closed `connection` (`None` while it is open or when it
+/// ended otherwise): a server refusing a client after the handshake says why this way.
+pub fn peer_close_reason(connection: &quinn::Connection) -> Option<String> {
+    match connection.close_reason()? {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            Some(String::from_utf8_lossy(&close.reason).into_owned())
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::certs::init_cluster_certs;
     use crate::wire::codec::tests::Sample;
     use crate::wire::frame::{read_frame, write_frame};
     use crate::wire::rpc::{RpcClient, RpcConfig};
+    use crate::wire::tls;
     use crate::wire::tls::tests::temp_directory;
-    use crate::wire::tls::{self, init_cluster_certs};
     use std::net::Ipv4Addr;
     use std::path::Path;
 

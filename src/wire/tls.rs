@@ -1,24 +1,20 @@
 //! Mutual TLS for QUIC: the cluster CA, per-process certificates, and the quinn configurations
 //! that present them and demand them from the peer.
 //!
-//! One directory holds the cluster's credentials: `ca.pem` and `ca.key` (the cluster CA),
-//! and `NAME.pem` + `NAME.key` per process name (`directory`, `node-a`, ...). Every
+//! One directory holds the cluster's credentials ([`super::certs`] writes it): `ca.pem` (the
+//! cluster CA) and `NAME.pem` + `NAME.key` per process name (`directory`, `node-a`, ...). Every
 //! connection is mutually authenticated against that CA only, with the ring provider passed
 //! explicitly (the process-wide default provider is never read or installed), TLS 1.3 only
 //! (QUIC requires it) and ALPN [`ALPN_PROTOCOL`].
 
-use std::fs::{self, OpenOptions};
-use std::io::{BufReader, Write};
+use std::fs;
+use std::io::BufReader;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose, SanType};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -27,10 +23,6 @@ use rustls::RootCertStore;
 /// The ALPN protocol both sides offer and require; a peer without it fails the handshake.
 /// Its suffix follows [`super::frame::PROTOCOL_VERSION`]'s major line.
 pub const ALPN_PROTOCOL: &[u8] = b"kvtier/1";
-
-/// Most names one [`init_cluster_certs`] call issues certificates for: bounds the work and the
-/// files one command can create.
-pub const CLUSTER_NAMES_MAX: usize = 1024;
 
 /// Longest process name in bytes: one DNS label.
 pub const NAME_BYTES_MAX: usize = 63;
@@ -70,6 +62,22 @@ pub enum TlsError {
         /// "certificate" or "private key".
         what: &'static str,
     },
+    /// A certificate validity outside 1 to [`super::certs::LEAF_VALIDITY_DAYS_MAX`] days.
+    #[error("invalid certificate validity of {days} days")]
+    InvalidValidity {
+        /// The days asked for.
+        days: u32,
+    },
+    /// The `retired` list would exceed [`super::certs::RETIRED_ENTRIES_MAX`] entries (or its
+    /// file is larger than such a list can be). The operator replaces the CA instead.
+    #[error("the retired certificate list is full")]
+    RetiredListFull,
+    /// A line of the `retired` list is not a fingerprint. The operator repairs the file.
+    #[error("{path}: a line is not a certificate fingerprint")]
+    MalformedRetiredList {
+        /// The list.
+        path: PathBuf,
+    },
     /// Key or certificate generation failed. Should not happen with valid names.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
@@ -83,65 +91,6 @@ pub enum TlsError {
     /// The crypto provider lacks the cipher suite QUIC's initial packets need. A build bug.
     #[error("QUIC cannot use this TLS configuration: {0}")]
     Quic(#[from] NoInitialCipherSuite),
-}
-
-/// Creates the cluster CA and one certificate per name in `directory` (created if missing).
-///
-/// Writes `ca.pem`, `ca.key`, and for each name `NAME.pem` and `NAME.key`; keys are mode
-/// 0600. Each leaf is signed by the CA, has CN = NAME, SANs DNS NAME, DNS localhost,
-/// IP 127.0.0.1 and IP ::1, and may act as TLS server and client. Leaves are written before
-/// the CA, so an interrupted run can simply be repeated. Refuses with [`TlsError::CaExists`]
-/// when `ca.pem` exists and `force` is false; with `force`, replaces the CA, which invalidates
-/// every certificate it signed before. Names are validated before anything is written.
-pub fn init_cluster_certs(directory: &Path, names: &[String], force: bool) -> Result<(), TlsError> {
-    if names.len() > CLUSTER_NAMES_MAX {
-        return Err(TlsError::InvalidName {
-            name: format!("{} names", names.len()),
-            reason: "more names than CLUSTER_NAMES_MAX",
-        });
-    }
-    for name in names {
-        validate_name(name)?;
-    }
-    let ca_path = directory.join("ca.pem");
-    if !force && ca_path.exists() {
-        return Err(TlsError::CaExists { path: ca_path });
-    }
-    fs::create_dir_all(directory).map_err(|source| TlsError::Io {
-        path: directory.to_path_buf(),
-        source,
-    })?;
-
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::default();
-    ca_params.distinguished_name = rcgen::DistinguishedName::new();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "kvtier cluster CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_certificate = ca_params.self_signed(&ca_key)?;
-
-    for name in names {
-        let key = KeyPair::generate()?;
-        let certificate = leaf_params(name)?.signed_by(&key, &ca_certificate, &ca_key)?;
-        write_file(
-            &directory.join(format!("{name}.key")),
-            &key.serialize_pem(),
-            true,
-        )?;
-        write_file(
-            &directory.join(format!("{name}.pem")),
-            &certificate.pem(),
-            false,
-        )?;
-    }
-    write_file(&directory.join("ca.key"), &ca_key.serialize_pem(), true)?;
-    write_file(&ca_path, &ca_certificate.pem(), false)
 }
 
 /// Builds the QUIC server configuration for process `name` from `directory`.
@@ -210,7 +159,7 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn leaf_params(name: &str) -> Result<CertificateParams, TlsError> {
+pub(super) fn leaf_params(name: &str) -> Result<CertificateParams, TlsError> {
     let mut params = CertificateParams::new(vec![name.to_string(), "localhost".to_string()])?;
     params.subject_alt_names.extend([
         SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
@@ -228,7 +177,7 @@ fn leaf_params(name: &str) -> Result<CertificateParams, TlsError> {
 }
 
 /// A process name must be a safe file name and a valid DNS label.
-fn validate_name(name: &str) -> Result<(), TlsError> {
+pub(super) fn validate_name(name: &str) -> Result<(), TlsError> {
     let refuse = |reason| {
         Err(TlsError::InvalidName {
             name: name.to_string(),
@@ -251,26 +200,6 @@ fn validate_name(name: &str) -> Result<(), TlsError> {
         return refuse("reserved for the cluster CA");
     }
     Ok(())
-}
-
-fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
-    let io_error = |source| TlsError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mode = if secret { 0o600 } else { 0o644 };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_error)?;
-    // `mode` only applies to new files; an existing file keeps its bits unless reset here.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(io_error)?;
-    file.write_all(contents.as_bytes()).map_err(io_error)?;
-    file.sync_all().map_err(io_error)
 }
 
 fn open(path: &Path) -> Result<BufReader<fs::File>, TlsError> {
@@ -365,7 +294,7 @@ fn der_expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
 /// The subject common name of a DER X.509 certificate, if it has one as a string.
 ///
 /// Loops are bounded by the input: every step consumes at least two bytes.
-fn common_name(certificate: &[u8]) -> Option<String> {
+pub(super) fn common_name(certificate: &[u8]) -> Option<String> {
     let (certificate, _) = der_expect(certificate, DER_SEQUENCE)?;
     let (tbs, _) = der_expect(certificate, DER_SEQUENCE)?;
     let mut rest = tbs;
@@ -416,55 +345,6 @@ pub(crate) mod tests {
         let _ = fs::remove_dir_all(&directory);
         fs::create_dir_all(&directory).unwrap();
         directory
-    }
-
-    #[test]
-    fn init_writes_the_files_with_private_keys() {
-        let directory = temp_directory("init-files");
-        init_cluster_certs(&directory, &["directory".into(), "node-a".into()], false).unwrap();
-        for file in ["ca", "directory", "node-a"] {
-            let key_mode = fs::metadata(directory.join(format!("{file}.key")))
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(key_mode & 0o777, 0o600, "{file}.key");
-            assert!(directory.join(format!("{file}.pem")).is_file());
-        }
-        let leaf = load_certificates(&directory.join("node-a.pem")).unwrap();
-        assert_eq!(common_name(leaf[0].as_ref()).as_deref(), Some("node-a"));
-        server_config(&directory, "directory").unwrap();
-        client_config(&directory, "node-a").unwrap();
-        fs::remove_dir_all(&directory).unwrap();
-    }
-
-    #[test]
-    fn existing_ca_is_kept_unless_forced() {
-        let directory = temp_directory("init-force");
-        init_cluster_certs(&directory, &["directory".into()], false).unwrap();
-        let before = fs::read(directory.join("ca.pem")).unwrap();
-        let refused = init_cluster_certs(&directory, &["directory".into()], false);
-        assert!(
-            matches!(refused, Err(TlsError::CaExists { .. })),
-            "{refused:?}"
-        );
-        assert_eq!(fs::read(directory.join("ca.pem")).unwrap(), before);
-        init_cluster_certs(&directory, &["directory".into()], true).unwrap();
-        assert_ne!(fs::read(directory.join("ca.pem")).unwrap(), before);
-        fs::remove_dir_all(&directory).unwrap();
-    }
-
-    #[test]
-    fn unsafe_names_are_refused_before_writing() {
-        let directory = temp_directory("init-names");
-        for name in ["", "../x", "Node", "a.b", "-a", "ca", &"a".repeat(64)] {
-            let result = init_cluster_certs(&directory, &[name.to_string()], false);
-            assert!(
-                matches!(result, Err(TlsError::InvalidName { .. })),
-                "{name:?}"
-            );
-        }
-        assert_eq!(fs::read_dir(&directory).unwrap().count(), 0);
-        fs::remove_dir_all(&directory).unwrap();
     }
 
     proptest! {

@@ -10,6 +10,7 @@ use crate::directory::Directory;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
 use crate::wire::admission::ConnectionCounts;
+use crate::wire::certs::{RetiredCertificates, CERTIFICATE_RETIRED};
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;
@@ -45,6 +46,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     let metrics = Arc::new(Metrics::new()?);
     serve_metrics(section.metrics, metrics.clone()).await?;
     let tick_interval = section.tick_interval();
+    let certs: Arc<Path> = Arc::from(section.certs.as_path());
     let directory = DirectoryActor::new(
         core,
         config,
@@ -59,9 +61,9 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     let counts = ConnectionCounts::default();
     actix_rt::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let (directory, counts) = (directory.clone(), counts.clone());
+            let (directory, counts, certs) = (directory.clone(), counts.clone(), certs.clone());
             actix_rt::spawn(async move {
-                if let Err(error) = accept(incoming, directory, counts).await {
+                if let Err(error) = accept(incoming, directory, counts, &certs).await {
                     tracing::warn!(%error, "refused a connection");
                 }
             });
@@ -125,13 +127,26 @@ enum Prepared {
 /// Writes a CXL pool's header once: a path where nothing exists is created and formatted;
 /// one with the header of this pool is kept as it is; anything else there — another pool, an
 /// incompatible layout, or a file or device without a kvtier header, which may hold someone
-/// else's data — is refused, never overwritten.
+/// else's data — is refused, never overwritten, unless the pool says `format = true`; then a
+/// path without a header (a fresh DAX device) is formatted, and still never another pool.
 fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     let uuid = pool.uuid()?;
     match SharedMemory::open(&pool.path, Some(uuid)) {
         Ok(mapping) => check_geometry(pool, &mapping).map(|()| Prepared::Existing),
         Err(PoolError::Io { .. }) if !pool.path.exists() => {
             format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
+        }
+        Err(PoolError::WrongMagic { .. }) if pool.format => {
+            SharedMemory::format_existing(&pool.path, pool.capacity_bytes, uuid, pool.page_bytes)
+                .with_context(|| {
+                format!(
+                    "formatting CXL pool `{}` at {}",
+                    pool.name,
+                    pool.path.display()
+                )
+            })?;
+            tracing::info!(pool = %pool.name, path = %pool.path.display(), "formatted a blank device as a CXL pool (format = true)");
+            Ok(Prepared::Formatted)
         }
         Err(error) => Err(error).with_context(|| {
             format!(
@@ -177,15 +192,32 @@ fn format_cxl_pool(pool: &CxlPoolSection, uuid: u128) -> anyhow::Result<()> {
 /// How long a connection may take from its first packet to its session stream.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Completes a connection's handshake within [`HANDSHAKE_TIMEOUT`], admits it under its
+/// Completes a connection's handshake within [`HANDSHAKE_TIMEOUT`], refuses a retired
+/// certificate (the `retired` list of `certs` is read for each connection, so
+/// `kvtier certs retire` takes effect without a restart), admits the connection under its
 /// peer's bound ([`crate::wire::admission`]) and gives it a session actor.
 async fn accept(
     incoming: quinn::Incoming,
     directory: Addr<DirectoryActor>,
     counts: ConnectionCounts,
+    certs: &Path,
 ) -> anyhow::Result<()> {
     let handshake = async {
         let connection = incoming.await?;
+        let retired = match RetiredCertificates::load(certs) {
+            Ok(retired) => retired,
+            Err(error) => {
+                connection.close(quinn::VarInt::from_u32(3), b"retired list unreadable");
+                return Err(error).context("cannot read the retired certificates; refusing");
+            }
+        };
+        if retired.refuses(&connection) {
+            connection.close(quinn::VarInt::from_u32(3), CERTIFICATE_RETIRED.as_bytes());
+            anyhow::bail!(
+                "peer `{}` presented a retired certificate",
+                tls::peer_name(&connection).unwrap_or_default()
+            );
+        }
         let peer = tls::peer_name(&connection).context("peer certificate names nobody")?;
         let Some(slot) = counts.admit(&peer) else {
             connection.close(quinn::VarInt::from_u32(2), b"too many connections");
@@ -206,4 +238,37 @@ async fn accept(
 fn fresh_incarnation() -> u16 {
     let id = crate::actors::node::process::fresh_uuid();
     (id as u16).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_without_a_header_is_formatted_only_when_told() {
+        let path = std::env::temp_dir().join(format!("kvtier-format-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 4096]).unwrap();
+        let mut pool = CxlPoolSection {
+            name: "cxl".into(),
+            domain: 0,
+            path: path.clone(),
+            capacity_bytes: 1 << 20,
+            page_bytes: 64 << 10,
+            extent_bytes: 256 << 10,
+            uuid: format!("{:032x}", 0x5eed_u128),
+            format: false,
+        };
+        let refused = prepare_cxl_pool(&pool);
+        assert!(refused.is_err(), "a headerless path was formatted");
+        assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 4096], "touched");
+        pool.format = true;
+        assert_eq!(prepare_cxl_pool(&pool).unwrap(), Prepared::Formatted);
+        assert_eq!(prepare_cxl_pool(&pool).unwrap(), Prepared::Existing);
+        pool.uuid = format!("{:032x}", 0x5eef_u128);
+        assert!(
+            prepare_cxl_pool(&pool).is_err(),
+            "another pool was formatted away"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
 }

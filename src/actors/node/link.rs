@@ -116,7 +116,16 @@ async fn connect_unbounded(
             request_timeout: DIRECTORY_REQUEST_TIMEOUT,
         },
     )?;
-    match rpc.call(DirectoryRequest::Hello(Hello::ours())).await? {
+    let hello = rpc.call(DirectoryRequest::Hello(Hello::ours())).await;
+    // A directory that refuses the peer (a retired certificate, too many connections) closes
+    // the connection with its reason: report that rather than a bare lost connection.
+    let hello = hello.map_err(|error| match quic::peer_close_reason(&connection) {
+        Some(reason) => WireError::ConnectionLost {
+            reason: format!("closed by the directory: {reason}"),
+        },
+        None => error,
+    });
+    match hello? {
         DirectoryReply::Hello(_) => Ok(rpc),
         DirectoryReply::Error(error) => Err(LinkError::Refused(error)),
         other => Err(LinkError::Unexpected(format!("{other:?}"))),
