@@ -18,6 +18,7 @@ impl Directory {
         let (leases_per_replica, leases_per_session) = self.check_leases();
         let per_pool = self.check_replicas(&leases_per_replica);
         self.replicas.check_recency();
+        self.check_pool_lists();
         let listed: Vec<(u64, u64)> = self
             .pools
             .iter()
@@ -144,11 +145,7 @@ impl Directory {
     /// replicas.
     fn check_extents(&self, index: usize, extents: &ExtentTable) {
         let mut extent_replicas: HashMap<usize, u32> = HashMap::new();
-        for (id, replica) in self
-            .replicas
-            .iter()
-            .filter(|(_, replica)| replica.pool.0 as usize == index)
-        {
+        for (id, replica) in self.replicas.in_pool(PoolId(index as u32)) {
             if matches!(replica.state, ReplicaState::Ready | ReplicaState::Retiring) {
                 assert!(
                     extents.owner_of(replica.offset_bytes).is_some(),
@@ -217,6 +214,15 @@ impl Directory {
         for (id, session) in &self.sessions {
             let leases = leases_per_session.get(&id.0).copied().unwrap_or(0);
             assert_eq!(session.leases, leases, "lease count of session {id:?}");
+            let indexed = self
+                .leases
+                .of_session(*id)
+                .take(self.leases.len() as usize + 1)
+                .inspect(|(_, lease)| {
+                    assert_eq!(lease.session, *id, "lease on another session's list")
+                })
+                .count();
+            assert_eq!(indexed, leases as usize, "session index of {id:?}");
             if session.is_open() {
                 *open_per_node.entry(session.node.0).or_default() += 1;
             } else {
@@ -233,6 +239,24 @@ impl Directory {
         assert!(
             open_per_node.values().all(|&count| count <= 1),
             "two open sessions of one node"
+        );
+    }
+
+    /// Every live replica is on its pool's list, and on no other.
+    fn check_pool_lists(&self) {
+        let bound = self.replicas.len() as usize + 1;
+        let mut listed = 0;
+        for index in 0..self.pools.len() {
+            let pool = PoolId(index as u32);
+            for (id, replica) in self.replicas.in_pool(pool).take(bound) {
+                assert_eq!(replica.pool, pool, "{id:?} on another pool's list");
+                listed += 1;
+            }
+        }
+        assert_eq!(
+            listed,
+            self.replicas.len() as usize,
+            "replicas off their pool's list"
         );
     }
 

@@ -1,10 +1,12 @@
 //! The lease table: a slab of leases with ids that go stale on reuse, and a deadline queue.
 //! All leases have the same duration, so the queue is in deadline order; released leases
 //! leave dead entries that are skipped on expiry and compacted when they outnumber the
-//! live ones, which bounds the queue at twice the live leases.
+//! live ones, which bounds the queue at twice the live leases. Each session's leases form an
+//! intrusive list through their slots, so ending a session costs what it holds, not a scan
+//! of every lease.
 
 use crate::model::{LeaseId, ReplicaId, SessionId, Timestamp};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 const NONE: u32 = u32::MAX;
 
@@ -21,6 +23,9 @@ struct Slot {
     lease: Option<LeaseRecord>,
     generation: u32,
     next_free: u32,
+    /// Neighbours among the leases of the same session (meaningful while live), or `NONE`.
+    session_previous: u32,
+    session_next: u32,
 }
 
 /// Leases by id, bounded by `leases_max`.
@@ -32,6 +37,9 @@ pub struct LeaseTable {
     live: u32,
     leases_max: u32,
     deadlines: VecDeque<(Timestamp, LeaseId)>,
+    /// The first lease slot of each session holding a lease: at most one entry per live
+    /// lease, removed with the session's last lease.
+    session_heads: HashMap<SessionId, u32>,
 }
 
 fn split(id: LeaseId) -> (usize, u32) {
@@ -48,6 +56,7 @@ impl LeaseTable {
             live: 0,
             leases_max: leases_max.min(NONE - 1),
             deadlines: VecDeque::new(),
+            session_heads: HashMap::new(),
         }
     }
 
@@ -78,9 +87,20 @@ impl LeaseTable {
                 lease: Some(record),
                 generation: 0,
                 next_free: NONE,
+                session_previous: NONE,
+                session_next: NONE,
             });
             self.slots.len() - 1
         };
+        let head = self
+            .session_heads
+            .insert(record.session, slot as u32)
+            .unwrap_or(NONE);
+        self.slots[slot].session_previous = NONE;
+        self.slots[slot].session_next = head;
+        if head != NONE {
+            self.slots[head as usize].session_previous = slot as u32;
+        }
         self.live += 1;
         let id = LeaseId(u64::from(self.slots[slot].generation) << 32 | slot as u64);
         self.deadlines.push_back((record.deadline, id));
@@ -100,6 +120,22 @@ impl LeaseTable {
     pub fn remove(&mut self, id: LeaseId) -> Option<LeaseRecord> {
         self.get(id)?;
         let (index, _) = split(id);
+        let (previous, next) = (
+            self.slots[index].session_previous,
+            self.slots[index].session_next,
+        );
+        if next != NONE {
+            self.slots[next as usize].session_previous = previous;
+        }
+        if previous != NONE {
+            self.slots[previous as usize].session_next = next;
+        } else if let Some(session) = self.slots[index].lease.map(|lease| lease.session) {
+            if next == NONE {
+                self.session_heads.remove(&session);
+            } else {
+                self.session_heads.insert(session, next);
+            }
+        }
         let slot = &mut self.slots[index];
         let record = slot.lease.take();
         slot.generation = slot.generation.wrapping_add(1);
@@ -133,6 +169,24 @@ impl LeaseTable {
             }
         }
         None
+    }
+
+    /// The live leases of `session`, newest first, in time proportional to their number.
+    pub fn of_session(
+        &self,
+        session: SessionId,
+    ) -> impl Iterator<Item = (LeaseId, &LeaseRecord)> + '_ {
+        let mut cursor = self.session_heads.get(&session).copied().unwrap_or(NONE);
+        std::iter::from_fn(move || {
+            let index = cursor as usize;
+            let slot = self.slots.get(index)?;
+            cursor = slot.session_next;
+            let lease = slot.lease.as_ref()?;
+            Some((
+                LeaseId(u64::from(slot.generation) << 32 | index as u64),
+                lease,
+            ))
+        })
     }
 
     /// Every live lease.

@@ -4,6 +4,7 @@
 //! Replica ids carry the slot's reuse count, so an id kept after its replica was freed
 //! never names the slot's next occupant. READY replicas are also on recency lists, one per
 //! pool and frequency class, so eviction finds each class's least recent replica at once.
+//! Every live replica is on its pool's list, so dropping a pool costs what it holds.
 
 use crate::model::{
     AllocationId, Generation, Location, NodeId, ObjectId, PoolId, ReplicaId, Timestamp,
@@ -43,7 +44,7 @@ impl ReplicaState {
     }
 }
 
-/// One replica record. Kept compact (about 112 bytes): the directory holds tens of
+/// One replica record. Kept compact (about 120 bytes): the directory holds tens of
 /// millions of them.
 #[derive(Clone, Debug)]
 pub struct Replica {
@@ -71,6 +72,9 @@ pub struct Replica {
     older: u32,
     /// The frequency class whose recency list holds it (meaningful while listed).
     class: u8,
+    /// Neighbours on its pool's list of live replicas, or `NONE`.
+    pool_previous: u32,
+    pool_next: u32,
 }
 
 impl Replica {
@@ -111,6 +115,8 @@ pub struct ReplicaTable {
     /// Per pool and frequency class: the most and least recently used READY replica (slot
     /// indices).
     recency: Vec<[(u32, u32); FREQUENCY_CLASSES]>,
+    /// Per pool: the first of its live replicas (a slot index), or `NONE`.
+    pool_heads: Vec<u32>,
 }
 
 fn split(id: ReplicaId) -> (u32, u32) {
@@ -129,6 +135,7 @@ impl ReplicaTable {
             hasher: foldhash::fast::FixedState::with_seed(hash_seed),
             replicas_max: replicas_max.min(NONE - 1),
             recency: Vec::new(),
+            pool_heads: Vec::new(),
         }
     }
 
@@ -223,6 +230,8 @@ impl ReplicaTable {
             newer: NONE,
             older: NONE,
             class: 0,
+            pool_previous: NONE,
+            pool_next: NONE,
         };
         let slot = if self.free_head != NONE {
             let slot = self.free_head;
@@ -245,6 +254,7 @@ impl ReplicaTable {
             (self.slots.len() - 1) as u32
         };
         self.live += 1;
+        self.link_pool(slot);
         let hash = self.hash(&new.object);
         match head {
             Some(old_head) => {
@@ -272,6 +282,7 @@ impl ReplicaTable {
         self.unlink_recency(id);
         let removed = self.get(id)?.clone();
         let (slot, _) = split(id);
+        self.unlink_pool(slot);
         let hash = self.hash(&removed.object);
         let head = self.head(&removed.object).unwrap_or(NONE);
         if head == slot {
@@ -414,6 +425,56 @@ impl ReplicaTable {
                 assert_eq!(previous, newest, "newest end of list {pool}/{class}");
             }
         }
+    }
+
+    /// Puts the live replica in `slot` at the head of its pool's list.
+    fn link_pool(&mut self, slot: u32) {
+        let pool = self.slots[slot as usize].pool.0 as usize;
+        if self.pool_heads.len() <= pool {
+            self.pool_heads.resize(pool + 1, NONE);
+        }
+        let head = self.pool_heads[pool];
+        let entry = &mut self.slots[slot as usize];
+        entry.pool_previous = NONE;
+        entry.pool_next = head;
+        if head != NONE {
+            self.slots[head as usize].pool_previous = slot;
+        }
+        self.pool_heads[pool] = slot;
+    }
+
+    /// Takes the live replica in `slot` off its pool's list.
+    fn unlink_pool(&mut self, slot: u32) {
+        let entry = &self.slots[slot as usize];
+        let (pool, previous, next) = (entry.pool.0 as usize, entry.pool_previous, entry.pool_next);
+        if next != NONE {
+            self.slots[next as usize].pool_previous = previous;
+        }
+        if previous != NONE {
+            self.slots[previous as usize].pool_next = next;
+        } else if let Some(head) = self.pool_heads.get_mut(pool) {
+            *head = next;
+        }
+        let entry = &mut self.slots[slot as usize];
+        entry.pool_previous = NONE;
+        entry.pool_next = NONE;
+    }
+
+    /// The live replicas of `pool`, newest first, in time proportional to their number.
+    pub fn in_pool(&self, pool: PoolId) -> impl Iterator<Item = (ReplicaId, &Replica)> + '_ {
+        let mut cursor = self
+            .pool_heads
+            .get(pool.0 as usize)
+            .copied()
+            .unwrap_or(NONE);
+        std::iter::from_fn(move || {
+            if cursor == NONE {
+                return None;
+            }
+            let slot = cursor;
+            cursor = self.slots[slot as usize].pool_next;
+            Some((self.id_of(slot), &self.slots[slot as usize]))
+        })
     }
 
     /// Every live replica, in slot order (for invariant checks and bulk decisions).

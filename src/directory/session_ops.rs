@@ -202,8 +202,7 @@ impl Directory {
     /// under them. Leases on this node's own pools go with the pools.
     fn host_pool_leases(&self, session: SessionId) -> Vec<LeaseId> {
         self.leases
-            .iter()
-            .filter(|(_, lease)| lease.session == session)
+            .of_session(session)
             .filter(|(_, lease)| {
                 self.replicas
                     .get(lease.replica)
@@ -223,10 +222,9 @@ impl Directory {
 
     /// The replicas in `pools`.
     fn replicas_in(&self, pools: &[PoolId]) -> Vec<ReplicaId> {
-        self.replicas
+        pools
             .iter()
-            .filter(|(_, replica)| pools.contains(&replica.pool))
-            .map(|(id, _)| id)
+            .flat_map(|&pool| self.replicas.in_pool(pool).map(|(id, _)| id))
             .collect()
     }
 
