@@ -6,7 +6,7 @@
 //! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
 
 use super::link::LinkError;
-use super::pool::{Check, Free, ReadAt, TakeEmptyExtent, Usage, WriteAt};
+use super::pool::{Check, Free, PoolActor, ReadAt, TakeEmptyExtent, Usage, WriteAt};
 use super::rejoin::{rejoin, Registration};
 use super::services::NodeServices;
 use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
@@ -309,8 +309,15 @@ pub fn commit_result(
     }
 }
 
-/// The copy step of a demotion: read the source, allocate and write the target, check the
-/// source was not reclaimed meanwhile. Returns the target's location.
+/// Bytes a demotion copies per pool message. With at most [`TASKS_IN_FLIGHT_MAX`] tasks at
+/// once, demotions hold at most 32 x 256 KiB = 8 MiB of copy buffers, whatever the objects'
+/// sizes, and neither pool actor is held for longer than one chunk's copy.
+pub const DEMOTION_CHUNK_BYTES: u64 = 256 << 10;
+
+/// The copy step of a demotion: allocate the target, copy the source chunk by chunk through
+/// one reused buffer of [`DEMOTION_CHUNK_BYTES`], then check the source was not reclaimed
+/// meanwhile (its generation is unchanged, so no chunk came from reused pages). Returns the
+/// target's location; on failure the target's pages are freed.
 async fn copy(
     services: &NodeServices,
     source: Location,
@@ -322,18 +329,6 @@ async fn copy(
     ) else {
         return Err("a pool of the demotion is not mapped here".into());
     };
-    let bytes = from
-        .send(ReadAt {
-            offset_bytes: source.offset_bytes,
-            length_bytes: source.length_bytes,
-        })
-        .await
-        .map_err(|error| error.to_string())?
-        .map_err(|error| error.to_string())?;
-    from.send(Check { location: source })
-        .await
-        .map_err(|error| error.to_string())?
-        .map_err(|error| error.to_string())?;
     let allocation = services
         .allocate(to, target_pool, source.length_bytes)
         .await
@@ -346,17 +341,48 @@ async fn copy(
         offset_bytes: allocation.offset,
         length_bytes: source.length_bytes,
     };
-    let written = to
-        .send(WriteAt {
-            offset_bytes: location.offset_bytes,
-            bytes,
-        })
-        .await;
-    if !matches!(written, Ok(Ok(()))) {
+    if let Err(reason) = copy_chunks(from, to, source, location).await {
         services.free(location).await;
-        return Err(format!("writing the copy failed: {written:?}"));
+        return Err(reason);
     }
     Ok(location)
+}
+
+/// Copies `source` to `target` (same length) chunk by chunk, then checks the source.
+async fn copy_chunks(
+    from: &Addr<PoolActor>,
+    to: &Addr<PoolActor>,
+    source: Location,
+    target: Location,
+) -> Result<(), String> {
+    let failed = |what: &str, error: &dyn std::fmt::Display| format!("{what} failed: {error}");
+    let mut buffer = Vec::new();
+    let mut done = 0;
+    while done < source.length_bytes {
+        let chunk = (source.length_bytes - done).min(DEMOTION_CHUNK_BYTES) as usize;
+        buffer.resize(chunk, 0);
+        buffer = from
+            .send(ReadAt {
+                offset_bytes: source.offset_bytes + done,
+                buffer,
+            })
+            .await
+            .map_err(|error| failed("reading the source", &error))?
+            .map_err(|error| failed("reading the source", &error))?;
+        buffer = to
+            .send(WriteAt {
+                offset_bytes: target.offset_bytes + done,
+                bytes: buffer,
+            })
+            .await
+            .map_err(|error| failed("writing the copy", &error))?
+            .map_err(|error| failed("writing the copy", &error))?;
+        done += chunk as u64;
+    }
+    from.send(Check { location: source })
+        .await
+        .map_err(|error| failed("checking the source", &error))?
+        .map_err(|error| failed("checking the source", &error))
 }
 
 /// Resolves earlier returns whose replies were lost, then gives back every extent of a

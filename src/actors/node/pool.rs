@@ -120,10 +120,12 @@ impl Handler<DropExtent> for PoolActor {
     }
 }
 
-/// Copies bytes out of the pool (the node's own transfers, e.g. a demotion).
+/// Copies `buffer.len()` bytes out of the pool into `buffer` and hands it back (the node's
+/// own transfers, e.g. a demotion, one bounded chunk per message so no copy holds the
+/// actor long).
 pub struct ReadAt {
     pub offset_bytes: u64,
-    pub length_bytes: u64,
+    pub buffer: Vec<u8>,
 }
 
 impl Message for ReadAt {
@@ -133,32 +135,31 @@ impl Message for ReadAt {
 impl Handler<ReadAt> for PoolActor {
     type Result = Result<Vec<u8>, PoolError>;
 
-    fn handle(&mut self, message: ReadAt, _: &mut Context<Self>) -> Self::Result {
-        let length =
-            usize::try_from(message.length_bytes).map_err(|_| PoolError::InvalidLength {
-                length_bytes: message.length_bytes,
-            })?;
-        let mut bytes = vec![0u8; length];
-        self.backend.read_at(message.offset_bytes, &mut bytes)?;
-        Ok(bytes)
+    fn handle(&mut self, mut message: ReadAt, _: &mut Context<Self>) -> Self::Result {
+        self.backend
+            .read_at(message.offset_bytes, &mut message.buffer)?;
+        Ok(message.buffer)
     }
 }
 
-/// Copies bytes into an allocation this node holds and no reader sees yet.
+/// Copies `bytes` into an allocation this node holds and no reader sees yet, and hands the
+/// buffer back for the next chunk.
 pub struct WriteAt {
     pub offset_bytes: u64,
     pub bytes: Vec<u8>,
 }
 
 impl Message for WriteAt {
-    type Result = Result<(), PoolError>;
+    type Result = Result<Vec<u8>, PoolError>;
 }
 
 impl Handler<WriteAt> for PoolActor {
-    type Result = Result<(), PoolError>;
+    type Result = Result<Vec<u8>, PoolError>;
 
     fn handle(&mut self, message: WriteAt, _: &mut Context<Self>) -> Self::Result {
-        self.backend.write_at(message.offset_bytes, &message.bytes)
+        self.backend
+            .write_at(message.offset_bytes, &message.bytes)?;
+        Ok(message.bytes)
     }
 }
 
