@@ -1,0 +1,166 @@
+"""`python -m kvtier.bench [--json] [--socket PATH]`: store and load from Python, against the
+limit measured in the same run, a copy between the same buffers in this process.
+
+For each size (256 KiB and 4 MiB) it stores distinct objects from a set of numpy buffers,
+loads them back into another set (`load_into`), and copies the first set into the second
+with numpy: the same bytes, the same memory. The ratios are kvtier's GB/s over the copy's
+(target >= 0.8 at 4 MiB). `call_overhead_us` is the time of a 4 KiB `load_into` beyond a
+4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off).
+Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
+`$KVTIER_BIN` or the PATH) and stops it after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from contextlib import ExitStack
+
+import numpy as np
+
+from . import Client, LocalCluster, find_executable
+
+KIB = 1 << 10
+MIB = 1 << 20
+#: The sizes measured.
+SIZES = (256 * KIB, 4 * MIB)
+#: Bytes moved per size and pass: well past the last-level cache, well inside the pool.
+BYTES_PER_PASS = 128 * MIB
+#: Passes per measurement; the best is kept (the least disturbed by other processes).
+PASSES = 3
+#: Calls timed for the call overhead.
+OVERHEAD_CALLS = 2000
+#: The CPU pool of the node the benchmark starts.
+POOL_BYTES = 1024 * MIB
+
+
+def _best(run, passes: int = PASSES) -> float:
+    """The shortest of `passes` timed runs of `run()`, in seconds."""
+    best = float("inf")
+    for _ in range(passes):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(client: Client, size: int, round_: int) -> dict:
+    """Store, load and copy GB/s for objects of `size` bytes."""
+    namespace = client.register_namespace(
+        model=f"kvtier/bench-{size}",
+        revision=str(round_),
+        kv_dtype="bfloat16",
+        layers=1,
+        kv_heads=1,
+        head_dim=size // 2,
+        block_tokens=1,
+    )
+    count = max(1, BYTES_PER_PASS // size)
+    rng = np.random.default_rng(size)
+    sources = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(count)]
+    targets = [np.zeros(size, dtype=np.uint8) for _ in range(count)]
+    total = count * size
+
+    def copy() -> None:
+        for source, target in zip(sources, targets):
+            np.copyto(target, source)
+
+    pass_index = iter(range(PASSES))
+
+    def store() -> None:
+        # Distinct keys each pass, so every store writes (no "already_present").
+        index = next(pass_index)
+        for number, source in enumerate(sources):
+            status = client.store(namespace, f"{index}/{number}".encode(), source)
+            if status != "stored":
+                raise RuntimeError(f"store returned {status!r}: is the pool large enough?")
+
+    keys = [f"0/{number}".encode() for number in range(count)]
+
+    def load() -> None:
+        for key, target in zip(keys, targets):
+            if client.load_into(namespace, [key], [target]) != [True]:
+                raise RuntimeError("a stored object missed")
+
+    copy_s = _best(copy)
+    store_s = _best(store)
+    load_s = _best(load)
+    if not all(np.array_equal(s, t) for s, t in zip(sources, targets)):
+        raise RuntimeError("loaded bytes differ from the stored ones")
+    copy_gbps, store_gbps, load_gbps = (total / seconds / 1e9 for seconds in (copy_s, store_s, load_s))
+    return {
+        "size": size,
+        "store_gbps": round(store_gbps, 3),
+        "load_gbps": round(load_gbps, 3),
+        "copy_gbps": round(copy_gbps, 3),
+        "store_ratio": round(store_gbps / copy_gbps, 3),
+        "load_ratio": round(load_gbps / copy_gbps, 3),
+    }
+
+
+def call_overhead_us(client: Client) -> float:
+    """Microseconds of one 4 KiB `load_into` beyond a 4 KiB copy."""
+    namespace = client.register_namespace(
+        model="kvtier/bench-overhead",
+        revision="1",
+        kv_dtype="bfloat16",
+        layers=1,
+        kv_heads=1,
+        head_dim=2048,
+        block_tokens=1,
+    )
+    source = np.ones(4 * KIB, dtype=np.uint8)
+    target = np.zeros(4 * KIB, dtype=np.uint8)
+    client.store(namespace, b"overhead", source)
+    keys, targets = [b"overhead"], [target]
+
+    def load() -> None:
+        for _ in range(OVERHEAD_CALLS):
+            client.load_into(namespace, keys, targets)
+
+    def copy() -> None:
+        for _ in range(OVERHEAD_CALLS):
+            np.copyto(target, source)
+
+    return max(0.0, (_best(load) - _best(copy)) / OVERHEAD_CALLS * 1e6)
+
+
+def run(socket: str | None) -> dict:
+    """The report, against the node at `socket` or one started for it."""
+    with ExitStack() as stack:
+        if socket is None:
+            cluster = stack.enter_context(
+                LocalCluster(find_executable(), nodes=1, cpu_pool_bytes=POOL_BYTES)
+            )
+            socket = str(cluster.socket(0))
+        client = Client.connect(socket)
+        round_ = time.time_ns()
+        sizes = [measure(client, size, round_) for size in SIZES]
+        return {
+            "benchmark": "python",
+            "sizes": sizes,
+            "call_overhead_us": round(call_overhead_us(client), 2),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvtier.bench", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--socket", help="a running node's socket (default: start one)")
+    args = parser.parse_args()
+    report = run(args.socket)
+    if args.json:
+        print(json.dumps(report))
+        return
+    for row in report["sizes"]:
+        print(
+            f"{row['size'] // KIB:>6} KiB  store {row['store_gbps']:.2f} GB/s "
+            f"({row['store_ratio']:.2f} of copy)  load {row['load_gbps']:.2f} GB/s "
+            f"({row['load_ratio']:.2f} of copy)  copy {row['copy_gbps']:.2f} GB/s"
+        )
+    print(f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

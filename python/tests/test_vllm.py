@@ -1,0 +1,326 @@
+"""kvtier under the real vLLM package: the tier built by vLLM's own factory from the
+configuration in the README, and vLLM's real Scheduler with the OffloadingConnector and the
+TieringOffloadingSpec on a CPU device storing, evicting, and finding chunks again in kvtier.
+
+Only the GPU<->CPU copy worker is absent here: `Worker` below stands in for it, copying
+each chunk's known content between a pretend GPU and vLLM's CPU tier and reporting the jobs
+done as vLLM's worker would. Everything between vLLM's CPU tier and kvtier is real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MIB
+
+import kvtier
+
+pytest.importorskip(
+    "vllm", reason="vllm is not installed: scripts/python-env installs vllm==0.33.0"
+)
+torch = pytest.importorskip("torch", reason="torch (installed with vllm) is missing")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
+    OffloadingWorkerMetadata,
+)
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_offload.base import make_offload_key  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from kvtier.vllm import KvtierTier  # noqa: E402
+
+BLOCK_TOKENS = 16
+LAYERS = 2
+KV_HEADS = 2
+HEAD_DIM = 16
+#: Bytes of one block (= one offloaded chunk): K and V, float16.
+CHUNK_BYTES = 2 * BLOCK_TOKENS * KV_HEADS * HEAD_DIM * 2 * LAYERS
+#: Chunks vLLM's CPU tier holds: one prompt's worth, so a second prompt evicts the first.
+CPU_CHUNKS = 4
+PROMPT_TOKENS = CPU_CHUNKS * BLOCK_TOKENS
+EOS = 2
+#: Longest a scheduler loop may run before the test calls it hung (a hang guard).
+HANG_GUARD_S = 60.0
+
+
+def kv_transfer_config(socket: str) -> dict:
+    """The --kv-transfer-config of the README, for this test's node and CPU tier size."""
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": CPU_CHUNKS * CHUNK_BYTES,
+            "secondary_tiers": [
+                {
+                    "type": "KvtierTier",
+                    "module_path": "kvtier.vllm",
+                    "socket": socket,
+                    "revision": "test-revision",
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama configuration (no weights: the scheduler never runs the model)."""
+    folder = tmp_path_factory.mktemp("model")
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": KV_HEADS * HEAD_DIM * 2,
+                "intermediate_size": 128,
+                "num_attention_heads": KV_HEADS * 2,
+                "num_key_value_heads": KV_HEADS,
+                "num_hidden_layers": LAYERS,
+                "vocab_size": 1000,
+                "max_position_embeddings": 2048,
+                "rms_norm_eps": 1e-5,
+                "torch_dtype": "float16",
+                "bos_token_id": 1,
+                "eos_token_id": EOS,
+            }
+        )
+    )
+    return folder
+
+
+def make_scheduler(model_dir: Path, socket: str) -> Scheduler:
+    """vLLM's real Scheduler with the OffloadingConnector, the TieringOffloadingSpec and the
+    kvtier tier, on a CPU device."""
+    config = VllmConfig(
+        model_config=ModelConfig(
+            model=str(model_dir), dtype="float16", seed=0, skip_tokenizer_init=True
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=4,
+            max_num_batched_tokens=512,
+            max_model_len=1024,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK_TOKENS,
+            gpu_memory_utilization=0.9,
+            cache_dtype="auto",
+            enable_prefix_caching=True,
+        ),
+        kv_transfer_config=KVTransferConfig(**kv_transfer_config(socket)),
+        device_config=DeviceConfig("cpu"),
+    )
+    config.cache_config.kv_cache_layout = "LBNHC"
+    gpu_blocks = 64
+    config.cache_config.num_gpu_blocks = gpu_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                [f"layer{index}" for index in range(LAYERS)],
+                FullAttentionSpec(
+                    block_size=BLOCK_TOKENS,
+                    num_kv_heads=KV_HEADS,
+                    head_size=HEAD_DIM,
+                    dtype=torch.float16,
+                ),
+            )
+        ],
+    )
+    init_none_hash(sha256)
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK_TOKENS,
+        log_stats=True,
+    )
+
+
+def content(tokens: list[int], block: int) -> bytes:
+    """The KV bytes of block `block` of a prompt: a function of the tokens up to its end."""
+    digest = hashlib.sha256(repr(tokens[: (block + 1) * BLOCK_TOKENS]).encode()).digest()
+    return (digest * (CHUNK_BYTES // len(digest) + 1))[:CHUNK_BYTES]
+
+
+class Worker:
+    """Stands in for vLLM's GPU<->CPU copy worker: stores copy a block's known content into
+    the CPU tier's slot, loads copy a CPU slot into the pretend GPU and check the bytes."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        manager = scheduler.connector.connector_scheduler.manager
+        self.manager = manager
+        self.cpu = manager.primary_tier.get_kv_memoryview()
+        self.tokens: dict[str, list[int]] = {}
+        self.requests: dict[str, Request] = {}
+        self.stored_chunks = 0
+        self.loaded_blocks: list[tuple[str, int, bool]] = []
+
+    def block_index(self, request_id: str, block_id: int) -> int:
+        blocks = self.scheduler.kv_cache_manager.coordinator.single_type_managers[
+            0
+        ].req_to_blocks[request_id]
+        return [block.block_id for block in blocks].index(int(block_id))
+
+    def step(self) -> None:
+        output = self.scheduler.schedule()
+        meta = output.kv_connector_metadata
+        done = OffloadingWorkerMetadata()
+        for job_id, job in meta.store_jobs.items():
+            for gpu_block, cpu_chunk in zip(job.src_spec, job.dst_spec):
+                index = self.block_index(job.req_id, gpu_block)
+                self.cpu[int(cpu_chunk)] = content(self.tokens[job.req_id], index)
+                self.stored_chunks += 1
+            done.mark_completed(job_id)
+        for job_id, job in meta.load_jobs.items():
+            for cpu_chunk, gpu_block in zip(job.src_spec, job.dst_spec):
+                index = self.block_index(job.req_id, gpu_block)
+                expected = content(self.tokens[job.req_id], index)
+                self.loaded_blocks.append(
+                    (job.req_id, index, bytes(self.cpu[int(cpu_chunk)]) == expected)
+                )
+            done.mark_completed(job_id)
+        running = list(self.scheduler.running)
+        self.scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=[request.request_id for request in running],
+                req_id_to_index={
+                    request.request_id: index for index, request in enumerate(running)
+                },
+                sampled_token_ids=[[7] for _ in running],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=None,
+                kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=done),
+            ),
+        )
+
+    def run(self, request_id: str, tokens: list[int]) -> None:
+        """Runs one request to its end, and the steps after it until vLLM's offloading (and
+        kvtier's jobs) have nothing pending."""
+        sampling = SamplingParams(max_tokens=2)
+        sampling.update_from_generation_config({}, EOS)
+        self.tokens[request_id] = tokens
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=tokens,
+            sampling_params=sampling,
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(BLOCK_TOKENS, sha256),
+        )
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while self.scheduler.requests or self.scheduler.connector.has_pending_push_work():
+            assert time.monotonic() < deadline, f"request {request_id} never finished"
+            self.step()
+
+    def keys(self, request_id: str) -> list[bytes]:
+        """vLLM's offload keys of the request's full blocks (one block per chunk)."""
+        hashes = self.requests[request_id].block_hashes[: PROMPT_TOKENS // BLOCK_TOKENS]
+        return [make_offload_key(block_hash, 0) for block_hash in hashes]
+
+    def loaded(self, request_id: str) -> list[tuple[int, bool]]:
+        return [(index, same) for req, index, same in self.loaded_blocks if req == request_id]
+
+
+def prompt(seed: int) -> list[int]:
+    return [100 + (seed * 7919 + index * 31) % 800 for index in range(PROMPT_TOKENS)]
+
+
+@pytest.fixture
+def node(exe):
+    with kvtier.LocalCluster(exe, nodes=1, cpu_pool_bytes=32 * MIB) as cluster:
+        yield cluster
+
+
+def test_the_tier_is_built_by_vllms_factory_from_the_configuration(model_dir, node):
+    scheduler = make_scheduler(model_dir, str(node.socket(0)))
+    manager = scheduler.connector.connector_scheduler.manager
+    [tier] = manager.secondary_tiers
+    assert isinstance(tier, KvtierTier)
+    assert tier.block_size_bytes == CHUNK_BYTES
+    assert tier._fields["model"] == str(model_dir)
+    assert tier._fields["layers"] == LAYERS
+    assert tier._fields["kv_dtype"] == "float16"
+    scheduler.shutdown()
+
+
+def test_stored_chunks_are_evicted_from_the_cpu_tier_and_found_again_in_kvtier(
+    model_dir, node
+):
+    scheduler = make_scheduler(model_dir, str(node.socket(0)))
+    worker = Worker(scheduler)
+    first, filler = prompt(1), prompt(2)
+
+    worker.run("first", first)
+    assert worker.stored_chunks == CPU_CHUNKS
+    # Every chunk went down to kvtier: another client of the node finds them all.
+    client = kvtier.Client.connect(node.socket(0))
+    namespace = client.register_namespace(**worker.manager.secondary_tiers[0]._fields)
+    probes = client.probe(namespace, worker.keys("first"))
+    assert [probe.state for probe in probes] == ["hit"] * CPU_CHUNKS
+    assert {probe.length for probe in probes} == {CHUNK_BYTES}
+
+    # A different prompt fills vLLM's CPU tier and evicts the first one's chunks.
+    worker.run("filler", filler)
+    assert worker.stored_chunks == 2 * CPU_CHUNKS
+
+    # The first prompt again: vLLM's CPU tier misses, kvtier hits (promotion, then a load).
+    worker.run("again", list(first))
+    loaded = worker.loaded("again")
+    assert loaded, "no block of the repeated prompt was loaded"
+    assert all(same for _, same in loaded), f"loaded bytes differ: {loaded}"
+    # The whole prompt but its last block (vLLM recomputes the last token's block).
+    assert sorted(index for index, _ in loaded) == list(range(len(loaded)))
+    assert len(loaded) >= CPU_CHUNKS - 1
+    scheduler.shutdown()
+
+
+def test_two_schedulers_on_two_nodes_share(model_dir, exe):
+    with kvtier.LocalCluster(
+        exe,
+        nodes=2,
+        cpu_pool_bytes=16 * MIB,
+        cxl_pool_bytes=64 * MIB,
+        write_order=["cxl", "cpu"],
+    ) as cluster:
+        first = Worker(make_scheduler(model_dir, str(cluster.socket(0))))
+        second = Worker(make_scheduler(model_dir, str(cluster.socket(1))))
+        shared = prompt(3)
+        first.run("on-first", shared)
+        assert first.stored_chunks == CPU_CHUNKS
+        # The second instance never saw the prompt: its CPU tier is empty, kvtier has it.
+        second.run("on-second", list(shared))
+        loaded = second.loaded("on-second")
+        assert len(loaded) >= CPU_CHUNKS - 1, loaded
+        assert all(same for _, same in loaded), f"loaded bytes differ: {loaded}"
+        first.scheduler.shutdown()
+        second.scheduler.shutdown()
