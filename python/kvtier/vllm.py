@@ -123,6 +123,9 @@ class KvtierTier(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
+        # One flat byte view of vLLM's CPU tier (a 2-D memoryview has no row views before
+        # Python 3.12); chunk c is bytes [c * block_size_bytes, (c + 1) * block_size_bytes).
+        self._slots = primary_kv_view.cast("B")
         socket = socket or os.environ.get("KVTIER_SOCKET")
         if not socket:
             raise ValueError(
@@ -257,6 +260,11 @@ class KvtierTier(SecondaryTierManager):
         while len(self._verdicts) > VERDICTS_MAX:
             self._verdicts.popitem(last=False)
 
+    def _buffers(self, job: TransferJob) -> list[memoryview]:
+        """The CPU tier's slots of a job's chunks."""
+        size = self.block_size_bytes
+        return [self._slots[int(chunk) * size : (int(chunk) + 1) * size] for chunk in job.chunk_ids]
+
     def _fail(self, vllm_job: int, error: Exception) -> None:
         logger.warning("kvtier job not submitted: %s", error)
         self._lost(error)
@@ -304,7 +312,7 @@ class KvtierTier(SecondaryTierManager):
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
-        buffers = [self._primary_kv_view[int(chunk)] for chunk in job_metadata.chunk_ids]
+        buffers = self._buffers(job_metadata)
         try:
             if self._client is None and not self._connect():
                 raise NodeUnreachable("not connected")
@@ -325,7 +333,7 @@ class KvtierTier(SecondaryTierManager):
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
-        buffers = [self._primary_kv_view[int(chunk)] for chunk in job_metadata.chunk_ids]
+        buffers = self._buffers(job_metadata)
         try:
             if self._client is None:
                 raise NodeUnreachable("not connected")
@@ -365,3 +373,4 @@ class KvtierTier(SecondaryTierManager):
         self.drain_jobs()
         self._client = None
         self._retired = []
+        self._slots.release()

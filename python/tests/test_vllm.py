@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -129,7 +130,7 @@ def make_scheduler(model_dir: Path, socket: str) -> Scheduler:
             block_size=BLOCK_TOKENS,
             gpu_memory_utilization=0.9,
             cache_dtype="auto",
-            enable_prefix_caching=True,
+            enable_prefix_caching=False,
         ),
         kv_transfer_config=KVTransferConfig(**kv_transfer_config(socket)),
         device_config=DeviceConfig("cpu"),
@@ -176,11 +177,14 @@ class Worker:
         self.scheduler = scheduler
         manager = scheduler.connector.connector_scheduler.manager
         self.manager = manager
-        self.cpu = manager.primary_tier.get_kv_memoryview()
+        self.cpu = manager.primary_tier.get_kv_memoryview().cast("B")
         self.tokens: dict[str, list[int]] = {}
         self.requests: dict[str, Request] = {}
         self.stored_chunks = 0
         self.loaded_blocks: list[tuple[str, int, bool]] = []
+
+    def slot(self, chunk) -> memoryview:
+        return self.cpu[int(chunk) * CHUNK_BYTES : (int(chunk) + 1) * CHUNK_BYTES]
 
     def block_index(self, request_id: str, block_id: int) -> int:
         blocks = self.scheduler.kv_cache_manager.coordinator.single_type_managers[
@@ -193,17 +197,21 @@ class Worker:
         meta = output.kv_connector_metadata
         done = OffloadingWorkerMetadata()
         for job_id, job in meta.store_jobs.items():
-            for gpu_block, cpu_chunk in zip(job.src_spec, job.dst_spec):
+            for gpu_block, cpu_chunk in zip(job.src_spec.block_ids, job.dst_spec.block_ids):
                 index = self.block_index(job.req_id, gpu_block)
-                self.cpu[int(cpu_chunk)] = content(self.tokens[job.req_id], index)
+                self.slot(cpu_chunk)[:] = content(self.tokens[job.req_id], index)
                 self.stored_chunks += 1
             done.mark_completed(job_id)
+        finished_recving = set()
         for job_id, job in meta.load_jobs.items():
-            for cpu_chunk, gpu_block in zip(job.src_spec, job.dst_spec):
+            if not job.sync:
+                # As vLLM's worker: an asynchronous load resumes its request.
+                finished_recving.add(job.req_id)
+            for cpu_chunk, gpu_block in zip(job.src_spec.block_ids, job.dst_spec.block_ids):
                 index = self.block_index(job.req_id, gpu_block)
                 expected = content(self.tokens[job.req_id], index)
                 self.loaded_blocks.append(
-                    (job.req_id, index, bytes(self.cpu[int(cpu_chunk)]) == expected)
+                    (job.req_id, index, bytes(self.slot(cpu_chunk)) == expected)
                 )
             done.mark_completed(job_id)
         running = list(self.scheduler.running)
@@ -218,7 +226,9 @@ class Worker:
                 logprobs=None,
                 prompt_logprobs_dict={},
                 pooler_output=None,
-                kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=done),
+                kv_connector_output=KVConnectorOutput(
+                    finished_recving=finished_recving, kv_connector_worker_meta=done
+                ),
             ),
         )
 
@@ -249,6 +259,17 @@ class Worker:
 
     def loaded(self, request_id: str) -> list[tuple[int, bool]]:
         return [(index, same) for req, index, same in self.loaded_blocks if req == request_id]
+
+
+def acquires(cluster: kvtier.LocalCluster) -> float:
+    """The directory's count of lease acquisitions (each kvtier load acquires)."""
+    address = dict(cluster.metrics_addresses())["directory"]
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith('kvtier_requests_total{') and 'op="acquire"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def prompt(seed: int) -> list[int]:
@@ -294,7 +315,9 @@ def test_stored_chunks_are_evicted_from_the_cpu_tier_and_found_again_in_kvtier(
     assert worker.stored_chunks == 2 * CPU_CHUNKS
 
     # The first prompt again: vLLM's CPU tier misses, kvtier hits (promotion, then a load).
+    before = acquires(node)
     worker.run("again", list(first))
+    assert acquires(node) > before, "kvtier served no load"
     loaded = worker.loaded("again")
     assert loaded, "no block of the repeated prompt was loaded"
     assert all(same for _, same in loaded), f"loaded bytes differ: {loaded}"
@@ -318,7 +341,9 @@ def test_two_schedulers_on_two_nodes_share(model_dir, exe):
         first.run("on-first", shared)
         assert first.stored_chunks == CPU_CHUNKS
         # The second instance never saw the prompt: its CPU tier is empty, kvtier has it.
+        before = acquires(cluster)
         second.run("on-second", list(shared))
+        assert acquires(cluster) > before, "kvtier served no load"
         loaded = second.loaded("on-second")
         assert len(loaded) >= CPU_CHUNKS - 1, loaded
         assert all(same for _, same in loaded), f"loaded bytes differ: {loaded}"
