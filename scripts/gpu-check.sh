@@ -18,7 +18,7 @@ export KVTIER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/kvtier"
 (
     cd python
     VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${KVTIER_PYTHON_TARGET:-$PWD/target}" \
-        "$venv/bin/maturin" develop --release --locked --quiet
+        "$venv/bin/maturin" develop --release --quiet
 )
 exec "$venv/bin/python" - <<'PYTHON'
 import gc, json, os, sys, tempfile, urllib.request
