@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import MIB
 
@@ -40,7 +41,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # 
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_offload.base import make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    LookupResult,
+    ReqContext,
+    ScheduleEndContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.tiering.base import TransferJob  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -349,3 +356,65 @@ def test_two_schedulers_on_two_nodes_share(model_dir, exe):
         assert all(same for _, same in loaded), f"loaded bytes differ: {loaded}"
         first.scheduler.shutdown()
         second.scheduler.shutdown()
+
+
+def finished(tier: KvtierTier, job_id: int):
+    """Polls the tier until vLLM's job `job_id` finished (a hang guard bounds it)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        for result in tier.get_finished_jobs():
+            if result.job_id == job_id:
+                return result
+        assert time.monotonic() < deadline, f"job {job_id} never finished"
+        time.sleep(0.001)
+
+
+def settle(tier: KvtierTier, key: bytes, context) -> LookupResult:
+    """Asks as vLLM's scheduler does, step after step, until the answer is not RETRY."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while (answer := tier.lookup(key, context)) is LookupResult.RETRY:
+        assert time.monotonic() < deadline, "lookup answered RETRY for good"
+        tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        time.sleep(0.001)
+    return answer
+
+
+def test_the_tier_answers_retry_while_in_flight_and_never_a_false_hit(model_dir, node):
+    scheduler = make_scheduler(model_dir, str(node.socket(0)))
+    [tier] = scheduler.connector.connector_scheduler.manager.secondary_tiers
+    slots = tier._slots
+    context = ReqContext(req_id="direct")
+    key = make_offload_key(hashlib.sha256(b"direct").digest(), 0)
+
+    # Unknown: RETRY while the probe is in flight, then MISS.
+    assert tier.lookup(key, context) is LookupResult.RETRY
+    assert settle(tier, key, context) is LookupResult.MISS
+
+    # A store in flight: RETRY (not the stale MISS), then HIT once the node confirms it.
+    slots[0:CHUNK_BYTES] = content([1, 2, 3], 0)
+    tier.submit_store(
+        TransferJob(job_id=1, keys=[key], chunk_ids=np.array([0]), is_promotion=False,
+                    req_context=context)
+    )
+    assert tier.lookup(key, context) is LookupResult.RETRY
+    assert finished(tier, 1).success
+    assert settle(tier, key, context) is LookupResult.HIT
+
+    # A promotion copies the chunk into another slot of vLLM's CPU tier.
+    tier.submit_load(
+        TransferJob(job_id=2, keys=[key], chunk_ids=np.array([3]), is_promotion=True,
+                    req_context=context)
+    )
+    assert finished(tier, 2).success
+    assert bytes(slots[3 * CHUNK_BYTES : 4 * CHUNK_BYTES]) == content([1, 2, 3], 0)
+
+    # A load of a key kvtier lacks fails and turns its verdict into MISS.
+    absent = make_offload_key(hashlib.sha256(b"absent").digest(), 0)
+    tier.submit_load(
+        TransferJob(job_id=3, keys=[absent], chunk_ids=np.array([2]), is_promotion=True,
+                    req_context=context)
+    )
+    assert not finished(tier, 3).success
+    assert tier.lookup(absent, context) is LookupResult.MISS
+    tier.drain_jobs()
+    scheduler.shutdown()
