@@ -1,11 +1,14 @@
 """Type stubs of the compiled extension `kvtier._kvtier`."""
 
-from typing_extensions import Buffer as _Buffer
+from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, TypeAlias
 
-StoreStatus = Literal["stored", "already_present", "pending", "skipped"]
+from typing_extensions import Buffer as _Buffer
+from typing_extensions import Self
+
+StoreStatus: TypeAlias = Literal["stored", "already_present", "pending", "skipped"]
 
 JOBS_INFLIGHT_MAX: int
 
@@ -45,7 +48,7 @@ class Probe:
 class Loaded:
     """Leased read-only memoryviews over pool memory; released on exit, release() or GC."""
 
-    def __enter__(self) -> Loaded: ...
+    def __enter__(self) -> Self: ...
     def __exit__(self, *args: object) -> bool: ...
     def release(self) -> None: ...
     def __len__(self) -> int: ...
@@ -95,7 +98,10 @@ class Client:
     def poll(
         self, timeout: float = 0.0, max: int | None = None
     ) -> list[
-        tuple[int, StoreStatus | list[StoreStatus | KvtierError] | list[bool] | list[Probe] | KvtierError]
+        tuple[
+            int,
+            StoreStatus | list[StoreStatus | KvtierError] | list[bool] | list[Probe] | KvtierError,
+        ]
     ]: ...
     @property
     def inflight(self) -> int: ...
@@ -120,7 +126,7 @@ class LocalCluster:
     def kill_node(self, index: int) -> None: ...
     def restart_node(self, index: int) -> None: ...
     def shutdown(self) -> list[str]: ...
-    def __enter__(self) -> LocalCluster: ...
+    def __enter__(self) -> Self: ...
     def __exit__(self, *args: object) -> bool: ...
 
 def prefix_digest(tokens: Sequence[int], parent: bytes | None = None) -> bytes: ...

@@ -14,6 +14,7 @@ Without `--socket` it starts its own node (a local cluster of `kvtier` processes
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from contextlib import ExitStack
@@ -91,7 +92,7 @@ def measure(client: Client, size: int, round_: int) -> dict:
     copy_s = store_s = load_s = float("inf")
     for pass_ in range(PASSES):
         copy_s = min(copy_s, _timed(copy))
-        store_s = min(store_s, _timed(lambda: store(pass_)))
+        store_s = min(store_s, _timed(functools.partial(store, pass_)))
         for target in targets:
             target.fill(0)
         load_s = min(load_s, _timed(load))

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.v1.kv_offload.base import (
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 #: Lookup verdicts remembered at most (oldest forgotten first); a forgotten key is probed again.
 VERDICTS_MAX = 65536
+#: Seconds a HIT or MISS verdict is trusted before the node is asked again: kvtier evicts,
+#: and other engines store, meanwhile.
+VERDICT_TTL_S = 1.0
 #: Seconds between reconnection attempts after the node went away.
 RECONNECT_INTERVAL_S = 2.0
 #: Keys sent in one probe job (a longer batch is split).
@@ -133,7 +136,8 @@ class KvtierTier(SecondaryTierManager):
                 "or KVTIER_SOCKET"
             )
         self._socket = socket
-        self._fields = namespace_fields(
+        #: The kvtier namespace this instance's chunks live in (see `namespace_fields`).
+        self.namespace_fields = namespace_fields(
             offloading_spec, self.block_size_bytes, revision, kv_heads, head_dim
         )
         self._client: Client | None = None
@@ -142,8 +146,9 @@ class KvtierTier(SecondaryTierManager):
         self._namespace = None
         self._next_connect = 0.0
         self._connect()
-        # Key -> verdict (_HIT, _MISS, or the probe job in flight); bounded by VERDICTS_MAX.
-        self._verdicts: OrderedDict[OffloadKey, str | int] = OrderedDict()
+        # Key -> (verdict, when): _HIT, _MISS, _PROBING or the probe job in flight; bounded
+        # by VERDICTS_MAX. A HIT or MISS older than VERDICT_TTL_S is asked again.
+        self._verdicts: OrderedDict[OffloadKey, tuple[str | int, float]] = OrderedDict()
         # Keys waiting for the next probe job (sent at the end of the scheduler step).
         self._to_probe: list[OffloadKey] = []
         # Keys with a store of ours in flight -> how many.
@@ -164,12 +169,14 @@ class KvtierTier(SecondaryTierManager):
         self._next_connect = now + RECONNECT_INTERVAL_S
         try:
             client = Client.connect(self._socket)
-            self._namespace = client.register_namespace(**self._fields)
+            self._namespace = client.register_namespace(**self.namespace_fields)
         except KvtierError as error:
             logger.warning("kvtier node at %s unavailable: %s", self._socket, error)
             return False
         self._client = client
-        logger.info("kvtier tier connected to %s (%s)", self._socket, self._fields["model"])
+        logger.info(
+            "kvtier tier connected to %s (%s)", self._socket, self.namespace_fields["model"]
+        )
         return True
 
     def _lost(self, error: Exception) -> None:
@@ -201,12 +208,12 @@ class KvtierTier(SecondaryTierManager):
             keys = job[1]
             probes = result if isinstance(result, list) else [None] * len(keys)
             for key, probe in zip(keys, probes):
-                if self._verdicts.get(key) != kv_job:
+                if self._verdicts.get(key, (None, 0.0))[0] != kv_job:
                     continue
                 if probe is not None and probe.state == "hit":
-                    self._verdicts[key] = _HIT
+                    self._verdicts[key] = (_HIT, time.monotonic())
                 elif probe is not None and probe.state == "miss":
-                    self._verdicts[key] = _MISS
+                    self._verdicts[key] = (_MISS, time.monotonic())
                 else:
                     # Being written elsewhere, or the probe failed: ask again next step.
                     del self._verdicts[key]
@@ -255,7 +262,7 @@ class KvtierTier(SecondaryTierManager):
         )
 
     def _remember(self, key: OffloadKey, verdict: str | int) -> None:
-        self._verdicts[key] = verdict
+        self._verdicts[key] = (verdict, time.monotonic())
         self._verdicts.move_to_end(key)
         while len(self._verdicts) > VERDICTS_MAX:
             self._verdicts.popitem(last=False)
@@ -279,7 +286,11 @@ class KvtierTier(SecondaryTierManager):
         self._drain()
         if key in self._storing:
             return LookupResult.RETRY
-        verdict = self._verdicts.get(key)
+        verdict, decided = self._verdicts.get(key, (None, 0.0))
+        if verdict in (_HIT, _MISS) and time.monotonic() - decided > VERDICT_TTL_S:
+            # Another engine may have stored it, or kvtier evicted it, since: ask again.
+            del self._verdicts[key]
+            verdict = None
         if verdict == _HIT:
             return LookupResult.HIT
         if verdict == _MISS:
@@ -307,8 +318,8 @@ class KvtierTier(SecondaryTierManager):
                 continue
             self._jobs[kv_job] = ("probe", keys)
             for key in keys:
-                if self._verdicts.get(key) == _PROBING:
-                    self._verdicts[key] = kv_job
+                if self._verdicts.get(key, (None, 0.0))[0] == _PROBING:
+                    self._verdicts[key] = (kv_job, time.monotonic())
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
@@ -352,12 +363,6 @@ class KvtierTier(SecondaryTierManager):
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or bool(self._to_probe)
-
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        return
-
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        return
 
     def drain_jobs(self) -> None:
         """Blocks until every submitted store and load finished (probes may stay)."""

@@ -26,8 +26,8 @@ pytest.importorskip(
 )
 torch = pytest.importorskip("torch", reason="torch (installed with vllm) is missing")
 
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import (  # noqa: E402
+from vllm import SamplingParams
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -35,29 +35,29 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingWorkerMetadata,
 )
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_offload.base import (  # noqa: E402
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.kv_offload.base import (
     LookupResult,
     ReqContext,
     ScheduleEndContext,
     make_offload_key,
 )
-from vllm.v1.kv_offload.tiering.base import TransferJob  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
-from kvtier.vllm import KvtierTier  # noqa: E402
+from kvtier.vllm import KvtierTier
 
 BLOCK_TOKENS = 16
 LAYERS = 2
@@ -194,9 +194,9 @@ class Worker:
         return self.cpu[int(chunk) * CHUNK_BYTES : (int(chunk) + 1) * CHUNK_BYTES]
 
     def block_index(self, request_id: str, block_id: int) -> int:
-        blocks = self.scheduler.kv_cache_manager.coordinator.single_type_managers[
-            0
-        ].req_to_blocks[request_id]
+        blocks = self.scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks[
+            request_id
+        ]
         return [block.block_id for block in blocks].index(int(block_id))
 
     def step(self) -> None:
@@ -274,7 +274,7 @@ def acquires(cluster: kvtier.LocalCluster) -> float:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
     for line in text.splitlines():
-        if line.startswith('kvtier_requests_total{') and 'op="acquire"' in line:
+        if line.startswith("kvtier_requests_total{") and 'op="acquire"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -295,15 +295,13 @@ def test_the_tier_is_built_by_vllms_factory_from_the_configuration(model_dir, no
     [tier] = manager.secondary_tiers
     assert isinstance(tier, KvtierTier)
     assert tier.block_size_bytes == CHUNK_BYTES
-    assert tier._fields["model"] == str(model_dir)
-    assert tier._fields["layers"] == LAYERS
-    assert tier._fields["kv_dtype"] == "float16"
+    assert tier.namespace_fields["model"] == str(model_dir)
+    assert tier.namespace_fields["layers"] == LAYERS
+    assert tier.namespace_fields["kv_dtype"] == "float16"
     scheduler.shutdown()
 
 
-def test_stored_chunks_are_evicted_from_the_cpu_tier_and_found_again_in_kvtier(
-    model_dir, node
-):
+def test_stored_chunks_are_evicted_from_the_cpu_tier_and_found_again_in_kvtier(model_dir, node):
     scheduler = make_scheduler(model_dir, str(node.socket(0)))
     worker = Worker(scheduler)
     first, filler = prompt(1), prompt(2)
@@ -312,7 +310,7 @@ def test_stored_chunks_are_evicted_from_the_cpu_tier_and_found_again_in_kvtier(
     assert worker.stored_chunks == CPU_CHUNKS
     # Every chunk went down to kvtier: another client of the node finds them all.
     client = kvtier.Client.connect(node.socket(0))
-    namespace = client.register_namespace(**worker.manager.secondary_tiers[0]._fields)
+    namespace = client.register_namespace(**worker.manager.secondary_tiers[0].namespace_fields)
     probes = client.probe(namespace, worker.keys("first"))
     assert [probe.state for probe in probes] == ["hit"] * CPU_CHUNKS
     assert {probe.length for probe in probes} == {CHUNK_BYTES}
@@ -393,8 +391,9 @@ def test_the_tier_answers_retry_while_in_flight_and_never_a_false_hit(model_dir,
     # A store in flight: RETRY (not the stale MISS), then HIT once the node confirms it.
     slots[0:CHUNK_BYTES] = content([1, 2, 3], 0)
     tier.submit_store(
-        TransferJob(job_id=1, keys=[key], chunk_ids=np.array([0]), is_promotion=False,
-                    req_context=context)
+        TransferJob(
+            job_id=1, keys=[key], chunk_ids=np.array([0]), is_promotion=False, req_context=context
+        )
     )
     assert tier.lookup(key, context) is LookupResult.RETRY
     assert finished(tier, 1).success
@@ -402,8 +401,9 @@ def test_the_tier_answers_retry_while_in_flight_and_never_a_false_hit(model_dir,
 
     # A promotion copies the chunk into another slot of vLLM's CPU tier.
     tier.submit_load(
-        TransferJob(job_id=2, keys=[key], chunk_ids=np.array([3]), is_promotion=True,
-                    req_context=context)
+        TransferJob(
+            job_id=2, keys=[key], chunk_ids=np.array([3]), is_promotion=True, req_context=context
+        )
     )
     assert finished(tier, 2).success
     assert bytes(slots[3 * CHUNK_BYTES : 4 * CHUNK_BYTES]) == content([1, 2, 3], 0)
@@ -411,8 +411,9 @@ def test_the_tier_answers_retry_while_in_flight_and_never_a_false_hit(model_dir,
     # A load of a key kvtier lacks fails and turns its verdict into MISS.
     absent = make_offload_key(hashlib.sha256(b"absent").digest(), 0)
     tier.submit_load(
-        TransferJob(job_id=3, keys=[absent], chunk_ids=np.array([2]), is_promotion=True,
-                    req_context=context)
+        TransferJob(
+            job_id=3, keys=[absent], chunk_ids=np.array([2]), is_promotion=True, req_context=context
+        )
     )
     assert not finished(tier, 3).success
     assert tier.lookup(absent, context) is LookupResult.MISS
