@@ -19,7 +19,10 @@ import json
 import time
 from contextlib import ExitStack
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as missing:  # numpy is the benchmark's only dependency beyond kvtier.
+    raise SystemExit("python -m kvtier.bench needs numpy: pip install numpy") from missing
 
 from . import Client, LocalCluster, find_executable
 
