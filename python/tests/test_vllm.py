@@ -419,3 +419,39 @@ def test_the_tier_answers_retry_while_in_flight_and_never_a_false_hit(model_dir,
     assert tier.lookup(absent, context) is LookupResult.MISS
     tier.drain_jobs()
     scheduler.shutdown()
+
+
+def test_the_tier_survives_a_killed_node_and_reconnects(model_dir, node):
+    scheduler = make_scheduler(model_dir, str(node.socket(0)))
+    [tier] = scheduler.connector.connector_scheduler.manager.secondary_tiers
+    context = ReqContext(req_id="restart")
+    tier._slots[0:CHUNK_BYTES] = content([4, 5, 6], 0)
+    jobs = iter(range(1, 1_000_000))
+
+    def store(name: bytes) -> bool:
+        job = next(jobs)
+        key = make_offload_key(hashlib.sha256(name).digest(), 0)
+        tier.submit_store(
+            TransferJob(
+                job_id=job,
+                keys=[key],
+                chunk_ids=np.array([0]),
+                is_promotion=False,
+                req_context=context,
+            )
+        )
+        return finished(tier, job).success
+
+    assert store(b"before")
+    node.kill_node(0)
+    # The store fails (vLLM just keeps the chunk in its CPU tier); nothing raises into vLLM.
+    assert not store(b"during")
+    node.restart_node(0)
+    # The tier connects again by itself (at most every RECONNECT_INTERVAL_S).
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not store(b"after"):
+        assert time.monotonic() < deadline, "the tier never reconnected"
+        time.sleep(0.05)
+    after = make_offload_key(hashlib.sha256(b"after").digest(), 0)
+    assert settle(tier, after, context) is LookupResult.HIT
+    scheduler.shutdown()
