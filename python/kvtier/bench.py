@@ -5,8 +5,9 @@ For each size (256 KiB and 4 MiB) it stores distinct objects from a set of numpy
 (`store_many`, 8 per call), loads them back into another set (`load_into`, 8 per call), and
 copies the first set into the second with numpy: the same bytes, the same memory, timed in
 turns. The ratios are kvtier's GB/s over the copy's
-(target >= 0.8 at 4 MiB). `call_overhead_us` is the time of a 4 KiB `load_into` beyond a
-4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off).
+(target >= 0.8 at 4 MiB). `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
+4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off);
+`call_p50_us`, `call_p99_us` and `call_max_us` are the calls' own distribution.
 Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
 `$KVTIER_BIN` or the PATH) and stops it after.
 """
@@ -115,8 +116,9 @@ def measure(client: Client, size: int, round_: int) -> dict:
     }
 
 
-def call_overhead_us(client: Client) -> float:
-    """Microseconds of one 4 KiB `load_into` beyond a 4 KiB copy."""
+def call_latency(client: Client) -> dict:
+    """One 4 KiB `load_into` call, timed call by call: p50, p99 and max in microseconds, and
+    the mean beyond a 4 KiB copy (`call_overhead_us`)."""
     namespace = client.register_namespace(
         model="kvtier/bench-overhead",
         revision="1",
@@ -130,16 +132,25 @@ def call_overhead_us(client: Client) -> float:
     target = np.zeros(4 * KIB, dtype=np.uint8)
     client.store(namespace, b"overhead", source)
     keys, targets = [b"overhead"], [target]
-
-    def load() -> None:
-        for _ in range(OVERHEAD_CALLS):
-            client.load_into(namespace, keys, targets)
+    calls = []
+    for _ in range(OVERHEAD_CALLS):
+        start = time.perf_counter()
+        client.load_into(namespace, keys, targets)
+        calls.append(time.perf_counter() - start)
 
     def copy() -> None:
         for _ in range(OVERHEAD_CALLS):
             np.copyto(target, source)
 
-    return max(0.0, (_best(load) - _best(copy)) / OVERHEAD_CALLS * 1e6)
+    copy_s = _best(copy) / OVERHEAD_CALLS
+    calls.sort()
+    micros = [seconds * 1e6 for seconds in calls]
+    return {
+        "call_overhead_us": round(max(0.0, (sum(calls) / len(calls) - copy_s) * 1e6), 2),
+        "call_p50_us": round(micros[len(micros) // 2], 2),
+        "call_p99_us": round(micros[len(micros) * 99 // 100], 2),
+        "call_max_us": round(micros[-1], 2),
+    }
 
 
 def run(socket: str | None) -> dict:
@@ -153,11 +164,7 @@ def run(socket: str | None) -> dict:
         client = Client.connect(socket)
         round_ = time.time_ns()
         sizes = [measure(client, size, round_) for size in SIZES]
-        return {
-            "benchmark": "python",
-            "sizes": sizes,
-            "call_overhead_us": round(call_overhead_us(client), 2),
-        }
+        return {"benchmark": "python", "sizes": sizes, **call_latency(client)}
 
 
 def main() -> None:
@@ -175,7 +182,11 @@ def main() -> None:
             f"({row['store_ratio']:.2f} of copy)  load {row['load_gbps']:.2f} GB/s "
             f"({row['load_ratio']:.2f} of copy)  copy {row['copy_gbps']:.2f} GB/s"
         )
-    print(f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us")
+    print(
+        f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us "
+        f"(p50 {report['call_p50_us']:.1f}, p99 {report['call_p99_us']:.1f}, "
+        f"max {report['call_max_us']:.1f} us per call)"
+    )
 
 
 if __name__ == "__main__":
