@@ -148,13 +148,16 @@ class KvtierTier(SecondaryTierManager):
         self._connect()
         # Key -> (verdict, when): _HIT, _MISS, _PROBING or the probe job in flight; bounded
         # by VERDICTS_MAX. A HIT or MISS older than VERDICT_TTL_S is asked again.
-        self._verdicts: OrderedDict[OffloadKey, tuple[str | int, float]] = OrderedDict()
+        self._verdicts: OrderedDict[OffloadKey, tuple[Any, float]] = OrderedDict()
         # Keys waiting for the next probe job (sent at the end of the scheduler step).
         self._to_probe: list[OffloadKey] = []
         # Keys with a store of ours in flight -> how many.
         self._storing: dict[OffloadKey, int] = {}
-        # kvtier job -> what it is: ("probe", keys) or (kind, vLLM job, keys, start, bytes).
-        self._jobs: dict[int, tuple[Any, ...]] = {}
+        # (connection, kvtier job) -> what it is: ("probe", keys) or (kind, vLLM job, keys,
+        # start, bytes). Job ids count per connection, and a connection (a Client, named by
+        # its id()) stays referenced while any of its jobs is here. Bounded: a connection
+        # refuses jobs past kvtier.JOBS_INFLIGHT_MAX unpolled ones (Busy).
+        self._jobs: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._finished: list[JobResult] = []
 
     # -- connection ---------------------------------------------------------------------
@@ -179,8 +182,12 @@ class KvtierTier(SecondaryTierManager):
         )
         return True
 
-    def _lost(self, error: Exception) -> None:
-        """Forgets a broken connection; jobs still on it complete with their errors."""
+    def _lost(self, error: Exception, client: Client | None = None) -> None:
+        """Forgets the current connection when `error` says it broke (`client`: the
+        connection the error came from, None for the current one); jobs still on it
+        complete with their errors."""
+        if client is not None and client is not self._client:
+            return
         if isinstance(error, NodeUnreachable) and self._client is not None:
             logger.warning("kvtier node at %s lost: %s", self._socket, error)
             self._retired.append(self._client)
@@ -194,16 +201,16 @@ class KvtierTier(SecondaryTierManager):
             if client is None:
                 continue
             for kv_job, result in client.poll(timeout):
-                self._complete(kv_job, result)
+                self._complete((id(client), kv_job), result, client)
             timeout = 0.0
         self._retired = [client for client in self._retired if client.inflight]
 
-    def _complete(self, kv_job: int, result: Any) -> None:
+    def _complete(self, kv_job: tuple[int, int], result: Any, client: Client | None) -> None:
         job = self._jobs.pop(kv_job, None)
         if job is None:
             return
         if isinstance(result, Exception):
-            self._lost(result)
+            self._lost(result, client)
         if job[0] == "probe":
             keys = job[1]
             probes = result if isinstance(result, list) else [None] * len(keys)
@@ -233,7 +240,7 @@ class KvtierTier(SecondaryTierManager):
             failed = [status for status in statuses if isinstance(status, Exception)]
             for error in failed[:1]:
                 logger.warning("kvtier store failed: %s", error)
-                self._lost(error)
+                self._lost(error, client)
             self._finished.append(
                 JobResult(
                     job_id=vllm_job,
@@ -310,7 +317,7 @@ class KvtierTier(SecondaryTierManager):
             try:
                 if self._client is None:
                     raise NodeUnreachable("not connected")
-                kv_job = self._client.submit_probe(self._namespace, keys)
+                kv_job = (id(self._client), self._client.submit_probe(self._namespace, keys))
             except KvtierError as error:
                 self._lost(error)
                 for key in keys:
@@ -328,7 +335,10 @@ class KvtierTier(SecondaryTierManager):
             if self._client is None and not self._connect():
                 raise NodeUnreachable("not connected")
             assert self._client is not None
-            kv_job = self._client.submit_store_many(self._namespace, keys, buffers)
+            kv_job = (
+                id(self._client),
+                self._client.submit_store_many(self._namespace, keys, buffers),
+            )
         except KvtierError as error:
             self._fail(job_metadata.job_id, error)
             return
@@ -348,7 +358,10 @@ class KvtierTier(SecondaryTierManager):
         try:
             if self._client is None:
                 raise NodeUnreachable("not connected")
-            kv_job = self._client.submit_load_into(self._namespace, keys, buffers)
+            kv_job = (
+                id(self._client),
+                self._client.submit_load_into(self._namespace, keys, buffers),
+            )
         except KvtierError as error:
             for key in keys:
                 self._verdicts.pop(key, None)
@@ -372,7 +385,7 @@ class KvtierTier(SecondaryTierManager):
             if len(self._jobs) == before and self._client is None and not self._retired:
                 # The connection is gone and took its jobs' completions with it.
                 for kv_job in [k for k, job in self._jobs.items() if job[0] != "probe"]:
-                    self._complete(kv_job, NodeUnreachable("connection lost"))
+                    self._complete(kv_job, NodeUnreachable("connection lost"), None)
 
     def shutdown(self) -> None:
         self.drain_jobs()
