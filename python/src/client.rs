@@ -11,8 +11,9 @@ use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// `PyBUF_READ`: a read-only memoryview (declared by the limited API only from 3.11).
 const PYBUF_READ: std::os::raw::c_int = 0x100;
@@ -428,7 +429,9 @@ fn same_length(keys: &[Bound<'_, PyBytes>], buffers: &[Bound<'_, PyAny>]) -> PyR
 /// Leased objects: read-only memoryviews straight over pool memory, valid until released.
 /// Use it as a context manager (`with client.load(ns, keys) as views:`); on exit (or on
 /// `release()`, or garbage collection) every view is released: touching one afterwards
-/// raises `ValueError`. Do not keep slices or arrays made from a view past the block.
+/// raises `ValueError`. An array made from a view (which keeps the view from being
+/// released) keeps the lease, and its pool mapped, for the rest of the process: do not keep
+/// one past the block.
 #[pyclass(module = "kvtier._kvtier")]
 pub(crate) struct Loaded {
     leases: Vec<Option<LoadedView>>,
@@ -448,13 +451,35 @@ impl Loaded {
     }
 
     fn release_all(&mut self, py: Python<'_>) {
-        for view in self.views.drain(..).flatten() {
-            // A view still exported (e.g. to a numpy array) refuses; its memory stays mapped
-            // while this process holds the client, and the lease goes back regardless.
-            let _ = view.call_method0(py, "release");
+        for (view, lease) in self.views.drain(..).zip(self.leases.drain(..)) {
+            let (Some(view), Some(lease)) = (view, lease) else {
+                continue;
+            };
+            // A view still exported (to a numpy array, say) refuses to be released: its
+            // lease stays held, and with it the pool's mapping, so that a stray array reads
+            // stale bytes rather than unmapped memory.
+            if view.call_method0(py, "release").is_err() {
+                strand(lease);
+            }
         }
-        self.leases.clear();
     }
+}
+
+/// Leases of views that could not be released, kept (with their pools' mappings) for as
+/// long as this process runs, oldest dropped first past this many: a stray array outliving
+/// its `Loaded` must never touch unmapped memory. One kept lease keeps its client's pools
+/// mapped, so few suffice.
+const STRANDED_LEASES_MAX: usize = 1024;
+
+fn strand(lease: LoadedView) {
+    static STRANDED: Mutex<VecDeque<LoadedView>> = Mutex::new(VecDeque::new());
+    let mut stranded = STRANDED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if stranded.len() >= STRANDED_LEASES_MAX {
+        stranded.pop_front();
+    }
+    stranded.push_back(lease);
 }
 
 fn memoryview(py: Python<'_>, lease: &LoadedView) -> PyResult<Py<PyAny>> {

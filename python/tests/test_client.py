@@ -85,6 +85,14 @@ def test_views_are_released_on_exit_and_on_collection(client, namespace):
     with pytest.raises(ValueError):
         view.tobytes()
 
+    # An array over a view keeps it exported: its lease (and the mapping) stay held, so the
+    # array still reads the object, never unmapped memory.
+    with client.load(namespace, [b"viewed"]) as views:
+        array = np.frombuffer(views[0], dtype=np.uint8)
+    del views
+    gc.collect()
+    assert array.tobytes() == data
+
 
 def test_refused_buffers(client, namespace):
     client.store(namespace, b"k", b"abcd")
