@@ -32,15 +32,15 @@ MIB = 1 << 20
 #: The sizes measured.
 SIZES = (256 * KIB, 4 * MIB)
 #: Bytes moved per size and pass: well past the last-level cache, well inside the pool.
-BYTES_PER_PASS = 128 * MIB
+BYTES_PER_PASS = 64 * MIB
 #: Passes per measurement; the best is kept (the least disturbed by other processes).
-PASSES = 3
+PASSES = 7
 #: Objects per `store_many` and `load_into` call (pipelined: one round trip for many).
 BATCH = 8
 #: Calls timed for the call overhead.
 OVERHEAD_CALLS = 2000
 #: The CPU pool of the node the benchmark starts.
-POOL_BYTES = 1024 * MIB
+POOL_BYTES = 1536 * MIB
 
 
 def _timed(run) -> float:
