@@ -1,0 +1,193 @@
+"""`python -m kvtier.bench [--json] [--socket PATH]`: store and load from Python, against the
+limit measured in the same run, a copy between the same buffers in this process.
+
+For each size (256 KiB and 4 MiB) it stores distinct objects from a set of numpy buffers
+(`store_many`, 8 per call), loads them back into another set (`load_into`, 8 per call), and
+copies the first set into the second with numpy: the same bytes, the same memory, timed in
+turns. The ratios are kvtier's GB/s over the copy's
+(target >= 0.8 at 4 MiB). `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
+4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off);
+`call_p50_us`, `call_p99_us` and `call_max_us` are the calls' own distribution.
+Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
+`$KVTIER_BIN` or the PATH) and stops it after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from contextlib import ExitStack
+
+try:
+    import numpy as np
+except ImportError as missing:  # numpy is the benchmark's only dependency beyond kvtier.
+    raise SystemExit("python -m kvtier.bench needs numpy: pip install numpy") from missing
+
+from . import Client, LocalCluster, find_executable
+
+KIB = 1 << 10
+MIB = 1 << 20
+#: The sizes measured.
+SIZES = (256 * KIB, 4 * MIB)
+#: Bytes moved per size and pass: well past the last-level cache, well inside the pool.
+BYTES_PER_PASS = 64 * MIB
+#: Passes per measurement; the best is kept (the least disturbed by other processes).
+PASSES = 7
+#: Objects per `store_many` and `load_into` call (pipelined: one round trip for many).
+BATCH = 8
+#: Calls timed for the call overhead.
+OVERHEAD_CALLS = 2000
+#: The CPU pool of the node the benchmark starts.
+POOL_BYTES = 1536 * MIB
+
+
+def _timed(run) -> float:
+    """Seconds `run()` took."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def _best(run, passes: int = PASSES) -> float:
+    """The shortest of `passes` timed runs of `run()`, in seconds."""
+    return min(_timed(run) for _ in range(passes))
+
+
+def measure(client: Client, size: int, round_: int) -> dict:
+    """Store, load and copy GB/s for objects of `size` bytes, `BATCH` objects per call. The
+    three are timed in turns, pass after pass, and each keeps its best pass: a machine busy
+    with other work slows all three alike."""
+    namespace = client.register_namespace(
+        model=f"kvtier/bench-{size}",
+        revision=str(round_),
+        kv_dtype="bfloat16",
+        layers=1,
+        kv_heads=1,
+        head_dim=size // 2,
+        block_tokens=1,
+    )
+    count = max(BATCH, BYTES_PER_PASS // size // BATCH * BATCH)
+    rng = np.random.default_rng(size)
+    sources = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(count)]
+    targets = [np.zeros(size, dtype=np.uint8) for _ in range(count)]
+    batches = range(0, count, BATCH)
+    total = count * size
+
+    def copy() -> None:
+        for source, target in zip(sources, targets):
+            np.copyto(target, source)
+
+    def store(pass_: int) -> None:
+        # Distinct keys each pass, so every store writes (no "already_present").
+        for start in batches:
+            keys = [f"{pass_}/{number}".encode() for number in range(start, start + BATCH)]
+            statuses = client.store_many(namespace, keys, sources[start : start + BATCH])
+            if any(status != "stored" for status in statuses):
+                raise RuntimeError(f"stores returned {statuses}: is the pool large enough?")
+
+    def load() -> None:
+        for start in batches:
+            keys = [f"0/{number}".encode() for number in range(start, start + BATCH)]
+            if not all(client.load_into(namespace, keys, targets[start : start + BATCH])):
+                raise RuntimeError("a stored object missed")
+
+    copy_s = store_s = load_s = float("inf")
+    for pass_ in range(PASSES):
+        copy_s = min(copy_s, _timed(copy))
+        store_s = min(store_s, _timed(functools.partial(store, pass_)))
+        for target in targets:
+            target.fill(0)
+        load_s = min(load_s, _timed(load))
+        if not all(np.array_equal(s, t) for s, t in zip(sources, targets)):
+            raise RuntimeError("loaded bytes differ from the stored ones")
+    copy_gbps, store_gbps, load_gbps = (
+        total / seconds / 1e9 for seconds in (copy_s, store_s, load_s)
+    )
+    return {
+        "size": size,
+        "batch": BATCH,
+        "store_gbps": round(store_gbps, 3),
+        "load_gbps": round(load_gbps, 3),
+        "copy_gbps": round(copy_gbps, 3),
+        "store_ratio": round(store_gbps / copy_gbps, 3),
+        "load_ratio": round(load_gbps / copy_gbps, 3),
+    }
+
+
+def call_latency(client: Client) -> dict:
+    """One 4 KiB `load_into` call, timed call by call: p50, p99 and max in microseconds, and
+    the mean beyond a 4 KiB copy (`call_overhead_us`)."""
+    namespace = client.register_namespace(
+        model="kvtier/bench-overhead",
+        revision="1",
+        kv_dtype="bfloat16",
+        layers=1,
+        kv_heads=1,
+        head_dim=2048,
+        block_tokens=1,
+    )
+    source = np.ones(4 * KIB, dtype=np.uint8)
+    target = np.zeros(4 * KIB, dtype=np.uint8)
+    client.store(namespace, b"overhead", source)
+    keys, targets = [b"overhead"], [target]
+    calls = []
+    for _ in range(OVERHEAD_CALLS):
+        start = time.perf_counter()
+        client.load_into(namespace, keys, targets)
+        calls.append(time.perf_counter() - start)
+
+    def copy() -> None:
+        for _ in range(OVERHEAD_CALLS):
+            np.copyto(target, source)
+
+    copy_s = _best(copy) / OVERHEAD_CALLS
+    calls.sort()
+    micros = [seconds * 1e6 for seconds in calls]
+    return {
+        "call_overhead_us": round(max(0.0, (sum(calls) / len(calls) - copy_s) * 1e6), 2),
+        "call_p50_us": round(micros[len(micros) // 2], 2),
+        "call_p99_us": round(micros[len(micros) * 99 // 100], 2),
+        "call_max_us": round(micros[-1], 2),
+    }
+
+
+def run(socket: str | None) -> dict:
+    """The report, against the node at `socket` or one started for it."""
+    with ExitStack() as stack:
+        if socket is None:
+            cluster = stack.enter_context(
+                LocalCluster(find_executable(), nodes=1, cpu_pool_bytes=POOL_BYTES)
+            )
+            socket = str(cluster.socket(0))
+        client = Client.connect(socket)
+        round_ = time.time_ns()
+        sizes = [measure(client, size, round_) for size in SIZES]
+        return {"benchmark": "python", "sizes": sizes, **call_latency(client)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvtier.bench", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--socket", help="a running node's socket (default: start one)")
+    args = parser.parse_args()
+    report = run(args.socket)
+    if args.json:
+        print(json.dumps(report))
+        return
+    for row in report["sizes"]:
+        print(
+            f"{row['size'] // KIB:>6} KiB  store {row['store_gbps']:.2f} GB/s "
+            f"({row['store_ratio']:.2f} of copy)  load {row['load_gbps']:.2f} GB/s "
+            f"({row['load_ratio']:.2f} of copy)  copy {row['copy_gbps']:.2f} GB/s"
+        )
+    print(
+        f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us "
+        f"(p50 {report['call_p50_us']:.1f}, p99 {report['call_p99_us']:.1f}, "
+        f"max {report['call_max_us']:.1f} us per call)"
+    )
+
+
+if __name__ == "__main__":
+    main()

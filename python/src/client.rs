@@ -1,0 +1,550 @@
+//! `Client`, `Namespace`, `Probe` and `Loaded`: the Python face of [`kvtier::client`].
+
+use crate::buffer::Buffer;
+use crate::errors::{self, KvtierError, LeaseExpired};
+use crate::jobs::{JobKind, Jobs};
+use crate::keys;
+use crate::runtime;
+use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
+use kvtier::directory::{AcquireMode, ProbeOutcome};
+use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// `PyBUF_READ`: a read-only memoryview (declared by the limited API only from 3.11).
+const PYBUF_READ: std::os::raw::c_int = 0x100;
+
+/// The status of a store, as Python sees it: a skip is a status, never an error.
+pub(crate) fn store_status(outcome: StoreOutcome) -> &'static str {
+    match outcome {
+        StoreOutcome::Stored => "stored",
+        StoreOutcome::AlreadyPresent => "already_present",
+        StoreOutcome::Pending => "pending",
+        StoreOutcome::Skipped => "skipped",
+    }
+}
+
+fn medium_name(medium: Medium) -> &'static str {
+    match medium {
+        Medium::Cpu => "cpu",
+        Medium::Cxl => "cxl",
+        Medium::Ssd => "ssd",
+    }
+}
+
+fn kv_dtype(name: &str) -> PyResult<KvDtype> {
+    Ok(match name.trim_start_matches("torch.") {
+        "float32" | "fp32" => KvDtype::Float32,
+        "float16" | "fp16" | "half" => KvDtype::Float16,
+        "bfloat16" | "bf16" => KvDtype::BFloat16,
+        "float8_e4m3" | "float8_e4m3fn" | "fp8_e4m3" | "fp8" => KvDtype::Float8E4M3,
+        "float8_e5m2" | "fp8_e5m2" => KvDtype::Float8E5M2,
+        "int8" => KvDtype::Int8,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown kv_dtype {other:?}: one of float32, float16, bfloat16, \
+                 float8_e4m3, float8_e5m2, int8"
+            )))
+        }
+    })
+}
+
+/// A registered namespace: the compatibility boundary of cached KV state (model, revision,
+/// dtype, geometry). Objects are named by a key within a namespace.
+#[pyclass(frozen, module = "kvtier._kvtier")]
+#[derive(Clone)]
+pub(crate) struct Namespace {
+    pub(crate) id: NamespaceId,
+}
+
+#[pymethods]
+impl Namespace {
+    /// The namespace's 16-byte id (equal descriptors give equal ids on every host).
+    #[getter]
+    fn id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.id.0)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Namespace({:?})", self.id)
+    }
+}
+
+/// What a probe found for one key.
+#[pyclass(frozen, get_all, name = "Probe", module = "kvtier._kvtier")]
+pub(crate) struct ProbeResult {
+    /// `"hit"`, `"pending"` (being written) or `"miss"`.
+    state: &'static str,
+    /// For a hit, the cheapest medium holding it (`"cpu"`, `"cxl"`, `"ssd"`).
+    medium: Option<&'static str>,
+    /// For a hit, the object's length in bytes.
+    length: Option<u64>,
+}
+
+#[pymethods]
+impl ProbeResult {
+    fn __repr__(&self) -> String {
+        match (self.medium, self.length) {
+            (Some(medium), Some(length)) => format!("Probe(hit, {medium}, {length} bytes)"),
+            _ => format!("Probe({})", self.state),
+        }
+    }
+}
+
+impl From<ProbeOutcome> for ProbeResult {
+    fn from(outcome: ProbeOutcome) -> ProbeResult {
+        match outcome {
+            ProbeOutcome::Hit {
+                medium,
+                length_bytes,
+            } => ProbeResult {
+                state: "hit",
+                medium: Some(medium_name(medium)),
+                length: Some(length_bytes),
+            },
+            ProbeOutcome::Pending => ProbeResult {
+                state: "pending",
+                medium: None,
+                length: None,
+            },
+            ProbeOutcome::Miss => ProbeResult {
+                state: "miss",
+                medium: None,
+                length: None,
+            },
+        }
+    }
+}
+
+/// A connection to the local kvtier node, with the node's pools mapped into this process.
+/// Every call releases the GIL while it waits for the node or copies bytes.
+#[pyclass(frozen, module = "kvtier._kvtier")]
+pub(crate) struct Client {
+    inner: Inner,
+    jobs: Arc<Jobs>,
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to the node serving the Unix socket `socket_path` and maps its pools.
+    #[staticmethod]
+    fn connect(py: Python<'_>, socket_path: PathBuf) -> PyResult<Client> {
+        let runtime = runtime()?;
+        let inner = py
+            .allow_threads(|| runtime.block_on(Inner::connect(&socket_path)))
+            .map_err(errors::to_py)?;
+        Ok(Client {
+            inner,
+            jobs: Arc::new(Jobs::default()),
+        })
+    }
+
+    /// The node's name-independent id and epoch, as `(node, epoch)` integers.
+    #[getter]
+    fn node(&self) -> (u64, u64) {
+        let (node, epoch) = self.inner.node();
+        (u64::from(node.0), epoch.0)
+    }
+
+    /// Registers (or finds) the namespace of a model's KV state and returns it. Every field
+    /// takes part in the id: engines share objects only when all are equal.
+    #[pyo3(signature = (
+        model, revision, kv_dtype, layers, kv_heads, head_dim, block_tokens,
+        chunk_tokens=None, tensor_parallel=1, pipeline_parallel=1, adapter=None,
+        quantization=None, format_version=1
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn register_namespace(
+        &self,
+        py: Python<'_>,
+        model: String,
+        revision: String,
+        kv_dtype: &str,
+        layers: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        block_tokens: u32,
+        chunk_tokens: Option<u32>,
+        tensor_parallel: u32,
+        pipeline_parallel: u32,
+        adapter: Option<String>,
+        quantization: Option<String>,
+        format_version: u32,
+    ) -> PyResult<Namespace> {
+        let descriptor = NamespaceDescriptor {
+            model,
+            revision,
+            adapter,
+            kv_dtype: self::kv_dtype(kv_dtype)?,
+            quantization,
+            layers,
+            kv_heads,
+            head_dim,
+            block_tokens,
+            format_version,
+            chunk_tokens: chunk_tokens.unwrap_or(block_tokens),
+            tensor_parallel,
+            pipeline_parallel,
+            salt: None,
+        };
+        descriptor
+            .id()
+            .map_err(|error| PyValueError::new_err(error.to_string()))?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let id = py
+            .allow_threads(|| runtime.block_on(inner.register_namespace(descriptor)))
+            .map_err(errors::to_py)?;
+        Ok(Namespace { id })
+    }
+
+    /// Stores `buffer` (any C-contiguous buffer: bytes, bytearray, memoryview, numpy array,
+    /// CPU torch tensor as numpy) under `key`, copying it straight into the node's pool.
+    /// Returns `"stored"`, `"already_present"`, `"pending"` or `"skipped"` (no room: a
+    /// skip is not an error).
+    fn store(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        key: &Bound<'_, PyBytes>,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let object = keys::object(namespace.id, key)?;
+        let buffer = Buffer::get(buffer, false)?;
+        let span = buffer.span();
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let outcome = py.allow_threads(|| {
+            // SAFETY: `buffer` holds the export until after this closure; nothing writes it.
+            runtime.block_on(inner.store(object, unsafe { span.bytes() }))
+        });
+        drop(buffer);
+        outcome.map(store_status).map_err(errors::to_py)
+    }
+
+    /// Stores several buffers, pipelined; one status per key, in order. The first error
+    /// (if any) is raised after every store finished.
+    fn store_many(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<&'static str>> {
+        let objects =
+            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
+        let buffers = buffers
+            .iter()
+            .map(|buffer| Buffer::get(buffer, false))
+            .collect::<PyResult<Vec<_>>>()?;
+        let spans: Vec<_> = buffers.iter().map(Buffer::span).collect();
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let outcomes = py.allow_threads(|| {
+            let items: Vec<_> = objects
+                .iter()
+                .zip(&spans)
+                // SAFETY: `buffers` holds every export until after this closure.
+                .map(|(object, span)| (*object, unsafe { span.bytes() }))
+                .collect();
+            runtime.block_on(inner.store_many(&items))
+        });
+        drop(buffers);
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.map(store_status).map_err(errors::to_py))
+            .collect()
+    }
+
+    /// Which keys are cached where this node can read them (reserves nothing).
+    fn probe(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<Vec<ProbeResult>> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let outcomes = py
+            .allow_threads(|| runtime.block_on(inner.probe(&objects)))
+            .map_err(errors::to_py)?;
+        Ok(outcomes.into_iter().map(ProbeResult::from).collect())
+    }
+
+    /// Copies the objects of `keys` into `buffers` (writable C-contiguous buffers: bytearray,
+    /// memoryview, numpy arrays, CPU torch tensors as numpy; each at least the object's
+    /// length), straight from the pools, and gives the leases back. Returns one bool per
+    /// key: whether it was a hit.
+    fn load_into(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<bool>> {
+        let objects =
+            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
+        let buffers = buffers
+            .iter()
+            .map(|buffer| Buffer::get(buffer, true))
+            .collect::<PyResult<Vec<_>>>()?;
+        let spans: Vec<_> = buffers.iter().map(Buffer::span).collect();
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let hits = py.allow_threads(|| {
+            // SAFETY: `buffers` holds every (writable) export until after this closure,
+            // and the spans are distinct Python objects' memory.
+            let mut targets: Vec<&mut [u8]> = spans
+                .iter()
+                .map(|span| unsafe { span.bytes_mut() })
+                .collect();
+            runtime.block_on(inner.load_into(&objects, &mut targets))
+        });
+        drop(buffers);
+        hits.map_err(errors::to_py)
+    }
+
+    /// Leases the objects of `keys` and returns a `Loaded`: a context manager whose items
+    /// are read-only memoryviews straight over the pool memory (None for a miss). The
+    /// leases and views are released on `__exit__`, `release()` or garbage collection.
+    fn load(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<Loaded> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let views = py
+            .allow_threads(|| runtime.block_on(inner.load(&objects, AcquireMode::Each)))
+            .map_err(errors::to_py)?;
+        Loaded::new(py, views)
+    }
+
+    /// Starts storing `buffer` under `key` on kvtier's threads and returns the job's id at
+    /// once; `poll()` gives its status. The buffer is held (and must not change) until its
+    /// completion was polled. Raises `Busy` past `JOBS_INFLIGHT_MAX` unpolled jobs.
+    fn submit_store(
+        &self,
+        namespace: &Namespace,
+        key: &Bound<'_, PyBytes>,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let object = keys::object(namespace.id, key)?;
+        let buffer = Buffer::get(buffer, false)?;
+        self.jobs.submit(
+            runtime()?,
+            &self.inner,
+            JobKind::Store(object),
+            vec![buffer],
+        )
+    }
+
+    /// Starts storing several buffers (pipelined) on kvtier's threads and returns the job's
+    /// id at once; `poll()` gives a list with one status (or exception) per key.
+    fn submit_store_many(
+        &self,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let objects =
+            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
+        let buffers = buffers
+            .iter()
+            .map(|buffer| Buffer::get(buffer, false))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.jobs.submit(
+            runtime()?,
+            &self.inner,
+            JobKind::StoreMany(objects),
+            buffers,
+        )
+    }
+
+    /// Starts loading the objects of `keys` into `buffers` on kvtier's threads and returns
+    /// the job's id at once; `poll()` gives the hits. The buffers must not be touched until
+    /// the completion was polled. Raises `Busy` past `JOBS_INFLIGHT_MAX` unpolled jobs.
+    fn submit_load_into(
+        &self,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let objects =
+            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
+        let buffers = buffers
+            .iter()
+            .map(|buffer| Buffer::get(buffer, true))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.jobs
+            .submit(runtime()?, &self.inner, JobKind::LoadInto(objects), buffers)
+    }
+
+    /// Starts probing `keys` on kvtier's threads and returns the job's id at once; `poll()`
+    /// gives the list of `Probe`s. For callers that must not block even on a round trip.
+    fn submit_probe(&self, namespace: &Namespace, keys: Vec<Bound<'_, PyBytes>>) -> PyResult<u64> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        self.jobs
+            .submit(runtime()?, &self.inner, JobKind::Probe(objects), Vec::new())
+    }
+
+    /// Finished jobs, as `(job_id, result)` pairs: a store's status string, a load's list
+    /// of hits (a store_many's list of statuses, a probe's list of `Probe`s), or the exception it failed with. Waits up to `timeout` seconds (0: never)
+    /// for the first one, without the GIL; returns at most `max` (None: all finished).
+    #[pyo3(signature = (timeout=0.0, max=None))]
+    fn poll<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: f64,
+        max: Option<usize>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.jobs.poll(py, timeout, max)
+    }
+
+    /// Jobs submitted and not yet polled.
+    #[getter]
+    fn inflight(&self) -> usize {
+        self.jobs.inflight()
+    }
+}
+
+fn same_length(keys: &[Bound<'_, PyBytes>], buffers: &[Bound<'_, PyAny>]) -> PyResult<()> {
+    if keys.len() != buffers.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} keys but {} buffers",
+            keys.len(),
+            buffers.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Leased objects: read-only memoryviews straight over pool memory, valid until released.
+/// Use it as a context manager (`with client.load(ns, keys) as views:`); on exit (or on
+/// `release()`, or garbage collection) every view is released: touching one afterwards
+/// raises `ValueError`. An array made from a view (which keeps the view from being
+/// released) keeps the lease, and its pool mapped, for the rest of the process: do not keep
+/// one past the block.
+#[pyclass(module = "kvtier._kvtier")]
+pub(crate) struct Loaded {
+    leases: Vec<Option<LoadedView>>,
+    views: Vec<Option<Py<PyAny>>>,
+}
+
+impl Loaded {
+    fn new(py: Python<'_>, leases: Vec<Option<LoadedView>>) -> PyResult<Loaded> {
+        let mut views = Vec::with_capacity(leases.len());
+        for lease in &leases {
+            views.push(match lease {
+                None => None,
+                Some(lease) => Some(memoryview(py, lease)?),
+            });
+        }
+        Ok(Loaded { leases, views })
+    }
+
+    fn release_all(&mut self, py: Python<'_>) {
+        for (view, lease) in self.views.drain(..).zip(self.leases.drain(..)) {
+            let (Some(view), Some(lease)) = (view, lease) else {
+                continue;
+            };
+            // A view still exported (to a numpy array, say) refuses to be released: its
+            // lease stays held, and with it the pool's mapping, so that a stray array reads
+            // stale bytes rather than unmapped memory.
+            if view.call_method0(py, "release").is_err() {
+                strand(lease);
+            }
+        }
+    }
+}
+
+/// Leases of views that could not be released, kept (with their pools' mappings) for as
+/// long as this process runs, oldest dropped first past this many: a stray array outliving
+/// its `Loaded` must never touch unmapped memory. One kept lease keeps its client's pools
+/// mapped, so few suffice.
+const STRANDED_LEASES_MAX: usize = 1024;
+
+fn strand(lease: LoadedView) {
+    static STRANDED: Mutex<VecDeque<LoadedView>> = Mutex::new(VecDeque::new());
+    let mut stranded = STRANDED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if stranded.len() >= STRANDED_LEASES_MAX {
+        stranded.pop_front();
+    }
+    stranded.push_back(lease);
+}
+
+fn memoryview(py: Python<'_>, lease: &LoadedView) -> PyResult<Py<PyAny>> {
+    let bytes = lease.bytes().map_err(errors::to_py)?;
+    let length = pyo3::ffi::Py_ssize_t::try_from(bytes.len())
+        .map_err(|_| KvtierError::new_err("object too large for a memoryview"))?;
+    // SAFETY: the memory is mapped while the lease's view (which holds the pool mapping)
+    // lives; the view is released before the lease. PyBUF_READ makes it read-only.
+    let pointer = unsafe {
+        pyo3::ffi::PyMemoryView_FromMemory(
+            bytes.as_ptr() as *mut std::os::raw::c_char,
+            length,
+            PYBUF_READ,
+        )
+    };
+    // SAFETY: a new reference or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, pointer) }.map(Bound::unbind)
+}
+
+#[pymethods]
+impl Loaded {
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release_all(py);
+        false
+    }
+
+    /// Releases every view and lease now.
+    fn release(&mut self, py: Python<'_>) {
+        self.release_all(py);
+    }
+
+    fn __len__(&self) -> usize {
+        self.views.len()
+    }
+
+    fn __getitem__(&self, py: Python<'_>, index: isize) -> PyResult<Option<Py<PyAny>>> {
+        let length = self.views.len() as isize;
+        let position = if index < 0 { index + length } else { index };
+        if position < 0 || position >= length {
+            return Err(pyo3::exceptions::PyIndexError::new_err("no such view"));
+        }
+        let index = position as usize;
+        if let Some(Some(lease)) = self.leases.get(index) {
+            if !lease.is_valid() {
+                return Err(LeaseExpired::new_err("the lease of this view has expired"));
+            }
+        }
+        Ok(self.views[index].as_ref().map(|view| view.clone_ref(py)))
+    }
+
+    /// Whether each view's lease still protects its bytes (False for a miss or once released).
+    fn valid(&self) -> Vec<bool> {
+        (0..self.views.len())
+            .map(|index| matches!(self.leases.get(index), Some(Some(lease)) if lease.is_valid()))
+            .collect()
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        Python::with_gil(|py| self.release_all(py));
+    }
+}

@@ -1,0 +1,49 @@
+//! `kvtier._kvtier`: the Python binding of [`kvtier::client`] (PyO3, abi3, Python >= 3.10).
+//!
+//! One tokio runtime serves every client of the process. Every call that copies bytes or
+//! waits for the node releases the GIL first; copies go straight between the caller's buffer
+//! (through the buffer protocol) and the node's mapped pools, never through a Rust copy.
+
+mod buffer;
+mod client;
+mod cluster;
+mod errors;
+mod jobs;
+mod keys;
+
+use pyo3::prelude::*;
+use std::sync::OnceLock;
+
+/// Worker threads of the shared runtime: the copies run on the callers' threads (or, for
+/// submitted jobs, on these), and the round trips need little.
+const RUNTIME_WORKERS: usize = 2;
+
+/// The process's one tokio runtime, started on first use.
+pub(crate) fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(RUNTIME_WORKERS)
+                .thread_name("kvtier")
+                .enable_all()
+                .build()
+                .map_err(|error| error.to_string())
+        })
+        .as_ref()
+        .map_err(|error| errors::KvtierError::new_err(format!("starting the runtime: {error}")))
+}
+
+/// The extension module.
+#[pymodule]
+fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(module)?;
+    module.add_class::<client::Client>()?;
+    module.add_class::<client::Namespace>()?;
+    module.add_class::<client::ProbeResult>()?;
+    module.add_class::<client::Loaded>()?;
+    module.add_class::<cluster::LocalCluster>()?;
+    module.add_function(wrap_pyfunction!(keys::prefix_digest, module)?)?;
+    module.add("JOBS_INFLIGHT_MAX", jobs::JOBS_INFLIGHT_MAX)?;
+    Ok(())
+}

@@ -1,0 +1,186 @@
+"""The Python client against a real node: byte-exact round trips, leased views, skips,
+a killed node, and the non-blocking form."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import MIB, register
+
+import kvtier
+
+
+def payload(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_round_trip_from_bytes_into_bytearray_memoryview_and_numpy(client, namespace):
+    data = payload(256 * 1024, 1)
+    assert client.store(namespace, b"key-1", data) == "stored"
+    assert client.store(namespace, b"key-1", data) == "already_present"
+    [probe] = client.probe(namespace, [b"key-1"])
+    assert (probe.state, probe.medium, probe.length) == ("hit", "cpu", len(data))
+
+    into_bytearray = bytearray(len(data))
+    into_numpy = np.zeros(len(data), dtype=np.uint8)
+    backing = bytearray(len(data))
+    into_memoryview = memoryview(backing)
+    hits = client.load_into(
+        namespace, [b"key-1"] * 3, [into_bytearray, into_numpy, into_memoryview]
+    )
+    assert hits == [True, True, True]
+    assert bytes(into_bytearray) == data
+    assert into_numpy.tobytes() == data
+    assert bytes(backing) == data
+
+
+def test_store_from_numpy_and_store_many(client, namespace):
+    arrays = [np.random.default_rng(seed).random(4096, dtype=np.float32) for seed in range(4)]
+    keys = [f"many-{index}".encode() for index in range(4)]
+    assert client.store_many(namespace, keys, arrays) == ["stored"] * 4
+    targets = [np.empty_like(array) for array in arrays]
+    assert client.load_into(namespace, keys, targets) == [True] * 4
+    for array, target in zip(arrays, targets):
+        assert np.array_equal(array, target)
+
+
+def test_a_miss_is_false_and_none(client, namespace):
+    assert client.load_into(namespace, [b"absent"], [bytearray(16)]) == [False]
+    [probe] = client.probe(namespace, [b"absent"])
+    assert probe.state == "miss" and probe.medium is None
+    with client.load(namespace, [b"absent"]) as views:
+        assert views[0] is None
+
+
+def test_torch_cpu_tensors_round_trip(client, namespace):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    source = torch.randn(64, 128, dtype=torch.bfloat16)
+    assert client.store(namespace, b"tensor", source) == "stored"
+    target = torch.zeros_like(source)
+    assert client.load_into(namespace, [b"tensor"], [target]) == [True]
+    assert torch.equal(source, target)
+    assert kvtier.as_buffer(source).nbytes == source.numel() * source.element_size()
+
+
+def test_views_are_released_on_exit_and_on_collection(client, namespace):
+    data = payload(64 * 1024, 2)
+    client.store(namespace, b"viewed", data)
+    with client.load(namespace, [b"viewed"]) as views:
+        view = views[0]
+        assert view.readonly
+        assert view.tobytes() == data
+        assert views.valid() == [True]
+    with pytest.raises(ValueError):
+        view.tobytes()
+
+    loaded = client.load(namespace, [b"viewed"])
+    view = loaded[0]
+    assert view.tobytes() == data
+    del loaded
+    gc.collect()
+    with pytest.raises(ValueError):
+        view.tobytes()
+
+    # An array over a view keeps it exported: its lease (and the mapping) stay held, so the
+    # array still reads the object, never unmapped memory.
+    with client.load(namespace, [b"viewed"]) as views:
+        array = np.frombuffer(views[0], dtype=np.uint8)
+    del views
+    gc.collect()
+    assert array.tobytes() == data
+
+
+def test_refused_buffers(client, namespace):
+    client.store(namespace, b"k", b"abcd")
+    with pytest.raises(BufferError):
+        client.load_into(namespace, [b"k"], [b"read-only"])
+    strided = np.zeros((8, 8), dtype=np.uint8)[:, ::2]
+    # numpy refuses a C-contiguous export of a strided view.
+    with pytest.raises((BufferError, ValueError)):
+        client.store(namespace, b"k2", strided)
+    with pytest.raises(ValueError):
+        client.load_into(namespace, [b"k"], [])
+
+
+def test_a_full_pool_gives_a_skip_not_an_error(client, namespace):
+    # Larger than the node's 32 MiB pool: no pool can take it.
+    assert client.store(namespace, b"huge", bytes(40 * MIB)) == "skipped"
+    # What is cached stays a hit.
+    client.store(namespace, b"small", b"x" * 4096)
+    assert client.load_into(namespace, [b"small"], [bytearray(4096)]) == [True]
+
+
+def test_a_killed_node_raises_and_a_reconnect_works(cluster, client, namespace):
+    client.store(namespace, b"before", b"y" * 4096)
+    cluster.kill_node(0)
+    with pytest.raises(kvtier.NodeUnreachable) as raised:
+        client.store(namespace, b"after", b"z" * 4096)
+    assert raised.value.reason == "unreachable"
+    assert isinstance(raised.value, kvtier.KvtierError)
+
+    cluster.restart_node(0)
+    again = kvtier.Client.connect(cluster.socket(0))
+    namespace = register(again)
+    assert again.store(namespace, b"after", b"z" * 4096) == "stored"
+    target = bytearray(4096)
+    assert again.load_into(namespace, [b"after"], [target]) == [True]
+    assert bytes(target) == b"z" * 4096
+
+
+def test_connecting_to_no_node_raises_node_unreachable(tmp_path):
+    with pytest.raises(kvtier.NodeUnreachable):
+        kvtier.Client.connect(os.fspath(tmp_path / "absent.sock"))
+
+
+def poll_all(client: kvtier.Client, jobs: set[int], deadline_s: float = 30.0) -> dict:
+    """Polls until every job completed; fails past the deadline (a hang guard)."""
+    results = {}
+    deadline = time.monotonic() + deadline_s
+    while jobs - results.keys():
+        assert time.monotonic() < deadline, f"jobs {jobs - results.keys()} never completed"
+        for job, result in client.poll(timeout=1.0):
+            results[job] = result
+    return results
+
+
+def test_submit_and_poll(client, namespace):
+    data = [payload(128 * 1024, seed) for seed in range(8)]
+    keys = [f"job-{index}".encode() for index in range(8)]
+    jobs = {client.submit_store(namespace, key, value) for key, value in zip(keys, data)}
+    jobs.add(client.submit_store_many(namespace, [b"pair-0", b"pair-1"], [b"a" * 64, b"b" * 64]))
+    assert client.inflight == len(jobs)
+    results = poll_all(client, jobs)
+    assert sorted(map(str, results.values())) == sorted(["stored"] * 8 + ["['stored', 'stored']"])
+    assert client.inflight == 0
+
+    targets = [bytearray(len(value)) for value in data]
+    probe_job = client.submit_probe(namespace, keys)
+    load_job = client.submit_load_into(namespace, keys, targets)
+    results = poll_all(client, {probe_job, load_job})
+    assert results[load_job] == [True] * 8
+    assert [probe.state for probe in results[probe_job]] == ["hit"] * 8
+    assert [bytes(target) for target in targets] == data
+
+
+def test_submitting_past_the_bound_raises_busy(client, namespace):
+    jobs = set()
+    for _ in range(kvtier.JOBS_INFLIGHT_MAX):
+        jobs.add(client.submit_store(namespace, b"same", b"q" * 4096))
+    with pytest.raises(kvtier.Busy):
+        client.submit_store(namespace, b"same", b"q" * 4096)
+    poll_all(client, jobs)
+    assert client.inflight == 0
+    job = client.submit_store(namespace, b"same", b"q" * 4096)
+    assert poll_all(client, {job})[job] == "already_present"
+
+
+def test_prefix_digest_chains():
+    first = kvtier.prefix_digest([1, 2, 3])
+    assert len(first) == 16
+    assert kvtier.prefix_digest([1, 2, 3]) == first
+    second = kvtier.prefix_digest([4, 5], parent=first)
+    assert second != kvtier.prefix_digest([4, 5])
