@@ -24,5 +24,6 @@ pub mod protocol;
 pub mod reload;
 pub mod replay;
 pub mod sim;
+pub mod top;
 pub mod wire;
 pub mod workload;
