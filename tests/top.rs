@@ -361,11 +361,14 @@ fn exported(cluster: &LocalCluster) -> Exported {
     families
 }
 
+/// A label matcher: label, operator (`=`, `!=`, `=~`, `!~`), value.
+type Matcher = (String, String, String);
+
 /// What a query uses: families with their matchers `(label, operator, value)`, and the
 /// labels it groups or matches by.
 #[derive(Debug, Default)]
 struct Query {
-    families: Vec<(String, Vec<(String, String, String)>)>,
+    families: Vec<(String, Vec<Matcher>)>,
     grouping: Vec<String>,
 }
 
