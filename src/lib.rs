@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod policy;
+pub mod progress;
 pub mod protocol;
 pub mod reload;
 pub mod replay;
