@@ -462,6 +462,20 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_pre_fault_reports_each_step_up_to_the_whole_mapping() {
+        let path = ShmPath::new("prefault");
+        let step = PREFAULT_STEP_BYTES as u64;
+        let mut reported = Vec::new();
+        let memory = SharedMemory::create_reporting(&path.0, 2 * step, UUID, PAGE, &mut |done| {
+            reported.push(done)
+        })
+        .unwrap();
+        // The header page, then the data area.
+        assert_eq!(reported, [step, 2 * step, 2 * step + PAGE]);
+        assert!(memory.slice(0, PAGE).unwrap().iter().all(|byte| *byte == 0));
+    }
+
+    #[test]
     fn create_then_open_shares_bytes() {
         let path = ShmPath::new("share");
         let creator = SharedMemory::create(&path.0, 16 * PAGE, UUID, PAGE).unwrap();
