@@ -288,8 +288,8 @@ fn node_a_percentages(screen: &str) -> Vec<f64> {
 
 #[test]
 fn the_live_view_shows_the_cluster_switches_pages_and_gives_the_terminal_back() {
-    let cluster = cluster();
-    let _load = Load::start(cluster.socket(0).unwrap());
+    let mut cluster = cluster();
+    let load = Load::start(cluster.socket(0).unwrap());
     let command = format!(
         "{} top --config {}; echo \"top exited $?\"; stty -a; exec cat",
         exe().display(),
@@ -321,6 +321,13 @@ fn the_live_view_shows_the_cluster_switches_pages_and_gives_the_terminal_back() 
     tmux.keys("n");
     tmux.wait_for("the nodes page again", |screen| {
         screen.contains("page: nodes")
+    });
+
+    // The directory goes away: the view says so, and keeps its keys.
+    assert!(load.finish() > 0);
+    cluster.kill_directory().unwrap();
+    tmux.wait_for("the unreachable cluster's banner", |screen| {
+        screen.contains("cannot reach the cluster")
     });
 
     tmux.keys("q");
