@@ -11,6 +11,8 @@ use ratatui::Frame;
 
 /// Characters of a pool's usage bar on the pools page.
 const BAR_WIDTH: usize = 30;
+/// Widest name column: longer node and pool names are cut, the figures stay on screen.
+const NAME_WIDTH_MAX: usize = 32;
 
 /// What one frame shows.
 pub struct Screen<'a> {
@@ -171,7 +173,7 @@ fn nodes_table(rows: &[NodeRow]) -> Table<'static> {
         Row::new(cells)
     });
     let widths = [
-        Constraint::Min(12),
+        Constraint::Length(name_width(rows.iter().map(|row| row.name.as_str()))),
         Constraint::Length(4),
         Constraint::Length(6),
         Constraint::Length(9),
@@ -224,7 +226,7 @@ fn pools_table(rows: &[PoolRow]) -> Table<'static> {
         ])
     });
     let widths = [
-        Constraint::Min(14),
+        Constraint::Length(name_width(rows.iter().map(|row| row.name.as_str()))),
         Constraint::Length(4),
         Constraint::Length(6),
         Constraint::Length(12),
@@ -244,6 +246,13 @@ fn pools_table(rows: &[PoolRow]) -> Table<'static> {
                 " Pools (usage: █ ready  ▓ retiring  ▒ other allocated  ░ reserved  · free) ",
             ),
         )
+}
+
+/// The width of a name column: the longest name (at least the heading's), at most
+/// [`NAME_WIDTH_MAX`] characters.
+fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> u16 {
+    let longest = names.map(|name| name.chars().count()).max().unwrap_or(0);
+    longest.clamp(4, NAME_WIDTH_MAX) as u16
 }
 
 /// A pool's bytes by state as a stacked bar of [`BAR_WIDTH`] characters.
