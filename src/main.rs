@@ -1,4 +1,4 @@
-//! The `kvtier` command: directory, node, demo, up, bench, replay, ctl and certs.
+//! The `kvtier` command: directory, node, demo, up, bench, replay, ctl, top and certs.
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -55,6 +55,9 @@ enum Command {
         #[command(subcommand)]
         which: kvtier::ctl::CtlCommand,
     },
+    /// A live terminal view of the whole cluster (nodes, pools, hit ratio, traffic,
+    /// latency), refreshed every second; `--once --json` prints one report for scripts.
+    Top(kvtier::top::TopArgs),
     /// Manage the cluster's certificates.
     Certs {
         #[command(subcommand)]
@@ -182,6 +185,7 @@ fn main() -> anyhow::Result<()> {
             which: BenchCommand::ChaosClient(args),
         } => kvtier::bench::chaos_client::run(&args),
         Command::Ctl { which } => kvtier::ctl::run(which),
+        Command::Top(args) => kvtier::top::run(&args),
         Command::Certs { which } => certs(which),
     }
 }

@@ -153,7 +153,7 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
                 &next_uses,
                 policy,
                 &config(capacity),
-                &mut |_| {},
+                &mut |_, _| {},
             )
             .expect("replay")
         };
@@ -182,9 +182,12 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
             "kvtier beat the optimum at {capacity}"
         );
         // The same policy as the directory runs it, watermarks and reclaim lag included.
-        let directory =
-            cluster::simulate(&requests, &directory_replay(capacity, 0, 1.0), &mut |_| {})
-                .expect("directory replay");
+        let directory = cluster::simulate(
+            &requests,
+            &directory_replay(capacity, 0, 1.0),
+            &mut |_, _| {},
+        )
+        .expect("directory replay");
         assert!(
             directory.hit_tokens >= replay_lru.hit_tokens,
             "the directory's policy < lru at {capacity}"
@@ -234,6 +237,7 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
             std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
             requests,
             &replayed,
+            true,
         )
         .expect("live replay");
         assert!(outcome.verified_chunks > 500, "{outcome:?}");
@@ -270,7 +274,7 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
             &next_uses,
             PolicyKind::Lru,
             &config(blocks + cxl_blocks as usize),
-            &mut |_| {},
+            &mut |_, _| {},
         )
         .expect("replay");
         let lru_ratio = lru.hit_tokens as f64 / lru.input_tokens as f64;
@@ -312,7 +316,7 @@ fn kvtier_over_tiers_saves_more_than_lru_over_the_same_tiers_and_dram_alone() {
     let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
     let next_uses = sim::next_uses(&requests);
     let run = |policy, config: &SimConfig| {
-        sim::simulate(&requests, &next_uses, policy, config, &mut |_| {})
+        sim::simulate(&requests, &next_uses, policy, config, &mut |_, _| {})
             .expect("replay")
             .hit_tokens
     };

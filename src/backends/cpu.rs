@@ -39,16 +39,25 @@ impl CpuPool {
     /// every page free. Errors: `InvalidConfig` for a bad geometry, `Io` when the file
     /// cannot be created, sized or mapped (for instance `/dev/shm` too small).
     pub fn create(config: &CpuPoolConfig) -> Result<Self, PoolError> {
+        Self::create_reporting(config, &mut |_| {})
+    }
+
+    /// [`CpuPool::create`], calling `progress` with the bytes pre-faulted so far.
+    pub fn create_reporting(
+        config: &CpuPoolConfig,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, PoolError> {
         let allocator = PageAllocator::new(
             config.capacity_bytes,
             config.page_bytes,
             config.allocations_max,
         )?;
-        let memory = SharedMemory::create(
+        let memory = SharedMemory::create_reporting(
             &config.path,
             config.capacity_bytes,
             config.pool_uuid,
             config.page_bytes,
+            progress,
         )?;
         Ok(Self {
             memory,

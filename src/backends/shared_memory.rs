@@ -181,6 +181,18 @@ impl SharedMemory {
         pool_uuid: u128,
         page_bytes: u64,
     ) -> Result<Self, PoolError> {
+        Self::create_reporting(path, data_bytes, pool_uuid, page_bytes, &mut |_| {})
+    }
+
+    /// [`SharedMemory::create`], calling `progress` with the bytes pre-faulted so far after
+    /// each step of [`PREFAULT_STEP_BYTES`] (a large pool takes about a second per GiB).
+    pub fn create_reporting(
+        path: &Path,
+        data_bytes: u64,
+        pool_uuid: u128,
+        page_bytes: u64,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, PoolError> {
         validate_geometry(data_bytes, page_bytes)?;
         let io = |source| PoolError::Io {
             path: path.to_owned(),
@@ -201,7 +213,7 @@ impl SharedMemory {
         // engines allowed to map the pool needs write access too.
         file.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))
             .map_err(io)?;
-        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes)
+        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes, progress)
     }
 
     /// Formats a device or file that exists but holds no kvtier pool (a fresh DAX device,
@@ -239,7 +251,7 @@ impl SharedMemory {
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
             Err(error) => return Err(io(error)),
         }
-        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes)
+        Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes, &mut |_| {})
     }
 
     /// Maps `file` (at least one header page plus `data_bytes` long, or a device), pre-faults
@@ -250,6 +262,7 @@ impl SharedMemory {
         data_bytes: u64,
         pool_uuid: u128,
         page_bytes: u64,
+        progress: &mut dyn FnMut(u64),
     ) -> Result<Self, PoolError> {
         let total_bytes = validate_geometry(data_bytes, page_bytes)?;
         let io = |source| PoolError::Io {
@@ -257,7 +270,7 @@ impl SharedMemory {
             source,
         };
         allocate_storage(file, total_bytes).map_err(io)?;
-        let map = map_populated(file, total_bytes).map_err(io)?;
+        let map = map_populated(file, total_bytes, progress).map_err(io)?;
         let header = Header {
             pool_uuid,
             data_bytes,
@@ -326,7 +339,7 @@ impl SharedMemory {
                 expected_bytes: total_bytes,
             });
         }
-        let map = map_populated(&file, total_bytes).map_err(io)?;
+        let map = map_populated(&file, total_bytes, &mut |_| {}).map_err(io)?;
         Ok(Self {
             path: path.to_owned(),
             header,
@@ -427,12 +440,47 @@ fn allocate_storage(file: &File, total_bytes: u64) -> std::io::Result<()> {
     }
 }
 
-/// Maps `total_bytes` of `file` read-write `MAP_SHARED` with `MAP_POPULATE`, so every page
-/// is resident and mapped before the first access (a first touch costs 2–16 µs a page).
-fn map_populated(file: &File, total_bytes: u64) -> std::io::Result<MmapRaw> {
+/// Bytes pre-faulted per step: small enough that progress moves several times a second,
+/// large enough that the steps' system calls cost nothing next to the faults.
+pub const PREFAULT_STEP_BYTES: usize = 64 << 20;
+
+/// Maps `total_bytes` of `file` read-write `MAP_SHARED` and pre-faults every page writable,
+/// so every page is resident and mapped before the first access (a first touch costs
+/// 2–16 µs a page), in steps of [`PREFAULT_STEP_BYTES`] with `MADV_POPULATE_WRITE` (which
+/// writes nothing), calling `progress` with the bytes done after each. A kernel without it
+/// (before 5.14) gets one `MAP_POPULATE` mapping instead, without progress.
+fn map_populated(
+    file: &File,
+    total_bytes: u64,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<MmapRaw> {
     let length = usize::try_from(total_bytes)
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    MmapOptions::new().len(length).populate().map_raw(file)
+    let map = MmapOptions::new().len(length).map_raw(file)?;
+    let mut done = 0;
+    while done < length {
+        let step = (length - done).min(PREFAULT_STEP_BYTES);
+        // SAFETY: `[done, done + step)` lies inside the mapping `map` owns; populating
+        // neither reads nor writes its bytes.
+        let result = unsafe {
+            libc::madvise(
+                map.as_mut_ptr().add(done).cast(),
+                step,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if result != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EINVAL) {
+                drop(map);
+                return MmapOptions::new().len(length).populate().map_raw(file);
+            }
+            return Err(error);
+        }
+        done += step;
+        progress(done as u64);
+    }
+    Ok(map)
 }
 
 #[cfg(test)]
@@ -469,6 +517,20 @@ pub(crate) mod tests {
         assert_eq!(mode & 0o777, POOL_FILE_MODE);
         drop(memory);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_pre_fault_reports_each_step_up_to_the_whole_mapping() {
+        let path = ShmPath::new("prefault");
+        let step = PREFAULT_STEP_BYTES as u64;
+        let mut reported = Vec::new();
+        let memory = SharedMemory::create_reporting(&path.0, 2 * step, UUID, PAGE, &mut |done| {
+            reported.push(done)
+        })
+        .unwrap();
+        // The header page, then the data area.
+        assert_eq!(reported, [step, 2 * step, 2 * step + PAGE]);
+        assert!(memory.slice(0, PAGE).unwrap().iter().all(|byte| *byte == 0));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::client::{Client, StoreOutcome};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::model::{Medium, ObjectId, PrefixDigest};
+use crate::progress::{Progress, Unit};
 use crate::workload::chunk;
 use crate::workload::histogram::Histogram;
 use crate::workload::namespace::demo_namespace;
@@ -176,8 +177,15 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
     let first_rss: Vec<u64> = (0..NODES)
         .map(|node| anonymous_rss(cluster, node))
         .collect();
-    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let end = started + Duration::from_secs(args.seconds);
+    let bar = Progress::bar("chaos: seconds", args.seconds, Unit::Items, args.json);
     while Instant::now() < end {
+        bar.set(started.elapsed().as_secs());
+        bar.message(format!(
+            "{} node restarts, {} directory restarts",
+            report.node_restarts, report.directory_restarts
+        ));
         let wait = args.fault_interval_ms / 2 + random.below(args.fault_interval_ms.max(1));
         std::thread::sleep(Duration::from_millis(wait));
         if random.chance(34) {
@@ -194,6 +202,7 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
             report.node_restarts += 1;
         }
     }
+    bar.finish();
     report.recovery_ms_p50 = recoveries.quantile(0.5).as_secs_f64() * 1e3;
     report.recovery_ms_max = recoveries.max().as_secs_f64() * 1e3;
     report.rss_growth_percent = (0..NODES)

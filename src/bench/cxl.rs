@@ -8,6 +8,7 @@ use crate::client::{Client, StoreOutcome};
 use crate::directory::ProbeOutcome;
 use crate::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster};
 use crate::model::{Medium, ObjectId};
+use crate::progress::Progress;
 use crate::workload::chunk;
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::seeded_ids;
@@ -68,8 +69,12 @@ pub struct CxlReport {
 
 /// Runs both phases and prints the report.
 pub fn run(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<()> {
+    let phase = Progress::phase("cxl: load phase", args.json);
     let (load_gbps, memcpy_gbps) = load_phase(exe, args)?;
+    drop(phase);
+    let phase = Progress::phase("cxl: pressure phase", args.json);
     let pressure = pressure_phase(exe, args)?;
+    drop(phase);
     let report = CxlReport {
         load_gbps,
         memcpy_gbps,

@@ -5,6 +5,7 @@
 use crate::client::{Client, StoreOutcome};
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::model::ObjectId;
+use crate::progress::{Progress, Unit};
 use crate::workload::chunk;
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::seeded_ids;
@@ -73,7 +74,15 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
     let client = runtime.block_on(Client::connect(&cluster.socket(0)?))?;
     let namespace = runtime.block_on(client.register_namespace(demo_namespace()))?;
     let mut chunks = Vec::new();
+    let bar = Progress::bar(
+        "data: sizes",
+        args.sizes.len() as u64,
+        Unit::Items,
+        args.json,
+    );
     for (round, &size) in args.sizes.iter().enumerate() {
+        bar.set(round as u64);
+        bar.message(format!("{size}-byte chunks"));
         let count = (args.bytes_per_size / size.max(1)).max(1);
         let mut ids = seeded_ids(&demo_namespace(), count as u64, args.seed + round as u64)?;
         for id in &mut ids {
@@ -97,6 +106,7 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
             load_ratio: load_gbps / memcpy_gbps,
         });
     }
+    bar.finish();
     drop(client);
     drop(cluster);
     let report = DataReport { chunks };

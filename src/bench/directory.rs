@@ -12,6 +12,7 @@ use crate::model::{
     AllocationId, Generation, Location, Medium, NodeId, ObjectId, OperationId, PoolId, PoolSpec,
     Scope, SessionId, Timestamp,
 };
+use crate::progress::{Progress, Unit};
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::seeded_ids;
 use crate::workload::rng::SplitMix64;
@@ -61,12 +62,13 @@ fn per_second(count: u64, started: Instant) -> f64 {
 /// Runs the in-process benchmark at each size in `sizes`.
 pub fn run_in_process(sizes: &[u64], seed: u64, progress: bool) -> anyhow::Result<InProcessReport> {
     let mut reports = Vec::new();
-    for &objects in sizes {
-        if progress {
-            eprintln!("directory bench: {objects} objects ...");
-        }
+    let bar = Progress::bar("directory", sizes.len() as u64, Unit::Items, !progress);
+    for (done, &objects) in sizes.iter().enumerate() {
+        bar.set(done as u64);
+        bar.message(format!("{objects} objects"));
         reports.push(run_size(objects, seed)?);
     }
+    bar.finish();
     let Some(largest) = reports.iter().max_by_key(|report| report.objects).cloned() else {
         bail!("no sizes given");
     };

@@ -76,26 +76,34 @@ impl Target {
     }
 }
 
-/// A connection to a node for control requests.
-struct Control {
+/// A connection to a node for control requests (and `kvtier top`'s status requests).
+pub(crate) struct Control {
     runtime: tokio::runtime::Runtime,
     rpc: RpcClient<ClientRequest, ClientReply>,
 }
 
 impl Control {
     fn connect(target: &Target) -> anyhow::Result<Control> {
-        let socket = target.socket()?;
+        Control::connect_socket(&target.socket()?, CTL_REQUEST_TIMEOUT)
+    }
+
+    /// Connects to the node at `socket` and says hello; each later request may take
+    /// `request_timeout`.
+    pub(crate) fn connect_socket(
+        socket: &std::path::Path,
+        request_timeout: Duration,
+    ) -> anyhow::Result<Control> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let rpc = runtime.block_on(async {
-            let stream = uds::connect(&socket)
+            let stream = uds::connect(socket)
                 .await
                 .with_context(|| format!("connecting to the node at {}", socket.display()))?;
             let (reader, writer) = stream.into_split();
             let config = RpcConfig {
                 inflight_requests_max: 1,
-                request_timeout: CTL_REQUEST_TIMEOUT,
+                request_timeout,
             };
             let rpc = RpcClient::spawn(reader, writer, config)?;
             match rpc.call(ClientRequest::Hello(Hello::ours())).await? {
@@ -113,7 +121,8 @@ impl Control {
         }
     }
 
-    fn status(&self) -> anyhow::Result<ClusterStatus> {
+    /// The cluster as the directory sees it.
+    pub(crate) fn status(&self) -> anyhow::Result<ClusterStatus> {
         match self.call(ClientRequest::ClusterStatus)? {
             ClientReply::ClusterStatus(status) => Ok(status),
             other => bail!("unexpected reply {other:?}"),

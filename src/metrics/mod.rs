@@ -151,6 +151,17 @@ label_enum!(
     }
 );
 
+label_enum!(
+    /// What a node's client found when it asked for an object, the `result` label of
+    /// `kvtier_lookups_total`.
+    LookupResult {
+        /// A READY replica the client can map was leased.
+        Hit => "hit",
+        /// Nothing to lease (absent, unreachable, or withheld by a manifest's miss).
+        Miss => "miss",
+    }
+);
+
 /// The process's metrics. Every method takes `&self` and is safe from many threads; share
 /// it as `Arc<Metrics>`.
 #[derive(Debug)]
@@ -165,6 +176,7 @@ pub struct Metrics {
     leases: IntGauge,
     sessions: IntGaugeVec,
     bytes_moved_total: IntCounterVec,
+    lookups_total: IntCounterVec,
     evictions_total: IntCounter,
     expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
@@ -231,6 +243,13 @@ impl Metrics {
                 Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
                 &["direction"],
             )?,
+            lookups_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_lookups_total",
+                    "Objects a node's clients asked to load, by result (hit or miss).",
+                ),
+                &["result"],
+            )?,
             medium_bytes: IntGaugeVec::new(
                 Opts::new(
                     "kvtier_medium_bytes",
@@ -294,6 +313,9 @@ impl Metrics {
                 .bytes_moved_total
                 .with_label_values(&[direction.as_str()]);
         }
+        for result in LookupResult::ALL {
+            metrics.lookups_total.with_label_values(&[result.as_str()]);
+        }
         Ok(metrics)
     }
 
@@ -313,6 +335,8 @@ impl Metrics {
         self.registry.register(Box::new(self.sessions.clone()))?;
         self.registry
             .register(Box::new(self.bytes_moved_total.clone()))?;
+        self.registry
+            .register(Box::new(self.lookups_total.clone()))?;
         self.registry
             .register(Box::new(self.evictions_total.clone()))?;
         self.registry
@@ -488,6 +512,16 @@ impl Metrics {
             .inc_by(bytes);
     }
 
+    /// Counts the objects of one client load by what it found.
+    pub fn add_lookups(&self, hits: u64, misses: u64) {
+        self.lookups_total
+            .with_label_values(&[LookupResult::Hit.as_str()])
+            .inc_by(hits);
+        self.lookups_total
+            .with_label_values(&[LookupResult::Miss.as_str()])
+            .inc_by(misses);
+    }
+
     /// Sets the bytes of all pools of `medium` in `state` (`"capacity"` or a pool state).
     pub fn set_medium_bytes(&self, medium: Medium, state: &'static str, bytes: u64) {
         self.medium_bytes
@@ -573,6 +607,7 @@ pub(crate) mod tests {
         assert!(text.contains("kvtier_requests_total{op=\"poll_tasks\"} 0"));
         assert!(text.contains("kvtier_pool_bytes{pool=\"1\",state=\"quarantined\"} 0"));
         assert!(text.contains("kvtier_bytes_moved_total{direction=\"restore\"} 0"));
+        assert!(text.contains("kvtier_lookups_total{result=\"miss\"} 0"));
     }
 
     #[test]

@@ -404,11 +404,11 @@ pub fn cluster_time(request: &Request, speedup: f64) -> Duration {
 }
 
 /// Replays `requests` through the directory core as one node storing every block it
-/// misses and loading the cached prefix. Deterministic. `progress` gets the count done.
+/// misses and loading the cached prefix. Deterministic. `progress` gets the count done and the token hit ratio so far.
 pub fn simulate(
     requests: &[Request],
     config: &ClusterSimConfig,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(usize, f64),
 ) -> anyhow::Result<ClusterTally> {
     let mut cluster = SimulatedCluster::start(config).context("starting the simulated cluster")?;
     let mut tally = ClusterTally::default();
@@ -419,7 +419,7 @@ pub fn simulate(
         let loaded = cluster.load_prefix(now, &objects)?;
         tally.count_request(request, &loaded, &config.pricing);
         cluster.store(now, &objects[loaded.len()..], &mut tally)?;
-        progress(index + 1);
+        progress(index + 1, tally.token_hit_ratio());
     }
     tally.demoted = cluster.demoted;
     Ok(tally)

@@ -7,7 +7,6 @@
 //! The trace runs `speedup` times faster than recorded; the directory is told so
 //! (`policy_time_scale`), so idle times weigh in its eviction as they did in the trace.
 
-use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,7 @@ use crate::client::{Client, StoreOutcome};
 use crate::directory::ProbeOutcome;
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::model::Medium;
+use crate::progress::{Progress, Unit};
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::chain;
 use crate::workload::trace::Request;
@@ -74,6 +74,7 @@ pub fn run(
     exe: &Path,
     requests: &[Request],
     config: &ClusterSimConfig,
+    json: bool,
 ) -> anyhow::Result<LiveOutcome> {
     if !config.chunk_bytes.is_power_of_two() || config.blocks == 0 {
         bail!("--live needs a capacity and a power-of-two --chunk-bytes");
@@ -98,11 +99,11 @@ pub fn run(
         .build()?;
     let started = Instant::now();
     let (mut live, verified_chunks, lag_max) =
-        runtime.block_on(drive(&cluster, requests, config))?;
+        runtime.block_on(drive(&cluster, requests, config, json))?;
     let elapsed = started.elapsed();
     live.demoted = demoted_chunks(&cluster, config.chunk_bytes)?;
     drop(cluster);
-    let simulated = cluster::simulate(requests, config, &mut |_| {})?;
+    let simulated = cluster::simulate(requests, config, &mut |_, _| {})?;
     Ok(LiveOutcome {
         live,
         simulated,
@@ -132,6 +133,7 @@ async fn drive(
     cluster: &LocalCluster,
     requests: &[Request],
     config: &ClusterSimConfig,
+    json: bool,
 ) -> anyhow::Result<(ClusterTally, u64, Duration)> {
     let client = Client::connect(&cluster.socket(0)?).await?;
     let namespace = client.register_namespace(demo_namespace()).await?;
@@ -140,7 +142,7 @@ async fn drive(
     let mut verified = 0u64;
     let mut lag_max = Duration::ZERO;
     let mut buffers = PrefixBuffers::new(chunk_bytes);
-    let progress = std::io::stderr().is_terminal();
+    let progress = Progress::bar("live", requests.len() as u64, Unit::Items, json);
     let start = tokio::time::Instant::now();
     for (index, request) in requests.iter().enumerate() {
         // The trace's arrival schedule, compressed: a request is not sent before its time.
@@ -172,17 +174,9 @@ async fn drive(
                 StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
             }
         }
-        if progress && index % 100 == 0 {
-            eprint!(
-                "\r  live: {index}/{} requests, token hit ratio {:.3}",
-                requests.len(),
-                tally.token_hit_ratio()
-            );
-            let _ = std::io::stderr().flush();
-        }
+        progress.set(index as u64 + 1);
+        progress.message(format!("token hit ratio {:.3}", tally.token_hit_ratio()));
     }
-    if progress {
-        eprint!("\r{:<70}\r", "");
-    }
+    progress.finish();
     Ok((tally, verified, lag_max))
 }

@@ -11,10 +11,12 @@ pub mod live;
 pub mod report;
 pub mod sim;
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+
+use crate::progress::{Progress, Unit};
 
 use crate::policy::cost::CostModel;
 use crate::policy::placement::PlacementConfig;
@@ -83,11 +85,24 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
         requests.truncate(limit);
     }
     let config = sim_config(args)?;
-    let mut report = replay(&requests, &config, &policies(&args.policy), &source)?;
+    let mut report = replay(
+        &requests,
+        &config,
+        &policies(&args.policy),
+        &source,
+        args.json,
+    )?;
     let block_bytes = u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token);
     if let Some(simulation) = directory_replay(args, &config, 1.0)? {
-        let mut bar = ProgressBar::new(report::KVTIER_DIRECTORY, requests.len());
-        let tally = cluster::simulate(&requests, &simulation, &mut |done| bar.update(done))?;
+        let bar = Progress::bar(
+            report::KVTIER_DIRECTORY,
+            requests.len() as u64,
+            Unit::Items,
+            args.json,
+        );
+        let tally = cluster::simulate(&requests, &simulation, &mut |done, hit_ratio| {
+            show(&bar, done, hit_ratio)
+        })?;
         bar.finish();
         report.results.push(report::PolicyReport::new(
             report::KVTIER_DIRECTORY.to_string(),
@@ -104,7 +119,7 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
                 "--live drives one node with a CPU pool and optionally a CXL pool: give --capacity, or --tiers dram=N or dram=N,cxl=M"
             );
         };
-        report.live = Some(live::run(exe, &requests, &simulation)?);
+        report.live = Some(live::run(exe, &requests, &simulation, args.json)?);
     }
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -262,12 +277,13 @@ fn parse_capacity(text: &str, block_bytes: u64) -> anyhow::Result<usize> {
 }
 
 /// Replays `requests` under each policy (and, with several tiers, LRU on the hottest tier
-/// alone) and gathers the report.
+/// alone) and gathers the report; a bar per run shows progress unless `json`.
 pub fn replay(
     requests: &[Request],
     config: &SimConfig,
     policies: &[PolicyKind],
     source: &str,
+    json: bool,
 ) -> anyhow::Result<Report> {
     let next_uses = sim::next_uses(requests);
     let mut runs: Vec<(String, &SimConfig, PolicyKind)> = policies
@@ -287,10 +303,14 @@ pub fn replay(
     }
     let mut results = Vec::new();
     for (name, run_config, policy) in runs {
-        let mut bar = ProgressBar::new(&name, requests.len());
-        let outcome = sim::simulate(requests, &next_uses, policy, run_config, &mut |done| {
-            bar.update(done)
-        })?;
+        let bar = Progress::bar(&name, requests.len() as u64, Unit::Items, json);
+        let outcome = sim::simulate(
+            requests,
+            &next_uses,
+            policy,
+            run_config,
+            &mut |done, hit_ratio| show(&bar, done, hit_ratio),
+        )?;
         bar.finish();
         results.push(PolicyReport::new(name, &outcome));
     }
@@ -303,44 +323,10 @@ pub fn replay(
     })
 }
 
-/// A progress bar on stderr, drawn only when stderr is a terminal.
-struct ProgressBar<'a> {
-    name: &'a str,
-    total: usize,
-    drawn_percent: Option<usize>,
-    enabled: bool,
-}
-
-impl<'a> ProgressBar<'a> {
-    fn new(name: &'a str, total: usize) -> Self {
-        Self {
-            name,
-            total: total.max(1),
-            drawn_percent: None,
-            enabled: std::io::stderr().is_terminal(),
-        }
-    }
-
-    fn update(&mut self, done: usize) {
-        let percent = done.min(self.total) * 100 / self.total;
-        if !self.enabled || self.drawn_percent == Some(percent) {
-            return;
-        }
-        self.drawn_percent = Some(percent);
-        let filled = percent / 4;
-        eprint!(
-            "\r{:<14} [{}{}] {percent:>3}%",
-            self.name,
-            "#".repeat(filled),
-            "-".repeat(25 - filled)
-        );
-    }
-
-    fn finish(&self) {
-        if self.enabled {
-            eprint!("\r{:<60}\r", "");
-        }
-    }
+/// Shows a replay's progress: requests done and the token hit ratio so far.
+fn show(bar: &Progress, done: usize, hit_ratio: f64) {
+    bar.set(done as u64);
+    bar.message(format!("token hit ratio {hit_ratio:.3}"));
 }
 
 #[cfg(test)]
@@ -456,6 +442,7 @@ mod tests {
                 &sim_config(&args).unwrap(),
                 &policies(&[]),
                 "sample",
+                true,
             )
             .unwrap();
             let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();

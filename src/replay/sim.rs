@@ -352,7 +352,7 @@ pub fn simulate(
     next_uses: &[Option<u64>],
     policy: PolicyKind,
     config: &SimConfig,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(usize, f64),
 ) -> Result<Outcome, SimError> {
     if !(1..=TIERS_MAX).contains(&config.tiers.len()) {
         return Err(SimError::Tiers {
@@ -371,7 +371,10 @@ pub fn simulate(
         outcome.hit_tokens += stack.request(request, uses, &mut outcome.ttft_us);
         outcome.input_tokens += u64::from(request.input_tokens);
         offset = end;
-        progress(index + 1);
+        progress(
+            index + 1,
+            outcome.hit_tokens as f64 / outcome.input_tokens.max(1) as f64,
+        );
     }
     outcome.bytes_moved = stack.bytes_moved;
     let held: usize = stack.tiers.iter().map(|tier| tier.order.len()).sum();

@@ -24,6 +24,7 @@ pub mod replies;
 pub mod storm;
 pub mod world;
 
+use crate::progress::{Progress, Unit};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -46,7 +47,14 @@ pub struct SimArgs {
 
 /// Runs `kvtier sim`; fails (after printing the summary) when any seed broke an invariant.
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
+    let bar = Progress::bar("sim: seeds", args.seeds, Unit::Items, args.json);
+    let mut done = 0;
+    let mut violations = 0;
     let summary = run_seeds(args.first_seed, args.seeds, args.steps, |report| {
+        done += 1;
+        violations += u64::from(report.violation.is_some());
+        bar.set(done);
+        bar.message(format!("{violations} violations"));
         if let Some(violation) = &report.violation {
             eprintln!(
                 "seed={} failed (replay: kvtier sim --first-seed {} --seeds 1 --steps {}): {violation}",
@@ -54,6 +62,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             );
         }
     });
+    bar.finish();
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {

@@ -19,7 +19,7 @@ use crate::directory::{
     AcquireOutcome, CommitOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem,
     ReserveOutcome,
 };
-use crate::metrics::Operation;
+use crate::metrics::{Direction, Operation};
 use crate::model::{LeaseId, Location, NamespaceId, Timestamp};
 use crate::node::{
     after_commit, ClientId, ClientRefusal, PagesAfterCommit, Tenant, TenantRefusal, Ticket,
@@ -585,6 +585,9 @@ async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, 
         PagesAfterCommit::Published => {
             if published {
                 services.published(granted.object, granted.location);
+                services
+                    .metrics
+                    .add_bytes_moved(Direction::Store, granted.location.length_bytes);
             }
         }
         PagesAfterCommit::Keep => {}
@@ -607,6 +610,7 @@ async fn acquire(
         .await
     {
         Ok(DirectoryReply::Acquired(outcomes)) => {
+            count_lookups(&services, &outcomes);
             let leases = outcomes
                 .iter()
                 .filter_map(|outcome| match outcome {
@@ -618,12 +622,32 @@ async fn acquire(
                 .collect();
             (ClientReply::Acquired(outcomes), Change::Leases(leases))
         }
-        Err(unavailable) if unavailable.is_unavailable() => (
-            ClientReply::Acquired(vec![AcquireOutcome::Miss; wanted]),
-            Change::None,
-        ),
+        Err(unavailable) if unavailable.is_unavailable() => {
+            services.metrics.add_lookups(0, wanted as u64);
+            (
+                ClientReply::Acquired(vec![AcquireOutcome::Miss; wanted]),
+                Change::None,
+            )
+        }
         other => (ClientReply::Error(refusal(other)), Change::None),
     }
+}
+
+/// Counts an acquire's hits and misses, and the bytes its leases let the client load.
+fn count_lookups(services: &NodeServices, outcomes: &[AcquireOutcome]) {
+    let mut hits = 0;
+    let mut loaded_bytes = 0;
+    for outcome in outcomes {
+        if let AcquireOutcome::Leased(lease) = outcome {
+            hits += 1;
+            loaded_bytes += lease.location.length_bytes;
+        }
+    }
+    let misses = outcomes.len() as u64 - hits;
+    services.metrics.add_lookups(hits, misses);
+    services
+        .metrics
+        .add_bytes_moved(Direction::Load, loaded_bytes);
 }
 
 async fn release(

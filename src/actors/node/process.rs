@@ -19,6 +19,7 @@ use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
 use crate::node::{ExtentAction, Liveness, NodeCore, PeerIdentity, Tenants, CLIENT_LIMITS};
 use crate::policy::profiles::Measurement;
+use crate::progress::{Progress, Unit};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolMapping, ProtocolError,
 };
@@ -482,14 +483,21 @@ fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<
             .with_context(|| format!("removing the old pool file {}", path.display()))?;
     }
     let started = Instant::now();
-    let pool = CpuPool::create(&CpuPoolConfig {
+    let prefault = Progress::logged(
+        "pre-faulting the CPU pool",
+        section.cpu_pool.capacity_bytes,
+        Unit::Bytes,
+    );
+    let config = CpuPoolConfig {
         path: path.clone(),
         capacity_bytes: section.cpu_pool.capacity_bytes,
         page_bytes: section.cpu_pool.page_bytes,
         allocations_max: ALLOCATIONS_MAX,
         pool_uuid: fresh_uuid(),
-    })
-    .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+    };
+    let pool = CpuPool::create_reporting(&config, &mut |done_bytes| prefault.set(done_bytes))
+        .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+    prefault.finish();
     if group.is_some() {
         // The file this process just created exclusively, not through a link.
         std::os::unix::fs::lchown(path, None, group)
