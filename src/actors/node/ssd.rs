@@ -17,6 +17,11 @@ use std::sync::Arc;
 
 /// Objects restored by one load at most: one prefix's chunks, issued together.
 pub const RESTORES_PER_LOAD_MAX: usize = 64;
+/// How long a load waits for room in a pool to restore into: a few directory ticks, far
+/// below the cost of recomputing a prefix.
+const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// Pause between reservations a full pool skipped: one directory tick.
+const RESTORE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A node's SSD store and its metrics.
 pub struct NodeSsd {
@@ -185,9 +190,17 @@ async fn reserve(
         object,
         length_bytes,
     };
-    let ReserveOutcome::Granted { replica, pool, .. } = services.link.reserve(item).await.ok()?
-    else {
-        return None;
+    // A full pool skips the reservation and makes room (its owner reclaims): ask again
+    // until the load's restore deadline.
+    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
+    let (replica, pool) = loop {
+        match services.link.reserve(item).await {
+            Ok(ReserveOutcome::Granted { replica, pool, .. }) => break (replica, pool),
+            Ok(ReserveOutcome::Skip) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(RESTORE_RETRY).await;
+            }
+            _ => return None,
+        }
     };
     let allocated = match services.pools.get(&pool) {
         Some(actor) => services.allocate_for(actor, pool, length_bytes, None).await,
