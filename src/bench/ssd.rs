@@ -4,7 +4,7 @@
 //! same depth, through the same io_uring queue, on the same file system. A restore reads,
 //! verifies the checksum and copies the object into a client buffer.
 
-use crate::backends::ssd::io::{IoKind, IoOp, IoQueue, IoRequests};
+use crate::backends::ssd::io::{IoKind, IoOp, IoQueue, IoRequests, Slot};
 use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
 use crate::model::{NamespaceId, ObjectId, PrefixDigest};
 use crate::workload::histogram::Histogram;
@@ -390,10 +390,10 @@ struct RawRequests<'a> {
 }
 
 impl IoRequests for RawRequests<'_> {
-    fn prepare(&mut self, request: usize, slot: &mut [u8]) -> Option<IoOp> {
+    fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
         let index = self.picks.map_or(request as u64, |picks| picks[request]);
         if self.kind == IoKind::Write {
-            slot[..8].copy_from_slice(&index.to_le_bytes());
+            slot.bytes(self.size)[..8].copy_from_slice(&index.to_le_bytes());
         }
         Some(IoOp {
             kind: self.kind,

@@ -1,8 +1,9 @@
 //! Block I/O for the SSD store: a bounded queue of reads and writes through io_uring, with
 //! a pread/pwrite fallback where io_uring cannot be set up (seccomp, old kernels, some
 //! containers). Each in-flight request owns one of `depth` staging buffers, aligned to
-//! 4 KiB as direct I/O requires and kept for the queue's lifetime, so staging memory is
-//! bounded by `depth × slot_bytes` and no request touches fresh pages.
+//! 4 KiB as direct I/O requires and kept for the queue's lifetime. A slot grows to the
+//! largest request it served, so staging memory follows the objects actually moved and is
+//! bounded by `depth × slot_bytes`; once grown, no request touches fresh pages.
 
 use super::layout::BLOCK_BYTES;
 use std::alloc::{self, Layout};
@@ -91,11 +92,39 @@ pub struct IoOp {
     pub length: usize,
 }
 
+/// A staging slot lent to [`IoRequests::prepare`].
+pub struct Slot<'a> {
+    buffer: &'a mut Option<AlignedBuffer>,
+    limit: usize,
+}
+
+impl Slot<'_> {
+    /// The slot's first `length` bytes rounded up to a block, growing the slot when it is
+    /// smaller (its old content is lost then). Panics past the queue's `slot_bytes` (a
+    /// caller bug).
+    pub fn bytes(&mut self, length: usize) -> &mut [u8] {
+        let length = length.max(1).next_multiple_of(BLOCK_BYTES as usize);
+        assert!(length <= self.limit, "request longer than a slot");
+        if self
+            .buffer
+            .as_ref()
+            .is_none_or(|buffer| buffer.len() < length)
+        {
+            *self.buffer = Some(AlignedBuffer::new(length));
+        }
+        match self.buffer.as_mut() {
+            Some(buffer) => &mut buffer.as_mut_slice()[..length],
+            None => unreachable!("the slot was just filled"),
+        }
+    }
+}
+
 /// The requests of one [`IoQueue::run`]: the queue asks for each request as a slot frees
 /// and reports each completion.
 pub trait IoRequests {
-    /// Fills `slot` (for a write) and returns request `request`, or `None` to skip it.
-    fn prepare(&mut self, request: usize, slot: &mut [u8]) -> Option<IoOp>;
+    /// Fills `slot` (for a write, through [`Slot::bytes`]) and returns request `request`, or
+    /// `None` to skip it.
+    fn prepare(&mut self, request: usize, slot: Slot<'_>) -> Option<IoOp>;
 
     /// Request `request` ended: `bytes` is its slot's first `length` bytes, `result` the
     /// bytes transferred (a short count is the caller's to judge), `latency` the time since
@@ -174,27 +203,26 @@ impl IoQueue {
         self.slot_bytes
     }
 
-    /// Runs requests `0..count` with at most `depth` in flight. If the ring itself fails, the requests in flight complete with its error and `run`
-    /// returns early: requests never prepared are never completed, and the caller treats
-    /// them as not done. A request longer than the slot panics (a caller bug).
+    /// Runs requests `0..count` with at most `depth` in flight. If the ring itself fails,
+    /// the requests in flight complete with its error and `run` returns early: requests
+    /// never prepared are never completed, and the caller treats them as not done. A request
+    /// longer than `slot_bytes`, or a write longer than what it staged, panics (a caller bug).
     pub fn run(&mut self, count: usize, requests: &mut impl IoRequests) {
-        let slot_bytes = self.slot_bytes;
-        for slot in &mut self.slots {
-            slot.get_or_insert_with(|| AlignedBuffer::new(slot_bytes));
-        }
+        let limit = self.slot_bytes;
         match &mut self.backend {
-            Backend::Uring(ring) => {
-                run_uring(ring, &mut self.slots[..self.depth_limit], count, requests)
-            }
+            Backend::Uring(ring) => run_uring(
+                ring,
+                &mut self.slots[..self.depth_limit],
+                limit,
+                count,
+                requests,
+            ),
             Backend::Blocking => {
-                let Some(buffer) = self.slots[0].as_mut() else {
-                    return;
-                };
                 for request in 0..count {
-                    let Some(op) = requests.prepare(request, buffer.as_mut_slice()) else {
+                    let Some((op, buffer)) = stage(requests, request, &mut self.slots[0], limit)
+                    else {
                         continue;
                     };
-                    assert!(op.length <= buffer.len(), "request longer than its slot");
                     let started = Instant::now();
                     let result = blocking_transfer(op, buffer.as_mut_slice());
                     requests.complete(
@@ -236,9 +264,41 @@ struct InFlight {
     started: Instant,
 }
 
+/// Prepares `request` in `slot` and returns it with its buffer, grown for a read that
+/// needs more than the slot holds.
+fn stage<'a>(
+    requests: &mut impl IoRequests,
+    request: usize,
+    slot: &'a mut Option<AlignedBuffer>,
+    limit: usize,
+) -> Option<(IoOp, &'a mut AlignedBuffer)> {
+    let op = requests.prepare(
+        request,
+        Slot {
+            buffer: &mut *slot,
+            limit,
+        },
+    )?;
+    let held = slot.as_ref().map_or(0, AlignedBuffer::len);
+    if held < op.length {
+        assert!(
+            op.kind == IoKind::Read,
+            "a write longer than what it staged"
+        );
+        Slot {
+            buffer: &mut *slot,
+            limit,
+        }
+        .bytes(op.length);
+    }
+    let buffer = slot.as_mut()?;
+    Some((op, buffer))
+}
+
 fn run_uring(
     ring: &mut io_uring::IoUring,
     slots: &mut [Option<AlignedBuffer>],
+    limit: usize,
     count: usize,
     requests: &mut impl IoRequests,
 ) {
@@ -252,13 +312,9 @@ fn run_uring(
             let Some(&slot) = free.last() else { break };
             let request = next;
             next += 1;
-            let Some(buffer) = slots[slot].as_mut() else {
+            let Some((op, buffer)) = stage(requests, request, &mut slots[slot], limit) else {
                 continue;
             };
-            let Some(op) = requests.prepare(request, buffer.as_mut_slice()) else {
-                continue;
-            };
-            assert!(op.length <= buffer.len(), "request longer than its slot");
             let length = u32::try_from(op.length).unwrap_or(u32::MAX);
             let entry = match op.kind {
                 IoKind::Read => io_uring::opcode::Read::new(

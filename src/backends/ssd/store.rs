@@ -5,7 +5,7 @@
 //! another batch's disk I/O to learn an object is absent.
 
 use super::error::{SkipReason, SsdError};
-use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests};
+use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
 use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
@@ -451,7 +451,10 @@ impl SsdStore {
         requests.outcomes
     }
 
-    /// Writes region `region`'s header for fill `sequence`.
+    /// Writes region `region`'s header for fill `sequence`. No sync is needed for safety:
+    /// if the header is lost, the fill's objects carry a generation the old header does not
+    /// name and are absent after a restart; if it lands without them, the old fill's headers
+    /// carry an older generation and end the scan. (Buffered stores sync each batch's files.)
     fn write_region_header(&self, region: u32, sequence: u64) -> Result<(), SsdError> {
         let mut block = AlignedBuffer::new(BLOCK_BYTES as usize);
         RegionHeader {
@@ -463,7 +466,6 @@ impl SsdStore {
         let path = &self.paths[region as usize];
         let file = &self.files[region as usize];
         file.write_all_at(block.as_slice(), 0)
-            .and_then(|()| file.sync_data())
             .map_err(|error| SsdError::from_io(path.clone(), error))
     }
 }
@@ -522,7 +524,7 @@ impl WriteRequests<'_> {
 }
 
 impl IoRequests for WriteRequests<'_> {
-    fn prepare(&mut self, request: usize, slot: &mut [u8]) -> Option<IoOp> {
+    fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
         let (object, bytes) = self.objects[request];
         let reservation = match self.reserve(bytes.len() as u64) {
             Ok(reservation) => reservation,
@@ -532,6 +534,8 @@ impl IoRequests for WriteRequests<'_> {
             }
         };
         let data_crc = crc32c::crc32c(bytes);
+        let footprint = reservation.footprint_bytes as usize;
+        let slot = slot.bytes(footprint);
         ObjectHeader {
             object,
             length_bytes: bytes.len() as u64,
@@ -539,7 +543,6 @@ impl IoRequests for WriteRequests<'_> {
             data_crc,
         }
         .encode(slot);
-        let footprint = reservation.footprint_bytes as usize;
         let data = &mut slot[BLOCK_BYTES as usize..footprint];
         data[..bytes.len()].copy_from_slice(bytes);
         data[bytes.len()..].fill(0);
@@ -589,7 +592,7 @@ struct ReadRequests<'a, S> {
 }
 
 impl<S: FnMut(usize, &[u8])> IoRequests for ReadRequests<'_, S> {
-    fn prepare(&mut self, request: usize, _slot: &mut [u8]) -> Option<IoOp> {
+    fn prepare(&mut self, request: usize, _slot: Slot<'_>) -> Option<IoOp> {
         let entry = lock(&self.store.table).pin(&self.objects[request])?;
         self.entries[request] = Some(entry);
         Some(IoOp {
