@@ -568,13 +568,8 @@ impl IoRequests for WriteRequests<'_> {
         let path = || self.store.paths[reservation.region as usize].clone();
         self.results[request] = match result {
             Ok(written) if written as u64 == reservation.footprint_bytes => Ok(latency),
-            Ok(written) => Err(SsdError::Io {
-                path: path(),
-                source: io::Error::other(format!(
-                    "short write: {written} of {} bytes",
-                    reservation.footprint_bytes
-                )),
-            }),
+            // A regular file's write is cut short only when the file system ran out of room.
+            Ok(_) => Err(SsdError::NoSpace { path: path() }),
             Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
                 Err(SsdError::Unaligned { path: path() })
             }

@@ -279,3 +279,81 @@ fn bad_input_is_refused_with_a_typed_error() {
     ));
     assert!(directory.path().join(region_file_name(0)).exists());
 }
+
+/// A 2 MiB tmpfs mounted on a fresh directory for one test, unmounted when dropped.
+struct SmallFileSystem {
+    directory: tempfile::TempDir,
+}
+
+impl SmallFileSystem {
+    /// `None` where this process may not mount (not root, or in a sandbox).
+    fn mount() -> Option<SmallFileSystem> {
+        let directory = tempfile::tempdir().ok()?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(directory.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then_some(SmallFileSystem { directory })
+    }
+}
+
+impl Drop for SmallFileSystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.directory.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_file_system_skips_spills_with_a_counted_reason_and_keeps_what_it_holds() {
+    let Some(small) = SmallFileSystem::mount() else {
+        eprintln!(
+            "cannot mount a small tmpfs here: the ENOSPC case is covered where tests run as root"
+        );
+        return;
+    };
+    // 8 MiB of regions on a 2 MiB file system: the region files are sparse until written.
+    let config = SsdConfig {
+        capacity_bytes: 8 << 20,
+        ..config(&small.directory.path().join("store"), true)
+    };
+    let (store, _) = SsdStore::open(config).unwrap();
+    let objects: Vec<_> = (0..24)
+        .map(|index| (object(index), bytes(index, 100_000)))
+        .collect();
+    let refs: Vec<(ObjectId, &[u8])> = objects
+        .iter()
+        .map(|(id, data)| (*id, data.as_slice()))
+        .collect();
+    let results = store.write_batch(&refs).results;
+    let written = results.iter().take_while(|result| result.is_ok()).count();
+    assert!(
+        written > 0 && written < objects.len(),
+        "{written} of {} written",
+        objects.len()
+    );
+    assert!(
+        results[written..]
+            .iter()
+            .all(|result| matches!(result, Err(SsdError::NoSpace { .. }))),
+        "{:?}",
+        &results[written..]
+    );
+    let skipped = store.counters().skipped[SkipReason::NoSpace.index()]
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(skipped as usize, objects.len() - written);
+    for (id, data) in &objects[..written] {
+        assert_eq!(
+            read_one(&store, *id).0.as_ref(),
+            Some(data),
+            "what was written stays readable"
+        );
+    }
+    assert!(matches!(
+        read_one(&store, objects[written].0).1,
+        ReadOutcome::Miss
+    ));
+}
