@@ -126,12 +126,14 @@ struct Restoring {
 /// Returns how many were published; the caller acquires them again.
 pub async fn restore(services: &NodeServices, ssd: &Arc<NodeSsd>, objects: &[ObjectId]) -> usize {
     let session = services.link.session();
+    // One deadline for the whole load: its restores wait for room together.
+    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
     let mut restoring = Vec::new();
     for object in objects.iter().take(RESTORES_PER_LOAD_MAX) {
         let Some(length_bytes) = ssd.store.length_of(object) else {
             continue;
         };
-        if let Some(granted) = reserve(services, *object, length_bytes).await {
+        if let Some(granted) = reserve(services, *object, length_bytes, deadline).await {
             restoring.push(granted);
         }
     }
@@ -179,20 +181,20 @@ pub async fn restore(services: &NodeServices, ssd: &Arc<NodeSsd>, objects: &[Obj
     published
 }
 
-/// Reserves a replica of `object` and allocates its pages in the granted pool.
+/// Reserves a replica of `object` and allocates its pages in the granted pool, asking
+/// again while a full pool skips the reservation, until `deadline`.
 async fn reserve(
     services: &NodeServices,
     object: ObjectId,
     length_bytes: u64,
+    deadline: tokio::time::Instant,
 ) -> Option<Restoring> {
     let session = services.link.session();
     let item = ReserveItem {
         object,
         length_bytes,
     };
-    // A full pool skips the reservation and makes room (its owner reclaims): ask again
-    // until the load's restore deadline.
-    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
+    // A full pool skips the reservation and makes room (its owner reclaims): ask again.
     let (replica, pool) = loop {
         match services.link.reserve(item).await {
             Ok(ReserveOutcome::Granted { replica, pool, .. }) => break (replica, pool),
