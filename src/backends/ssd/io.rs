@@ -182,25 +182,10 @@ impl IoQueue {
         (queue, fallback)
     }
 
-    /// Whether requests go through io_uring.
-    pub fn uses_io_uring(&self) -> bool {
-        matches!(self.backend, Backend::Uring(_))
-    }
-
-    /// Requests in flight at most.
-    pub fn depth(&self) -> usize {
-        self.depth
-    }
-
     /// Runs at most `depth` requests at once from now on (at least one, at most the depth
     /// the queue was made with).
     pub fn set_depth_limit(&mut self, depth: usize) {
         self.depth_limit = depth.clamp(1, self.depth);
-    }
-
-    /// Bytes of one staging slot.
-    pub fn slot_bytes(&self) -> usize {
-        self.slot_bytes
     }
 
     /// Runs requests `0..count` with at most `depth` in flight. If the ring itself fails,

@@ -328,14 +328,6 @@ impl RegionTable {
         true
     }
 
-    /// Every live object and its length.
-    pub fn objects(&self) -> Vec<(ObjectId, u64)> {
-        self.index
-            .iter()
-            .map(|(object, entry)| (*object, entry.length_bytes))
-            .collect()
-    }
-
     /// Usage by state.
     pub fn usage(&self) -> SsdUsage {
         let mut usage = SsdUsage {

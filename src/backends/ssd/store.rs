@@ -143,8 +143,6 @@ pub struct SsdCounters {
     pub checksum_failures: AtomicU64,
     /// Regions reclaimed whole to make room.
     pub regions_reclaimed: AtomicU64,
-    /// Objects evicted with their region.
-    pub evicted_objects: AtomicU64,
     /// Spills skipped, by [`SkipReason::index`].
     pub skipped: [AtomicU64; SkipReason::ALL.len()],
 }
@@ -290,11 +288,6 @@ impl SsdStore {
         Ok((store, report))
     }
 
-    /// The configuration the store was opened with.
-    pub fn config(&self) -> &SsdConfig {
-        &self.config
-    }
-
     /// Whether files use `O_DIRECT`.
     pub fn direct_io(&self) -> bool {
         self.direct_io
@@ -316,22 +309,11 @@ impl SsdStore {
         lock(&self.table).usage()
     }
 
-    /// Every live object and its length (a restart reports them to the directory).
-    pub fn objects(&self) -> Vec<(ObjectId, u64)> {
-        lock(&self.table).objects()
-    }
-
     /// The length of `object` when the store holds it.
     pub fn length_of(&self, object: &ObjectId) -> Option<u64> {
         lock(&self.table)
             .get(object)
             .map(|entry| entry.length_bytes)
-    }
-
-    /// Drops `object` (its replica was retired); its space is reclaimed with its region.
-    /// True when the store held it.
-    pub fn remove(&self, object: &ObjectId) -> bool {
-        lock(&self.table).remove(object, None)
     }
 
     /// Where `object`'s bytes are, its region protected from reuse until
@@ -376,9 +358,6 @@ impl SsdStore {
                 self.counters.skipped[error.skip_reason().index()].fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.counters
-            .evicted_objects
-            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
         WriteBatch { results, evicted }
     }
 
