@@ -25,12 +25,6 @@ pub struct RegionScan {
     pub torn_objects: u64,
 }
 
-/// Reads exactly `buffer.len()` bytes at `offset`; a short read (end of file) is
-/// `UnexpectedEof`.
-fn read_exact(file: &File, buffer: &mut [u8], offset: u64) -> io::Result<()> {
-    file.read_exact_at(buffer, offset)
-}
-
 /// Scans region `index` of `region_bytes` in `file`. `object_bytes_max` bounds the data
 /// buffer; a header claiming more ends the scan.
 pub fn scan_region(
@@ -44,7 +38,7 @@ pub fn scan_region(
         cursor: BLOCK_BYTES,
         ..RegionScan::default()
     };
-    match read_exact(file, block.as_mut_slice(), 0) {
+    match file.read_exact_at(block.as_mut_slice(), 0) {
         Ok(()) => {}
         Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(scan),
         Err(error) => return Err(error),
@@ -59,7 +53,10 @@ pub fn scan_region(
     let mut data = AlignedBuffer::new(BLOCK_BYTES as usize);
     while scan.cursor + 2 * BLOCK_BYTES <= region_bytes {
         let header_offset = scan.cursor;
-        if read_exact(file, block.as_mut_slice(), header_offset).is_err() {
+        if file
+            .read_exact_at(block.as_mut_slice(), header_offset)
+            .is_err()
+        {
             break;
         }
         let Some(object) = ObjectHeader::decode(block.as_slice()) else {
@@ -76,12 +73,12 @@ pub fn scan_region(
         if data.len() < padded {
             data = AlignedBuffer::new(padded);
         }
-        let sound = read_exact(
-            file,
-            &mut data.as_mut_slice()[..padded],
-            header_offset + BLOCK_BYTES,
-        )
-        .is_ok()
+        let sound = file
+            .read_exact_at(
+                &mut data.as_mut_slice()[..padded],
+                header_offset + BLOCK_BYTES,
+            )
+            .is_ok()
             && crc32c::crc32c(&data.as_slice()[..object.length_bytes as usize]) == object.data_crc;
         if sound {
             let entry = Entry {

@@ -356,3 +356,90 @@ impl RegionTable {
         usage
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NamespaceId, PrefixDigest};
+
+    fn object(index: u8) -> ObjectId {
+        ObjectId {
+            namespace: NamespaceId([1; 16]),
+            prefix: PrefixDigest([index; 16]),
+            shard: 0,
+            part: 0,
+        }
+    }
+
+    /// Reserves and commits `length` bytes as `object`; the reservation and its effects.
+    fn put(table: &mut RegionTable, index: u8, length: u64) -> (Reservation, ReserveEffects) {
+        let (reservation, effects) = table.reserve(length).unwrap();
+        table.commit(reservation, object(index), length, 7);
+        (reservation, effects)
+    }
+
+    #[test]
+    fn placement_by_table() {
+        let region = 16 * BLOCK_BYTES;
+        let limit = region - 2 * BLOCK_BYTES;
+        // (objects' lengths, region of the last, whether the last opened a region)
+        let cases: [(&[u64], u32, bool); 5] = [
+            (&[1], 0, true),
+            (&[limit], 0, true),
+            (&[limit, 1], 1, true),
+            (&[limit - BLOCK_BYTES, 1], 1, true),
+            (&[6 * BLOCK_BYTES, 6 * BLOCK_BYTES, 1], 1, true),
+        ];
+        for (row, (lengths, region_of_last, opened)) in cases.iter().enumerate() {
+            let mut table = RegionTable::new(2, region);
+            let mut last = None;
+            for (index, length) in lengths.iter().enumerate() {
+                last = Some(put(&mut table, index as u8, *length));
+            }
+            let (reservation, effects) = last.unwrap();
+            assert_eq!(reservation.region, *region_of_last, "row {row}");
+            assert_eq!(effects.opened.is_some(), *opened, "row {row}");
+            assert_eq!(reservation.header_offset % BLOCK_BYTES, 0, "row {row}");
+            let usage = table.usage();
+            assert_eq!(
+                usage.capacity_bytes,
+                usage.live_bytes + usage.writing_bytes + usage.reclaimable_bytes + usage.free_bytes,
+                "row {row}"
+            );
+        }
+        assert_eq!(RegionTable::new(1, region).object_bytes_limit(), limit);
+    }
+
+    #[test]
+    fn reclaim_takes_the_oldest_idle_region_and_a_write_in_flight_blocks_it() {
+        let region = 4 * BLOCK_BYTES;
+        let mut table = RegionTable::new(2, region);
+        put(&mut table, 1, 2 * BLOCK_BYTES);
+        let (in_flight, _) = table.reserve(2 * BLOCK_BYTES).unwrap();
+        assert_eq!(in_flight.region, 1);
+        let (reservation, effects) = table.reserve(2 * BLOCK_BYTES).unwrap();
+        assert_eq!((reservation.region, effects.evicted), (0, vec![object(1)]));
+        table.commit(reservation, object(5), 2 * BLOCK_BYTES, 7);
+        assert!(
+            table.reserve(2 * BLOCK_BYTES).is_none(),
+            "a region with a write in flight is never reclaimed"
+        );
+        table.abort(in_flight);
+        assert_eq!(table.reserve(2 * BLOCK_BYTES).unwrap().0.region, 1);
+        let mut table = RegionTable::new(2, region);
+        put(&mut table, 1, 2 * BLOCK_BYTES);
+        put(&mut table, 2, 2 * BLOCK_BYTES);
+        let (_, effects) = put(&mut table, 3, 2 * BLOCK_BYTES);
+        assert_eq!(effects.evicted, vec![object(1)]);
+        assert!(effects.reclaimed_region);
+        assert_eq!(table.get(&object(1)), None);
+        let pinned = table.pin(&object(2)).unwrap();
+        assert!(
+            table.reserve(2 * BLOCK_BYTES).is_none(),
+            "the only idle region is pinned"
+        );
+        table.unpin(pinned.region);
+        let (_, effects) = put(&mut table, 4, 2 * BLOCK_BYTES);
+        assert_eq!(effects.evicted, vec![object(2)]);
+    }
+}
