@@ -141,6 +141,8 @@ pub struct NodeSection {
     /// so engines of other uids in that group can connect and map; absent, only the node's
     /// uid (and root) can.
     pub socket_group: Option<String>,
+    /// The node's SSD store (L2), when it has one.
+    pub ssd: Option<crate::backends::ssd::SsdConfig>,
 }
 
 /// The node's CPU DRAM pool.
@@ -209,6 +211,9 @@ impl ClusterConfig {
         for node in &mut self.nodes {
             node.socket = base.join(&node.socket);
             node.cpu_pool.path = base.join(&node.cpu_pool.path);
+            if let Some(ssd) = &mut node.ssd {
+                ssd.directory = base.join(&ssd.directory);
+            }
             for path in node.cxl_paths.values_mut() {
                 *path = base.join(&*path);
             }

@@ -62,6 +62,9 @@ pub struct ClusterSpec {
     /// Nodes with a certificate but no section yet: [`LocalCluster::add_node`] adds them
     /// to `cluster.toml` later, as an operator scaling out does.
     pub spare_nodes: usize,
+    /// Capacity of every node's SSD store (a `ssd-<node>` folder beside `cluster.toml`, in
+    /// 4 MiB regions); zero for none.
+    pub ssd_bytes: u64,
 }
 
 impl Default for ClusterSpec {
@@ -84,6 +87,7 @@ impl Default for ClusterSpec {
             socket_group: None,
             extra_toml: String::new(),
             spare_nodes: 0,
+            ssd_bytes: 0,
         }
     }
 }
@@ -356,12 +360,23 @@ fn node_toml(
         Some(group) => format!("socket_group = \"{group}\"\n"),
         None => String::new(),
     };
-    Ok(format!(
+    let ssd = if spec.ssd_bytes > 0 {
+        format!(
+            "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\n",
+            spec.ssd_bytes,
+            4 << 20,
+            1 << 20
+        )
+    } else {
+        String::new()
+    };
+    let section = format!(
         "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{metrics}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
         write_order.join(", "),
         spec.cpu_pool_bytes,
         spec.page_bytes,
-    ))
+    );
+    Ok(section + &ssd)
 }
 
 impl LocalCluster {

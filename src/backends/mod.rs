@@ -8,6 +8,7 @@
 //! * `cpu`: the host's CPU DRAM pool, a shared mapping plus an allocator.
 //! * `error`: `PoolError`, the one error type of this boundary.
 //! * `probe`: the start-up measurement of a node's tiers.
+//! * `ssd`: the node's SSD store (L2): region files, direct I/O, checksummed headers.
 
 pub mod allocator;
 pub mod cpu;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod extent_allocator;
 pub mod probe;
 pub mod shared_memory;
+pub mod ssd;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use cpu::{CpuPool, CpuPoolConfig};

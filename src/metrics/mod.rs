@@ -11,6 +11,7 @@
 
 pub mod exporter;
 pub mod scrape;
+pub mod ssd;
 
 pub use exporter::serve;
 
@@ -542,6 +543,15 @@ impl Metrics {
     /// Counts replicas that left their pool at the end of their time to live.
     pub fn add_expirations(&self, expirations: u64) {
         self.expirations_total.inc_by(expirations);
+    }
+
+    /// Registers another family in this process's registry (a subsystem's own metrics,
+    /// such as [`ssd::SsdMetrics`]). Errors on a repeated or malformed family (a bug).
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
     }
 
     /// Every family in the Prometheus text format (version 0.0.4). Encoding fails only on

@@ -236,6 +236,12 @@ async fn reclaim(
         tracing::error!(?location, "reclaim task for a pool this node does not own");
         return;
     };
+    if let Some(ssd) = &services.ssd {
+        let object = services.core().holdings.object_at(&location);
+        if let Some(object) = object {
+            super::ssd::spill(services, ssd, object, location).await;
+        }
+    }
     services.core().holdings.freed(&location);
     let freed = pool
         .send(Free {

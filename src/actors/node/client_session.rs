@@ -604,12 +604,13 @@ async fn acquire(
 ) -> (ClientReply, Change) {
     let sent = services.clock.now();
     let wanted = objects.len();
-    match services
-        .link
-        .call(DirectoryRequest::Acquire { objects, mode })
-        .await
-    {
+    let request = DirectoryRequest::Acquire {
+        objects: objects.clone(),
+        mode,
+    };
+    match services.link.call(request).await {
         Ok(DirectoryReply::Acquired(outcomes)) => {
+            let outcomes = restore_misses(&services, &objects, mode, outcomes).await;
             count_lookups(&services, &outcomes);
             let leases = outcomes
                 .iter()
@@ -648,6 +649,46 @@ fn count_lookups(services: &NodeServices, outcomes: &[AcquireOutcome]) {
     services
         .metrics
         .add_bytes_moved(Direction::Load, loaded_bytes);
+}
+
+/// Restores the missed objects the node's SSD holds into a pool and acquires them again:
+/// the missed items (each mode), or the whole manifest (a manifest leases all or none).
+async fn restore_misses(
+    services: &NodeServices,
+    objects: &[crate::model::ObjectId],
+    mode: crate::directory::AcquireMode,
+    mut outcomes: Vec<AcquireOutcome>,
+) -> Vec<AcquireOutcome> {
+    let Some(ssd) = &services.ssd else {
+        return outcomes;
+    };
+    let missed: Vec<usize> = (0..objects.len())
+        .filter(|index| matches!(outcomes.get(*index), Some(AcquireOutcome::Miss)))
+        .filter(|index| ssd.store.length_of(&objects[*index]).is_some())
+        .collect();
+    if missed.is_empty() {
+        return outcomes;
+    }
+    let wanted: Vec<_> = missed.iter().map(|index| objects[*index]).collect();
+    if super::ssd::restore(services, ssd, &wanted).await == 0 {
+        return outcomes;
+    }
+    let (again, positions) = match mode {
+        crate::directory::AcquireMode::Manifest => (objects.to_vec(), (0..objects.len()).collect()),
+        crate::directory::AcquireMode::Each => (wanted, missed),
+    };
+    let request = DirectoryRequest::Acquire {
+        objects: again,
+        mode,
+    };
+    if let Ok(DirectoryReply::Acquired(second)) = services.link.call(request).await {
+        for (position, outcome) in positions.into_iter().zip(second) {
+            if let Some(slot) = outcomes.get_mut(position) {
+                *slot = outcome;
+            }
+        }
+    }
+    outcomes
 }
 
 async fn release(

@@ -9,6 +9,7 @@
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
 //! * `host_files`: the instance lock, the files removed by identity, the stop signals.
+//! * `ssd`: the SSD store's I/O: open, spill on reclaim, restore on a load's miss.
 
 pub mod actor;
 pub mod client_session;
@@ -18,3 +19,4 @@ pub mod pool;
 pub mod process;
 pub mod rejoin;
 pub mod services;
+pub mod ssd;

@@ -148,6 +148,7 @@ async fn start(
     let metrics = Arc::new(Metrics::new()?);
     let (pools, mappings, registration) =
         start_pools(link, &metrics, section, pool, cxl_pools).await?;
+    let ssd = super::ssd::open(section.ssd.as_ref(), &metrics).await?;
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
@@ -163,6 +164,7 @@ async fn start(
         metrics,
         core,
         clock,
+        ssd,
     };
     NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
     let socket_file = serve_clients(section, clients, services).await?;

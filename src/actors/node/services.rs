@@ -40,6 +40,8 @@ pub struct NodeServices {
     /// The shared (CXL) pools among `pools`, whose pages come in extents, each with the
     /// lock that serializes this node's extent requests for it.
     pub shared_pools: HashMap<PoolId, Arc<tokio::sync::Mutex<()>>>,
+    /// The node's SSD store (L2), when configured and usable.
+    pub ssd: Option<Arc<super::ssd::NodeSsd>>,
 }
 
 impl NodeServices {

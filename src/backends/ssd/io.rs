@@ -1,0 +1,383 @@
+//! Block I/O for the SSD store: a bounded queue of reads and writes through io_uring, with
+//! a pread/pwrite fallback where io_uring cannot be set up (seccomp, old kernels, some
+//! containers). Each in-flight request owns one of `depth` staging buffers, aligned to
+//! 4 KiB as direct I/O requires and kept for the queue's lifetime. A slot grows to the
+//! largest request it served, so staging memory follows the objects actually moved and is
+//! bounded by `depth × slot_bytes`; once grown, no request touches fresh pages.
+
+use super::layout::BLOCK_BYTES;
+use std::alloc::{self, Layout};
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+/// A zeroed heap buffer aligned to [`BLOCK_BYTES`].
+pub struct AlignedBuffer {
+    pointer: std::ptr::NonNull<u8>,
+    length: usize,
+}
+
+// SAFETY: the buffer is plain owned memory with no thread affinity.
+unsafe impl Send for AlignedBuffer {}
+
+impl AlignedBuffer {
+    /// A buffer of `length` bytes (rounded up to a whole block, at least one).
+    pub fn new(length: usize) -> AlignedBuffer {
+        let length = length.max(1).next_multiple_of(BLOCK_BYTES as usize);
+        let layout = Self::layout(length);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(pointer) = std::ptr::NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        AlignedBuffer { pointer, length }
+    }
+
+    fn layout(length: usize) -> Layout {
+        match Layout::from_size_align(length, BLOCK_BYTES as usize) {
+            Ok(layout) => layout,
+            Err(error) => panic!("aligned buffer of {length} bytes: {error}"),
+        }
+    }
+
+    /// The buffer's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the pointer owns `length` initialized (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.pointer.as_ptr(), self.length) }
+    }
+
+    /// The buffer's bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer.as_ptr(), self.length) }
+    }
+
+    /// Length in bytes (a multiple of [`BLOCK_BYTES`]).
+    pub fn len(&self) -> usize {
+        self.length
+    }
+
+    /// Always false: a buffer holds at least one block.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
+    }
+}
+
+/// Read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoKind {
+    /// Read `length` bytes at `offset` into the slot's buffer.
+    Read,
+    /// Write the first `length` bytes of the slot's buffer at `offset`.
+    Write,
+}
+
+/// One request, its bytes in the slot buffer it was prepared in.
+#[derive(Clone, Copy, Debug)]
+pub struct IoOp {
+    /// Read or write.
+    pub kind: IoKind,
+    /// The open file.
+    pub file: RawFd,
+    /// Offset in the file (block-aligned for direct I/O).
+    pub offset: u64,
+    /// Bytes to transfer, at most the slot's size (block-aligned for direct I/O).
+    pub length: usize,
+}
+
+/// A staging slot lent to [`IoRequests::prepare`].
+pub struct Slot<'a> {
+    buffer: &'a mut Option<AlignedBuffer>,
+    limit: usize,
+}
+
+impl Slot<'_> {
+    /// The slot's first `length` bytes rounded up to a block, growing the slot when it is
+    /// smaller (its old content is lost then). Panics past the queue's `slot_bytes` (a
+    /// caller bug).
+    pub fn bytes(&mut self, length: usize) -> &mut [u8] {
+        let length = length.max(1).next_multiple_of(BLOCK_BYTES as usize);
+        assert!(length <= self.limit, "request longer than a slot");
+        if self
+            .buffer
+            .as_ref()
+            .is_none_or(|buffer| buffer.len() < length)
+        {
+            *self.buffer = Some(AlignedBuffer::new(length));
+        }
+        match self.buffer.as_mut() {
+            Some(buffer) => &mut buffer.as_mut_slice()[..length],
+            None => unreachable!("the slot was just filled"),
+        }
+    }
+}
+
+/// The requests of one [`IoQueue::run`]: the queue asks for each request as a slot frees
+/// and reports each completion.
+pub trait IoRequests {
+    /// Fills `slot` (for a write, through [`Slot::bytes`]) and returns request `request`, or
+    /// `None` to skip it.
+    fn prepare(&mut self, request: usize, slot: Slot<'_>) -> Option<IoOp>;
+
+    /// Request `request` ended: `bytes` is its slot's first `length` bytes, `result` the
+    /// bytes transferred (a short count is the caller's to judge), `latency` the time since
+    /// submission. Called in completion order.
+    fn complete(
+        &mut self,
+        request: usize,
+        bytes: &[u8],
+        result: io::Result<usize>,
+        latency: Duration,
+    );
+}
+
+enum Backend {
+    Uring(Box<io_uring::IoUring>),
+    Blocking,
+}
+
+/// A bounded queue of block I/O.
+pub struct IoQueue {
+    backend: Backend,
+    depth: usize,
+    depth_limit: usize,
+    slot_bytes: usize,
+    slots: Vec<Option<AlignedBuffer>>,
+}
+
+impl IoQueue {
+    /// A queue of at most `depth` requests in flight, each of at most `slot_bytes` bytes.
+    /// With `prefer_uring` it sets up io_uring and falls back to pread/pwrite (returning
+    /// why) when that fails; without, it uses pread/pwrite.
+    pub fn new(depth: usize, slot_bytes: usize, prefer_uring: bool) -> (IoQueue, Option<String>) {
+        let depth = depth.max(1);
+        let (backend, fallback) = if prefer_uring {
+            match io_uring::IoUring::new(depth.next_power_of_two() as u32) {
+                Ok(ring) => (Backend::Uring(Box::new(ring)), None),
+                Err(error) => (
+                    Backend::Blocking,
+                    Some(format!("io_uring setup failed: {error}")),
+                ),
+            }
+        } else {
+            (
+                Backend::Blocking,
+                Some("io_uring disabled by configuration".to_string()),
+            )
+        };
+        let queue = IoQueue {
+            backend,
+            depth,
+            depth_limit: depth,
+            slot_bytes: slot_bytes.next_multiple_of(BLOCK_BYTES as usize),
+            slots: (0..depth).map(|_| None).collect(),
+        };
+        (queue, fallback)
+    }
+
+    /// Runs at most `depth` requests at once from now on (at least one, at most the depth
+    /// the queue was made with).
+    pub fn set_depth_limit(&mut self, depth: usize) {
+        self.depth_limit = depth.clamp(1, self.depth);
+    }
+
+    /// Runs requests `0..count` with at most `depth` in flight. If the ring itself fails,
+    /// the requests in flight complete with its error and `run` returns early: requests
+    /// never prepared are never completed, and the caller treats them as not done. A request
+    /// longer than `slot_bytes`, or a write longer than what it staged, panics (a caller bug).
+    pub fn run(&mut self, count: usize, requests: &mut impl IoRequests) {
+        let limit = self.slot_bytes;
+        match &mut self.backend {
+            Backend::Uring(ring) => run_uring(
+                ring,
+                &mut self.slots[..self.depth_limit],
+                limit,
+                count,
+                requests,
+            ),
+            Backend::Blocking => {
+                for request in 0..count {
+                    let Some((op, buffer)) = stage(requests, request, &mut self.slots[0], limit)
+                    else {
+                        continue;
+                    };
+                    let started = Instant::now();
+                    let result = blocking_transfer(op, buffer.as_mut_slice());
+                    requests.complete(
+                        request,
+                        &buffer.as_slice()[..op.length],
+                        result,
+                        started.elapsed(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn blocking_transfer(op: IoOp, buffer: &mut [u8]) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(op.offset)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    loop {
+        // SAFETY: the buffer holds at least `op.length` bytes and outlives the call.
+        let transferred = unsafe {
+            match op.kind {
+                IoKind::Read => libc::pread(op.file, buffer.as_mut_ptr().cast(), op.length, offset),
+                IoKind::Write => libc::pwrite(op.file, buffer.as_ptr().cast(), op.length, offset),
+            }
+        };
+        if transferred >= 0 {
+            return Ok(transferred as usize);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+struct InFlight {
+    request: usize,
+    length: usize,
+    started: Instant,
+}
+
+/// Prepares `request` in `slot` and returns it with its buffer, grown for a read that
+/// needs more than the slot holds.
+fn stage<'a>(
+    requests: &mut impl IoRequests,
+    request: usize,
+    slot: &'a mut Option<AlignedBuffer>,
+    limit: usize,
+) -> Option<(IoOp, &'a mut AlignedBuffer)> {
+    let op = requests.prepare(
+        request,
+        Slot {
+            buffer: &mut *slot,
+            limit,
+        },
+    )?;
+    let held = slot.as_ref().map_or(0, AlignedBuffer::len);
+    if held < op.length {
+        assert!(
+            op.kind == IoKind::Read,
+            "a write longer than what it staged"
+        );
+        Slot {
+            buffer: &mut *slot,
+            limit,
+        }
+        .bytes(op.length);
+    }
+    let buffer = slot.as_mut()?;
+    Some((op, buffer))
+}
+
+fn run_uring(
+    ring: &mut io_uring::IoUring,
+    slots: &mut [Option<AlignedBuffer>],
+    limit: usize,
+    count: usize,
+    requests: &mut impl IoRequests,
+) {
+    let mut free: Vec<usize> = (0..slots.len()).rev().collect();
+    let mut in_flight: Vec<Option<InFlight>> = (0..slots.len()).map(|_| None).collect();
+    let mut next = 0;
+    let mut outstanding = 0usize;
+    let mut completions = Vec::with_capacity(slots.len());
+    loop {
+        while next < count {
+            let Some(&slot) = free.last() else { break };
+            let request = next;
+            next += 1;
+            let Some((op, buffer)) = stage(requests, request, &mut slots[slot], limit) else {
+                continue;
+            };
+            let length = u32::try_from(op.length).unwrap_or(u32::MAX);
+            let entry = match op.kind {
+                IoKind::Read => io_uring::opcode::Read::new(
+                    io_uring::types::Fd(op.file),
+                    buffer.as_mut_slice().as_mut_ptr(),
+                    length,
+                )
+                .offset(op.offset)
+                .build(),
+                IoKind::Write => io_uring::opcode::Write::new(
+                    io_uring::types::Fd(op.file),
+                    buffer.as_slice().as_ptr(),
+                    length,
+                )
+                .offset(op.offset)
+                .build(),
+            }
+            .user_data(slot as u64);
+            // SAFETY: the slot's buffer lives in the queue for its whole lifetime and is
+            // not reused before this entry's completion is reaped.
+            if unsafe { ring.submission().push(&entry) }.is_err() {
+                requests.complete(
+                    request,
+                    &[],
+                    Err(io::Error::from_raw_os_error(libc::EBUSY)),
+                    Duration::ZERO,
+                );
+                continue;
+            }
+            free.pop();
+            in_flight[slot] = Some(InFlight {
+                request,
+                length: op.length,
+                started: Instant::now(),
+            });
+            outstanding += 1;
+        }
+        if outstanding == 0 {
+            return;
+        }
+        if let Err(error) = ring.submit_and_wait(1) {
+            if matches!(
+                error.raw_os_error(),
+                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+            ) {
+                continue;
+            }
+            // The ring is unusable: every request still in flight fails. Their buffers stay
+            // in the queue, so a late completion writes only into memory the queue owns.
+            for (slot, state) in in_flight.iter_mut().enumerate() {
+                if let Some(state) = state.take() {
+                    let message = io::Error::new(error.kind(), error.to_string());
+                    requests.complete(state.request, &[], Err(message), Duration::ZERO);
+                    free.push(slot);
+                }
+            }
+            return;
+        }
+        completions.clear();
+        completions.extend(
+            ring.completion()
+                .map(|entry| (entry.user_data() as usize, entry.result())),
+        );
+        for &(slot, result) in &completions {
+            let Some(state) = in_flight.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            outstanding -= 1;
+            let result = if result < 0 {
+                Err(io::Error::from_raw_os_error(-result))
+            } else {
+                Ok(result as usize)
+            };
+            let bytes = slots[slot]
+                .as_ref()
+                .map_or(&[][..], |buffer| &buffer.as_slice()[..state.length]);
+            requests.complete(state.request, bytes, result, state.started.elapsed());
+            free.push(slot);
+        }
+    }
+}

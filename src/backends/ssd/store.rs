@@ -1,0 +1,613 @@
+//! `SsdStore`: a node's SSD store, objects in fixed-size region files under one directory
+//! (format in `layout`), placed and reclaimed by the `region` core, written and read through
+//! the bounded `io` queue. Batches are serialized on the queue (one batch's requests run
+//! `queue_depth` at a time); index changes take a short lock, so a reader never waits on
+//! another batch's disk I/O to learn an object is absent.
+
+use super::error::{SkipReason, SsdError};
+use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
+use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
+use super::recovery::scan_region;
+use super::region::{Entry, RegionTable, Reservation, SsdUsage};
+use crate::model::ObjectId;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Region files at most: the five digits of their names.
+pub const REGION_COUNT_MAX: u64 = 99_999;
+
+/// Configuration of one SSD store (`[nodes.ssd]`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SsdConfig {
+    /// The directory holding the region files, on a local file system.
+    pub directory: PathBuf,
+    /// Bytes of all regions together; rounded down to whole regions.
+    pub capacity_bytes: u64,
+    /// Bytes of one region file: the unit of reclaim. A multiple of 4 KiB.
+    #[serde(default = "default_region_bytes")]
+    pub region_bytes: u64,
+    /// Adopt the objects found at start (true) or wipe the store (false).
+    #[serde(default = "default_true")]
+    pub keep_on_restart: bool,
+    /// Requests in flight at most; with `object_bytes_max` it bounds staging memory and
+    /// in-flight bytes to `queue_depth × (object_bytes_max + 4 KiB)`.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: usize,
+    /// The largest object the store takes.
+    #[serde(default = "default_object_bytes_max")]
+    pub object_bytes_max: u64,
+    /// Use io_uring (true) or pread/pwrite (false); io_uring falls back by itself when it
+    /// cannot be set up.
+    #[serde(default = "default_true")]
+    pub io_uring: bool,
+}
+
+fn default_region_bytes() -> u64 {
+    64 << 20
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Deep enough to keep an NVMe device busy; 32 × 4 MiB of staging at most.
+fn default_queue_depth() -> usize {
+    32
+}
+
+fn default_object_bytes_max() -> u64 {
+    4 << 20
+}
+
+impl SsdConfig {
+    /// A configuration with the defaults for everything but where and how large.
+    pub fn new(directory: PathBuf, capacity_bytes: u64) -> SsdConfig {
+        SsdConfig {
+            directory,
+            capacity_bytes,
+            region_bytes: default_region_bytes(),
+            keep_on_restart: true,
+            queue_depth: default_queue_depth(),
+            object_bytes_max: default_object_bytes_max(),
+            io_uring: true,
+        }
+    }
+
+    fn region_count(&self) -> Result<u32, SsdError> {
+        let invalid = |reason: String| Err(SsdError::InvalidConfig { reason });
+        if self.region_bytes % BLOCK_BYTES != 0 || self.region_bytes < 4 * BLOCK_BYTES {
+            return invalid(format!(
+                "region_bytes {} is not a multiple of 4 KiB of at least 16 KiB",
+                self.region_bytes
+            ));
+        }
+        if self.object_bytes_max == 0 || self.object_bytes_max > self.region_bytes - 2 * BLOCK_BYTES
+        {
+            return invalid(format!(
+                "object_bytes_max {} does not fit a region of {} bytes",
+                self.object_bytes_max, self.region_bytes
+            ));
+        }
+        if self.queue_depth == 0 || self.queue_depth > 1024 {
+            return invalid(format!(
+                "queue_depth {} is not in 1..=1024",
+                self.queue_depth
+            ));
+        }
+        let count = self.capacity_bytes / self.region_bytes;
+        if count == 0 || count > REGION_COUNT_MAX {
+            return invalid(format!(
+                "capacity_bytes {} makes {count} regions of {} bytes (1..={REGION_COUNT_MAX})",
+                self.capacity_bytes, self.region_bytes
+            ));
+        }
+        Ok(count as u32)
+    }
+}
+
+/// What opening the store found and decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Regions adopted with at least a sound header.
+    pub regions_adopted: u64,
+    /// Objects adopted.
+    pub objects_adopted: u64,
+    /// Objects dropped because their write had not completed.
+    pub torn_objects: u64,
+    /// Whether files are opened with `O_DIRECT` (false: buffered, each batch synced).
+    pub direct_io: bool,
+    /// Why io_uring is not used, when it is not.
+    pub io_uring_fallback: Option<String>,
+}
+
+/// Monotonic counters of the store, read by the node's metrics.
+#[derive(Debug, Default)]
+pub struct SsdCounters {
+    /// Objects written.
+    pub spills: AtomicU64,
+    /// Data bytes written.
+    pub spill_bytes: AtomicU64,
+    /// Objects read back whole and verified.
+    pub restores: AtomicU64,
+    /// Data bytes read back.
+    pub restore_bytes: AtomicU64,
+    /// Reads whose data failed its checksum.
+    pub checksum_failures: AtomicU64,
+    /// Regions reclaimed whole to make room.
+    pub regions_reclaimed: AtomicU64,
+    /// Spills skipped, by [`SkipReason::index`].
+    pub skipped: [AtomicU64; SkipReason::ALL.len()],
+}
+
+/// The outcome of one object of a read batch.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    /// The bytes were read, verified and handed to the sink.
+    Hit {
+        /// Time from submission to completion.
+        latency: Duration,
+    },
+    /// The store does not hold the object.
+    Miss,
+    /// The bytes failed their checksum: the object is dropped (a miss), its space reclaimable.
+    Corrupt,
+    /// The read failed; the object stays indexed.
+    Failed(SsdError),
+}
+
+/// The outcome of a write batch.
+#[derive(Debug)]
+pub struct WriteBatch {
+    /// One result per object, in request order: the write's latency, or why it was skipped.
+    pub results: Vec<Result<Duration, SsdError>>,
+    /// Objects dropped because their region was reclaimed to make room.
+    pub evicted: Vec<ObjectId>,
+}
+
+/// An object's bytes in place, for a reader that reads the file itself (GPUDirect
+/// Storage). The region stays protected from reuse until [`SsdStore::unpin`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinnedObject {
+    /// The region file.
+    pub path: PathBuf,
+    /// Offset of the data in the file (4 KiB-aligned).
+    pub offset: u64,
+    /// Length of the data.
+    pub length_bytes: u64,
+    /// crc32c of the data.
+    pub data_crc: u32,
+    region: u32,
+}
+
+/// A node's SSD store.
+pub struct SsdStore {
+    config: SsdConfig,
+    paths: Vec<PathBuf>,
+    files: Vec<File>,
+    direct_io: bool,
+    table: Mutex<RegionTable>,
+    queue: Mutex<IoQueue>,
+    counters: SsdCounters,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+fn open_region_file(path: &Path, region_bytes: u64, direct: bool) -> Result<File, SsdError> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true);
+    if direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    let file = options
+        .open(path)
+        .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?;
+    let length = file
+        .metadata()
+        .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?
+        .len();
+    if length != region_bytes {
+        file.set_len(region_bytes)
+            .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?;
+    }
+    Ok(file)
+}
+
+/// Whether the file system takes `O_DIRECT` for a 4 KiB-aligned read.
+fn direct_io_works(path: &Path, region_bytes: u64) -> bool {
+    let Ok(file) = open_region_file(path, region_bytes, true) else {
+        return false;
+    };
+    let mut block = AlignedBuffer::new(BLOCK_BYTES as usize);
+    file.read_exact_at(block.as_mut_slice(), 0).is_ok()
+}
+
+impl SsdStore {
+    /// Opens (creating when absent) the store in `config.directory`: with
+    /// `keep_on_restart` it adopts every sound object found, else it wipes the region files.
+    /// Falls back to buffered I/O where `O_DIRECT` is refused (tmpfs) and to pread/pwrite
+    /// where io_uring cannot be set up, and says so in the report.
+    pub fn open(config: SsdConfig) -> Result<(SsdStore, OpenReport), SsdError> {
+        let region_count = config.region_count()?;
+        fs::create_dir_all(&config.directory)
+            .map_err(|error| SsdError::from_io(config.directory.clone(), error))?;
+        let paths: Vec<PathBuf> = (0..region_count)
+            .map(|index| config.directory.join(region_file_name(index)))
+            .collect();
+        if !config.keep_on_restart {
+            wipe(&config.directory)?;
+        }
+        let direct_io = direct_io_works(&paths[0], config.region_bytes);
+        let files = paths
+            .iter()
+            .map(|path| open_region_file(path, config.region_bytes, direct_io))
+            .collect::<Result<Vec<File>, SsdError>>()?;
+        let mut table = RegionTable::new(region_count, config.region_bytes);
+        let mut report = OpenReport {
+            direct_io,
+            ..OpenReport::default()
+        };
+        if config.keep_on_restart {
+            for (index, (file, path)) in files.iter().zip(&paths).enumerate() {
+                let index = index as u32;
+                let scan = scan_region(file, index, config.region_bytes, config.object_bytes_max)
+                    .map_err(|error| SsdError::from_io(path.clone(), error))?;
+                let Some(sequence) = scan.sequence else {
+                    continue;
+                };
+                report.regions_adopted += 1;
+                report.objects_adopted += scan.objects.len() as u64;
+                report.torn_objects += scan.torn_objects;
+                table.adopt(index, sequence, scan.cursor, scan.objects);
+            }
+        }
+        let slot_bytes = (config.object_bytes_max + BLOCK_BYTES) as usize;
+        let (queue, fallback) = IoQueue::new(config.queue_depth, slot_bytes, config.io_uring);
+        report.io_uring_fallback = fallback;
+        let store = SsdStore {
+            config,
+            paths,
+            files,
+            direct_io,
+            table: Mutex::new(table),
+            queue: Mutex::new(queue),
+            counters: SsdCounters::default(),
+        };
+        Ok((store, report))
+    }
+
+    /// Whether files use `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.direct_io
+    }
+
+    /// Limits the requests a batch keeps in flight to `depth` (clamped to
+    /// `1..=queue_depth`), e.g. to measure latency at queue depth 1.
+    pub fn set_queue_depth(&self, depth: usize) {
+        lock(&self.queue).set_depth_limit(depth);
+    }
+
+    /// The store's counters.
+    pub fn counters(&self) -> &SsdCounters {
+        &self.counters
+    }
+
+    /// Bytes by state.
+    pub fn usage(&self) -> SsdUsage {
+        lock(&self.table).usage()
+    }
+
+    /// The length of `object` when the store holds it.
+    pub fn length_of(&self, object: &ObjectId) -> Option<u64> {
+        lock(&self.table)
+            .get(object)
+            .map(|entry| entry.length_bytes)
+    }
+
+    /// Where `object`'s bytes are, its region protected from reuse until
+    /// [`SsdStore::unpin`]; `None` when the store does not hold it.
+    pub fn pin(&self, object: &ObjectId) -> Option<PinnedObject> {
+        let entry = lock(&self.table).pin(object)?;
+        Some(PinnedObject {
+            path: self.paths[entry.region as usize].clone(),
+            offset: entry.data_offset(),
+            length_bytes: entry.length_bytes,
+            data_crc: entry.data_crc,
+            region: entry.region,
+        })
+    }
+
+    /// Releases a pin taken by [`SsdStore::pin`].
+    pub fn unpin(&self, pinned: PinnedObject) {
+        lock(&self.table).unpin(pinned.region);
+    }
+
+    /// Writes `objects`, each `(id, bytes)`, at most `queue_depth` at a time. An object
+    /// stored again replaces its older copy. Failed writes are skipped and counted by
+    /// reason; objects whose region was reclaimed to make room are listed in the result.
+    pub fn write_batch(&self, objects: &[(ObjectId, &[u8])]) -> WriteBatch {
+        let mut requests = WriteRequests {
+            store: self,
+            objects,
+            reservations: vec![None; objects.len()],
+            results: (0..objects.len()).map(|_| Err(SsdError::Full)).collect(),
+            evicted: Vec::new(),
+        };
+        lock(&self.queue).run(objects.len(), &mut requests);
+        let WriteRequests {
+            reservations,
+            mut results,
+            evicted,
+            ..
+        } = requests;
+        self.finish_writes(objects, reservations, &mut results);
+        for result in &results {
+            if let Err(error) = result {
+                self.counters.skipped[error.skip_reason().index()].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        WriteBatch { results, evicted }
+    }
+
+    /// Commits the writes that completed (after a sync when buffered) and aborts the rest.
+    fn finish_writes(
+        &self,
+        objects: &[(ObjectId, &[u8])],
+        reservations: Vec<Option<(Reservation, u32)>>,
+        results: &mut [Result<Duration, SsdError>],
+    ) {
+        if !self.direct_io {
+            let mut synced = vec![false; self.files.len()];
+            for (reservation, result) in reservations.iter().zip(results.iter_mut()) {
+                let Some((reservation, _)) = reservation else {
+                    continue;
+                };
+                let region = reservation.region as usize;
+                if result.is_ok() && !synced[region] {
+                    synced[region] = true;
+                    if let Err(error) = self.files[region].sync_data() {
+                        *result = Err(SsdError::from_io(self.paths[region].clone(), error));
+                    }
+                }
+            }
+        }
+        let mut table = lock(&self.table);
+        for (index, reservation) in reservations.into_iter().enumerate() {
+            let Some((reservation, crc)) = reservation else {
+                continue;
+            };
+            let (object, bytes) = objects[index];
+            if results[index].is_ok() {
+                table.commit(reservation, object, bytes.len() as u64, crc);
+                self.counters.spills.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .spill_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            } else {
+                table.abort(reservation);
+            }
+        }
+    }
+
+    /// Reads `objects`, at most `queue_depth` at a time, and hands each verified object's
+    /// bytes to `sink(index, bytes)` as its read completes. One outcome per object, in
+    /// request order.
+    pub fn read_batch(
+        &self,
+        objects: &[ObjectId],
+        sink: impl FnMut(usize, &[u8]),
+    ) -> Vec<ReadOutcome> {
+        let mut requests = ReadRequests {
+            store: self,
+            objects,
+            entries: vec![None; objects.len()],
+            outcomes: (0..objects.len()).map(|_| ReadOutcome::Miss).collect(),
+            sink,
+        };
+        lock(&self.queue).run(objects.len(), &mut requests);
+        let mut table = lock(&self.table);
+        for (index, entry) in requests.entries.iter().enumerate() {
+            if let Some(entry) = entry {
+                table.unpin(entry.region);
+                requests.outcomes[index] = ReadOutcome::Failed(SsdError::Io {
+                    path: self.paths[entry.region as usize].clone(),
+                    source: io::Error::other("the I/O queue failed before this read ran"),
+                });
+            }
+        }
+        requests.outcomes
+    }
+
+    /// Writes region `region`'s header for fill `sequence`. No sync is needed for safety:
+    /// if the header is lost, the fill's objects carry a generation the old header does not
+    /// name and are absent after a restart; if it lands without them, the old fill's headers
+    /// carry an older generation and end the scan. (Buffered stores sync each batch's files.)
+    fn write_region_header(&self, region: u32, sequence: u64) -> Result<(), SsdError> {
+        let mut block = AlignedBuffer::new(BLOCK_BYTES as usize);
+        RegionHeader {
+            region_bytes: self.config.region_bytes,
+            index: region,
+            sequence,
+        }
+        .encode(block.as_mut_slice());
+        let path = &self.paths[region as usize];
+        let file = &self.files[region as usize];
+        file.write_all_at(block.as_slice(), 0)
+            .map_err(|error| SsdError::from_io(path.clone(), error))
+    }
+}
+
+/// Removes every region file in `directory` (and nothing else).
+fn wipe(directory: &Path) -> Result<(), SsdError> {
+    let entries = fs::read_dir(directory)
+        .map_err(|error| SsdError::from_io(directory.to_path_buf(), error))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| SsdError::from_io(directory.to_path_buf(), error))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("region-") && name.ends_with(".kvtier-ssd") {
+            fs::remove_file(entry.path())
+                .map_err(|error| SsdError::from_io(entry.path(), error))?;
+        }
+    }
+    Ok(())
+}
+
+struct WriteRequests<'a> {
+    store: &'a SsdStore,
+    objects: &'a [(ObjectId, &'a [u8])],
+    reservations: Vec<Option<(Reservation, u32)>>,
+    results: Vec<Result<Duration, SsdError>>,
+    evicted: Vec<ObjectId>,
+}
+
+impl WriteRequests<'_> {
+    fn reserve(&mut self, length_bytes: u64) -> Result<Reservation, SsdError> {
+        let limit = self.store.config.object_bytes_max;
+        if length_bytes > limit {
+            return Err(SsdError::TooLarge {
+                length_bytes,
+                limit_bytes: limit,
+            });
+        }
+        let (reservation, effects) = lock(&self.store.table)
+            .reserve(length_bytes)
+            .ok_or(SsdError::Full)?;
+        if effects.reclaimed_region {
+            self.store
+                .counters
+                .regions_reclaimed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.evicted.extend(effects.evicted);
+        if let Some((region, sequence)) = effects.opened {
+            if let Err(error) = self.store.write_region_header(region, sequence) {
+                lock(&self.store.table).abort(reservation);
+                return Err(error);
+            }
+        }
+        Ok(reservation)
+    }
+}
+
+impl IoRequests for WriteRequests<'_> {
+    fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
+        let (object, bytes) = self.objects[request];
+        let reservation = match self.reserve(bytes.len() as u64) {
+            Ok(reservation) => reservation,
+            Err(error) => {
+                self.results[request] = Err(error);
+                return None;
+            }
+        };
+        let data_crc = crc32c::crc32c(bytes);
+        let footprint = reservation.footprint_bytes as usize;
+        let slot = slot.bytes(footprint);
+        ObjectHeader {
+            object,
+            length_bytes: bytes.len() as u64,
+            generation: reservation.generation,
+            data_crc,
+        }
+        .encode(slot);
+        let data = &mut slot[BLOCK_BYTES as usize..footprint];
+        data[..bytes.len()].copy_from_slice(bytes);
+        data[bytes.len()..].fill(0);
+        self.reservations[request] = Some((reservation, data_crc));
+        Some(IoOp {
+            kind: IoKind::Write,
+            file: self.store.files[reservation.region as usize].as_raw_fd(),
+            offset: reservation.header_offset,
+            length: footprint,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        request: usize,
+        _bytes: &[u8],
+        result: io::Result<usize>,
+        latency: Duration,
+    ) {
+        let Some((reservation, _)) = self.reservations[request] else {
+            return;
+        };
+        let path = || self.store.paths[reservation.region as usize].clone();
+        self.results[request] = match result {
+            Ok(written) if written as u64 == reservation.footprint_bytes => Ok(latency),
+            // A regular file's write is cut short only when the file system ran out of room.
+            Ok(_) => Err(SsdError::NoSpace { path: path() }),
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                Err(SsdError::Unaligned { path: path() })
+            }
+            Err(error) => Err(SsdError::from_io(path(), error)),
+        };
+    }
+}
+
+struct ReadRequests<'a, S> {
+    store: &'a SsdStore,
+    objects: &'a [ObjectId],
+    entries: Vec<Option<Entry>>,
+    outcomes: Vec<ReadOutcome>,
+    sink: S,
+}
+
+impl<S: FnMut(usize, &[u8])> IoRequests for ReadRequests<'_, S> {
+    fn prepare(&mut self, request: usize, _slot: Slot<'_>) -> Option<IoOp> {
+        let entry = lock(&self.store.table).pin(&self.objects[request])?;
+        self.entries[request] = Some(entry);
+        Some(IoOp {
+            kind: IoKind::Read,
+            file: self.store.files[entry.region as usize].as_raw_fd(),
+            offset: entry.data_offset(),
+            length: entry.length_bytes.max(1).next_multiple_of(BLOCK_BYTES) as usize,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        request: usize,
+        bytes: &[u8],
+        result: io::Result<usize>,
+        latency: Duration,
+    ) {
+        let Some(entry) = self.entries[request].take() else {
+            return;
+        };
+        let length = entry.length_bytes as usize;
+        let sound = matches!(result, Ok(read) if read >= length)
+            && crc32c::crc32c(&bytes[..length]) == entry.data_crc;
+        let counters = &self.store.counters;
+        self.outcomes[request] = if sound {
+            (self.sink)(request, &bytes[..length]);
+            counters.restores.fetch_add(1, Ordering::Relaxed);
+            counters
+                .restore_bytes
+                .fetch_add(length as u64, Ordering::Relaxed);
+            ReadOutcome::Hit { latency }
+        } else if let Err(error) = result {
+            ReadOutcome::Failed(SsdError::from_io(
+                self.store.paths[entry.region as usize].clone(),
+                error,
+            ))
+        } else {
+            counters.checksum_failures.fetch_add(1, Ordering::Relaxed);
+            lock(&self.store.table).remove(&self.objects[request], Some(entry));
+            ReadOutcome::Corrupt
+        };
+        lock(&self.store.table).unpin(entry.region);
+    }
+}

@@ -1,0 +1,359 @@
+//! Tests of the SSD store with real files in a temporary directory.
+
+use super::layout::{region_file_name, BLOCK_BYTES};
+use super::*;
+use crate::model::{NamespaceId, ObjectId, PrefixDigest};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+fn object(index: u32) -> ObjectId {
+    let mut prefix = [0u8; 16];
+    prefix[..4].copy_from_slice(&index.to_le_bytes());
+    ObjectId {
+        namespace: NamespaceId([5; 16]),
+        prefix: PrefixDigest(prefix),
+        shard: 0,
+        part: 0,
+    }
+}
+
+fn bytes(index: u32, length: usize) -> Vec<u8> {
+    (0..length)
+        .map(|at| (at as u32).wrapping_mul(31).wrapping_add(index * 7) as u8)
+        .collect()
+}
+
+fn config(directory: &Path, io_uring: bool) -> SsdConfig {
+    SsdConfig {
+        region_bytes: 1 << 20,
+        object_bytes_max: 256 << 10,
+        queue_depth: 8,
+        io_uring,
+        ..SsdConfig::new(directory.to_path_buf(), 4 << 20)
+    }
+}
+
+fn read_one(store: &SsdStore, id: ObjectId) -> (Option<Vec<u8>>, ReadOutcome) {
+    let mut found = None;
+    let mut outcomes = store.read_batch(&[id], |_, data| found = Some(data.to_vec()));
+    (found, outcomes.remove(0))
+}
+
+fn write_all(store: &SsdStore, objects: &[(ObjectId, Vec<u8>)]) -> WriteBatch {
+    let batch: Vec<(ObjectId, &[u8])> = objects
+        .iter()
+        .map(|(id, data)| (*id, data.as_slice()))
+        .collect();
+    let written = store.write_batch(&batch);
+    for result in &written.results {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    written
+}
+
+#[test]
+fn writes_read_back_byte_exact_through_both_io_paths() {
+    for io_uring in [true, false] {
+        let directory = tempfile::tempdir().unwrap();
+        let (store, report) = SsdStore::open(config(directory.path(), io_uring)).unwrap();
+        assert_eq!(report.objects_adopted, 0);
+        let sizes = [1usize, 4095, 4096, 4097, 100_000, 256 << 10];
+        let objects: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, size)| (object(index as u32), bytes(index as u32, *size)))
+            .collect();
+        write_all(&store, &objects);
+        let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
+        let mut found = vec![Vec::new(); ids.len()];
+        let outcomes = store.read_batch(&ids, |index, data| found[index] = data.to_vec());
+        for (index, outcome) in outcomes.iter().enumerate() {
+            assert!(
+                matches!(outcome, ReadOutcome::Hit { .. }),
+                "{index}: {outcome:?}"
+            );
+            assert_eq!(
+                found[index], objects[index].1,
+                "object {index} (io_uring {io_uring})"
+            );
+        }
+        assert!(matches!(read_one(&store, object(99)).1, ReadOutcome::Miss));
+        let usage = store.usage();
+        assert_eq!(usage.objects, sizes.len() as u64);
+        assert_eq!(
+            usage.capacity_bytes,
+            usage.live_bytes + usage.writing_bytes + usage.reclaimable_bytes + usage.free_bytes
+        );
+        let pinned = store.pin(&object(4)).unwrap();
+        assert_eq!(pinned.offset % BLOCK_BYTES, 0);
+        let mut direct = vec![0u8; 100_000];
+        std::fs::File::open(&pinned.path)
+            .unwrap()
+            .read_exact_at(&mut direct, pinned.offset)
+            .unwrap();
+        assert_eq!(
+            direct, objects[4].1,
+            "the pinned extent is the object's bytes in place"
+        );
+        store.unpin(pinned);
+    }
+}
+
+#[test]
+fn a_flipped_byte_is_a_counted_miss_and_its_space_reclaimable() {
+    let directory = tempfile::tempdir().unwrap();
+    let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+    write_all(
+        &store,
+        &[(object(1), bytes(1, 50_000)), (object(2), bytes(2, 50_000))],
+    );
+    let pinned = store.pin(&object(1)).unwrap();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pinned.path)
+        .unwrap();
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, pinned.offset + 777).unwrap();
+    byte[0] ^= 0x04;
+    file.write_all_at(&byte, pinned.offset + 777).unwrap();
+    file.sync_all().unwrap();
+    store.unpin(pinned);
+    let reclaimable_before = store.usage().reclaimable_bytes;
+    let (found, outcome) = read_one(&store, object(1));
+    assert!(matches!(outcome, ReadOutcome::Corrupt), "{outcome:?}");
+    assert_eq!(found, None, "corrupt bytes never reach the sink");
+    assert_eq!(
+        store
+            .counters()
+            .checksum_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(matches!(read_one(&store, object(1)).1, ReadOutcome::Miss));
+    assert!(store.usage().reclaimable_bytes > reclaimable_before);
+    assert_eq!(read_one(&store, object(2)).0, Some(bytes(2, 50_000)));
+}
+
+#[test]
+fn a_restart_adopts_complete_objects_and_drops_torn_ones() {
+    let directory = tempfile::tempdir().unwrap();
+    let objects: Vec<_> = (0..6)
+        .map(|index| (object(index), bytes(index, 60_000)))
+        .collect();
+    let torn_offset;
+    {
+        let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+        write_all(&store, &objects);
+        let pinned = store.pin(&object(3)).unwrap();
+        torn_offset = (pinned.path.clone(), pinned.offset);
+        store.unpin(pinned);
+    }
+    // A write cut short: the object's last blocks never reached the disk.
+    let file = OpenOptions::new().write(true).open(&torn_offset.0).unwrap();
+    file.write_all_at(&vec![0u8; 8192], torn_offset.1 + 49_152)
+        .unwrap();
+    let (store, report) = SsdStore::open(config(directory.path(), false)).unwrap();
+    assert_eq!(report.objects_adopted, 5);
+    assert_eq!(report.torn_objects, 1);
+    for (id, data) in &objects {
+        let (found, _) = read_one(&store, *id);
+        if *id == object(3) {
+            assert_eq!(found, None, "the torn object is absent");
+        } else {
+            assert_eq!(found.as_ref(), Some(data));
+        }
+    }
+    // Writes after the restart open a new fill; both survive a second restart.
+    write_all(&store, &[(object(10), bytes(10, 9000))]);
+    drop(store);
+    let (store, report) = SsdStore::open(config(directory.path(), true)).unwrap();
+    assert_eq!(report.objects_adopted, 6);
+    assert_eq!(read_one(&store, object(10)).0, Some(bytes(10, 9000)));
+}
+
+#[test]
+fn keep_on_restart_false_wipes_the_store() {
+    let directory = tempfile::tempdir().unwrap();
+    {
+        let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+        write_all(&store, &[(object(1), bytes(1, 10_000))]);
+    }
+    let wiping = SsdConfig {
+        keep_on_restart: false,
+        ..config(directory.path(), true)
+    };
+    let (store, report) = SsdStore::open(wiping).unwrap();
+    assert_eq!(report.objects_adopted, 0);
+    assert!(matches!(read_one(&store, object(1)).1, ReadOutcome::Miss));
+    drop(store);
+    let (_, report) = SsdStore::open(config(directory.path(), true)).unwrap();
+    assert_eq!(
+        report.objects_adopted, 0,
+        "the wiped object does not come back"
+    );
+}
+
+#[test]
+fn a_full_store_reclaims_its_oldest_region_whole_but_never_a_pinned_one() {
+    let directory = tempfile::tempdir().unwrap();
+    let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+    // 252 KiB objects: three per 1 MiB region, four regions.
+    let size = 252 << 10;
+    let first: Vec<_> = (0..12)
+        .map(|index| (object(index), bytes(index, size)))
+        .collect();
+    let written = write_all(&store, &first);
+    assert!(written.evicted.is_empty());
+    let written = write_all(&store, &[(object(100), bytes(100, size))]);
+    let mut evicted = written.evicted.clone();
+    evicted.sort_by_key(|id| id.prefix.0);
+    assert_eq!(
+        evicted,
+        vec![object(0), object(1), object(2)],
+        "the oldest region goes whole"
+    );
+    assert!(matches!(read_one(&store, object(0)).1, ReadOutcome::Miss));
+    assert_eq!(read_one(&store, object(100)).0, Some(bytes(100, size)));
+    assert_eq!(
+        store
+            .counters()
+            .regions_reclaimed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // Pin every sealed region: the next region switch finds nothing to reclaim.
+    let pins: Vec<_> = [3, 6, 9]
+        .iter()
+        .map(|index| store.pin(&object(*index)).unwrap())
+        .collect();
+    let batch: Vec<(ObjectId, Vec<u8>)> = (200..203)
+        .map(|index| (object(index), bytes(index, size)))
+        .collect();
+    let refs: Vec<(ObjectId, &[u8])> = batch
+        .iter()
+        .map(|(id, data)| (*id, data.as_slice()))
+        .collect();
+    let results = store.write_batch(&refs).results;
+    assert!(results[0].is_ok() && results[1].is_ok());
+    assert!(
+        matches!(results[2], Err(SsdError::Full)),
+        "{:?}",
+        results[2]
+    );
+    assert_eq!(read_one(&store, object(3)).0, Some(bytes(3, size)));
+    for pinned in pins {
+        store.unpin(pinned);
+    }
+    assert!(write_all(&store, &[(object(300), bytes(300, size))])
+        .evicted
+        .contains(&object(3)));
+}
+
+#[test]
+fn bad_input_is_refused_with_a_typed_error() {
+    let directory = tempfile::tempdir().unwrap();
+    let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+    let big = vec![0u8; (256 << 10) + 1];
+    let results = store.write_batch(&[(object(1), big.as_slice())]).results;
+    assert!(matches!(results[0], Err(SsdError::TooLarge { .. })));
+    assert_eq!(
+        store.counters().skipped[SkipReason::TooLarge.index()]
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let file = directory.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let error = SsdStore::open(config(&file.join("store"), true))
+        .err()
+        .unwrap();
+    assert_eq!(error.skip_reason(), SkipReason::MissingDirectory, "{error}");
+    let odd = SsdConfig {
+        region_bytes: 5000,
+        ..config(directory.path(), true)
+    };
+    assert!(matches!(
+        SsdStore::open(odd),
+        Err(SsdError::InvalidConfig { .. })
+    ));
+    assert!(directory.path().join(region_file_name(0)).exists());
+}
+
+/// A 2 MiB tmpfs mounted on a fresh directory for one test, unmounted when dropped.
+struct SmallFileSystem {
+    directory: tempfile::TempDir,
+}
+
+impl SmallFileSystem {
+    /// `None` where this process may not mount (not root, or in a sandbox).
+    fn mount() -> Option<SmallFileSystem> {
+        let directory = tempfile::tempdir().ok()?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(directory.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then_some(SmallFileSystem { directory })
+    }
+}
+
+impl Drop for SmallFileSystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.directory.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_file_system_skips_spills_with_a_counted_reason_and_keeps_what_it_holds() {
+    let Some(small) = SmallFileSystem::mount() else {
+        eprintln!(
+            "cannot mount a small tmpfs here: the ENOSPC case is covered where tests run as root"
+        );
+        return;
+    };
+    // 8 MiB of regions on a 2 MiB file system: the region files are sparse until written.
+    let config = SsdConfig {
+        capacity_bytes: 8 << 20,
+        ..config(&small.directory.path().join("store"), true)
+    };
+    let (store, _) = SsdStore::open(config).unwrap();
+    let objects: Vec<_> = (0..24)
+        .map(|index| (object(index), bytes(index, 100_000)))
+        .collect();
+    let refs: Vec<(ObjectId, &[u8])> = objects
+        .iter()
+        .map(|(id, data)| (*id, data.as_slice()))
+        .collect();
+    let results = store.write_batch(&refs).results;
+    let written = results.iter().take_while(|result| result.is_ok()).count();
+    assert!(
+        written > 0 && written < objects.len(),
+        "{written} of {} written",
+        objects.len()
+    );
+    assert!(
+        results[written..]
+            .iter()
+            .all(|result| matches!(result, Err(SsdError::NoSpace { .. }))),
+        "{:?}",
+        &results[written..]
+    );
+    let skipped = store.counters().skipped[SkipReason::NoSpace.index()]
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(skipped as usize, objects.len() - written);
+    for (id, data) in &objects[..written] {
+        assert_eq!(
+            read_one(&store, *id).0.as_ref(),
+            Some(data),
+            "what was written stays readable"
+        );
+    }
+    assert!(matches!(
+        read_one(&store, objects[written].0).1,
+        ReadOutcome::Miss
+    ));
+}

@@ -1,0 +1,454 @@
+//! `kvtier bench ssd`: the SSD store on this machine's disk — spill throughput and random
+//! restores of each object size at queue depth 1 and 32 (GB/s, p50/p99) — each beside its
+//! limit measured in the same run: raw direct-I/O reads and writes of the same sizes at the
+//! same depth, through the same io_uring queue, on the same file system. A restore reads,
+//! verifies the checksum and copies the object into a client buffer.
+
+use crate::backends::ssd::io::{IoKind, IoOp, IoQueue, IoRequests, Slot};
+use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
+use crate::model::{NamespaceId, ObjectId, PrefixDigest};
+use crate::workload::histogram::Histogram;
+use crate::workload::rng::SplitMix64;
+use anyhow::{bail, Context};
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Options of `kvtier bench ssd`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SsdBenchArgs {
+    /// Directory on the file system to measure (created, and emptied of the benchmark's
+    /// files at the end); default: a fresh directory under the system's temporary directory.
+    #[arg(long)]
+    pub directory: Option<PathBuf>,
+    /// Object sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "262144,4194304")]
+    pub sizes: Vec<usize>,
+    /// Bytes spilled per object size (and the size of each raw file).
+    #[arg(long, default_value_t = 512 << 20)]
+    pub spill_bytes: u64,
+    /// Bytes restored per object size and queue depth.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub restore_bytes: u64,
+    /// Queue depths of the restore phase.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub queue_depths: Vec<usize>,
+    /// Queue depth of the spill phase.
+    #[arg(long, default_value_t = 32)]
+    pub spill_queue_depth: usize,
+    /// Region size of the store in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub region_bytes: u64,
+    /// Seed of the random restore order.
+    #[arg(long, default_value_t = 5)]
+    pub seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Spill of one object size against raw writes.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpillReport {
+    pub object_bytes: usize,
+    pub spill_gbps: f64,
+    pub raw_write_gbps: f64,
+    pub ratio: f64,
+}
+
+/// Restores of one object size at one queue depth against raw reads.
+#[derive(Clone, Debug, Serialize)]
+pub struct RestoreReport {
+    pub object_bytes: usize,
+    pub queue_depth: usize,
+    pub restore_gbps: f64,
+    pub restore_p50_us: f64,
+    pub restore_p99_us: f64,
+    pub raw_read_gbps: f64,
+    pub raw_read_p50_us: f64,
+    pub raw_read_p99_us: f64,
+    pub ratio: f64,
+}
+
+/// The benchmark's output.
+#[derive(Clone, Debug, Serialize)]
+pub struct SsdReport {
+    /// Restore over raw read at the deepest queue depth, the lowest over object sizes.
+    pub restore_ratio: f64,
+    /// Spill over raw write, the lowest over object sizes.
+    pub spill_ratio: f64,
+    /// p99 restore latency at queue depth 1 of the smallest object size.
+    pub restore_p99_us_qd1: f64,
+    pub direct_io: bool,
+    pub io_uring: bool,
+    pub spills: Vec<SpillReport>,
+    pub restores: Vec<RestoreReport>,
+}
+
+/// One timed pass: bytes moved, wall time, per-request latencies.
+struct Pass {
+    bytes: u64,
+    elapsed: Duration,
+    latencies: Histogram,
+}
+
+impl Pass {
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
+    }
+}
+
+fn micros(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e6
+}
+
+fn bench_object(size_index: usize, index: u64) -> ObjectId {
+    let mut prefix = [0u8; 16];
+    prefix[..8].copy_from_slice(&index.to_le_bytes());
+    prefix[8] = size_index as u8;
+    ObjectId {
+        namespace: NamespaceId([0xbe; 16]),
+        prefix: PrefixDigest(prefix),
+        shard: 0,
+        part: 0,
+    }
+}
+
+/// A source buffer whose slice at `(index % 16) × 4 KiB` is object `index`'s bytes.
+fn pattern(size: usize, seed: u64) -> Vec<u8> {
+    let mut random = SplitMix64::new(seed);
+    let mut bytes = vec![0u8; size + 16 * 4096];
+    for word in bytes.chunks_mut(8) {
+        let value = random.next_u64().to_le_bytes();
+        word.copy_from_slice(&value[..word.len()]);
+    }
+    bytes
+}
+
+fn object_bytes(pattern: &[u8], size: usize, index: u64) -> &[u8] {
+    let start = (index % 16) as usize * 4096;
+    &pattern[start..start + size]
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: &SsdBenchArgs) -> anyhow::Result<()> {
+    let directory = args.directory.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("kvtier-bench-ssd-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&directory)
+        .with_context(|| format!("creating {}", directory.display()))?;
+    let result = measure(args, &directory);
+    let _ = std::fs::remove_dir_all(directory.join("store"));
+    let _ = std::fs::remove_file(directory.join("raw.kvtier-bench"));
+    if args.directory.is_none() {
+        let _ = std::fs::remove_dir(&directory);
+    }
+    let report = result?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "SSD store in {} (direct I/O {}, io_uring {})",
+        directory.display(),
+        report.direct_io,
+        report.io_uring
+    );
+    for spill in &report.spills {
+        println!(
+            "spill {:>8} B objects: {:.2} GB/s, raw direct write {:.2} GB/s, ratio {:.2}",
+            spill.object_bytes, spill.spill_gbps, spill.raw_write_gbps, spill.ratio
+        );
+    }
+    for restore in &report.restores {
+        println!(
+            "restore {:>8} B objects QD{:<2}: {:.2} GB/s p50 {:.0} us p99 {:.0} us; raw direct read {:.2} GB/s p50 {:.0} us p99 {:.0} us; ratio {:.2}",
+            restore.object_bytes, restore.queue_depth, restore.restore_gbps, restore.restore_p50_us,
+            restore.restore_p99_us, restore.raw_read_gbps, restore.raw_read_p50_us,
+            restore.raw_read_p99_us, restore.ratio
+        );
+    }
+    println!(
+        "restore_ratio {:.2} spill_ratio {:.2} restore_p99_us_qd1 {:.0}",
+        report.restore_ratio, report.spill_ratio, report.restore_p99_us_qd1
+    );
+    Ok(())
+}
+
+fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
+    if args.sizes.is_empty() || args.queue_depths.is_empty() {
+        bail!("give at least one object size and one queue depth");
+    }
+    let size_max = args.sizes.iter().copied().max().unwrap_or(4096);
+    let depth_max = args
+        .queue_depths
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(args.spill_queue_depth);
+    let capacity = (args.spill_bytes * args.sizes.len() as u64 * 5 / 4)
+        .next_multiple_of(args.region_bytes)
+        + 2 * args.region_bytes;
+    let config = SsdConfig {
+        region_bytes: args.region_bytes,
+        keep_on_restart: false,
+        queue_depth: depth_max,
+        object_bytes_max: size_max as u64,
+        ..SsdConfig::new(directory.join("store"), capacity)
+    };
+    let (store, opened) = SsdStore::open(config)?;
+    let raw_path = directory.join("raw.kvtier-bench");
+    let raw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(if store.direct_io() { libc::O_DIRECT } else { 0 })
+        .open(&raw_path)
+        .with_context(|| format!("opening {}", raw_path.display()))?;
+    raw.set_len(args.spill_bytes)?;
+    let mut report = SsdReport {
+        restore_ratio: f64::INFINITY,
+        spill_ratio: f64::INFINITY,
+        restore_p99_us_qd1: 0.0,
+        direct_io: store.direct_io(),
+        io_uring: opened.io_uring_fallback.is_none(),
+        spills: Vec::new(),
+        restores: Vec::new(),
+    };
+    for (size_index, &size) in args.sizes.iter().enumerate() {
+        let size = size.max(4096);
+        let count = (args.spill_bytes / size as u64).max(1);
+        let source = pattern(size, args.seed ^ size as u64);
+        let raw_write = raw_pass(
+            &raw,
+            IoKind::Write,
+            size,
+            count,
+            args.spill_queue_depth,
+            None,
+        )?;
+        let spill = spill_pass(&store, &source, size_index, size, count)?;
+        report.spills.push(SpillReport {
+            object_bytes: size,
+            spill_gbps: spill.gbps(),
+            raw_write_gbps: raw_write.gbps(),
+            ratio: spill.gbps() / raw_write.gbps(),
+        });
+        let reads = (args.restore_bytes / size as u64).max(1);
+        for &depth in &args.queue_depths {
+            let mut order = SplitMix64::new(args.seed ^ (depth as u64) << 32 ^ size as u64);
+            let picks: Vec<u64> = (0..reads).map(|_| order.below(count)).collect();
+            let raw_read = raw_pass(&raw, IoKind::Read, size, count, depth, Some(&picks))?;
+            let restore = restore_pass(&store, &source, size_index, size, depth, &picks)?;
+            report.restores.push(RestoreReport {
+                object_bytes: size,
+                queue_depth: depth,
+                restore_gbps: restore.gbps(),
+                restore_p50_us: micros(restore.latencies.quantile(0.5)),
+                restore_p99_us: micros(restore.latencies.quantile(0.99)),
+                raw_read_gbps: raw_read.gbps(),
+                raw_read_p50_us: micros(raw_read.latencies.quantile(0.5)),
+                raw_read_p99_us: micros(raw_read.latencies.quantile(0.99)),
+                ratio: restore.gbps() / raw_read.gbps(),
+            });
+        }
+    }
+    summarize(&mut report, args);
+    Ok(report)
+}
+
+fn summarize(report: &mut SsdReport, args: &SsdBenchArgs) {
+    let deepest = args.queue_depths.iter().copied().max().unwrap_or(1);
+    let shallowest = args.queue_depths.iter().copied().min().unwrap_or(1);
+    let smallest = report
+        .restores
+        .iter()
+        .map(|restore| restore.object_bytes)
+        .min()
+        .unwrap_or(0);
+    for restore in &report.restores {
+        if restore.queue_depth == deepest {
+            report.restore_ratio = report.restore_ratio.min(restore.ratio);
+        }
+        if restore.queue_depth == shallowest && restore.object_bytes == smallest {
+            report.restore_p99_us_qd1 = restore.restore_p99_us;
+        }
+    }
+    for spill in &report.spills {
+        report.spill_ratio = report.spill_ratio.min(spill.ratio);
+    }
+}
+
+fn spill_pass(
+    store: &SsdStore,
+    source: &[u8],
+    size_index: usize,
+    size: usize,
+    count: u64,
+) -> anyhow::Result<Pass> {
+    let objects: Vec<(ObjectId, &[u8])> = (0..count)
+        .map(|index| {
+            (
+                bench_object(size_index, index),
+                object_bytes(source, size, index),
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let written = store.write_batch(&objects);
+    let elapsed = started.elapsed();
+    let mut latencies = Histogram::default();
+    for result in written.results {
+        match result {
+            Ok(latency) => latencies.record(latency),
+            Err(error) => bail!("a spill of the benchmark failed: {error}"),
+        }
+    }
+    if !written.evicted.is_empty() {
+        bail!(
+            "the benchmark's store evicted {} objects: it is too small",
+            written.evicted.len()
+        );
+    }
+    Ok(Pass {
+        bytes: size as u64 * count,
+        elapsed,
+        latencies,
+    })
+}
+
+fn restore_pass(
+    store: &SsdStore,
+    source: &[u8],
+    size_index: usize,
+    size: usize,
+    depth: usize,
+    picks: &[u64],
+) -> anyhow::Result<Pass> {
+    let ids: Vec<ObjectId> = picks
+        .iter()
+        .map(|index| bench_object(size_index, *index))
+        .collect();
+    // One client buffer: the sink runs on completion, one object at a time.
+    let mut client_buffer = vec![0u8; size];
+    let mut wrong = 0u64;
+    let mut latencies = Histogram::default();
+    store.set_queue_depth(depth);
+    // Queue depth 1 is timed end to end per object (read, checksum, copy); deeper queues
+    // run as one batch, each object timed from submission to completion.
+    let batches: Vec<&[ObjectId]> = if depth == 1 {
+        ids.chunks(1).collect()
+    } else {
+        vec![&ids]
+    };
+    let started = Instant::now();
+    let mut first = 0;
+    for batch in batches {
+        let batch_started = Instant::now();
+        let outcomes = store.read_batch(batch, |index, bytes| {
+            client_buffer.copy_from_slice(bytes);
+            let expected = object_bytes(source, size, picks[first + index]);
+            if client_buffer[..64] != expected[..64]
+                || client_buffer[size - 64..] != expected[size - 64..]
+            {
+                wrong += 1;
+            }
+        });
+        for outcome in outcomes {
+            match outcome {
+                ReadOutcome::Hit { .. } if depth == 1 => latencies.record(batch_started.elapsed()),
+                ReadOutcome::Hit { latency } => latencies.record(latency),
+                other => bail!("restore of a spilled benchmark object gave {other:?}"),
+            }
+        }
+        first += batch.len();
+    }
+    let elapsed = started.elapsed();
+    if wrong > 0 {
+        bail!("{wrong} restored objects differ from what was spilled");
+    }
+    Ok(Pass {
+        bytes: size as u64 * picks.len() as u64,
+        elapsed,
+        latencies,
+    })
+}
+
+struct RawRequests<'a> {
+    file: &'a File,
+    kind: IoKind,
+    size: usize,
+    picks: Option<&'a [u64]>,
+    latencies: Histogram,
+    failure: Option<io::Error>,
+}
+
+impl IoRequests for RawRequests<'_> {
+    fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
+        let index = self.picks.map_or(request as u64, |picks| picks[request]);
+        if self.kind == IoKind::Write {
+            slot.bytes(self.size)[..8].copy_from_slice(&index.to_le_bytes());
+        }
+        Some(IoOp {
+            kind: self.kind,
+            file: self.file.as_raw_fd(),
+            offset: index * self.size as u64,
+            length: self.size,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        _request: usize,
+        _bytes: &[u8],
+        result: io::Result<usize>,
+        latency: Duration,
+    ) {
+        match result {
+            Ok(moved) if moved == self.size => self.latencies.record(latency),
+            Ok(moved) => {
+                self.failure = Some(io::Error::other(format!("short transfer of {moved} bytes")))
+            }
+            Err(error) => self.failure = Some(error),
+        }
+    }
+}
+
+/// Raw I/O of `size`-byte blocks on `file` at `depth`: writes of `count` blocks in order, or
+/// reads of the blocks `picks` names.
+fn raw_pass(
+    file: &File,
+    kind: IoKind,
+    size: usize,
+    count: u64,
+    depth: usize,
+    picks: Option<&[u64]>,
+) -> anyhow::Result<Pass> {
+    let (mut queue, _) = IoQueue::new(depth, size, true);
+    let mut requests = RawRequests {
+        file,
+        kind,
+        size,
+        picks,
+        latencies: Histogram::default(),
+        failure: None,
+    };
+    let total = picks.map_or(count, |picks| picks.len() as u64);
+    let started = Instant::now();
+    queue.run(total as usize, &mut requests);
+    let elapsed = started.elapsed();
+    if let Some(error) = requests.failure {
+        bail!("raw {kind:?} of {size} bytes failed: {error}");
+    }
+    Ok(Pass {
+        bytes: size as u64 * total,
+        elapsed,
+        latencies: requests.latencies,
+    })
+}
