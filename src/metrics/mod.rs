@@ -149,6 +149,8 @@ label_enum!(
         Demote => "demote",
         /// From SSD back to an L1 pool.
         Restore => "restore",
+        /// From an L1 pool to the node's SSD (a reclaimed replica kept one tier colder).
+        Spill => "spill",
     }
 );
 

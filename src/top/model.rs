@@ -15,7 +15,7 @@ use std::time::Duration;
 /// histogram bounds): kvtier exports at most 17 of any; a text with more is cut here.
 const LABEL_VALUES_MAX: usize = 64;
 /// The reasons bytes move, as the `direction` label names them, in display order.
-pub const DIRECTIONS: [&str; 5] = ["load", "store", "demote", "replicate", "restore"];
+pub const DIRECTIONS: [&str; 6] = ["load", "store", "demote", "spill", "replicate", "restore"];
 /// Operations left out of request latency: `admin` is `kvtier top`'s own status request,
 /// `heartbeat` and `poll_tasks` are timers rather than work.
 const LATENCY_EXCLUDED_OPS: [&str; 3] = ["admin", "heartbeat", "poll_tasks"];

@@ -10,7 +10,7 @@ use super::services::NodeServices;
 use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
 use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
 use crate::metrics::ssd::SsdMetrics;
-use crate::metrics::Metrics;
+use crate::metrics::{Direction, Metrics};
 use crate::model::{Location, ObjectId, ReplicaId, SessionId};
 use crate::node::{after_commit, PagesAfterCommit};
 use std::sync::Arc;
@@ -110,7 +110,12 @@ pub async fn spill(
     })
     .await;
     match written {
-        Ok(Some(Ok(latency))) => ssd.metrics.observe_spill(latency),
+        Ok(Some(Ok(latency))) => {
+            ssd.metrics.observe_spill(latency);
+            services
+                .metrics
+                .add_bytes_moved(Direction::Spill, location.length_bytes);
+        }
         Ok(Some(Err(error))) => tracing::debug!(%error, "spill skipped"),
         _ => tracing::warn!("the spill's I/O thread failed"),
     }
@@ -178,6 +183,9 @@ pub async fn restore(services: &NodeServices, ssd: &Arc<NodeSsd>, objects: &[Obj
             services.link.abort(session, item.replica).await;
         } else if publish(services, session, &item).await {
             published += 1;
+            services
+                .metrics
+                .add_bytes_moved(Direction::Restore, item.location.length_bytes);
         }
     }
     ssd.publish();
