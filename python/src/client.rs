@@ -7,7 +7,7 @@ use crate::keys;
 use crate::runtime;
 use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
-use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId};
+use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -354,18 +354,7 @@ impl Client {
         keys: Vec<Bound<'_, PyBytes>>,
         buffers: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let objects =
-            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
-        let buffers = buffers
-            .iter()
-            .map(|buffer| Buffer::get(buffer, false))
-            .collect::<PyResult<Vec<_>>>()?;
-        self.jobs.submit(
-            runtime()?,
-            &self.inner,
-            JobKind::StoreMany(objects),
-            buffers,
-        )
+        self.submit_buffers(namespace, &keys, &buffers, false, JobKind::StoreMany)
     }
 
     /// Starts loading the objects of `keys` into `buffers` on kvtier's threads and returns
@@ -377,14 +366,7 @@ impl Client {
         keys: Vec<Bound<'_, PyBytes>>,
         buffers: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let objects =
-            same_length(&keys, &buffers).and_then(|_| keys::objects(namespace.id, &keys))?;
-        let buffers = buffers
-            .iter()
-            .map(|buffer| Buffer::get(buffer, true))
-            .collect::<PyResult<Vec<_>>>()?;
-        self.jobs
-            .submit(runtime()?, &self.inner, JobKind::LoadInto(objects), buffers)
+        self.submit_buffers(namespace, &keys, &buffers, true, JobKind::LoadInto)
     }
 
     /// Starts probing `keys` on kvtier's threads and returns the job's id at once; `poll()`
@@ -412,6 +394,28 @@ impl Client {
     #[getter]
     fn inflight(&self) -> usize {
         self.jobs.inflight()
+    }
+}
+
+impl Client {
+    /// Starts a job over `buffers` (one per key, `writable` for loads into them) on kvtier's
+    /// threads and returns its id: the shared body of `submit_store_many` and
+    /// `submit_load_into`.
+    fn submit_buffers(
+        &self,
+        namespace: &Namespace,
+        keys: &[Bound<'_, PyBytes>],
+        buffers: &[Bound<'_, PyAny>],
+        writable: bool,
+        kind: fn(Vec<ObjectId>) -> JobKind,
+    ) -> PyResult<u64> {
+        let objects = same_length(keys, buffers).and_then(|_| keys::objects(namespace.id, keys))?;
+        let buffers = buffers
+            .iter()
+            .map(|buffer| Buffer::get(buffer, writable))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.jobs
+            .submit(runtime()?, &self.inner, kind(objects), buffers)
     }
 }
 

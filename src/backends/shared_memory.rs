@@ -194,25 +194,14 @@ impl SharedMemory {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self, PoolError> {
         validate_geometry(data_bytes, page_bytes)?;
-        let io = |source| PoolError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        // Created exclusively (never a file someone put there first, never through a
-        // link) and readable only by its owner and group: the node and the engines allowed
-        // to map it.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(POOL_FILE_MODE)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io)?;
+        let file = open_pool_file(path, true)?;
         // The umask narrowed the creation mode (0640 under the usual 022): the group of
         // engines allowed to map the pool needs write access too.
         file.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))
-            .map_err(io)?;
+            .map_err(|source| PoolError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
         Self::initialize(path, &file, data_bytes, pool_uuid, page_bytes, progress)
     }
 
@@ -234,12 +223,7 @@ impl SharedMemory {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io)?;
+        let file = open_pool_file(path, false)?;
         let mut magic = [0u8; MAGIC_RANGE.end];
         match file.read_exact_at(&mut magic, 0) {
             Ok(()) if magic == POOL_MAGIC => {
@@ -418,6 +402,23 @@ impl SharedMemory {
         // SAFETY: `at + length_bytes <= mapping length`, so the pointer stays in bounds.
         Ok(unsafe { self.map.as_mut_ptr().add(at) })
     }
+}
+
+/// Opens `path` read-write, never through a link; with `create`, creates it exclusively
+/// (never a file someone put there first) with [`POOL_FILE_MODE`]: readable only by its
+/// owner and group, the node and the engines allowed to map it.
+fn open_pool_file(path: &Path, create: bool) -> Result<File, PoolError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .mode(POOL_FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// Gives the file `total_bytes` of allocated storage. `fallocate` reserves the pages now;
