@@ -178,6 +178,9 @@ pub struct Metrics {
     request_duration_seconds: HistogramVec,
     leases: IntGauge,
     sessions: IntGaugeVec,
+    /// The latest epoch of each node the directory has seen: one series per node name,
+    /// bounded by the directory's `nodes_max`.
+    node_epochs: IntGaugeVec,
     bytes_moved_total: IntCounterVec,
     lookups_total: IntCounterVec,
     evictions_total: IntCounter,
@@ -241,6 +244,13 @@ impl Metrics {
             sessions: IntGaugeVec::new(
                 Opts::new("kvtier_sessions", "Sessions, by liveness state."),
                 &["state"],
+            )?,
+            node_epochs: IntGaugeVec::new(
+                Opts::new(
+                    "kvtier_node_epoch",
+                    "The latest epoch of each node (directory): it rises at every new session.",
+                ),
+                &["node"],
             )?,
             bytes_moved_total: IntCounterVec::new(
                 Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
@@ -336,6 +346,7 @@ impl Metrics {
             .register(Box::new(self.request_duration_seconds.clone()))?;
         self.registry.register(Box::new(self.leases.clone()))?;
         self.registry.register(Box::new(self.sessions.clone()))?;
+        self.registry.register(Box::new(self.node_epochs.clone()))?;
         self.registry
             .register(Box::new(self.bytes_moved_total.clone()))?;
         self.registry
@@ -506,6 +517,13 @@ impl Metrics {
         self.sessions
             .with_label_values(&[state.as_str()])
             .set(saturating_i64(session_count));
+    }
+
+    /// Sets a node's latest epoch (`node` is a configured node name, never client input).
+    pub fn set_node_epoch(&self, node: &str, epoch: u64) {
+        self.node_epochs
+            .with_label_values(&[node])
+            .set(saturating_i64(epoch));
     }
 
     /// Adds bytes copied for one reason.

@@ -188,6 +188,9 @@ impl DirectoryActor {
             .set_sessions(SessionLabel::Suspect, sessions_suspect);
         self.metrics
             .set_sessions(SessionLabel::Fenced, sessions_fenced);
+        for node in self.core.node_statuses() {
+            self.metrics.set_node_epoch(&node.name, node.epoch.0);
+        }
         let mut per_medium: HashMap<Medium, PoolUsage> = HashMap::new();
         for PoolReport {
             pool,
