@@ -96,6 +96,20 @@ pub struct PoolUsage {
 }
 
 impl PoolUsage {
+    /// Adds `other`'s bytes to these, state by state (saturating): the usage of several
+    /// pools together.
+    pub fn add(&mut self, other: &PoolUsage) {
+        self.capacity_bytes = self.capacity_bytes.saturating_add(other.capacity_bytes);
+        self.reserved_bytes = self.reserved_bytes.saturating_add(other.reserved_bytes);
+        self.allocated_bytes = self.allocated_bytes.saturating_add(other.allocated_bytes);
+        self.ready_bytes = self.ready_bytes.saturating_add(other.ready_bytes);
+        self.retiring_bytes = self.retiring_bytes.saturating_add(other.retiring_bytes);
+        self.quarantined_bytes = self
+            .quarantined_bytes
+            .saturating_add(other.quarantined_bytes);
+        self.pinned_bytes = self.pinned_bytes.saturating_add(other.pinned_bytes);
+    }
+
     /// Bytes neither reserved nor allocated.
     pub fn free_bytes(&self) -> u64 {
         self.capacity_bytes

@@ -148,8 +148,8 @@ fn print_text(report: &Report) {
         cluster.nodes_live,
         cluster.nodes,
         cluster.pools,
-        cluster.allocated_bytes,
-        cluster.capacity_bytes,
+        cluster.usage.allocated_bytes,
+        cluster.usage.capacity_bytes,
         percent(rates.hit_ratio),
         percent(rates.hit_ratio_total),
         rates.loads_per_second,
@@ -174,10 +174,10 @@ fn print_text(report: &Report) {
             pool.name,
             pool.medium,
             pool.scope,
-            pool.capacity_bytes,
-            pool.allocated_bytes,
-            pool.ready_bytes,
-            pool.reserved_bytes
+            pool.usage.capacity_bytes,
+            pool.usage.allocated_bytes,
+            pool.usage.ready_bytes,
+            pool.usage.reserved_bytes
         );
     }
     for unreachable in &report.unreachable {

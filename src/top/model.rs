@@ -5,7 +5,7 @@
 //! cluster.
 
 use crate::metrics::scrape::{parse_samples, Sample};
-use crate::model::Scope;
+use crate::model::{PoolUsage, Scope};
 use crate::protocol::messages::ClusterStatus;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -151,13 +151,9 @@ pub struct PoolRow {
     pub medium: String,
     /// The owning node's name, or `domain N` for a shared pool.
     pub scope: String,
-    pub capacity_bytes: u64,
-    pub reserved_bytes: u64,
-    pub allocated_bytes: u64,
-    pub ready_bytes: u64,
-    pub retiring_bytes: u64,
-    pub quarantined_bytes: u64,
-    pub pinned_bytes: u64,
+    /// Its bytes by state, as the directory accounts them (flattened in the JSON).
+    #[serde(flatten)]
+    pub usage: PoolUsage,
     pub free_bytes: u64,
 }
 
@@ -168,13 +164,9 @@ pub struct Totals {
     pub nodes: usize,
     pub nodes_live: usize,
     pub pools: usize,
-    pub capacity_bytes: u64,
-    pub reserved_bytes: u64,
-    pub allocated_bytes: u64,
-    pub ready_bytes: u64,
-    pub retiring_bytes: u64,
-    pub quarantined_bytes: u64,
-    pub pinned_bytes: u64,
+    /// The pools' bytes by state together (flattened in the JSON).
+    #[serde(flatten)]
+    pub usage: PoolUsage,
     pub rates: Rates,
     /// The directory's own request latency (QUIC requests from the nodes).
     pub directory_latency_p50_seconds: Option<f64>,
@@ -409,13 +401,7 @@ fn pool_rows(status: &ClusterStatus) -> Vec<PoolRow> {
                 pool: report.pool.0,
                 medium: report.spec.medium.name().to_owned(),
                 scope,
-                capacity_bytes: usage.capacity_bytes,
-                reserved_bytes: usage.reserved_bytes,
-                allocated_bytes: usage.allocated_bytes,
-                ready_bytes: usage.ready_bytes,
-                retiring_bytes: usage.retiring_bytes,
-                quarantined_bytes: usage.quarantined_bytes,
-                pinned_bytes: usage.pinned_bytes,
+                usage: *usage,
                 free_bytes: usage.free_bytes(),
             }
         })
@@ -423,7 +409,10 @@ fn pool_rows(status: &ClusterStatus) -> Vec<PoolRow> {
 }
 
 fn totals(status: &ClusterStatus, pools: &[PoolRow]) -> Totals {
-    let sum = |field: fn(&PoolRow) -> u64| pools.iter().map(field).sum();
+    let mut usage = PoolUsage::default();
+    for pool in pools {
+        usage.add(&pool.usage);
+    }
     Totals {
         nodes: status.nodes.len(),
         nodes_live: status
@@ -432,13 +421,7 @@ fn totals(status: &ClusterStatus, pools: &[PoolRow]) -> Totals {
             .filter(|node| node.state == "live")
             .count(),
         pools: pools.len(),
-        capacity_bytes: sum(|pool| pool.capacity_bytes),
-        reserved_bytes: sum(|pool| pool.reserved_bytes),
-        allocated_bytes: sum(|pool| pool.allocated_bytes),
-        ready_bytes: sum(|pool| pool.ready_bytes),
-        retiring_bytes: sum(|pool| pool.retiring_bytes),
-        quarantined_bytes: sum(|pool| pool.quarantined_bytes),
-        pinned_bytes: sum(|pool| pool.pinned_bytes),
+        usage,
         ..Totals::default()
     }
 }

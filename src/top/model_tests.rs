@@ -168,10 +168,10 @@ fn a_report_rates_the_interval_and_sums_the_pools() {
     assert_eq!(report.cluster.rates.evictions_per_second, 2.0);
     assert_eq!(report.cluster.nodes, 2);
     assert_eq!(report.cluster.nodes_live, 1);
-    assert_eq!(report.cluster.capacity_bytes, 3000);
-    assert_eq!(report.cluster.allocated_bytes, 900);
-    assert_eq!(report.cluster.reserved_bytes, 30);
-    assert_eq!(report.cluster.pinned_bytes, 450);
+    assert_eq!(report.cluster.usage.capacity_bytes, 3000);
+    assert_eq!(report.cluster.usage.allocated_bytes, 900);
+    assert_eq!(report.cluster.usage.reserved_bytes, 30);
+    assert_eq!(report.cluster.usage.pinned_bytes, 450);
     let scopes: Vec<&str> = report
         .pools
         .iter()

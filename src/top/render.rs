@@ -110,13 +110,13 @@ fn header_lines(screen: &Screen) -> Vec<Line<'static>> {
         Span::styled("bytes   ", bold),
         Span::raw(format!(
             "capacity {}  allocated {}  ready {}  pinned {}  reserved {}  retiring {}  quarantined {}",
-            bytes(cluster.capacity_bytes as f64),
-            bytes(cluster.allocated_bytes as f64),
-            bytes(cluster.ready_bytes as f64),
-            bytes(cluster.pinned_bytes as f64),
-            bytes(cluster.reserved_bytes as f64),
-            bytes(cluster.retiring_bytes as f64),
-            bytes(cluster.quarantined_bytes as f64),
+            bytes(cluster.usage.capacity_bytes as f64),
+            bytes(cluster.usage.allocated_bytes as f64),
+            bytes(cluster.usage.ready_bytes as f64),
+            bytes(cluster.usage.pinned_bytes as f64),
+            bytes(cluster.usage.reserved_bytes as f64),
+            bytes(cluster.usage.retiring_bytes as f64),
+            bytes(cluster.usage.quarantined_bytes as f64),
         )),
     ]));
     if !report.unreachable.is_empty() {
@@ -215,14 +215,14 @@ fn pools_table(rows: &[PoolRow]) -> Table<'static> {
             Cell::from(row.pool.to_string()),
             Cell::from(row.medium.clone()),
             Cell::from(row.scope.clone()),
-            Cell::from(bytes(row.capacity_bytes as f64)),
+            Cell::from(bytes(row.usage.capacity_bytes as f64)),
             Cell::from(usage_bar(row)),
             Cell::from(percent(Some(super::view::used_fraction(row)))),
-            Cell::from(bytes(row.ready_bytes as f64)),
-            Cell::from(bytes(row.pinned_bytes as f64)),
-            Cell::from(bytes(row.reserved_bytes as f64)),
-            Cell::from(bytes(row.retiring_bytes as f64)),
-            Cell::from(bytes(row.quarantined_bytes as f64)),
+            Cell::from(bytes(row.usage.ready_bytes as f64)),
+            Cell::from(bytes(row.usage.pinned_bytes as f64)),
+            Cell::from(bytes(row.usage.reserved_bytes as f64)),
+            Cell::from(bytes(row.usage.retiring_bytes as f64)),
+            Cell::from(bytes(row.usage.quarantined_bytes as f64)),
         ])
     });
     let widths = [
@@ -257,16 +257,17 @@ fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> u16 {
 
 /// A pool's bytes by state as a stacked bar of [`BAR_WIDTH`] characters.
 fn usage_bar(row: &PoolRow) -> Line<'static> {
-    let capacity = row.capacity_bytes.max(1) as f64;
+    let capacity = row.usage.capacity_bytes.max(1) as f64;
     let other_allocated = row
+        .usage
         .allocated_bytes
-        .saturating_sub(row.ready_bytes)
-        .saturating_sub(row.retiring_bytes);
+        .saturating_sub(row.usage.ready_bytes)
+        .saturating_sub(row.usage.retiring_bytes);
     let segments = [
-        (row.ready_bytes, '█', Color::Green),
-        (row.retiring_bytes, '▓', Color::Magenta),
+        (row.usage.ready_bytes, '█', Color::Green),
+        (row.usage.retiring_bytes, '▓', Color::Magenta),
         (other_allocated, '▒', Color::Blue),
-        (row.reserved_bytes, '░', Color::Yellow),
+        (row.usage.reserved_bytes, '░', Color::Yellow),
     ];
     let mut used = 0;
     let mut spans = Vec::with_capacity(segments.len() + 1);
@@ -337,6 +338,7 @@ fn seconds(value: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::PoolUsage;
 
     #[test]
     fn figures_format_with_units() {
@@ -357,13 +359,15 @@ mod tests {
             pool: 0,
             medium: "cpu".into(),
             scope: "node-a".into(),
-            capacity_bytes: 100,
-            reserved_bytes: 10,
-            allocated_bytes: 60,
-            ready_bytes: 50,
-            retiring_bytes: 5,
-            quarantined_bytes: 0,
-            pinned_bytes: 0,
+            usage: PoolUsage {
+                capacity_bytes: 100,
+                reserved_bytes: 10,
+                allocated_bytes: 60,
+                ready_bytes: 50,
+                retiring_bytes: 5,
+                quarantined_bytes: 0,
+                pinned_bytes: 0,
+            },
             free_bytes: 30,
         };
         let width = |row: &PoolRow| {
@@ -377,9 +381,9 @@ mod tests {
         assert!(usage_bar(&row).spans[0]
             .content
             .starts_with("███████████████"));
-        row.reserved_bytes = 500;
+        row.usage.reserved_bytes = 500;
         assert_eq!(width(&row), BAR_WIDTH);
-        row.capacity_bytes = 0;
+        row.usage.capacity_bytes = 0;
         assert_eq!(width(&row), BAR_WIDTH);
     }
 }

@@ -161,7 +161,7 @@ impl ViewState {
         let key = |row: &PoolRow| match self.pool_sort {
             PoolSort::Name => 0.0,
             PoolSort::Used => -used_fraction(row),
-            PoolSort::Capacity => -(row.capacity_bytes as f64),
+            PoolSort::Capacity => -(row.usage.capacity_bytes as f64),
         };
         rows.sort_by(|left, right| {
             key(left)
@@ -173,10 +173,10 @@ impl ViewState {
 
 /// Reserved and allocated bytes over capacity (zero for an empty pool).
 pub fn used_fraction(row: &PoolRow) -> f64 {
-    if row.capacity_bytes == 0 {
+    if row.usage.capacity_bytes == 0 {
         return 0.0;
     }
-    (row.reserved_bytes + row.allocated_bytes) as f64 / row.capacity_bytes as f64
+    (row.usage.reserved_bytes + row.usage.allocated_bytes) as f64 / row.usage.capacity_bytes as f64
 }
 
 #[cfg(test)]

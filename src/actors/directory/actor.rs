@@ -199,14 +199,7 @@ impl DirectoryActor {
             profile,
         } in self.core.usage()
         {
-            let total = per_medium.entry(spec.medium).or_default();
-            total.capacity_bytes += usage.capacity_bytes;
-            total.reserved_bytes += usage.reserved_bytes;
-            total.allocated_bytes += usage.allocated_bytes;
-            total.ready_bytes += usage.ready_bytes;
-            total.retiring_bytes += usage.retiring_bytes;
-            total.quarantined_bytes += usage.quarantined_bytes;
-            total.pinned_bytes += usage.pinned_bytes;
+            per_medium.entry(spec.medium).or_default().add(&usage);
             self.metrics
                 .set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
             self.metrics
