@@ -44,7 +44,7 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
     /// Every pool the copy could go to is at its high watermark.
-    NoRoom,
+    NoRoom = 0,
     /// Keeping the copy costs more than recomputing the object.
     NotWorth,
     /// No pool the copy could go to: no shared domain, and no network copy (turned off,
@@ -54,6 +54,8 @@ pub enum SkipReason {
     Busy,
 }
 
+const _: () = assert!(SkipReason::Busy as usize == SkipReason::ALL.len() - 1);
+
 impl SkipReason {
     /// Every reason, in label order.
     pub const ALL: [SkipReason; 4] = [
@@ -62,6 +64,11 @@ impl SkipReason {
         SkipReason::NoPath,
         SkipReason::Busy,
     ];
+
+    /// Its place in [`SkipReason::ALL`] and [`ReplicationCounts::skipped`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
 
     /// The metrics label.
     pub fn name(self) -> &'static str {
@@ -80,8 +87,8 @@ pub struct ReplicationCounts {
     pub planned: u64,
     pub completed: u64,
     pub cancelled: u64,
-    /// By [`SkipReason::ALL`] order.
-    pub skipped: [u64; 4],
+    /// By [`SkipReason::index`].
+    pub skipped: [u64; SkipReason::ALL.len()],
     /// Bytes of the replicas that became READY.
     pub completed_bytes: u64,
     /// Replications in flight now.
@@ -264,11 +271,7 @@ impl Directory {
     }
 
     fn count_skip(&mut self, reason: SkipReason) {
-        let index = SkipReason::ALL
-            .iter()
-            .position(|candidate| *candidate == reason)
-            .unwrap_or(0);
-        self.replication.counts.skipped[index] += 1;
+        self.replication.counts.skipped[reason.index()] += 1;
     }
 
     /// The replication policy for `object` towards `node`: a READY source whose owner is
