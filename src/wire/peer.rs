@@ -38,6 +38,9 @@ pub const DATAGRAM_BYTES_MAX: u16 = 65_527;
 /// few datagrams per GSO batch that the batching costs more than it saves (measured on
 /// loopback: 6.5 KB datagrams gain nothing from GSO, larger ones lose).
 pub const GSO_DATAGRAM_BYTES_MAX: u16 = 6_500;
+/// Largest datagram a connection starts with: QUIC's long-header packets (the handshake)
+/// encode their length in 14 bits, so larger datagrams are reached by MTU discovery.
+pub const HANDSHAKE_DATAGRAM_BYTES_MAX: u16 = 16_000;
 /// Bytes the receiver lets one stream's sender have in flight: 8 MiB, two 4 MiB objects,
 /// so one object never waits for a window update on a path of a few milliseconds.
 pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 8 << 20;
@@ -215,8 +218,9 @@ impl Verdict {
 /// [`TRANSFER_STREAMS_MAX`] streams per peer, the keep-alive and idle timeout of
 /// [`super::quic::transport_config`]. With [`DATAGRAM_BYTES_SAFE`] datagrams, MTU discovery
 /// stays on (capped there) with segmentation offload; larger datagrams are used from the
-/// first packet (the operator vouches for the path), without discovery, and above
-/// [`GSO_DATAGRAM_BYTES_MAX`] without segmentation offload.
+/// first packet (the operator vouches for the path) up to [`HANDSHAKE_DATAGRAM_BYTES_MAX`],
+/// then MTU discovery climbs to `datagram_bytes`; above [`GSO_DATAGRAM_BYTES_MAX`] without
+/// segmentation offload.
 pub fn transport_config(datagram_bytes: u16) -> quinn::TransportConfig {
     let datagram_bytes = datagram_bytes.max(1200);
     let mut transport = super::quic::transport_config();
@@ -230,9 +234,13 @@ pub fn transport_config(datagram_bytes: u16) -> quinn::TransportConfig {
         transport.mtu_discovery_config(Some(discovery));
         transport.enable_segmentation_offload(true);
     } else {
-        transport.initial_mtu(datagram_bytes);
-        transport.min_mtu(datagram_bytes);
-        transport.mtu_discovery_config(None);
+        // Handshake packets carry a 14-bit length: they cannot start above 16 KB.
+        let first = datagram_bytes.min(HANDSHAKE_DATAGRAM_BYTES_MAX);
+        transport.initial_mtu(first);
+        transport.min_mtu(first);
+        let mut discovery = quinn::MtuDiscoveryConfig::default();
+        discovery.upper_bound(datagram_bytes);
+        transport.mtu_discovery_config(Some(discovery));
         transport.enable_segmentation_offload(datagram_bytes <= GSO_DATAGRAM_BYTES_MAX);
     }
     let mut cubic = quinn::congestion::CubicConfig::default();
