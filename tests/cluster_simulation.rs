@@ -38,6 +38,7 @@ fn the_simulated_cluster_keeps_every_invariant() {
         ("expirations", summary.covered.expired, 100),
         ("evictions", summary.covered.evicted, 100),
         ("demotions", summary.covered.demotions, 50),
+        ("replications", summary.covered.replications, 300),
         ("rejoins", summary.covered.rejoins, 100),
         ("holdings adopted", summary.covered.adopted, 500),
         (

@@ -114,6 +114,10 @@ struct Tally {
     demotions_committed: u64,
     stray_commits_refused: u64,
     fenced_refusals: u64,
+    /// Replication tasks: copies into the CXL pool, pushes, and receives committed.
+    replications: u64,
+    pushes: u64,
+    receives_committed: u64,
 }
 
 impl Tally {
@@ -136,6 +140,9 @@ impl Tally {
         self.demotions_committed += other.demotions_committed;
         self.stray_commits_refused += other.stray_commits_refused;
         self.fenced_refusals += other.fenced_refusals;
+        self.replications += other.replications;
+        self.pushes += other.pushes;
+        self.receives_committed += other.receives_committed;
     }
 
     /// Every kind of call succeeded often enough for its checks to mean something. Each
@@ -175,6 +182,9 @@ impl Tally {
             ("demotions committed", self.demotions_committed, 1),
             ("stray CXL commits refused", self.stray_commits_refused, 60),
             ("calls of fenced sessions refused", self.fenced_refusals, 90),
+            ("replications into CXL", self.replications, 1),
+            ("replication pushes", self.pushes, 1),
+            ("replications received", self.receives_committed, 1),
         ];
         for (what, count, floor) in floors {
             assert!(count >= floor, "{what}: {count} < {floor}\n{self:#?}");
@@ -538,6 +548,37 @@ impl Harness {
                     self.demote(node, source, target);
                     continue;
                 }
+                TaskKind::Replicate {
+                    source,
+                    target,
+                    target_pool,
+                } => {
+                    assert!(
+                        in_domain(node) && target_pool == self.cxl_pool,
+                        "node {node} was asked to replicate into {target_pool:?}"
+                    );
+                    self.tally.replications += 1;
+                    self.demote(node, source, target);
+                    continue;
+                }
+                TaskKind::Push { to, .. } => {
+                    assert_ne!(to.0 as usize, node, "node {node} asked to push to itself");
+                    self.tally.pushes += 1;
+                    continue;
+                }
+                TaskKind::Receive {
+                    target,
+                    target_pool,
+                    from,
+                    ..
+                } => {
+                    assert_ne!(
+                        from.0 as usize, node,
+                        "node {node} asked to receive from itself"
+                    );
+                    self.receive(node, target, target_pool);
+                    continue;
+                }
             };
             let leases = self.nodes.iter().flat_map(|state| &state.leases);
             for lease in leases.chain(&self.orphan_leases) {
@@ -690,6 +731,40 @@ impl Harness {
             Ok(CommitOutcome::AlreadyPresent) => {}
             Err(DirectoryError::UnknownReplica(_) | DirectoryError::NotOwner(_)) => {}
             Err(error) => panic!("node {node} committing demotion target {target:?}: {error}"),
+        }
+    }
+
+    /// Carries out the receiving half of a network replication (the bytes arrive at
+    /// once): the copy lands at offset 0 of the node's own CPU pool and is committed. The
+    /// target may have expired or been cancelled since the directory queued the task.
+    fn receive(&mut self, node: usize, target: ReplicaId, target_pool: PoolId) {
+        assert_eq!(
+            self.cpu_owner
+                .get(&target_pool)
+                .map(|owner| owner.0 as usize),
+            Some(node),
+            "node {node} asked to receive into {target_pool:?}"
+        );
+        let location = Location {
+            pool: target_pool,
+            allocation: AllocationId(target.0),
+            generation: Generation(1),
+            offset_bytes: 0,
+            length_bytes: BYTES,
+        };
+        let operation = self.operation(node);
+        let session = self.nodes[node].session;
+        match self
+            .directory
+            .commit(self.now, session, operation, target, location)
+        {
+            Ok(CommitOutcome::Committed) => {
+                self.tally.receives_committed += 1;
+                self.publish(node, target, location);
+            }
+            Ok(CommitOutcome::AlreadyPresent) => {}
+            Err(DirectoryError::UnknownReplica(_) | DirectoryError::NotOwner(_)) => {}
+            Err(error) => panic!("node {node} committing received target {target:?}: {error}"),
         }
     }
 

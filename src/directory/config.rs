@@ -117,6 +117,13 @@ pub struct DirectoryConfig {
     /// `cluster.toml`): they win over what nodes measure.
     #[serde(skip)]
     pub profiles: BTreeMap<Medium, ProfileFigures>,
+    /// Acquire misses of one node for an object held only where that node cannot map it,
+    /// after which the directory replicates the object towards the node
+    /// ([`crate::directory::replication`]). 0 turns replication off.
+    pub replicate_after_misses: u32,
+    /// Whether a node that shares no domain pool with the source gets its copy over the
+    /// network, into its own CPU pool.
+    pub replicate_over_network: bool,
 }
 
 impl DirectoryConfig {
@@ -272,6 +279,8 @@ impl Default for DirectoryConfig {
             profiles: BTreeMap::new(),
             ttl: BTreeMap::new(),
             policy_time_scale: 1.0,
+            replicate_after_misses: 1,
+            replicate_over_network: true,
         }
     }
 }

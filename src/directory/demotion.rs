@@ -116,7 +116,7 @@ impl Directory {
 
     /// Whether `bytes` more fit in the pool of `record` and leave it at or below its high
     /// watermark.
-    fn room_below_high_watermark(&self, record: &PoolRecord, bytes: u64) -> bool {
+    pub(super) fn room_below_high_watermark(&self, record: &PoolRecord, bytes: u64) -> bool {
         let high = u128::from(self.config.high_watermark_percent);
         let after = (u128::from(record.reserved_bytes)
             + u128::from(record.ready_bytes)

@@ -34,6 +34,7 @@ impl Directory {
         self.check_pool_books(&per_pool, &listed);
         self.check_sessions(&leases_per_session);
         self.check_demotions();
+        self.check_replications();
         assert!(self.replicas.len() <= self.config.replicas_max);
         assert!(self.leases.len() <= self.config.leases_max);
     }

@@ -92,6 +92,17 @@ impl Directory {
             .map(|object| self.select_replica(&view, object))
             .collect();
         let found = selected.iter().flatten().count() as u32;
+        if (found as usize) < objects.len() {
+            // The answer stays a miss now; a copy towards this node may be planned.
+            let missed: Vec<ObjectId> = objects
+                .iter()
+                .zip(&selected)
+                .filter(|(_, choice)| choice.is_none())
+                .map(|(object, _)| *object)
+                .collect();
+            self.record_remote_misses(now, session_id, &missed);
+        }
+        let session = self.open_session(session_id)?;
         if mode == AcquireMode::Manifest && (found as usize) < objects.len() {
             return Ok(selected
                 .iter()

@@ -26,6 +26,7 @@ impl Directory {
         let expired_reservations = self.expire_reservations(now);
         let transitions = self.advance_silent_sessions(now);
         self.advance_drains(now);
+        self.plan_waiting_replications(now);
         TickReport {
             expired_leases,
             expired_reservations,

@@ -17,7 +17,7 @@
 //! (open, heartbeat, close, fencing), `registry` (pools, profiles, namespaces), `store`
 //! (reserve, commit, abort, resolve, reservation deadlines), `load` (probe, acquire,
 //! release, leases), `reclaim` (retire, reclaim tasks, freeing), `extents` (shared-pool
-//! extents), `maintenance` (tick, eviction, access history, reports), `drain` (a node's graceful way out), `status` (nodes as `ctl status` shows them), `demotion` and
+//! extents), `maintenance` (tick, eviction, access history, reports), `drain` (a node's graceful way out), `status` (nodes as `ctl status` shows them), `demotion`, `replication` (copies on remote demand) and
 //! `expiry` (leaving a tier), `idempotency` (the ledger check of reserve, commit and
 //! grant_extent) and `invariants`. The records they work on are in `sessions`, `pools`,
 //! `replicas`, `leases` and `ledger`; the messages in `ops`.
@@ -40,6 +40,7 @@ mod pools;
 mod reclaim;
 mod registry;
 mod replicas;
+pub mod replication;
 mod session_ops;
 mod sessions;
 pub mod status;
@@ -51,6 +52,7 @@ pub use drain::{DrainProgress, DrainState};
 pub use error::{DirectoryError, Table};
 pub use ops::*;
 pub use replicas::ReplicaState;
+pub use replication::{ReplicationCounts, SkipReason};
 pub use sessions::SessionState;
 pub use status::NodeStatus;
 
@@ -155,6 +157,8 @@ pub struct Directory {
     recovery: adoption::Recovery,
     /// Drains started, one per node at most (bounded by `nodes_max`).
     drains: HashMap<NodeId, drain::DrainRecord>,
+    /// Remote demands and replications in flight ([`replication`]), each bounded there.
+    replication: replication::Replications,
 }
 
 impl Directory {
@@ -184,6 +188,7 @@ impl Directory {
                 budget: config.adopt_items_per_tick,
             },
             drains: HashMap::new(),
+            replication: replication::Replications::default(),
             config,
         }
     }
@@ -201,3 +206,5 @@ impl Directory {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_replication;

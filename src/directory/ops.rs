@@ -193,6 +193,33 @@ pub enum TaskKind {
         target: ReplicaId,
         target_pool: PoolId,
     },
+    /// Replicate on demand into shared memory: copy the replica at `source` into
+    /// `target_pool` (a domain pool the source's owner and the requesting node both map),
+    /// then commit the reserved `target`. Unlike `Demote`, the source stays. If the copy
+    /// cannot be made, `abort` the target.
+    Replicate {
+        source: Location,
+        target: ReplicaId,
+        target_pool: PoolId,
+    },
+    /// Replicate on demand over the network, the source's half: stream the replica at
+    /// `source` (`length_bytes`) to node `to`, which received the matching `Receive`.
+    Push {
+        source: Location,
+        target: ReplicaId,
+        length_bytes: u64,
+        to: NodeId,
+    },
+    /// Replicate on demand over the network, the requester's half: allocate
+    /// `length_bytes` in `target_pool` (this node's own CPU pool), accept the stream for
+    /// `target` only from node `from`, write it, then commit `target`; on any failure
+    /// free the pages and `abort` the target.
+    Receive {
+        target: ReplicaId,
+        target_pool: PoolId,
+        length_bytes: u64,
+        from: NodeId,
+    },
 }
 
 /// A queued task.

@@ -57,6 +57,7 @@ impl Directory {
             replica.state = ReplicaState::Retiring;
         }
         self.pools[pool.0 as usize].retire(bytes);
+        self.cancel_replications_from(replica_id);
         if leases == 0 {
             self.queue_reclaim(replica_id);
             Ok(RetireOutcome::Reclaimable)
@@ -143,6 +144,9 @@ impl Directory {
                 let waiting = match task.kind {
                     TaskKind::Reclaim { replica, .. } => self.awaits_reclaim(replica),
                     TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
+                    TaskKind::Replicate { target, .. }
+                    | TaskKind::Push { target, .. }
+                    | TaskKind::Receive { target, .. } => self.replicating_into(target),
                 };
                 if waiting {
                     self.nodes[index].tasks.push_back(task);

@@ -175,6 +175,7 @@ impl Directory {
         for replica in reservations {
             self.abort_reservation(replica);
         }
+        self.cancel_replications_of(node);
         for record in &mut self.pools {
             if let Some(extents) = &mut record.extents {
                 extents.release_empty(session, cool_until);

@@ -296,6 +296,7 @@ impl Directory {
         let class = self.access_class(object);
         self.replicas.touch(replica_id, class);
         self.finish_demotion(replica_id);
+        self.finish_replication(now, replica_id);
     }
 
     /// Tells a node what became of an operation whose reply it lost, in `target` (its
@@ -406,5 +407,6 @@ impl Directory {
         self.pools[pool.0 as usize].abort(bytes);
         self.replicas.remove(replica_id);
         self.cancel_demotion(replica_id);
+        self.cancel_replication(replica_id);
     }
 }

@@ -8,7 +8,7 @@ use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::profiles::{Measurement, ProfileFigures, TierKind};
 use std::time::Duration;
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
 pub(crate) fn descriptor() -> NamespaceDescriptor {
     NamespaceDescriptor {
@@ -29,17 +29,17 @@ pub(crate) fn descriptor() -> NamespaceDescriptor {
     }
 }
 
-struct Fixture {
-    directory: Directory,
+pub(super) struct Fixture {
+    pub(super) directory: Directory,
     namespace: NamespaceId,
-    now: Timestamp,
+    pub(super) now: Timestamp,
     next_operation: u64,
 }
 
-struct NodeHandle {
-    session: SessionId,
-    node: NodeId,
-    cpu: PoolId,
+pub(super) struct NodeHandle {
+    pub(super) session: SessionId,
+    pub(super) node: NodeId,
+    pub(super) cpu: PoolId,
 }
 
 fn open_request(name: &str, write_order: Vec<Medium>, domains: Vec<DomainId>) -> OpenRequest {
@@ -53,11 +53,11 @@ fn open_request(name: &str, write_order: Vec<Medium>, domains: Vec<DomainId>) ->
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub(super) fn new() -> Fixture {
         Fixture::with_config(DirectoryConfig::default())
     }
 
-    fn with_config(config: DirectoryConfig) -> Fixture {
+    pub(super) fn with_config(config: DirectoryConfig) -> Fixture {
         Fixture {
             directory: Directory::new(config),
             namespace: descriptor().id().unwrap(),
@@ -66,7 +66,7 @@ impl Fixture {
         }
     }
 
-    fn node(&mut self, name: &str, cpu_bytes: u64) -> NodeHandle {
+    pub(super) fn node(&mut self, name: &str, cpu_bytes: u64) -> NodeHandle {
         self.node_with(
             name,
             cpu_bytes,
@@ -75,7 +75,7 @@ impl Fixture {
         )
     }
 
-    fn node_with(
+    pub(super) fn node_with(
         &mut self,
         name: &str,
         cpu_bytes: u64,
@@ -110,7 +110,7 @@ impl Fixture {
         }
     }
 
-    fn cxl(&mut self, bytes: u64) -> PoolId {
+    pub(super) fn cxl(&mut self, bytes: u64) -> PoolId {
         self.directory
             .register_pool(
                 None,
@@ -126,7 +126,7 @@ impl Fixture {
             .unwrap()
     }
 
-    fn object(&self, index: u32) -> ObjectId {
+    pub(super) fn object(&self, index: u32) -> ObjectId {
         ObjectId {
             namespace: self.namespace,
             prefix: PrefixDigest::ROOT.chain(&[index]),
@@ -135,12 +135,12 @@ impl Fixture {
         }
     }
 
-    fn operation(&mut self) -> OperationId {
+    pub(super) fn operation(&mut self) -> OperationId {
         self.next_operation += 1;
         OperationId(self.next_operation)
     }
 
-    fn reserve(
+    pub(super) fn reserve(
         &mut self,
         node: &NodeHandle,
         object: ObjectId,
@@ -160,7 +160,7 @@ impl Fixture {
             .unwrap()
     }
 
-    fn store(
+    pub(super) fn store(
         &mut self,
         node: &NodeHandle,
         object: ObjectId,
@@ -194,7 +194,11 @@ impl Fixture {
     }
 
     /// Probes `object` for `node` after taking and releasing a lease on it.
-    fn acquire_one_release(&mut self, node: &NodeHandle, object: ObjectId) -> ProbeOutcome {
+    pub(super) fn acquire_one_release(
+        &mut self,
+        node: &NodeHandle,
+        object: ObjectId,
+    ) -> ProbeOutcome {
         if let AcquireOutcome::Leased(lease) = self.acquire_one(node, object) {
             self.directory
                 .release(node.session, &[lease.lease])
@@ -214,7 +218,7 @@ impl Fixture {
             .return_extent(self.now, session, operation, pool, offset_bytes)
     }
 
-    fn grant_extent(
+    pub(super) fn grant_extent(
         &mut self,
         now: Timestamp,
         session: SessionId,
@@ -224,14 +228,14 @@ impl Fixture {
         self.directory.grant_extent(now, session, operation, pool)
     }
 
-    fn acquire_one(&mut self, node: &NodeHandle, object: ObjectId) -> AcquireOutcome {
+    pub(super) fn acquire_one(&mut self, node: &NodeHandle, object: ObjectId) -> AcquireOutcome {
         self.directory
             .acquire(self.now, node.session, &[object], AcquireMode::Each)
             .unwrap()[0]
     }
 }
 
-fn location(pool: PoolId, allocation: u64, length_bytes: u64) -> Location {
+pub(super) fn location(pool: PoolId, allocation: u64, length_bytes: u64) -> Location {
     Location {
         pool,
         allocation: crate::model::AllocationId(allocation),
@@ -343,8 +347,11 @@ fn write_order_fills_cpu_then_cxl() {
 
 #[test]
 fn private_cpu_replica_is_a_miss_for_another_node_but_cxl_is_shared() {
-    // Invariant 6.
-    let mut fixture = Fixture::new();
+    // Invariant 6. Without replication (`tests_replication` covers what a miss plans).
+    let mut fixture = Fixture::with_config(DirectoryConfig {
+        replicate_after_misses: 0,
+        ..DirectoryConfig::default()
+    });
     fixture.cxl(16 * MIB);
     let a = fixture.node("a", 16 * MIB);
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
@@ -1316,7 +1323,7 @@ fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
                 target,
                 target_pool,
             } => Some((source, target, target_pool)),
-            TaskKind::Reclaim { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(
@@ -1646,6 +1653,7 @@ fn replicas_past_their_tiers_time_to_live_leave_without_pressure() {
         let first_leaves = tasks.iter().any(|task| match task.kind {
             TaskKind::Demote { source, .. } => spill_on_expiry && source == locations[0],
             TaskKind::Reclaim { location, .. } => !spill_on_expiry && location == locations[0],
+            _ => false,
         });
         assert!(first_leaves, "{tasks:?}");
     }

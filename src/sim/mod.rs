@@ -69,7 +69,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         println!(
             "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
              {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
-             {} expirations, {} evictions, {} demotions; {} rejoins, {} holdings adopted ({} refused), \
+             {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
              {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents, \
              {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}",
             summary.seeds,
@@ -85,6 +85,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.expired,
             summary.covered.evicted,
             summary.covered.demotions,
+            summary.covered.replications,
             summary.covered.rejoins,
             summary.covered.adopted,
             summary.covered.adoptions_refused,
@@ -152,6 +153,8 @@ pub struct Coverage {
     pub evicted: u64,
     /// Demotion tasks a node ran (a copy one tier colder).
     pub demotions: u64,
+    /// Replication copies a node wrote (into shared memory, or received over the network).
+    pub replications: u64,
 }
 
 impl Coverage {
@@ -177,6 +180,7 @@ impl Coverage {
         self.expired += other.expired;
         self.evicted += other.evicted;
         self.demotions += other.demotions;
+        self.replications += other.replications;
     }
 }
 

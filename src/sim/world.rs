@@ -8,7 +8,7 @@ use super::SeedReport;
 use crate::directory::{Directory, DirectoryConfig, DirectoryError, NamespaceAccess};
 use crate::model::{
     DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
-    PrefixDigest, Scope, SessionId, Timestamp,
+    PrefixDigest, ReplicaId, Scope, SessionId, Timestamp,
 };
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::protocol::directory::{handle, NodeGrant};
@@ -65,6 +65,11 @@ pub struct World {
     pub memory: HashMap<(Space, u64), ObjectId>,
     /// Leases still read by engines whose node process died.
     pub orphan_leases: Vec<HeldLease>,
+    /// Network replications whose push ran before the receive (target → object), and
+    /// receives waiting for their push (target → node, pool); each bounded by the
+    /// directory's replications in flight.
+    pub pushes: HashMap<ReplicaId, ObjectId>,
+    pub receives: HashMap<ReplicaId, (usize, PoolId)>,
     pub namespace: NamespaceId,
     pub stats: SeedReport,
 }
@@ -138,6 +143,8 @@ impl World {
             spaces: HashMap::new(),
             memory: HashMap::new(),
             orphan_leases: Vec::new(),
+            pushes: HashMap::new(),
+            receives: HashMap::new(),
             namespace: descriptor()
                 .id()
                 .expect("the simulation's namespace is valid"),

@@ -7,6 +7,7 @@
 use super::process::add_cxl_pool;
 use crate::config::ClusterConfig;
 use crate::directory::{Directory, DirectoryCounts, DrainState, PoolReport};
+use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, Medium, PoolUsage, SessionId};
 use crate::policy::profiles::Measurement;
@@ -54,6 +55,7 @@ pub struct DirectoryActor {
     /// was drained), but they cannot open a new one. Bounded by the nodes ever configured.
     removed: HashMap<String, NodeGrant>,
     metrics: Arc<Metrics>,
+    replication_metrics: ReplicationMetrics,
     tick_interval: Duration,
 }
 
@@ -80,6 +82,7 @@ impl DirectoryActor {
         config: ClusterConfig,
         config_path: PathBuf,
         metrics: Arc<Metrics>,
+        replication_metrics: ReplicationMetrics,
         tick_interval: Duration,
     ) -> Self {
         DirectoryActor {
@@ -90,6 +93,7 @@ impl DirectoryActor {
             config,
             config_path,
             metrics,
+            replication_metrics,
             tick_interval,
         }
     }
@@ -245,6 +249,10 @@ impl Actor for DirectoryActor {
             }
             actor.publish_metrics();
             actor.publish_drains();
+            let latencies = actor.core.take_replication_latencies();
+            actor
+                .replication_metrics
+                .publish(&actor.core.replication_counts(), &latencies);
         });
     }
 }

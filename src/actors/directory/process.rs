@@ -7,6 +7,7 @@ use crate::actors::process::{serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
+use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
 use crate::wire::admission::ConnectionCounts;
@@ -44,6 +45,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     let endpoint = quic::server_endpoint(section.listen, server_config)
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
+    let replication_metrics = ReplicationMetrics::register(&metrics)?;
     serve_metrics(section.metrics, metrics.clone()).await?;
     let tick_interval = section.tick_interval();
     let certs: Arc<Path> = Arc::from(section.certs.as_path());
@@ -52,6 +54,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         config,
         config_path.to_path_buf(),
         metrics,
+        replication_metrics,
         tick_interval,
     )
     .start();

@@ -8,6 +8,7 @@
 use super::link::LinkError;
 use super::pool::{Check, Free, PoolActor, ReadAt, TakeEmptyExtent, Usage, WriteAt};
 use super::rejoin::{rejoin, Registration};
+use super::replication;
 use super::services::NodeServices;
 use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
@@ -197,7 +198,42 @@ async fn run_tasks(services: &NodeServices) {
                         source,
                         target,
                         target_pool,
-                    } => demote(services, session, source, target, target_pool).await,
+                    } => {
+                        let copy = PoolCopy::demotion(source, target, target_pool);
+                        copy_and_commit(services, session, copy).await
+                    }
+                    TaskKind::Replicate {
+                        source,
+                        target,
+                        target_pool,
+                    } => {
+                        let copy = PoolCopy::replication(source, target, target_pool);
+                        copy_and_commit(services, session, copy).await
+                    }
+                    TaskKind::Push {
+                        source,
+                        target,
+                        length_bytes,
+                        to,
+                    } => {
+                        replication::push(services, session, source, target, length_bytes, to).await
+                    }
+                    TaskKind::Receive {
+                        target,
+                        target_pool,
+                        length_bytes,
+                        from,
+                    } => {
+                        replication::receive(
+                            services,
+                            session,
+                            target,
+                            target_pool,
+                            length_bytes,
+                            from,
+                        )
+                        .await
+                    }
                 }
             })
             .await;
@@ -263,22 +299,55 @@ async fn reclaim(
     }
 }
 
-/// Copies a replica into a colder pool and commits the copy (the directory then retires
-/// the source). The source is read, then checked still live at its generation, so a copy
-/// of pages reused meanwhile is never committed. On any failure the target is aborted.
-async fn demote(
-    services: &NodeServices,
-    session: SessionId,
+/// A copy between two pools this node maps, which the directory asked for: a demotion
+/// (the directory retires the source once the copy commits) or a replication (the source
+/// stays). The node does the same for both; only the bytes-moved label differs.
+#[derive(Clone, Copy, Debug)]
+struct PoolCopy {
     source: Location,
     target: ReplicaId,
     target_pool: PoolId,
-) {
+    direction: Direction,
+}
+
+impl PoolCopy {
+    fn demotion(source: Location, target: ReplicaId, target_pool: PoolId) -> PoolCopy {
+        let direction = Direction::Demote;
+        PoolCopy {
+            source,
+            target,
+            target_pool,
+            direction,
+        }
+    }
+
+    fn replication(source: Location, target: ReplicaId, target_pool: PoolId) -> PoolCopy {
+        let direction = Direction::Replicate;
+        PoolCopy {
+            source,
+            target,
+            target_pool,
+            direction,
+        }
+    }
+}
+
+/// Copies a replica into another pool and commits the copy. The source is read, then
+/// checked still live at its generation, so a copy of pages reused meanwhile is never
+/// committed. On any failure the target is aborted.
+async fn copy_and_commit(services: &NodeServices, session: SessionId, copy_task: PoolCopy) {
+    let PoolCopy {
+        source,
+        target,
+        target_pool,
+        direction,
+    } = copy_task;
     let object = services.core().holdings.object_at(&source);
     let copied = copy(services, source, target_pool).await;
     let location = match copied {
         Ok(location) => location,
         Err(reason) => {
-            tracing::debug!(%reason, ?source, "demotion abandoned");
+            tracing::debug!(%reason, ?source, ?direction, "copy abandoned");
             services.link.abort(session, target).await;
             return;
         }
@@ -292,7 +361,7 @@ async fn demote(
             }
             services
                 .metrics
-                .add_bytes_moved(Direction::Demote, location.length_bytes)
+                .add_bytes_moved(direction, location.length_bytes)
         }
         PagesAfterCommit::Keep => {}
         PagesAfterCommit::Free => services.free(location).await,

@@ -18,5 +18,6 @@ pub mod link;
 pub mod pool;
 pub mod process;
 pub mod rejoin;
+pub mod replication;
 pub mod services;
 pub mod ssd;
