@@ -5,15 +5,16 @@
 //! entry when its task arrives (target replica, the sending node's name, length, task,
 //! deadline), and a stream that claims the entry must come from that sender's certificate
 //! and match it exactly. An entry is consumed by its first claim, so a replay or a second
-//! stream for the same target is refused. Entries past their deadline leave with
-//! [`ExpectedTransfers::expire`], and the caller aborts their targets. No clock, socket or
-//! pool here: the peer actor calls in with `now`.
+//! stream for the same target is refused; while the claimed copy runs, the task handed out
+//! again does not re-open it ([`ExpectedTransfers::finished`] ends it). Entries past their
+//! deadline leave with [`ExpectedTransfers::expire`], and the caller aborts their targets.
+//! No clock, socket or pool here: the peer actor calls in with `now`.
 
-use crate::model::{PoolId, ReplicaId, TaskId, Timestamp};
-use std::collections::HashMap;
+use crate::model::{PoolId, ReplicaId, SessionId, TaskId, Timestamp};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-/// Transfers one node expects at once: 1024. The directory plans at most a few copies per
+/// Transfers one node expects or runs at once: 1024. The directory plans at most a few copies per
 /// node and round (each a multi-MiB object); more than this is a flood the node refuses
 /// ([`TransferRefusal::Full`]) rather than lets grow.
 pub const EXPECTED_TRANSFERS_MAX: usize = 1024;
@@ -27,6 +28,9 @@ pub const EXPECTED_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ExpectedTransfer {
     /// The receiving task.
     pub task: TaskId,
+    /// The session the task came from: the target is its reservation, committed or
+    /// aborted in it.
+    pub session: SessionId,
     /// The replica reserved here for the copy.
     pub target: ReplicaId,
     /// The pool the target is reserved in (this node's CPU pool).
@@ -44,8 +48,6 @@ pub struct ExpectedTransfer {
 pub struct TransferClaim<'a> {
     /// The sender's authenticated name.
     pub sender: &'a str,
-    /// The header's task id.
-    pub task: TaskId,
     /// The header's target replica.
     pub target: ReplicaId,
     /// The header's length.
@@ -63,9 +65,9 @@ pub enum TransferRefusal {
     /// named for the task. The entry stays for the named sender.
     #[error("the sender is not the node named for this transfer")]
     WrongSender,
-    /// The sender is the named one but the task or length differs from the directory's.
-    /// The entry stays (a stale retry must not consume a live task's entry).
-    #[error("the transfer's task or length differs from the expected one")]
+    /// The sender is the named one but the length differs from the directory's. The
+    /// entry stays (a stale retry must not consume a live task's entry).
+    #[error("the transfer's length differs from the expected one")]
     Mismatch,
     /// The entry's deadline passed: it is removed, and the caller aborts the target.
     #[error("the expected transfer lapsed")]
@@ -88,10 +90,12 @@ impl TransferRefusal {
     }
 }
 
-/// The table of expected transfers, keyed by target replica; at most `capacity` entries.
+/// The table of expected transfers, keyed by target replica, and of the claimed ones
+/// still running; at most `capacity` of both together.
 #[derive(Debug)]
 pub struct ExpectedTransfers {
     entries: HashMap<ReplicaId, ExpectedTransfer>,
+    running: HashSet<ReplicaId>,
     capacity: usize,
 }
 
@@ -106,37 +110,39 @@ impl ExpectedTransfers {
     pub fn with_capacity(capacity: usize) -> ExpectedTransfers {
         ExpectedTransfers {
             entries: HashMap::new(),
+            running: HashSet::new(),
             capacity,
         }
     }
 
-    /// Entries held.
+    /// Entries held (expected and running).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.running.len()
     }
 
     /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
-    /// Records a transfer the directory named. Idempotent: a task handed out again (its
-    /// acknowledgement was lost) finds its entry and keeps it, deadline included. Errors
-    /// with [`TransferRefusal::Full`] at capacity; the caller aborts the target.
+    /// Records a transfer the directory named. Idempotent: a task handed out again finds
+    /// its entry (or its running copy) and changes nothing, deadline included. Errors with
+    /// [`TransferRefusal::Full`] at capacity; the caller aborts the target.
     pub fn expect(&mut self, transfer: ExpectedTransfer) -> Result<(), TransferRefusal> {
-        if self.entries.contains_key(&transfer.target) {
+        if self.entries.contains_key(&transfer.target) || self.running.contains(&transfer.target) {
             return Ok(());
         }
-        if self.entries.len() >= self.capacity {
+        if self.len() >= self.capacity {
             return Err(TransferRefusal::Full);
         }
         self.entries.insert(transfer.target, transfer);
         Ok(())
     }
 
-    /// Consumes the entry a stream claims, when the claim matches it exactly and in time.
-    /// On a refusal the entry stays, except a lapsed one, which leaves (returned by a later
-    /// [`ExpectedTransfers::expire`] no more: the caller aborts it now).
+    /// Consumes the entry a stream claims, when the claim matches it exactly and in time;
+    /// the copy then runs until [`ExpectedTransfers::finished`]. On a refusal the entry
+    /// stays, except a lapsed one, which leaves (a later [`ExpectedTransfers::expire`] does
+    /// not return it: the caller aborts it now).
     pub fn claim(
         &mut self,
         claim: TransferClaim<'_>,
@@ -149,7 +155,7 @@ impl ExpectedTransfers {
         if entry.from != claim.sender {
             return Err(TransferRefusal::WrongSender);
         }
-        if entry.task != claim.task || entry.length_bytes != claim.length_bytes {
+        if entry.length_bytes != claim.length_bytes {
             return Err(TransferRefusal::Mismatch);
         }
         let lapsed = entry.deadline <= now;
@@ -160,7 +166,14 @@ impl ExpectedTransfers {
         if lapsed {
             return Err(TransferRefusal::Expired);
         }
+        self.running.insert(entry.target);
         Ok(entry)
+    }
+
+    /// The claimed copy of `target` ended (committed or not): its slot is free, and a task
+    /// for it handed out again may record it anew.
+    pub fn finished(&mut self, target: ReplicaId) {
+        self.running.remove(&target);
     }
 
     /// Removes an entry without a stream (its task was cancelled). Returns it, if held.
@@ -196,6 +209,7 @@ mod tests {
     fn entry(target: u64, from: &str, deadline_ms: u64) -> ExpectedTransfer {
         ExpectedTransfer {
             task: TaskId(target + 100),
+            session: SessionId(5),
             target: ReplicaId(target),
             target_pool: PoolId(1),
             from: from.into(),
@@ -207,7 +221,6 @@ mod tests {
     fn claim_of(expected: &ExpectedTransfer) -> TransferClaim<'_> {
         TransferClaim {
             sender: &expected.from,
-            task: expected.task,
             target: expected.target,
             length_bytes: expected.length_bytes,
         }
@@ -229,6 +242,14 @@ mod tests {
             Err(TransferRefusal::NotExpected),
             "a replay is refused"
         );
+        assert_eq!(table.len(), 1, "the copy runs");
+        table.expect(expected.clone()).unwrap();
+        assert_eq!(
+            table.claim(claim_of(&expected), EARLY),
+            Err(TransferRefusal::NotExpected),
+            "the task handed out again does not re-open a running copy"
+        );
+        table.finished(expected.target);
         assert!(table.is_empty());
     }
 
@@ -254,13 +275,6 @@ mod tests {
             ),
             (
                 TransferClaim {
-                    task: TaskId(9),
-                    ..claim_of(&expected)
-                },
-                TransferRefusal::Mismatch,
-            ),
-            (
-                TransferClaim {
                     length_bytes: 1,
                     ..claim_of(&expected)
                 },
@@ -272,6 +286,7 @@ mod tests {
             assert_eq!(table.len(), 1);
         }
         assert_eq!(table.claim(claim_of(&expected), EARLY), Ok(expected));
+        assert_eq!(table.len(), 1);
     }
 
     #[test]

@@ -67,7 +67,8 @@ const _: () = assert!(DATAGRAM_BYTES_SAFE >= 1200 && GSO_DATAGRAM_BYTES_MAX > DA
 /// The header a sender writes first on a transfer stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TransferHeader {
-    /// The directory's task id of the copy (the receiver checks it matches its own task).
+    /// The sender's task id (its `Push`), for the receiver's logs: the receiver's own
+    /// task is another one and matches by target.
     pub task: u64,
     /// The replica the directory reserved on the receiver for this copy.
     pub target_replica: u64,
