@@ -9,6 +9,7 @@ pub mod data;
 pub mod directory;
 pub mod directory_quic;
 pub mod peer;
+pub mod replicate;
 pub mod ssd;
 
 /// Resident memory of this process in bytes, from `/proc/self/statm` (0 where unavailable).

@@ -1,0 +1,243 @@
+//! Replication on demand end to end: two node processes map one shared file (an emulated
+//! CXL device); node A stores into its private CPU pool, node B's load misses, and the
+//! directory has A copy the object into the shared pool, where B then reads it. A retire
+//! of the source or the death of A while the copy is under way leaves no READY partial
+//! replica and frees the reservation. Every wait is on a condition; a deadline is a hang
+//! guard only ([`HANG_GUARD`]).
+
+use kvtier::client::{Client, StoreOutcome};
+use kvtier::directory::{AcquireMode, RetireOutcome};
+use kvtier::launch::{metric_value, scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+/// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Two nodes that store into their CPU pools first and both map one CXL pool.
+fn cluster(pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes: pool_bytes,
+        cxl_pool_bytes: pool_bytes,
+        cxl_extent_bytes: extent_bytes,
+        write_order: vec![Medium::Cpu],
+        suspect_after_ms: 1_500,
+        fence_after_ms: 3_000,
+        // Eviction off: nothing but replication moves bytes here.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+fn object(namespace: NamespaceId, index: u32, bytes: usize) -> (ObjectId, Vec<u8>) {
+    let id = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[index, 12]),
+        shard: 0,
+        part: 0,
+    };
+    let mut content = vec![0u8; bytes];
+    chunk::fill(&id, &mut content);
+    (id, content)
+}
+
+async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
+    let client = Client::connect(&cluster.socket(index).unwrap())
+        .await
+        .unwrap();
+    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+    (client, namespace)
+}
+
+/// The medium `client` loads `object` from and its bytes, or `None` on a miss.
+async fn load(client: &Client, object: ObjectId) -> Option<(Medium, Vec<u8>)> {
+    let views = client.load(&[object], AcquireMode::Each).await.unwrap();
+    let view = views[0].as_ref()?;
+    Some((view.lease().medium, view.bytes().unwrap().to_vec()))
+}
+
+fn directory_metrics(cluster: &LocalCluster) -> SocketAddr {
+    cluster
+        .config
+        .directory
+        .metrics
+        .expect("the test cluster serves metrics")
+}
+
+/// A counter of the directory's metrics (0 when absent).
+fn counter(address: SocketAddr, name: &str) -> f64 {
+    let body = scrape_metrics(address).expect("the directory serves metrics");
+    metric_value(&body, name).unwrap_or(0.0)
+}
+
+/// Waits until the directory has planned `planned` replications, each completed or
+/// cancelled, with none in flight and no CXL bytes reserved.
+fn wait_settled(address: SocketAddr, planned: f64) {
+    let value = |body: &str, result: &str| {
+        metric_value(
+            body,
+            &format!("kvtier_replications_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert!(
+        wait_for_metrics(address, HANG_GUARD, |body| {
+            value(body, "planned") == Some(planned)
+                && value(body, "completed")
+                    .zip(value(body, "cancelled"))
+                    .is_some_and(|(completed, cancelled)| completed + cancelled == planned)
+                && metric_value(body, "kvtier_replications_in_flight") == Some(0.0)
+                && metric_value(
+                    body,
+                    "kvtier_medium_bytes{medium=\"cxl\",state=\"reserved\"}",
+                ) == Some(0.0)
+        }),
+        "replication {planned} never settled or its reservation was never freed"
+    );
+}
+
+#[test]
+fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays() {
+    let cluster = cluster(64 << 20, 16 << 20);
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 1, MIB);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        // The forward path never waits: B misses at once.
+        assert!(load(&b, id).await.is_none(), "B read A's private CPU pool");
+        let deadline = Instant::now() + HANG_GUARD;
+        let (medium, copy) = loop {
+            if let Some(found) = load(&b, id).await {
+                break found;
+            }
+            assert!(Instant::now() < deadline, "the object was never replicated");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(medium, Medium::Cxl);
+        assert_eq!(copy, bytes, "the replica differs from what A stored");
+        // A copy, not a move: A still reads its own CPU replica.
+        assert_eq!(load(&a, id).await, Some((Medium::Cpu, bytes)));
+    });
+    let metrics = directory_metrics(&cluster);
+    assert!(
+        wait_for_metrics(metrics, HANG_GUARD, |body| {
+            metric_value(body, "kvtier_replications_total{result=\"completed\"}") == Some(1.0)
+                && metric_value(body, "kvtier_replication_miss_to_ready_seconds_count") == Some(1.0)
+                && metric_value(body, "kvtier_replication_bytes_total") == Some(MIB as f64)
+        }),
+        "the completed replication is not in the directory's metrics"
+    );
+}
+
+#[test]
+fn retiring_the_source_while_it_is_copied_cancels_the_copy() {
+    /// Objects tried: the retire must win the race with A's next task poll (every 50 ms)
+    /// at least once; it follows B's miss at once, so it nearly always does.
+    const ATTEMPTS: u32 = 20;
+    let cluster = cluster(64 << 20, 16 << 20);
+    let metrics = directory_metrics(&cluster);
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        for index in 0..ATTEMPTS {
+            let (id, bytes) = object(namespace, 100 + index, MIB);
+            assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+            let replica = {
+                let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+                views[0].as_ref().unwrap().lease().replica
+            };
+            let cancelled = counter(metrics, "kvtier_replications_total{result=\"cancelled\"}");
+            assert!(load(&b, id).await.is_none());
+            assert_eq!(
+                a.retire(id, replica).await.unwrap(),
+                RetireOutcome::Reclaimable
+            );
+            wait_settled(metrics, f64::from(index + 1));
+            let now_cancelled = counter(metrics, "kvtier_replications_total{result=\"cancelled\"}");
+            match load(&b, id).await {
+                // The copy was committed before the retire: it is whole.
+                Some((medium, copy)) => {
+                    assert_eq!(medium, Medium::Cxl);
+                    assert_eq!(copy, bytes, "a replica READY with other bytes");
+                    assert_eq!(now_cancelled, cancelled);
+                }
+                None => {
+                    assert_eq!(
+                        now_cancelled,
+                        cancelled + 1.0,
+                        "a miss, but nothing cancelled"
+                    );
+                    println!("attempt {index}: the retire cancelled the copy");
+                    return;
+                }
+            }
+        }
+        panic!("no retire ever reached a copy in flight in {ATTEMPTS} attempts");
+    });
+}
+
+#[test]
+fn killing_the_source_mid_copy_leaves_no_ready_partial_replica() {
+    /// Large enough that the chunked copy takes tens of milliseconds.
+    const OBJECT_BYTES: usize = 64 * MIB;
+    let mut cluster = cluster(128 << 20, 64 << 20);
+    let metrics = directory_metrics(&cluster);
+    let runtime = runtime();
+    let (id, bytes) = runtime.block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 7, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert!(load(&b, id).await.is_none());
+        // Within A's next task poll and copy (fault injection, not a wait).
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        (id, bytes)
+    });
+    cluster.kill_node(0).unwrap();
+    assert!(
+        wait_for_metrics(metrics, HANG_GUARD, |body| {
+            body.contains("kvtier_sessions{state=\"fenced\"} 1")
+        }),
+        "the killed source was never fenced"
+    );
+    wait_settled(metrics, 1.0);
+    let (completed, cancelled) = (
+        counter(metrics, "kvtier_replications_total{result=\"completed\"}"),
+        counter(metrics, "kvtier_replications_total{result=\"cancelled\"}"),
+    );
+    assert_eq!(
+        completed + cancelled,
+        1.0,
+        "the replication neither ended nor was cancelled"
+    );
+    runtime.block_on(async {
+        let (b, _) = connect(&cluster, 1).await;
+        match load(&b, id).await {
+            Some((medium, copy)) => {
+                println!("the copy was committed before the kill");
+                assert_eq!(completed, 1.0, "a hit without a completed replication");
+                assert_eq!(medium, Medium::Cxl);
+                assert_eq!(copy, bytes, "a READY replica with partial bytes");
+            }
+            None => {
+                println!("the kill cancelled the copy");
+                assert_eq!(cancelled, 1.0);
+            }
+        }
+    });
+}
