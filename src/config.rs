@@ -143,6 +143,16 @@ pub struct NodeSection {
     pub socket_group: Option<String>,
     /// The node's SSD store (L2), when it has one.
     pub ssd: Option<crate::backends::ssd::SsdConfig>,
+    /// UDP address of the node's peer endpoint (replica copies between hosts over QUIC with
+    /// mutual TLS). Absent: the node neither serves nor pushes copies over the network.
+    pub peer_listen: Option<SocketAddr>,
+    /// The address other nodes reach `peer_listen` at, when it differs (a wildcard listen,
+    /// a NAT).
+    pub peer_address: Option<SocketAddr>,
+    /// Largest UDP payload of the peer endpoint, in bytes: 1452 fits any 1500-byte MTU
+    /// path; loopback and jumbo-frame networks may raise it (up to 65527) for bulk speed.
+    #[serde(default = "default_peer_datagram_bytes")]
+    pub peer_datagram_bytes: u16,
 }
 
 /// The node's CPU DRAM pool.
@@ -166,6 +176,9 @@ fn default_bind() -> SocketAddr {
 }
 fn default_order() -> Vec<Medium> {
     vec![Medium::Cpu, Medium::Cxl]
+}
+fn default_peer_datagram_bytes() -> u16 {
+    crate::wire::peer::DATAGRAM_BYTES_SAFE
 }
 fn default_page_bytes() -> u64 {
     64 << 10
@@ -236,6 +249,12 @@ impl ClusterConfig {
             if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
                 bail!(
                     "node `{}`: the CPU pool needs a capacity and a power-of-two page size",
+                    node.name
+                );
+            }
+            if !(1200..=crate::wire::peer::DATAGRAM_BYTES_MAX).contains(&node.peer_datagram_bytes) {
+                bail!(
+                    "node `{}`: peer_datagram_bytes must be 1200 to 65527",
                     node.name
                 );
             }
@@ -356,6 +375,11 @@ impl NodeSection {
                 self.name
             )
         })
+    }
+
+    /// Where other nodes reach this node's peer endpoint (`None`: it serves none).
+    pub fn peer_reachable_at(&self) -> Option<SocketAddr> {
+        self.peer_address.or(self.peer_listen)
     }
 
     /// What the directory grants this node, from the operator's configuration.

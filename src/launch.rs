@@ -65,6 +65,10 @@ pub struct ClusterSpec {
     /// Capacity of every node's SSD store (a `ssd-<node>` folder beside `cluster.toml`, in
     /// 4 MiB regions); zero for none.
     pub ssd_bytes: u64,
+    /// Give every node a peer endpoint on a free loopback UDP port (copies between nodes
+    /// over QUIC), with datagrams of this many bytes; zero for none. Loopback only: nodes
+    /// in network namespaces get none.
+    pub peer_datagram_bytes: u16,
 }
 
 impl Default for ClusterSpec {
@@ -88,6 +92,7 @@ impl Default for ClusterSpec {
             extra_toml: String::new(),
             spare_nodes: 0,
             ssd_bytes: 0,
+            peer_datagram_bytes: 0,
         }
     }
 }
@@ -328,6 +333,15 @@ fn cluster_toml(
                 directory_address.port()
             ),
             None => String::new(),
+        };
+        let reach = if spec.peer_datagram_bytes > 0 && namespaces.is_empty() && name != BENCH_PEER {
+            format!(
+                "{reach}peer_listen = \"{}\"\npeer_datagram_bytes = {}\n",
+                free_udp_port()?,
+                spec.peer_datagram_bytes
+            )
+        } else {
+            reach
         };
         // A node inside its own namespace serves no metrics this process could reach.
         let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();

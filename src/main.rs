@@ -139,6 +139,8 @@ enum BenchCommand {
     Ssd(kvtier::bench::ssd::SsdBenchArgs),
     /// A local cluster under verified load while the directory and nodes are killed.
     Chaos(kvtier::bench::chaos::ChaosBenchArgs),
+    /// Node-to-node transfer over the peer QUIC endpoint against TLS over TCP.
+    Peer(kvtier::bench::peer::PeerBenchArgs),
     /// One client process of `bench chaos` (started by it).
     #[command(hide = true)]
     ChaosClient(kvtier::bench::chaos_client::ChaosClientArgs),
@@ -191,6 +193,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::Chaos(args),
         } => kvtier::bench::chaos::run(&exe, &args),
+        Command::Bench {
+            which: BenchCommand::Peer(args),
+        } => kvtier::bench::peer::run(&args),
         Command::Bench {
             which: BenchCommand::ChaosClient(args),
         } => kvtier::bench::chaos_client::run(&args),

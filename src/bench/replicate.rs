@@ -46,6 +46,13 @@ pub struct ReplicateBenchArgs {
     pub latency_objects: usize,
     #[arg(long, default_value_t = 12)]
     pub seed: u64,
+    /// Objects of `object_bytes` sent node to node per transport and round in the
+    /// network phase (QUIC against TLS over TCP, [`super::peer`]).
+    #[arg(long, default_value_t = 128)]
+    pub network_objects: usize,
+    /// UDP payload size of the network phase's tuned QUIC run, in bytes.
+    #[arg(long, default_value_t = 32_768)]
+    pub network_datagram_bytes: u16,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -68,6 +75,18 @@ pub struct ReplicateReport {
     pub miss_to_ready_p50_us: u64,
     pub miss_to_ready_p99_us: u64,
     pub miss_to_ready_max_us: u64,
+    /// Node-to-node transfer over the peer QUIC endpoint, GB/s ([`super::peer`]).
+    pub quic_gbps: f64,
+    /// The datagram size the QUIC connection reached, in bytes.
+    pub quic_datagram_bytes_reached: u16,
+    /// The same with 1452-byte datagrams (a 1500-byte MTU path).
+    pub quic_1500_mtu_gbps: f64,
+    /// TLS 1.3 over TCP, same certificates, sizes and concurrency, in this run.
+    pub tls_tcp_gbps: f64,
+    /// `quic_gbps / tls_tcp_gbps` (target ≥ 0.5).
+    pub quic_ratio: f64,
+    /// `quic_1500_mtu_gbps / tls_tcp_gbps`.
+    pub quic_1500_mtu_ratio: f64,
 }
 
 /// Runs both phases and prints the report.
@@ -95,6 +114,17 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
     let (cxl_gbps, latencies) = runtime.block_on(replicate(&cluster, args, size, count))?;
     drop(phase);
     let memcpy_gbps = memcpy_gbps(&cluster, size * count)?;
+    drop(cluster);
+    let phase = Progress::phase("replicate: node to node, QUIC and TLS over TCP", args.json);
+    let network = super::peer::measure(&super::peer::PeerBenchArgs {
+        object_bytes: size,
+        objects: args.network_objects,
+        concurrency: 4,
+        datagram_bytes: args.network_datagram_bytes,
+        rounds: 3,
+        json: args.json,
+    })?;
+    drop(phase);
     let micros = |quantile: f64| latencies.quantile(quantile).as_micros() as u64;
     let report = ReplicateReport {
         object_bytes: size,
@@ -105,6 +135,12 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         miss_to_ready_p50_us: micros(0.5),
         miss_to_ready_p99_us: micros(0.99),
         miss_to_ready_max_us: latencies.max().as_micros() as u64,
+        quic_gbps: network.quic_gbps,
+        quic_datagram_bytes_reached: network.quic_datagram_bytes_reached,
+        quic_1500_mtu_gbps: network.quic_1500_mtu_gbps,
+        tls_tcp_gbps: network.tls_tcp_gbps,
+        quic_ratio: network.quic_ratio,
+        quic_1500_mtu_ratio: network.quic_1500_mtu_ratio,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -120,6 +156,16 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         println!(
             "first remote miss -> READY, one object at a time: p50 {} us, p99 {} us, max {} us",
             report.miss_to_ready_p50_us, report.miss_to_ready_p99_us, report.miss_to_ready_max_us
+        );
+        println!(
+            "node to node, {} KiB objects: QUIC {:.2} GB/s ({} B datagrams), TLS over TCP {:.2} GB/s, ratio {:.2}; QUIC at 1452 B datagrams {:.2} GB/s, ratio {:.2}",
+            size >> 10,
+            report.quic_gbps,
+            report.quic_datagram_bytes_reached,
+            report.tls_tcp_gbps,
+            report.quic_ratio,
+            report.quic_1500_mtu_gbps,
+            report.quic_1500_mtu_ratio
         );
     }
     Ok(())

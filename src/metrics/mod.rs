@@ -10,6 +10,7 @@
 //! observes each request); nothing here reads a clock: durations arrive measured.
 
 pub mod exporter;
+pub mod peer;
 pub mod replication;
 pub mod scrape;
 pub mod ssd;

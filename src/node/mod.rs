@@ -12,6 +12,7 @@
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
+//! * `transfers`: the copies a node expects from its peers, and who may send each.
 
 pub mod accept;
 pub mod clients;
@@ -21,6 +22,7 @@ pub mod liveness;
 pub mod operations;
 pub mod stores;
 pub mod tenants;
+pub mod transfers;
 
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};

@@ -13,6 +13,7 @@ pub mod certs;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod peer;
 pub mod quic;
 pub mod rpc;
 pub mod tls;

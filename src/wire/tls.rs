@@ -100,16 +100,7 @@ pub enum TlsError {
 /// the handshake. ALPN [`ALPN_PROTOCOL`], transport limits from
 /// [`super::quic::transport_config`]. Reads the files once; safe to call repeatedly.
 pub fn server_config(directory: &Path, name: &str) -> Result<quinn::ServerConfig, TlsError> {
-    validate_name(name)?;
-    let provider = provider();
-    let roots = Arc::new(load_roots(&directory.join("ca.pem"))?);
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).build()?;
-    let (certificates, key) = load_identity(directory, name)?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certificates, key)?;
-    tls.alpn_protocols = vec![ALPN_PROTOCOL.to_vec()];
+    let tls = rustls_server_config(directory, name)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls)?));
     config.transport_config(Arc::new(super::quic::transport_config()));
     Ok(config)
@@ -121,14 +112,44 @@ pub fn server_config(directory: &Path, name: &str) -> Result<quinn::ServerConfig
 /// server name given at connect time must be among the server certificate's SANs. ALPN
 /// [`ALPN_PROTOCOL`]. Reads the files once; safe to call repeatedly.
 pub fn client_config(directory: &Path, name: &str) -> Result<quinn::ClientConfig, TlsError> {
+    quic_client_config(rustls_client_config(directory, name)?)
+}
+
+/// The rustls server side of [`server_config`], for any transport (QUIC wraps it; the
+/// transfer benchmark's TLS-over-TCP baseline uses it as is): `NAME.pem`/`NAME.key`, a
+/// client certificate from `ca.pem` required, TLS 1.3, ALPN [`ALPN_PROTOCOL`].
+pub fn rustls_server_config(
+    directory: &Path,
+    name: &str,
+) -> Result<rustls::ServerConfig, TlsError> {
+    validate_name(name)?;
+    let provider = provider();
+    let roots = Arc::new(load_roots(&directory.join("ca.pem"))?);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).build()?;
+    let (certificates, key) = load_identity(directory, name)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certificates, key)?;
+    tls.alpn_protocols = vec![ALPN_PROTOCOL.to_vec()];
+    Ok(tls)
+}
+
+/// The rustls client side of [`client_config`], for any transport: presents
+/// `NAME.pem`/`NAME.key`, trusts only `ca.pem`, TLS 1.3, ALPN [`ALPN_PROTOCOL`].
+pub fn rustls_client_config(
+    directory: &Path,
+    name: &str,
+) -> Result<rustls::ClientConfig, TlsError> {
     validate_name(name)?;
     let roots = load_roots(&directory.join("ca.pem"))?;
     let (certificates, key) = load_identity(directory, name)?;
-    let tls = rustls::ClientConfig::builder_with_provider(provider())
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots)
         .with_client_auth_cert(certificates, key)?;
-    quic_client_config(tls)
+    tls.alpn_protocols = vec![ALPN_PROTOCOL.to_vec()];
+    Ok(tls)
 }
 
 /// The authenticated name of the peer: the common name of its leaf certificate.

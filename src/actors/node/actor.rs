@@ -215,24 +215,30 @@ async fn run_tasks(services: &NodeServices) {
                         target,
                         length_bytes,
                         to,
-                    } => {
-                        replication::push(services, session, source, target, length_bytes, to).await
-                    }
+                    } => replication::push(
+                        services,
+                        replication::PushTask {
+                            task: task.id,
+                            source,
+                            target,
+                            length_bytes,
+                            to,
+                        },
+                    ),
                     TaskKind::Receive {
                         target,
                         target_pool,
                         length_bytes,
                         from,
                     } => {
-                        replication::receive(
-                            services,
-                            session,
+                        let receive = replication::ReceiveTask {
+                            task: task.id,
                             target,
                             target_pool,
                             length_bytes,
                             from,
-                        )
-                        .await
+                        };
+                        replication::receive(services, session, receive).await
                     }
                 }
             })

@@ -9,12 +9,15 @@
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
 //! * `host_files`: the instance lock, the files removed by identity, the stop signals.
+//! * `peer`: the peer endpoint (QUIC, mutual TLS) and the receiving side of copies.
+//! * `replication`: the push and receive tasks of copies between nodes.
 //! * `ssd`: the SSD store's I/O: open, spill on reclaim, restore on a load's miss.
 
 pub mod actor;
 pub mod client_session;
 pub mod host_files;
 pub mod link;
+pub mod peer;
 pub mod pool;
 pub mod process;
 pub mod rejoin;

@@ -156,6 +156,7 @@ async fn start(
         .filter(|mapping| mapping.medium == Medium::Cxl)
         .map(|mapping| (mapping.pool, Arc::default()))
         .collect();
+    let peer = super::peer::PeerTransport::bind(config, section, &metrics)?;
     let services = NodeServices {
         shared_pools,
         link: link.clone(),
@@ -165,7 +166,11 @@ async fn start(
         core,
         clock,
         ssd,
+        peer: peer.clone(),
     };
+    if let Some(peer) = &peer {
+        peer.serve(services.clone());
+    }
     NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
     let socket_file = serve_clients(section, clients, services).await?;
     Ok((exit, socket_file))

@@ -42,6 +42,8 @@ pub struct NodeServices {
     pub shared_pools: HashMap<PoolId, Arc<tokio::sync::Mutex<()>>>,
     /// The node's SSD store (L2), when configured and usable.
     pub ssd: Option<Arc<super::ssd::NodeSsd>>,
+    /// The node's peer endpoint (copies between nodes), when configured.
+    pub peer: Option<Arc<super::peer::PeerTransport>>,
 }
 
 impl NodeServices {

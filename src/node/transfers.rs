@@ -1,0 +1,347 @@
+//! The transfers a node expects to receive from its peers: the receiving half of the
+//! directory's copy tasks between hosts.
+//!
+//! A copy is accepted only when the directory named both ends: the receiving node adds an
+//! entry when its task arrives (target replica, the sending node's name, length, task,
+//! deadline), and a stream that claims the entry must come from that sender's certificate
+//! and match it exactly. An entry is consumed by its first claim, so a replay or a second
+//! stream for the same target is refused; while the claimed copy runs, the task handed out
+//! again does not re-open it ([`ExpectedTransfers::finished`] ends it). Entries past their
+//! deadline leave with [`ExpectedTransfers::expire`], and the caller aborts their targets.
+//! No clock, socket or pool here: the peer actor calls in with `now`.
+
+use crate::model::{PoolId, ReplicaId, SessionId, TaskId, Timestamp};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// Transfers one node expects or runs at once: 1024. The directory plans at most a few copies per
+/// node and round (each a multi-MiB object); more than this is a flood the node refuses
+/// ([`TransferRefusal::Full`]) rather than lets grow.
+pub const EXPECTED_TRANSFERS_MAX: usize = 1024;
+
+/// How long an expected transfer waits for its stream: 30 s, the directory's default
+/// reservation duration, after which the target's reservation is gone anyway.
+pub const EXPECTED_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One transfer the directory named: `from` sends `length_bytes` for `target`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpectedTransfer {
+    /// The receiving task.
+    pub task: TaskId,
+    /// The session the task came from: the target is its reservation, committed or
+    /// aborted in it.
+    pub session: SessionId,
+    /// The replica reserved here for the copy.
+    pub target: ReplicaId,
+    /// The pool the target is reserved in (this node's CPU pool).
+    pub target_pool: PoolId,
+    /// The certificate name of the only node that may send it.
+    pub from: String,
+    /// The object's length.
+    pub length_bytes: u64,
+    /// When the entry lapses.
+    pub deadline: Timestamp,
+}
+
+/// What a stream claims: who sent it (its certificate's name) and what its header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransferClaim<'a> {
+    /// The sender's authenticated name.
+    pub sender: &'a str,
+    /// The header's target replica.
+    pub target: ReplicaId,
+    /// The header's length.
+    pub length_bytes: u64,
+}
+
+/// Why a stream was refused. The receiver answers it, closes the stream and counts the
+/// refusal by [`TransferRefusal::reason`]; the pool is never touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransferRefusal {
+    /// No transfer for this target is expected (never named, already consumed, or lapsed).
+    #[error("no transfer is expected for this target")]
+    NotExpected,
+    /// A transfer for this target is expected from another node: the sender was not
+    /// named for the task. The entry stays for the named sender.
+    #[error("the sender is not the node named for this transfer")]
+    WrongSender,
+    /// The sender is the named one but the length differs from the directory's. The
+    /// entry stays (a stale retry must not consume a live task's entry).
+    #[error("the transfer's length differs from the expected one")]
+    Mismatch,
+    /// The entry's deadline passed: it is removed, and the caller aborts the target.
+    #[error("the expected transfer lapsed")]
+    Expired,
+    /// [`EXPECTED_TRANSFERS_MAX`] entries are held: the new one is not recorded.
+    #[error("too many expected transfers")]
+    Full,
+}
+
+impl TransferRefusal {
+    /// A fixed name for metrics labels.
+    pub fn reason(self) -> &'static str {
+        match self {
+            TransferRefusal::NotExpected => "not_expected",
+            TransferRefusal::WrongSender => "wrong_sender",
+            TransferRefusal::Mismatch => "mismatch",
+            TransferRefusal::Expired => "expired",
+            TransferRefusal::Full => "full",
+        }
+    }
+}
+
+/// The table of expected transfers, keyed by target replica, and of the claimed ones
+/// still running; at most `capacity` of both together.
+#[derive(Debug)]
+pub struct ExpectedTransfers {
+    entries: HashMap<ReplicaId, ExpectedTransfer>,
+    running: HashSet<ReplicaId>,
+    capacity: usize,
+}
+
+impl Default for ExpectedTransfers {
+    fn default() -> Self {
+        ExpectedTransfers::with_capacity(EXPECTED_TRANSFERS_MAX)
+    }
+}
+
+impl ExpectedTransfers {
+    /// An empty table holding at most `capacity` entries.
+    pub fn with_capacity(capacity: usize) -> ExpectedTransfers {
+        ExpectedTransfers {
+            entries: HashMap::new(),
+            running: HashSet::new(),
+            capacity,
+        }
+    }
+
+    /// Entries held (expected and running).
+    pub fn len(&self) -> usize {
+        self.entries.len() + self.running.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records a transfer the directory named. Idempotent: a task handed out again finds
+    /// its entry (or its running copy) and changes nothing, deadline included. Errors with
+    /// [`TransferRefusal::Full`] at capacity; the caller aborts the target.
+    pub fn expect(&mut self, transfer: ExpectedTransfer) -> Result<(), TransferRefusal> {
+        if self.entries.contains_key(&transfer.target) || self.running.contains(&transfer.target) {
+            return Ok(());
+        }
+        if self.len() >= self.capacity {
+            return Err(TransferRefusal::Full);
+        }
+        self.entries.insert(transfer.target, transfer);
+        Ok(())
+    }
+
+    /// Consumes the entry a stream claims, when the claim matches it exactly and in time;
+    /// the copy then runs until [`ExpectedTransfers::finished`]. On a refusal the entry
+    /// stays, except a lapsed one, which leaves (a later [`ExpectedTransfers::expire`] does
+    /// not return it: the caller aborts it now).
+    pub fn claim(
+        &mut self,
+        claim: TransferClaim<'_>,
+        now: Timestamp,
+    ) -> Result<ExpectedTransfer, TransferRefusal> {
+        let entry = self
+            .entries
+            .get(&claim.target)
+            .ok_or(TransferRefusal::NotExpected)?;
+        if entry.from != claim.sender {
+            return Err(TransferRefusal::WrongSender);
+        }
+        if entry.length_bytes != claim.length_bytes {
+            return Err(TransferRefusal::Mismatch);
+        }
+        let lapsed = entry.deadline <= now;
+        let entry = self
+            .entries
+            .remove(&claim.target)
+            .ok_or(TransferRefusal::NotExpected)?;
+        if lapsed {
+            return Err(TransferRefusal::Expired);
+        }
+        self.running.insert(entry.target);
+        Ok(entry)
+    }
+
+    /// The claimed copy of `target` ended (committed or not): its slot is free, and a task
+    /// for it handed out again may record it anew.
+    pub fn finished(&mut self, target: ReplicaId) {
+        self.running.remove(&target);
+    }
+
+    /// Removes an entry without a stream (its task was cancelled). Returns it, if held.
+    pub fn forget(&mut self, target: ReplicaId) -> Option<ExpectedTransfer> {
+        self.entries.remove(&target)
+    }
+
+    /// Removes and returns every entry whose deadline is at or before `now`: the caller
+    /// aborts their targets.
+    pub fn expire(&mut self, now: Timestamp) -> Vec<ExpectedTransfer> {
+        let lapsed: Vec<ReplicaId> = self
+            .entries
+            .values()
+            .filter(|entry| entry.deadline <= now)
+            .map(|entry| entry.target)
+            .collect();
+        lapsed
+            .into_iter()
+            .filter_map(|target| self.entries.remove(&target))
+            .collect()
+    }
+
+    /// The earliest deadline held, for the caller's next expiry round.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.entries.values().map(|entry| entry.deadline).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(target: u64, from: &str, deadline_ms: u64) -> ExpectedTransfer {
+        ExpectedTransfer {
+            task: TaskId(target + 100),
+            session: SessionId(5),
+            target: ReplicaId(target),
+            target_pool: PoolId(1),
+            from: from.into(),
+            length_bytes: 4 << 20,
+            deadline: Timestamp::ZERO + Duration::from_millis(deadline_ms),
+        }
+    }
+
+    fn claim_of(expected: &ExpectedTransfer) -> TransferClaim<'_> {
+        TransferClaim {
+            sender: &expected.from,
+            target: expected.target,
+            length_bytes: expected.length_bytes,
+        }
+    }
+
+    const EARLY: Timestamp = Timestamp(1);
+
+    #[test]
+    fn a_named_transfer_is_claimed_once() {
+        let mut table = ExpectedTransfers::default();
+        let expected = entry(1, "node-a", 1000);
+        table.expect(expected.clone()).unwrap();
+        assert_eq!(
+            table.claim(claim_of(&expected), EARLY),
+            Ok(expected.clone())
+        );
+        assert_eq!(
+            table.claim(claim_of(&expected), EARLY),
+            Err(TransferRefusal::NotExpected),
+            "a replay is refused"
+        );
+        assert_eq!(table.len(), 1, "the copy runs");
+        table.expect(expected.clone()).unwrap();
+        assert_eq!(
+            table.claim(claim_of(&expected), EARLY),
+            Err(TransferRefusal::NotExpected),
+            "the task handed out again does not re-open a running copy"
+        );
+        table.finished(expected.target);
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn claims_that_do_not_match_are_refused_and_keep_the_entry() {
+        let mut table = ExpectedTransfers::default();
+        let expected = entry(1, "node-a", 1000);
+        table.expect(expected.clone()).unwrap();
+        let cases = [
+            (
+                TransferClaim {
+                    sender: "node-c",
+                    ..claim_of(&expected)
+                },
+                TransferRefusal::WrongSender,
+            ),
+            (
+                TransferClaim {
+                    target: ReplicaId(2),
+                    ..claim_of(&expected)
+                },
+                TransferRefusal::NotExpected,
+            ),
+            (
+                TransferClaim {
+                    length_bytes: 1,
+                    ..claim_of(&expected)
+                },
+                TransferRefusal::Mismatch,
+            ),
+        ];
+        for (claim, refusal) in cases {
+            assert_eq!(table.claim(claim, EARLY), Err(refusal), "{claim:?}");
+            assert_eq!(table.len(), 1);
+        }
+        assert_eq!(table.claim(claim_of(&expected), EARLY), Ok(expected));
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn a_lapsed_entry_is_refused_and_leaves() {
+        let mut table = ExpectedTransfers::default();
+        let expected = entry(1, "node-a", 10);
+        table.expect(expected.clone()).unwrap();
+        let late = Timestamp::ZERO + Duration::from_millis(10);
+        assert_eq!(
+            table.claim(claim_of(&expected), late),
+            Err(TransferRefusal::Expired)
+        );
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn expiry_returns_exactly_the_lapsed_entries() {
+        let mut table = ExpectedTransfers::default();
+        for (target, deadline_ms) in [(1, 10), (2, 20), (3, 30)] {
+            table.expect(entry(target, "node-a", deadline_ms)).unwrap();
+        }
+        assert_eq!(
+            table.next_deadline(),
+            Some(Timestamp::ZERO + Duration::from_millis(10))
+        );
+        let mut lapsed: Vec<u64> = table
+            .expire(Timestamp::ZERO + Duration::from_millis(20))
+            .iter()
+            .map(|entry| entry.target.0)
+            .collect();
+        lapsed.sort_unstable();
+        assert_eq!(lapsed, vec![1, 2]);
+        assert_eq!(table.len(), 1);
+        assert_eq!(
+            table.forget(ReplicaId(3)).map(|entry| entry.target.0),
+            Some(3)
+        );
+        assert_eq!(table.next_deadline(), None);
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_repeats_are_idempotent() {
+        let mut table = ExpectedTransfers::with_capacity(2);
+        table.expect(entry(1, "node-a", 10)).unwrap();
+        table.expect(entry(2, "node-a", 10)).unwrap();
+        assert_eq!(
+            table.expect(entry(3, "node-a", 10)),
+            Err(TransferRefusal::Full)
+        );
+        // A task handed out again keeps its first entry, even at capacity.
+        assert_eq!(table.expect(entry(1, "node-a", 99)), Ok(()));
+        assert_eq!(table.len(), 2);
+        assert_eq!(
+            table.next_deadline(),
+            Some(Timestamp::ZERO + Duration::from_millis(10))
+        );
+    }
+}

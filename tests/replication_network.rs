@@ -1,0 +1,217 @@
+//! Replication between hosts over QUIC, end to end with real processes on loopback: two
+//! nodes that share no CXL domain, each with a peer endpoint. Every wait is on a
+//! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
+
+use kvtier::client::{Client, StoreOutcome};
+use kvtier::directory::AcquireMode;
+use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
+use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::wire::peer::{self, TransferHeader, Verdict};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Two nodes with no shared domain and a peer endpoint each.
+fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes,
+        cxl_pool_bytes: 0,
+        peer_datagram_bytes: 16_000,
+        // Eviction off: the objects must stay where they are stored.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 6_000,
+        // Recomputing is priced high, so even the large object's copy pays.
+        extra_toml:
+            "\n[directory.limits.prefill_us_per_token_by_model]\n\"kvtier-demo\" = 1000000.0\n"
+                .into(),
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+fn object(namespace: NamespaceId, index: u32, bytes: usize) -> (ObjectId, Vec<u8>) {
+    let id = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[index, 11]),
+        shard: 0,
+        part: 0,
+    };
+    let mut content = vec![0u8; bytes];
+    chunk::fill(&id, &mut content);
+    (id, content)
+}
+
+async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
+    let client = Client::connect(&cluster.socket(index).unwrap())
+        .await
+        .unwrap();
+    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+    (client, namespace)
+}
+
+fn metrics_of(cluster: &LocalCluster, name: &str) -> SocketAddr {
+    cluster
+        .metrics_addresses()
+        .into_iter()
+        .find(|(process, _)| process == name)
+        .map(|(_, address)| address)
+        .unwrap()
+}
+
+fn scraped(address: SocketAddr, metric: &str) -> f64 {
+    let body = scrape_metrics(address).unwrap();
+    metric_value(&body, metric).unwrap_or(0.0)
+}
+
+/// Bytes allocated in every pool of a node, as its last task round published them.
+fn allocated_bytes(address: SocketAddr) -> f64 {
+    let body = scrape_metrics(address).unwrap();
+    body.lines()
+        .filter(|line| line.starts_with("kvtier_pool_bytes{") && line.contains("allocated"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Loads `id` on `client` until it hits (polling, hang guard), and returns its medium and
+/// whether its bytes are `expected`.
+async fn load_until_hit(client: &Client, id: ObjectId, expected: &[u8]) -> (Medium, bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let views = client.load(&[id], AcquireMode::Each).await.unwrap();
+        if let Some(view) = &views[0] {
+            return (view.lease().medium, view.bytes().unwrap() == expected);
+        }
+        assert!(Instant::now() < deadline, "the copy never became READY");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
+    let cluster = cluster(64 << 20);
+    let node_b = metrics_of(&cluster, "node-b");
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 1, 4 << 20);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let first = b.load(&[id], AcquireMode::Each).await.unwrap();
+        assert!(first[0].is_none(), "B cannot map A's CPU pool: a miss");
+        drop(first);
+        let (medium, exact) = load_until_hit(&b, id, &bytes).await;
+        assert_eq!(medium, Medium::Cpu, "the copy is in B's own CPU pool");
+        assert!(exact, "the copy is byte-exact");
+        assert!(
+            scraped(
+                node_b,
+                "kvtier_peer_transfers_total{result=\"committed\",side=\"received\"}"
+            ) >= 1.0
+        );
+
+        // A process with a cluster certificate that no task names pushes into B.
+        let allocated_before = allocated_bytes(node_b);
+        let refused_before = scraped(
+            node_b,
+            "kvtier_peer_refusals_total{reason=\"not_expected\"}",
+        );
+        let verdict = stranger_push(&cluster, "node-b").await;
+        assert_eq!(verdict, Verdict::NotExpected);
+        let refused = scraped(
+            node_b,
+            "kvtier_peer_refusals_total{reason=\"not_expected\"}",
+        );
+        assert_eq!(refused, refused_before + 1.0, "the refusal is counted");
+        assert_eq!(
+            allocated_bytes(node_b),
+            allocated_before,
+            "B's pool is unchanged"
+        );
+    });
+}
+
+/// Pushes 64 KiB for a target nobody expects into node `to`, as the benchmarks' peer
+/// certificate (a cluster member no task names); returns the receiver's verdict.
+async fn stranger_push(cluster: &LocalCluster, to: &str) -> Verdict {
+    let certs = &cluster.config.directory.certs;
+    let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
+    let bind = SocketAddr::from(([127, 0, 0, 1], 0));
+    let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
+    let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
+    let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
+        .await
+        .unwrap();
+    let (mut send, mut receive) = connection.open_bi().await.unwrap();
+    let header = TransferHeader {
+        task: 1,
+        target_replica: 1,
+        length_bytes: 64 << 10,
+    };
+    send.write_all(&header.encode()).await.unwrap();
+    let verdict = peer::read_verdict(&mut receive).await.unwrap();
+    connection.close(0u32.into(), b"done");
+    verdict
+}
+
+#[test]
+fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
+    const OBJECT_BYTES: usize = 192 << 20;
+    let mut cluster = cluster(256 << 20);
+    let (node_b, directory) = (
+        metrics_of(&cluster, "node-b"),
+        metrics_of(&cluster, "directory"),
+    );
+    let completed = "kvtier_replications_total{result=\"completed\"}";
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 2, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        drop(bytes);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // B allocates the target when A's stream arrives: kill A while it streams.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < OBJECT_BYTES as f64 {
+            assert!(Instant::now() < deadline, "the copy never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        cluster.kill_node(0).unwrap();
+        assert_eq!(
+            scraped(directory, completed),
+            0.0,
+            "killed before the copy finished"
+        );
+        // B's stream fails (idle timeout), it frees the target and aborts it.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) > 0.0 {
+            assert!(Instant::now() < deadline, "the target was never freed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        assert_eq!(
+            scraped(directory, completed),
+            0.0,
+            "no partial copy became READY"
+        );
+        assert!(
+            scraped(
+                node_b,
+                "kvtier_peer_transfers_total{result=\"failed\",side=\"received\"}"
+            ) >= 1.0
+        );
+    });
+}
