@@ -8,6 +8,7 @@ kvtier=target/release/kvtier
 "$kvtier" bench directory --json
 "$kvtier" bench data --json
 "$kvtier" bench cxl --json
+"$kvtier" bench replicate --json
 "$kvtier" sim --seeds 200 --steps 20000 --json
 for capacity in 1000 3000 10000 30000; do
     "$kvtier" replay --capacity "$capacity" --json

@@ -133,6 +133,8 @@ enum BenchCommand {
     Data(kvtier::bench::data::DataBenchArgs),
     /// Cross-node loads from a shared CXL pool against memcpy, and a pressure run.
     Cxl(kvtier::bench::cxl::CxlBenchArgs),
+    /// Replication on demand from a node's CPU pool into shared CXL, against memcpy.
+    Replicate(kvtier::bench::replicate::ReplicateBenchArgs),
     /// The SSD store's spill and restore against raw direct I/O on the same disk.
     Ssd(kvtier::bench::ssd::SsdBenchArgs),
     /// A local cluster under verified load while the directory and nodes are killed.
@@ -183,6 +185,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             which: BenchCommand::Ssd(args),
         } => kvtier::bench::ssd::run(&args),
+        Command::Bench {
+            which: BenchCommand::Replicate(args),
+        } => kvtier::bench::replicate::run(&exe, &args),
         Command::Bench {
             which: BenchCommand::Chaos(args),
         } => kvtier::bench::chaos::run(&exe, &args),

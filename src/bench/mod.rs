@@ -8,6 +8,7 @@ pub mod cxl;
 pub mod data;
 pub mod directory;
 pub mod directory_quic;
+pub mod replicate;
 pub mod ssd;
 
 /// Resident memory of this process in bytes, from `/proc/self/statm` (0 where unavailable).

@@ -6,7 +6,7 @@
 //! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
 
 use super::link::LinkError;
-use super::pool::{Check, Free, PoolActor, ReadAt, TakeEmptyExtent, Usage, WriteAt};
+use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
 use super::rejoin::{rejoin, Registration};
 use super::replication;
 use super::services::NodeServices;
@@ -384,15 +384,16 @@ pub fn commit_result(
     }
 }
 
-/// Bytes a demotion copies per pool message. With at most [`TASKS_IN_FLIGHT_MAX`] tasks at
-/// once, demotions hold at most 32 x 256 KiB = 8 MiB of copy buffers, whatever the objects'
-/// sizes, and neither pool actor is held for longer than one chunk's copy.
+/// Bytes a copy between two pools (a demotion or a replication) moves before it lets the
+/// node's other work run: with at most [`TASKS_IN_FLIGHT_MAX`] copies at once, none holds
+/// the node's thread for longer than one 256 KiB memcpy (tens of microseconds).
 pub const DEMOTION_CHUNK_BYTES: u64 = 256 << 10;
 
-/// The copy step of a demotion: allocate the target, copy the source chunk by chunk through
-/// one reused buffer of [`DEMOTION_CHUNK_BYTES`], then check the source was not reclaimed
-/// meanwhile (its generation is unchanged, so no chunk came from reused pages). Returns the
-/// target's location; on failure the target's pages are freed.
+/// The copy step of a demotion or a replication: allocate the target, copy the source
+/// chunk by chunk of [`DEMOTION_CHUNK_BYTES`] straight from one mapping into the other,
+/// then check the source was not reclaimed meanwhile (its generation is unchanged, so no
+/// chunk came from reused pages). Returns the target's location; on failure the target's
+/// pages are freed.
 async fn copy(
     services: &NodeServices,
     source: Location,
@@ -402,7 +403,7 @@ async fn copy(
         services.pools.get(&source.pool),
         services.pools.get(&target_pool),
     ) else {
-        return Err("a pool of the demotion is not mapped here".into());
+        return Err("a pool of the copy is not mapped here".into());
     };
     let allocation = services
         .allocate(to, target_pool, source.length_bytes)
@@ -423,7 +424,8 @@ async fn copy(
     Ok(location)
 }
 
-/// Copies `source` to `target` (same length) chunk by chunk, then checks the source.
+/// Copies `source` to `target` (same length) chunk by chunk, yielding between chunks, then
+/// checks the source.
 async fn copy_chunks(
     from: &Addr<PoolActor>,
     to: &Addr<PoolActor>,
@@ -431,28 +433,25 @@ async fn copy_chunks(
     target: Location,
 ) -> Result<(), String> {
     let failed = |what: &str, error: &dyn std::fmt::Display| format!("{what} failed: {error}");
-    let mut buffer = Vec::new();
+    let reader = from
+        .send(Bytes)
+        .await
+        .map_err(|error| failed("reaching the source pool", &error))?;
+    let writer = to
+        .send(Bytes)
+        .await
+        .map_err(|error| failed("reaching the target pool", &error))?;
     let mut done = 0;
     while done < source.length_bytes {
-        let chunk = (source.length_bytes - done).min(DEMOTION_CHUNK_BYTES) as usize;
-        buffer.resize(chunk, 0);
-        buffer = from
-            .send(ReadAt {
-                offset_bytes: source.offset_bytes + done,
-                buffer,
-            })
-            .await
-            .map_err(|error| failed("reading the source", &error))?
+        let chunk = (source.length_bytes - done).min(DEMOTION_CHUNK_BYTES);
+        let bytes = reader
+            .slice(source.offset_bytes + done, chunk)
             .map_err(|error| failed("reading the source", &error))?;
-        buffer = to
-            .send(WriteAt {
-                offset_bytes: target.offset_bytes + done,
-                bytes: buffer,
-            })
-            .await
-            .map_err(|error| failed("writing the copy", &error))?
+        writer
+            .write_at(target.offset_bytes + done, bytes)
             .map_err(|error| failed("writing the copy", &error))?;
-        done += chunk as u64;
+        done += chunk;
+        tokio::task::yield_now().await;
     }
     from.send(Check { location: source })
         .await

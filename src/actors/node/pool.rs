@@ -4,6 +4,7 @@
 use crate::backends::{Allocation, PoolBackend, PoolError};
 use crate::model::{AllocationId, Generation};
 use actix::prelude::*;
+use std::sync::Arc;
 
 /// Allocation requests queued for one pool.
 pub const MAILBOX_CAPACITY: usize = 4096;
@@ -201,15 +202,34 @@ impl Handler<Usage> for PoolActor {
     }
 }
 
+/// The pool's bytes, for the node's own copies between two pools it maps (a demotion or
+/// a replication): one memcpy from one mapping into the other, with no buffer between.
+/// The backend's byte methods are safe from any thread; allocation stays with the actor.
+pub struct Bytes;
+
+impl Message for Bytes {
+    type Result = Arc<dyn PoolBackend>;
+}
+
+impl Handler<Bytes> for PoolActor {
+    type Result = MessageResult<Bytes>;
+
+    fn handle(&mut self, _: Bytes, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.backend.clone())
+    }
+}
+
 /// One pool. See the module documentation.
 pub struct PoolActor {
-    backend: Box<dyn PoolBackend>,
+    backend: Arc<dyn PoolBackend>,
 }
 
 impl PoolActor {
     /// An actor owning `backend`.
     pub fn new(backend: Box<dyn PoolBackend>) -> PoolActor {
-        PoolActor { backend }
+        PoolActor {
+            backend: Arc::from(backend),
+        }
     }
 }
 

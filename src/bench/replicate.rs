@@ -1,0 +1,257 @@
+//! `kvtier bench replicate`: replication on demand from node A's private CPU pool into the
+//! shared CXL pool both nodes map (an emulated device: one file), against a memcpy between
+//! the same two mappings measured in the same run; and the time from node B's first miss
+//! of an object to the moment B finds it READY.
+//!
+//! Throughput phase: A stores the objects, B misses them all in one load, and the run ends
+//! when B finds every one READY in CXL (B then reads them all back byte-exact). Latency
+//! phase: one object at a time, B misses it and probes until it is READY.
+
+use crate::backends::SharedMemory;
+use crate::client::{Client, StoreOutcome};
+use crate::directory::{AcquireMode, ProbeOutcome};
+use crate::launch::{node_name, ClusterSpec, LocalCluster};
+use crate::model::{Medium, NamespaceId, ObjectId};
+use crate::progress::Progress;
+use crate::workload::chunk;
+use crate::workload::histogram::Histogram;
+use crate::workload::namespace::demo_namespace;
+use crate::workload::prefix::seeded_ids;
+use anyhow::{bail, Context};
+use futures_util::stream::{self, StreamExt};
+use serde::Serialize;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How often B probes for the copies (a hang guard ends a run that never completes).
+const PROBE_INTERVAL: Duration = Duration::from_millis(5);
+/// Longest a phase may wait for its copies before the run fails.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+/// Timed memcpy passes; the median is reported.
+const MEMCPY_PASSES: usize = 3;
+/// Stores in flight at once while A fills its pool.
+const STORE_CONCURRENCY: usize = 16;
+
+/// Options of `kvtier bench replicate`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReplicateBenchArgs {
+    /// Object size, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub object_bytes: usize,
+    /// Bytes B misses at once in the throughput phase.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub replicate_bytes: usize,
+    /// Objects replicated one at a time in the latency phase.
+    #[arg(long, default_value_t = 50)]
+    pub latency_objects: usize,
+    #[arg(long, default_value_t = 12)]
+    pub seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The benchmark's output. Each transfer path adds its own fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicateReport {
+    pub object_bytes: usize,
+    /// Bytes replicated CPU → CXL in the throughput phase.
+    pub cxl_bytes: u64,
+    /// Those bytes over the time from B's miss to every copy READY.
+    pub cxl_gbps: f64,
+    /// A memcpy from A's CPU pool into the CXL pool, the same bytes between the same
+    /// mappings, in this run (the median of three passes).
+    pub memcpy_gbps: f64,
+    /// `cxl_gbps / memcpy_gbps` (target ≥ 0.8).
+    pub cxl_ratio: f64,
+    /// From B's first miss of an object to B finding its copy READY, one object at a time.
+    pub miss_to_ready_p50_us: u64,
+    pub miss_to_ready_p99_us: u64,
+    pub miss_to_ready_max_us: u64,
+}
+
+/// Runs both phases and prints the report.
+pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
+    let size = args.object_bytes.max(4096);
+    let count = (args.replicate_bytes / size).max(1);
+    let total = (count + args.latency_objects) * size;
+    let pool_bytes = (total as u64 * 5 / 4).next_multiple_of(16 << 20);
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes: pool_bytes,
+        cxl_pool_bytes: pool_bytes,
+        cxl_extent_bytes: (size as u64).next_multiple_of(16 << 20),
+        write_order: vec![Medium::Cpu],
+        // Eviction off: only replication moves bytes.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(exe, &spec)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let phase = Progress::phase("replicate: cpu -> cxl", args.json);
+    let (cxl_gbps, latencies) = runtime.block_on(replicate(&cluster, args, size, count))?;
+    drop(phase);
+    let memcpy_gbps = memcpy_gbps(&cluster, size * count)?;
+    let micros = |quantile: f64| latencies.quantile(quantile).as_micros() as u64;
+    let report = ReplicateReport {
+        object_bytes: size,
+        cxl_bytes: (size * count) as u64,
+        cxl_gbps,
+        memcpy_gbps,
+        cxl_ratio: cxl_gbps / memcpy_gbps,
+        miss_to_ready_p50_us: micros(0.5),
+        miss_to_ready_p99_us: micros(0.99),
+        miss_to_ready_max_us: latencies.max().as_micros() as u64,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "replication CPU -> CXL: {} MiB in {} KiB objects at {:.2} GB/s, memcpy between the same mappings {:.2} GB/s, ratio {:.2}",
+            report.cxl_bytes >> 20,
+            size >> 10,
+            report.cxl_gbps,
+            report.memcpy_gbps,
+            report.cxl_ratio
+        );
+        println!(
+            "first remote miss -> READY, one object at a time: p50 {} us, p99 {} us, max {} us",
+            report.miss_to_ready_p50_us, report.miss_to_ready_p99_us, report.miss_to_ready_max_us
+        );
+    }
+    Ok(())
+}
+
+/// Both phases against a running cluster: the throughput in GB/s and the latencies.
+async fn replicate(
+    cluster: &LocalCluster,
+    args: &ReplicateBenchArgs,
+    size: usize,
+    count: usize,
+) -> anyhow::Result<(f64, Histogram)> {
+    let a = Client::connect(&cluster.socket(0)?).await?;
+    let b = Client::connect(&cluster.socket(1)?).await?;
+    let namespace = a.register_namespace(demo_namespace()).await?;
+    b.register_namespace(demo_namespace()).await?;
+    let ids = namespaced(
+        seeded_ids(
+            &demo_namespace(),
+            (count + args.latency_objects) as u64,
+            args.seed,
+        )?,
+        namespace,
+    );
+    let source = chunk::filled(&ids, size);
+    store_all(&a, &ids, &source, size).await?;
+    let (bulk, single) = ids.split_at(count);
+    let started = Instant::now();
+    miss_all(&b, bulk).await?;
+    wait_ready(&b, bulk).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut destination = chunk::poisoned(bulk, size);
+    for (id, buffer) in bulk.iter().zip(destination.chunks_mut(size)) {
+        if b.load_into(std::slice::from_ref(id), &mut [buffer]).await? != [true] {
+            bail!("node B missed a replicated object");
+        }
+    }
+    if destination[..] != source[..size * count] {
+        bail!("node B read replicas that differ from what node A stored");
+    }
+    let mut latencies = Histogram::default();
+    for id in single {
+        let started = Instant::now();
+        miss_all(&b, std::slice::from_ref(id)).await?;
+        wait_ready(&b, std::slice::from_ref(id)).await?;
+        latencies.record(started.elapsed());
+    }
+    Ok(((size * count) as f64 / seconds / 1e9, latencies))
+}
+
+fn namespaced(ids: Vec<ObjectId>, namespace: NamespaceId) -> Vec<ObjectId> {
+    ids.into_iter()
+        .map(|id| ObjectId { namespace, ..id })
+        .collect()
+}
+
+/// A stores every object into its CPU pool.
+async fn store_all(a: &Client, ids: &[ObjectId], source: &[u8], size: usize) -> anyhow::Result<()> {
+    let stored: Vec<_> = stream::iter(ids.iter().zip(source.chunks(size)))
+        .map(|(id, bytes)| a.store(*id, bytes))
+        .buffer_unordered(STORE_CONCURRENCY)
+        .collect()
+        .await;
+    for outcome in stored {
+        let outcome = outcome?;
+        if outcome != StoreOutcome::Stored {
+            bail!("node A could not store a benchmark object: the store answered {outcome:?}");
+        }
+    }
+    Ok(())
+}
+
+/// B loads `ids` once: every one must miss (A holds them where B cannot map them).
+async fn miss_all(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
+    let views = b.load(ids, AcquireMode::Each).await?;
+    if views.iter().any(Option::is_some) {
+        bail!("node B hit an object before it was replicated");
+    }
+    Ok(())
+}
+
+/// Probes until every object of `ids` is a hit in CXL for B.
+async fn wait_ready(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + HANG_GUARD;
+    let mut waiting: Vec<ObjectId> = ids.to_vec();
+    while !waiting.is_empty() {
+        let probed = b.probe(&waiting).await?;
+        let mut still = Vec::with_capacity(waiting.len());
+        for (id, outcome) in waiting.iter().zip(probed) {
+            match outcome {
+                ProbeOutcome::Hit {
+                    medium: Medium::Cxl,
+                    ..
+                } => {}
+                ProbeOutcome::Hit { medium, .. } => {
+                    bail!("node B found a replica in {medium:?}, not in the shared pool")
+                }
+                ProbeOutcome::Pending | ProbeOutcome::Miss => still.push(*id),
+            }
+        }
+        waiting = still;
+        if Instant::now() > deadline {
+            bail!("{} objects were never replicated", waiting.len());
+        }
+        if !waiting.is_empty() {
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+    Ok(())
+}
+
+/// A memcpy of `bytes` from the start of node A's CPU pool into the start of the CXL pool,
+/// both mapped here as the nodes map them. Runs after the replicas were verified (it
+/// overwrites them).
+fn memcpy_gbps(cluster: &LocalCluster, bytes: usize) -> anyhow::Result<f64> {
+    let cpu_path = &cluster.config.node(&node_name(0))?.cpu_pool.path;
+    let cpu = SharedMemory::open(cpu_path, None)?;
+    let pool = cluster
+        .config
+        .cxl_pools
+        .first()
+        .context("the cluster has no CXL pool")?;
+    let cxl = SharedMemory::open(&pool.path, Some(pool.uuid()?))?;
+    // A first pass faults both mappings in, as the nodes' mappings are; the median of
+    // the next passes is the limit (a loaded machine varies from pass to pass).
+    cxl.write_at(0, cpu.slice(0, bytes as u64)?)?;
+    let mut rates = Vec::with_capacity(MEMCPY_PASSES);
+    for _ in 0..MEMCPY_PASSES {
+        let started = Instant::now();
+        cxl.write_at(0, cpu.slice(0, bytes as u64)?)?;
+        rates.push(bytes as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    rates.sort_by(f64::total_cmp);
+    Ok(rates[MEMCPY_PASSES / 2])
+}
