@@ -62,6 +62,9 @@ pub struct ClusterSpec {
     /// Nodes with a certificate but no section yet: [`LocalCluster::add_node`] adds them
     /// to `cluster.toml` later, as an operator scaling out does.
     pub spare_nodes: usize,
+    /// The directory's `replicate_after_misses`: remote misses before a chunk is
+    /// replicated towards the node that missed it; 0 turns replication off.
+    pub replicate_after_misses: u32,
     /// Capacity of every node's SSD store (a `ssd-<node>` folder beside `cluster.toml`, in
     /// 4 MiB regions); zero for none.
     pub ssd_bytes: u64,
@@ -93,6 +96,8 @@ impl Default for ClusterSpec {
             spare_nodes: 0,
             ssd_bytes: 0,
             peer_datagram_bytes: 0,
+            replicate_after_misses: crate::directory::DirectoryConfig::default()
+                .replicate_after_misses,
         }
     }
 }
@@ -301,7 +306,7 @@ fn cluster_toml(
         SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
     };
     let mut toml = format!(
-        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\n",
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\n",
         listen,
         metrics_address(spec.metrics)?,
         spec.suspect_after_ms,
@@ -310,6 +315,7 @@ fn cluster_toml(
         spec.low_watermark_percent,
         spec.policy_time_scale,
         spec.reservation_duration_ms,
+        spec.replicate_after_misses,
     );
     if spec.cxl_pool_bytes > 0 {
         toml.push_str(&format!(

@@ -203,6 +203,7 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
 /// directory's defaults, the trace `speedup` times faster than recorded.
 fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimConfig {
     ClusterSimConfig {
+        engines: 1,
         blocks: blocks as u64,
         cxl_blocks,
         chunk_bytes: 64 << 10,
@@ -333,5 +334,36 @@ fn kvtier_over_tiers_saves_more_than_lru_over_the_same_tiers_and_dram_alone() {
     assert!(
         kvtier > lru_dram,
         "kvtier {kvtier} <= lru on dram {lru_dram}"
+    );
+}
+
+/// Two engines in turn, each on a node of its own with a private CPU pool (no shared
+/// tier): a chunk one engine stored is a miss for the other until the directory copies it
+/// over the network. With replication on, copies are made and the second engine stores
+/// less of what the first already holds; with it off, none.
+#[test]
+fn two_engines_replicate_what_one_missed_only_when_replication_is_on() {
+    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
+    let requests = &requests[..3_000];
+    let run = |after_misses: u32| {
+        let mut config = directory_replay(1_000, 0, 1.0);
+        config.engines = 2;
+        config.directory.replicate_after_misses = after_misses;
+        cluster::simulate(requests, &config, &mut |_, _| {}).expect("the replay runs")
+    };
+    let (on, off) = (run(1), run(0));
+    assert_eq!(off.replicated, 0, "replication off, yet chunks were copied");
+    assert!(on.replicated > 0, "two engines, yet nothing was replicated");
+    assert!(
+        on.stored < off.stored,
+        "replicated chunks did not replace stores: {} stored against {}",
+        on.stored,
+        off.stored
+    );
+    assert!(
+        on.token_hit_ratio() >= off.token_hit_ratio() - 0.01,
+        "replication lost hits: {:.4} against {:.4}",
+        on.token_hit_ratio(),
+        off.token_hit_ratio()
     );
 }

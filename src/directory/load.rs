@@ -30,6 +30,26 @@ impl Directory {
             .collect())
     }
 
+    /// [`Directory::probe`] as an engine's lookup: the misses of objects held only where the
+    /// session cannot map them are recorded as demand for a copy towards its node
+    /// ([`super::replication`]), as an acquire's are. The answers are the probe's.
+    pub fn probe_noting_demand(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        objects: &[ObjectId],
+    ) -> Result<Vec<ProbeOutcome>, DirectoryError> {
+        let outcomes = self.probe(session_id, objects)?;
+        let missed: Vec<ObjectId> = objects
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| matches!(outcome, ProbeOutcome::Miss))
+            .map(|(object, _)| *object)
+            .collect();
+        self.record_remote_misses(now, session_id, &missed);
+        Ok(outcomes)
+    }
+
     /// One object's probe, in one pass over its replicas (the hot path of every lookup):
     /// the replica [`placement::read_choice`] picks, else whether one is being written.
     fn probe_one(&self, view: &ReadView, object: &ObjectId) -> ProbeOutcome {

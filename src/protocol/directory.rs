@@ -139,7 +139,9 @@ fn data(
             Reply::Resolved(core.resolve(session, target, operation)?)
         }
         Request::Abort { replica } => Reply::Aborted(core.abort(session, replica)?),
-        Request::Probe { objects } => Reply::Probed(core.probe(session, &objects)?),
+        Request::Probe { objects } => {
+            Reply::Probed(core.probe_noting_demand(now, session, &objects)?)
+        }
         Request::Acquire { objects, mode } => {
             Reply::Acquired(core.acquire(now, session, &objects, mode)?)
         }

@@ -2,9 +2,11 @@
 //! state machine the directory process runs, with its watermarks, victim choice,
 //! demotions and reclaim tasks) through an injected clock, metadata only. It steps the way
 //! the running cluster does: the directory ticks every [`ClusterSimConfig::period`] and the
-//! node polls its tasks as often, half a period later; a load is probe, acquire, release; a
-//! store is reserve then commit (in CXL, inside an extent the directory granted). With a CXL pool the node stores
-//! in the order `[cpu, cxl]` and pressure on the CPU pool demotes into CXL.
+//! nodes poll their tasks as often, half a period later; a load is probe, acquire, release; a
+//! store is reserve then commit (in CXL, inside an extent the directory granted). With a
+//! CXL pool the nodes store in the order `[cpu, cxl]` and pressure on a CPU pool demotes
+//! into CXL. With several engines (one node each, requests in turn) a miss of a chunk
+//! another node holds privately is replicated towards the engine that missed it.
 //! `kvtier replay --live` runs the same requests against real processes, and the two hit
 //! ratios must agree.
 
@@ -30,9 +32,11 @@ use crate::workload::trace::Request;
 /// How the replayed cluster is built and clocked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSimConfig {
-    /// Blocks the one node's CPU pool holds.
+    /// Engines, each on a node of its own; the trace's requests go to them in turn.
+    pub engines: usize,
+    /// Blocks each node's CPU pool holds.
     pub blocks: u64,
-    /// Blocks of the CXL pool the node maps; 0 for none.
+    /// Blocks of the CXL pool every node maps; 0 for none.
     pub cxl_blocks: u64,
     /// Bytes of one block's chunk (the pool's page size: a power of two).
     pub chunk_bytes: u64,
@@ -98,6 +102,8 @@ pub struct ClusterTally {
     pub skipped: u64,
     /// Chunks copied one tier colder by demotion.
     pub demoted: u64,
+    /// Chunks copied towards an engine that missed them where it could not map them.
+    pub replicated: u64,
     /// Estimated time to first token of each request, in microseconds, in trace order.
     pub ttft_us: Vec<f64>,
 }
@@ -142,22 +148,28 @@ pub fn extent_chunks(blocks: u64) -> u64 {
         .unwrap_or(1)
 }
 
-/// One node and its directory, stepped by the trace.
+/// One engine's node as the replay models it: its session and what its allocator holds.
+struct SimulatedNode {
+    session: SessionId,
+    /// Free chunk offsets inside the CXL extents granted to this node.
+    cxl_free: Vec<u64>,
+}
+
+/// The engines' nodes and their directory, stepped by the trace.
 struct SimulatedCluster {
     directory: Directory,
-    session: SessionId,
+    nodes: Vec<SimulatedNode>,
     namespace: NamespaceId,
     chunk_bytes: u64,
     /// The CXL pool and its extent size, when there is one.
     cxl: Option<(PoolId, u64)>,
-    /// Free chunk offsets inside the CXL extents granted to the node.
-    cxl_free: Vec<u64>,
     next_operation: u64,
     next_allocation: u64,
     next_period: Timestamp,
     next_poll: Timestamp,
     period: Duration,
     demoted: u64,
+    replicated: u64,
 }
 
 impl SimulatedCluster {
@@ -180,41 +192,49 @@ impl SimulatedCluster {
         } else {
             None
         };
-        let opened = directory.open(
-            Timestamp::ZERO,
-            OpenRequest {
-                node_name: "node-0".into(),
-                write_order: vec![Medium::Cpu, Medium::Cxl],
-                read_order: vec![Medium::Cpu, Medium::Cxl],
-                domains: vec![DomainId(0)],
-                namespaces: crate::directory::NamespaceAccess::Any,
-            },
-        )?;
-        directory.register_pool(
-            Some(opened.session),
-            PoolSpec {
-                name: "node-0-cpu".into(),
-                medium: Medium::Cpu,
-                scope: Scope::Host(opened.node),
-                capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
-                page_bytes: config.chunk_bytes,
-                extent_bytes: None,
-            },
-        )?;
-        let namespace = directory.register_namespace(opened.session, demo_namespace())?;
+        let mut nodes = Vec::with_capacity(config.engines);
+        let mut namespace = None;
+        for engine in 0..config.engines.max(1) {
+            let opened = directory.open(
+                Timestamp::ZERO,
+                OpenRequest {
+                    node_name: format!("node-{engine}"),
+                    write_order: vec![Medium::Cpu, Medium::Cxl],
+                    read_order: vec![Medium::Cpu, Medium::Cxl],
+                    domains: vec![DomainId(0)],
+                    namespaces: crate::directory::NamespaceAccess::Any,
+                },
+            )?;
+            directory.register_pool(
+                Some(opened.session),
+                PoolSpec {
+                    name: format!("node-{engine}-cpu"),
+                    medium: Medium::Cpu,
+                    scope: Scope::Host(opened.node),
+                    capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
+                    page_bytes: config.chunk_bytes,
+                    extent_bytes: None,
+                },
+            )?;
+            namespace = Some(directory.register_namespace(opened.session, demo_namespace())?);
+            nodes.push(SimulatedNode {
+                session: opened.session,
+                cxl_free: Vec::new(),
+            });
+        }
         Ok(Self {
             directory,
-            session: opened.session,
-            namespace,
+            nodes,
+            namespace: namespace.context("a cluster of no engine")?,
             chunk_bytes: config.chunk_bytes,
             cxl,
-            cxl_free: Vec::new(),
             next_operation: 1,
             next_allocation: 1,
             next_period: Timestamp::ZERO,
             next_poll: Timestamp::ZERO + config.period / 2,
             period: config.period,
             demoted: 0,
+            replicated: 0,
         })
     }
 
@@ -223,10 +243,11 @@ impl SimulatedCluster {
         OperationId(self.next_operation)
     }
 
-    /// Runs every timer due by `now`, in time order: the directory's tick (with the node's
-    /// heartbeat, acknowledging every operation) on period boundaries, and the node's task
-    /// poll, which frees what eviction retired and copies what it demotes, half a period
-    /// later (the two processes' timers are not aligned; half a period is their mean lag).
+    /// Runs every timer due by `now`, in time order: the directory's tick (with every
+    /// node's heartbeat, acknowledging every operation) on period boundaries, and the nodes'
+    /// task polls, which free what eviction retired and copy what it demotes or
+    /// replicates, half a period later (the processes' timers are not aligned; half a
+    /// period is their mean lag).
     fn advance(&mut self, now: Timestamp) -> anyhow::Result<()> {
         loop {
             let at = self.next_period.min(self.next_poll);
@@ -235,74 +256,91 @@ impl SimulatedCluster {
             }
             if self.next_period <= self.next_poll {
                 let acknowledged = OperationId(self.next_operation);
-                self.directory
-                    .heartbeat(at, self.session, Some(acknowledged))?;
+                for node in &self.nodes {
+                    self.directory
+                        .heartbeat(at, node.session, Some(acknowledged))?;
+                }
                 self.directory.tick(at);
                 self.next_period = at + self.period;
             } else {
-                self.poll(at)?;
+                for node in 0..self.nodes.len() {
+                    self.poll(node, at)?;
+                }
                 self.next_poll = at + self.period;
             }
         }
     }
 
-    /// The node's task poll at `at`: reclaims acknowledged, demotions copied and committed.
-    fn poll(&mut self, at: Timestamp) -> anyhow::Result<()> {
-        for task in self.directory.poll_tasks(at, self.session, u32::MAX)? {
-            match task.kind {
+    /// Node `node`'s task poll at `at`: reclaims acknowledged; demotions, replications and
+    /// received copies written (instantly here; the live nodes copy first) and committed.
+    fn poll(&mut self, node: usize, at: Timestamp) -> anyhow::Result<()> {
+        let session = self.nodes[node].session;
+        for task in self.directory.poll_tasks(at, session, u32::MAX)? {
+            let (target, target_pool, replication) = match task.kind {
                 TaskKind::Reclaim { replica, location } => {
                     if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
-                        self.cxl_free.push(location.offset_bytes);
+                        // The chunk goes back to the extent's holder: the node reclaiming it.
+                        self.nodes[node].cxl_free.push(location.offset_bytes);
                     }
-                    self.directory.reclaim_ack(self.session, replica)?;
+                    self.directory.reclaim_ack(session, replica)?;
+                    continue;
                 }
                 TaskKind::Demote {
                     target,
                     target_pool,
                     ..
-                } => {
-                    // The copy is instant here; the live node copies, then commits.
-                    match self.location(at, target_pool)? {
-                        Some(location) => {
-                            let operation = self.operation();
-                            let committed = self.directory.commit(
-                                at,
-                                self.session,
-                                operation,
-                                target,
-                                location,
-                            )?;
-                            if committed == CommitOutcome::Committed {
-                                self.demoted += 1;
-                            }
-                        }
-                        None => {
-                            self.directory.abort(self.session, target)?;
-                        }
-                    }
+                } => (target, target_pool, false),
+                TaskKind::Replicate {
+                    target,
+                    target_pool,
+                    ..
                 }
-                // The one node is never asked for a copy: no other node misses.
-                TaskKind::Replicate { .. } | TaskKind::Push { .. } | TaskKind::Receive { .. } => {}
+                | TaskKind::Receive {
+                    target,
+                    target_pool,
+                    ..
+                } => (target, target_pool, true),
+                // The receiver writes and commits; the sender only streams.
+                TaskKind::Push { .. } => continue,
+            };
+            let Some(location) = self.location(node, at, target_pool)? else {
+                self.directory.abort(session, target)?;
+                continue;
+            };
+            let operation = self.operation();
+            let committed = self
+                .directory
+                .commit(at, session, operation, target, location)?;
+            if committed == CommitOutcome::Committed {
+                let copies = if replication {
+                    &mut self.replicated
+                } else {
+                    &mut self.demoted
+                };
+                *copies += 1;
             }
         }
         Ok(())
     }
 
     /// Where a chunk granted in `pool` is written: anywhere in the CPU pool (the node's
-    /// allocator is not modelled), inside an extent of the node's in CXL (asking for
+    /// allocator is not modelled), inside an extent of node `node`'s in CXL (asking for
     /// another extent when those are full; `None` when the pool has none left).
-    fn location(&mut self, now: Timestamp, pool: PoolId) -> anyhow::Result<Option<Location>> {
+    fn location(
+        &mut self,
+        node: usize,
+        now: Timestamp,
+        pool: PoolId,
+    ) -> anyhow::Result<Option<Location>> {
+        let session = self.nodes[node].session;
         let offset_bytes = match self.cxl {
             Some((cxl, extent_bytes)) if cxl == pool => {
-                if self.cxl_free.is_empty() {
+                if self.nodes[node].cxl_free.is_empty() {
                     let operation = self.operation();
-                    match self
-                        .directory
-                        .grant_extent(now, self.session, operation, pool)
-                    {
+                    match self.directory.grant_extent(now, session, operation, pool) {
                         Ok(ExtentGrant::Granted(extent)) => {
                             let chunks = extent_bytes / self.chunk_bytes;
-                            self.cxl_free.extend(
+                            self.nodes[node].cxl_free.extend(
                                 (0..chunks)
                                     .rev()
                                     .map(|chunk| extent.offset_bytes + chunk * self.chunk_bytes),
@@ -314,7 +352,7 @@ impl SimulatedCluster {
                         Err(error) => return Err(error.into()),
                     }
                 }
-                match self.cxl_free.pop() {
+                match self.nodes[node].cxl_free.pop() {
                     Some(offset) => offset,
                     None => return Ok(None),
                 }
@@ -333,15 +371,21 @@ impl SimulatedCluster {
 
     /// The leading blocks cached, leased and released as a load does; returns the media
     /// they were read from.
-    fn load_prefix(&mut self, now: Timestamp, objects: &[ObjectId]) -> anyhow::Result<Vec<Medium>> {
-        let probed = self.directory.probe(self.session, objects)?;
+    fn load_prefix(
+        &mut self,
+        node: usize,
+        now: Timestamp,
+        objects: &[ObjectId],
+    ) -> anyhow::Result<Vec<Medium>> {
+        let session = self.nodes[node].session;
+        let probed = self.directory.probe_noting_demand(now, session, objects)?;
         let hits = probed
             .iter()
             .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
             .count();
-        let acquired =
-            self.directory
-                .acquire(now, self.session, &objects[..hits], AcquireMode::Each)?;
+        let acquired = self
+            .directory
+            .acquire(now, session, &objects[..hits], AcquireMode::Each)?;
         let leases: Vec<_> = acquired
             .iter()
             .filter_map(|outcome| match outcome {
@@ -356,7 +400,7 @@ impl SimulatedCluster {
                 AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
             })
             .collect();
-        self.directory.release(self.session, &leases)?;
+        self.directory.release(session, &leases)?;
         Ok(loaded)
     }
 
@@ -365,28 +409,30 @@ impl SimulatedCluster {
     /// its head): reserve, then commit at a fresh allocation.
     fn store(
         &mut self,
+        node: usize,
         now: Timestamp,
         objects: &[ObjectId],
         tally: &mut ClusterTally,
     ) -> anyhow::Result<()> {
+        let session = self.nodes[node].session;
         for object in objects {
             let operation = self.operation();
             let item = ReserveItem {
                 object: *object,
                 length_bytes: self.chunk_bytes,
             };
-            match self.directory.reserve(now, self.session, operation, item)? {
+            match self.directory.reserve(now, session, operation, item)? {
                 ReserveOutcome::Granted { replica, pool, .. } => {
-                    let Some(location) = self.location(now, pool)? else {
+                    let Some(location) = self.location(node, now, pool)? else {
                         // The live node cannot allocate either: it gives the grant back.
-                        self.directory.abort(self.session, replica)?;
+                        self.directory.abort(session, replica)?;
                         tally.skipped += 1;
                         continue;
                     };
                     let operation = self.operation();
                     match self
                         .directory
-                        .commit(now, self.session, operation, replica, location)?
+                        .commit(now, session, operation, replica, location)?
                     {
                         CommitOutcome::Committed => tally.stored += 1,
                         CommitOutcome::AlreadyPresent => {}
@@ -405,8 +451,9 @@ pub fn cluster_time(request: &Request, speedup: f64) -> Duration {
     Duration::from_secs_f64(request.timestamp_ms as f64 / 1e3 / speedup.max(1e-9))
 }
 
-/// Replays `requests` through the directory core as one node storing every block it
-/// misses and loading the cached prefix. Deterministic. `progress` gets the count done and the token hit ratio so far.
+/// Replays `requests` through the directory core, request `i` on engine `i % engines`,
+/// each storing every block it misses and loading the cached prefix. Deterministic.
+/// `progress` gets the count done and the token hit ratio so far.
 pub fn simulate(
     requests: &[Request],
     config: &ClusterSimConfig,
@@ -417,12 +464,14 @@ pub fn simulate(
     for (index, request) in requests.iter().enumerate() {
         let now = Timestamp::ZERO + cluster_time(request, config.speedup);
         cluster.advance(now)?;
+        let node = index % cluster.nodes.len();
         let objects = chain(cluster.namespace, &request.hash_ids);
-        let loaded = cluster.load_prefix(now, &objects)?;
+        let loaded = cluster.load_prefix(node, now, &objects)?;
         tally.count_request(request, &loaded, &config.pricing);
-        cluster.store(now, &objects[loaded.len()..], &mut tally)?;
+        cluster.store(node, now, &objects[loaded.len()..], &mut tally)?;
         progress(index + 1, tally.token_hit_ratio());
     }
     tally.demoted = cluster.demoted;
+    tally.replicated = cluster.replicated;
     Ok(tally)
 }

@@ -46,6 +46,8 @@ pub struct LiveOutcome {
     pub lag_max: Duration,
     /// Wall time of the live run.
     pub elapsed: Duration,
+    /// Engines (nodes) the requests went to in turn.
+    pub engines: usize,
 }
 
 impl LiveOutcome {
@@ -81,7 +83,8 @@ pub fn run(
     }
     let directory = &config.directory;
     let spec = ClusterSpec {
-        nodes: 1,
+        nodes: config.engines.max(1),
+        replicate_after_misses: directory.replicate_after_misses,
         cpu_pool_bytes: config.blocks.saturating_mul(config.chunk_bytes),
         page_bytes: config.chunk_bytes,
         // The node's metrics tell how many chunks it demoted.
@@ -101,7 +104,8 @@ pub fn run(
     let (mut live, verified_chunks, lag_max) =
         runtime.block_on(drive(&cluster, requests, config, json))?;
     let elapsed = started.elapsed();
-    live.demoted = demoted_chunks(&cluster, config.chunk_bytes)?;
+    live.demoted = moved_chunks(&cluster, config.chunk_bytes)?;
+    live.replicated = replicated_chunks(&cluster)?;
     drop(cluster);
     let simulated = cluster::simulate(requests, config, &mut |_, _| {})?;
     Ok(LiveOutcome {
@@ -110,33 +114,58 @@ pub fn run(
         verified_chunks,
         lag_max,
         elapsed,
+        engines: config.engines,
     })
 }
 
-/// Chunks the cluster's node copied one tier colder, from its `kvtier_bytes_moved_total`.
-fn demoted_chunks(cluster: &LocalCluster, chunk_bytes: u64) -> anyhow::Result<u64> {
-    let node = cluster
-        .metrics_addresses()
-        .into_iter()
-        .find(|(name, _)| name != "directory")
-        .context("the live node serves no metrics")?;
-    let body = crate::launch::scrape_metrics(node.1)?;
-    let bytes =
-        crate::launch::metric_value(&body, "kvtier_bytes_moved_total{direction=\"demote\"}")
-            .context("the node exports no demoted bytes")?;
+/// Chunks the cluster's nodes copied one tier colder, from their
+/// `kvtier_bytes_moved_total{direction="demote"}`.
+fn moved_chunks(cluster: &LocalCluster, chunk_bytes: u64) -> anyhow::Result<u64> {
+    let mut bytes = 0.0;
+    for (name, address) in cluster.metrics_addresses() {
+        if name == "directory" {
+            continue;
+        }
+        let body = crate::launch::scrape_metrics(address)?;
+        bytes +=
+            crate::launch::metric_value(&body, "kvtier_bytes_moved_total{direction=\"demote\"}")
+                .with_context(|| format!("node {name} exports no demoted bytes"))?;
+    }
     Ok(bytes as u64 / chunk_bytes.max(1))
 }
 
-/// One client replays the trace on its schedule: probe the prompt's chunks, load the
-/// cached prefix and check every byte, store the rest.
+/// Replications the directory saw completed, from its `kvtier_replications_total`.
+fn replicated_chunks(cluster: &LocalCluster) -> anyhow::Result<u64> {
+    let (_, address) = cluster
+        .metrics_addresses()
+        .into_iter()
+        .find(|(name, _)| name == "directory")
+        .context("the live directory serves no metrics")?;
+    let body = crate::launch::scrape_metrics(address)?;
+    let completed =
+        crate::launch::metric_value(&body, "kvtier_replications_total{result=\"completed\"}")
+            .unwrap_or(0.0);
+    Ok(completed as u64)
+}
+
+/// One client per engine replays the trace on its schedule, request `i` on engine
+/// `i % engines`: probe the prompt's chunks, load the cached prefix and check every byte,
+/// store the rest.
 async fn drive(
     cluster: &LocalCluster,
     requests: &[Request],
     config: &ClusterSimConfig,
     json: bool,
 ) -> anyhow::Result<(ClusterTally, u64, Duration)> {
-    let client = Client::connect(&cluster.socket(0)?).await?;
-    let namespace = client.register_namespace(demo_namespace()).await?;
+    let mut clients = Vec::with_capacity(config.engines);
+    for node in 0..config.engines.max(1) {
+        clients.push(Client::connect(&cluster.socket(node)?).await?);
+    }
+    let mut namespace = None;
+    for client in &clients {
+        namespace = Some(client.register_namespace(demo_namespace()).await?);
+    }
+    let namespace = namespace.context("a cluster of no engine")?;
     let chunk_bytes = usize::try_from(config.chunk_bytes)?;
     let mut tally = ClusterTally::default();
     let mut verified = 0u64;
@@ -153,8 +182,9 @@ async fn drive(
             tally.count_request(request, &[], &config.pricing);
             continue;
         }
+        let client = &clients[index % clients.len()];
         let objects = chain(namespace, &request.hash_ids);
-        let (probed, loaded) = load_cached_prefix(&client, &objects, &mut buffers)
+        let (probed, loaded) = load_cached_prefix(client, &objects, &mut buffers)
             .await
             .with_context(|| format!("request {index}"))?;
         verified += loaded as u64;
@@ -166,7 +196,7 @@ async fn drive(
             })
             .collect();
         tally.count_request(request, &media, &config.pricing);
-        let stored = store_chunks(&client, &objects[loaded..], chunk_bytes);
+        let stored = store_chunks(client, &objects[loaded..], chunk_bytes);
         for outcome in stored.await? {
             match outcome {
                 StoreOutcome::Stored => tally.stored += 1,

@@ -59,8 +59,8 @@ pub struct ReplayArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also drive a running cluster (a directory and one node started on loopback, with a
-    /// CXL pool for a cxl tier) with the trace, storing and loading real chunks, and
+    /// Also drive a running cluster (a directory and a node per engine started on loopback,
+    /// with a CXL pool they all map for a cxl tier) with the trace, storing and loading real chunks, and
     /// compare its hit ratio with the directory core's replay. Tiers: dram, or dram,cxl.
     #[arg(long)]
     pub live: bool,
@@ -74,7 +74,21 @@ pub struct ReplayArgs {
     /// holds capacity × this).
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
     pub chunk_bytes: u64,
+    /// Engines of the cluster replay (`kvtier_directory` and `--live`), each on a node of
+    /// its own with a CPU pool of the DRAM tier's capacity; requests go to them in turn,
+    /// as the demo's do.
+    #[arg(long, value_name = "ENGINES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=ENGINES_MAX as i64))]
+    pub engines: u16,
+    /// Misses of an engine for a chunk another node holds where it cannot map it, before
+    /// the directory replicates the chunk towards it (the directory's
+    /// `replicate_after_misses`); 0 turns replication off.
+    #[arg(long, value_name = "MISSES")]
+    pub replicate_after_misses: Option<u32>,
 }
+
+/// Most engines a cluster replay runs: each live one is a node process with its pools.
+pub const ENGINES_MAX: u16 = 8;
 
 /// Runs the replay described by `args` and prints its report on stdout (a progress bar
 /// goes to stderr when it is a terminal); `exe` is this binary, started as the cluster's
@@ -116,7 +130,7 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
         );
         let Some(simulation) = directory_replay(args, &config, args.speedup)? else {
             anyhow::bail!(
-                "--live drives one node with a CPU pool and optionally a CXL pool: give --capacity, or --tiers dram=N or dram=N,cxl=M"
+                "--live drives nodes with a CPU pool each and optionally a CXL pool: give --capacity, or --tiers dram=N or dram=N,cxl=M"
             );
         };
         report.live = Some(live::run(exe, &requests, &simulation, args.json)?);
@@ -159,13 +173,18 @@ fn directory_replay(
         || TierProfile::representative(TierKind::Cxl),
         |tier| tier.profile.clone(),
     );
+    let defaults = crate::directory::DirectoryConfig::default();
     Ok(Some(cluster::ClusterSimConfig {
+        engines: usize::from(args.engines),
         blocks: u64::try_from(config.tiers[0].blocks)?,
         cxl_blocks,
         chunk_bytes: args.chunk_bytes,
         directory: crate::directory::DirectoryConfig {
             policy_time_scale: speedup,
-            ..crate::directory::DirectoryConfig::default()
+            replicate_after_misses: args
+                .replicate_after_misses
+                .unwrap_or(defaults.replicate_after_misses),
+            ..defaults
         },
         speedup,
         period: crate::actors::node::process::TASK_INTERVAL,
@@ -385,6 +404,8 @@ mod tests {
             requests: None,
             speedup: 60.0,
             chunk_bytes: 64 << 10,
+            engines: 1,
+            replicate_after_misses: None,
         }
     }
 

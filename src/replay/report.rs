@@ -163,6 +163,9 @@ impl Report {
                 "simulated_chunks_skipped": live.simulated.skipped,
                 "chunks_demoted": live.live.demoted,
                 "simulated_chunks_demoted": live.simulated.demoted,
+                "engines": live.engines,
+                "chunks_replicated": live.live.replicated,
+                "simulated_chunks_replicated": live.simulated.replicated,
                 "chunks_verified": live.verified_chunks,
                 "schedule_lag_max_ms": live.lag_max.as_secs_f64() * 1e3,
                 "elapsed_s": live.elapsed.as_secs_f64(),
@@ -222,13 +225,16 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  chunks stored {} / skipped {} / demoted {} (simulated {} / {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
+                "  {} engine(s): chunks stored {} / skipped {} / demoted {} / replicated {} (simulated {} / {} / {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
+                live.engines,
                 live.live.stored,
                 live.live.skipped,
                 live.live.demoted,
+                live.live.replicated,
                 live.simulated.stored,
                 live.simulated.skipped,
                 live.simulated.demoted,
+                live.simulated.replicated,
                 live.verified_chunks,
                 live.lag_max.as_secs_f64() * 1e3,
                 live.elapsed.as_secs_f64()
