@@ -65,6 +65,8 @@ pub struct ClusterSpec {
     /// Capacity of every node's SSD store (a `ssd-<node>` folder beside `cluster.toml`, in
     /// 4 MiB regions); zero for none.
     pub ssd_bytes: u64,
+    /// Every SSD store's `admit_after_accesses` (2 by default, 1 admits every object).
+    pub ssd_admit_after_accesses: u32,
 }
 
 impl Default for ClusterSpec {
@@ -88,6 +90,7 @@ impl Default for ClusterSpec {
             extra_toml: String::new(),
             spare_nodes: 0,
             ssd_bytes: 0,
+            ssd_admit_after_accesses: 2,
         }
     }
 }
@@ -362,10 +365,11 @@ fn node_toml(
     };
     let ssd = if spec.ssd_bytes > 0 {
         format!(
-            "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\n",
+            "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\nadmit_after_accesses = {}\n",
             spec.ssd_bytes,
             4 << 20,
-            1 << 20
+            1 << 20,
+            spec.ssd_admit_after_accesses
         )
     } else {
         String::new()

@@ -89,7 +89,9 @@ pub(crate) struct ProbeResult {
 impl ProbeResult {
     fn __repr__(&self) -> String {
         match (self.medium, self.length) {
-            (Some(medium), Some(length)) => format!("Probe(hit, {medium}, {length} bytes)"),
+            (Some(medium), Some(length)) => {
+                format!("Probe({}, {medium}, {length} bytes)", self.state)
+            }
             _ => format!("Probe({})", self.state),
         }
     }
@@ -115,6 +117,11 @@ impl From<ProbeOutcome> for ProbeResult {
                 state: "miss",
                 medium: None,
                 length: None,
+            },
+            ProbeOutcome::OnSsd { length_bytes } => ProbeResult {
+                state: "on_ssd",
+                medium: Some("ssd"),
+                length: Some(length_bytes),
             },
         }
     }

@@ -42,6 +42,7 @@ mod registry;
 mod replicas;
 mod session_ops;
 mod sessions;
+mod staged;
 pub mod status;
 mod store;
 

@@ -9,7 +9,9 @@
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
 //! * `host_files`: the instance lock, the files removed by identity, the stop signals.
-//! * `ssd`: the SSD store's I/O: open, spill on reclaim, restore on a load's miss.
+//! * `ssd`: the SSD pool: open and register the store, spill on the directory's demotion,
+//!   drop on reclaim, report a kept store's objects.
+//! * `ssd_restore`: restores from the SSD on a load's miss and on a prefetch.
 
 pub mod actor;
 pub mod client_session;
@@ -20,3 +22,4 @@ pub mod process;
 pub mod rejoin;
 pub mod services;
 pub mod ssd;
+pub mod ssd_restore;

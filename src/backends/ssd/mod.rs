@@ -22,5 +22,6 @@ mod tests;
 pub use error::{SkipReason, SsdError};
 pub use region::SsdUsage;
 pub use store::{
-    OpenReport, PinnedObject, ReadOutcome, SsdConfig, SsdCounters, SsdStore, WriteBatch,
+    OpenReport, PinnedObject, ReadOutcome, SsdConfig, SsdCounters, SsdStore, StoredPlace,
+    WriteBatch,
 };

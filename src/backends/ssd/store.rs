@@ -48,6 +48,14 @@ pub struct SsdConfig {
     /// cannot be set up.
     #[serde(default = "default_true")]
     pub io_uring: bool,
+    /// Accesses an object needs before the directory spills it here (a second access by
+    /// default, as KVBM does, to spare the disk's endurance; 1 admits every object).
+    #[serde(default = "default_admit_after_accesses")]
+    pub admit_after_accesses: u32,
+}
+
+fn default_admit_after_accesses() -> u32 {
+    2
 }
 
 fn default_region_bytes() -> u64 {
@@ -78,7 +86,13 @@ impl SsdConfig {
             queue_depth: default_queue_depth(),
             object_bytes_max: default_object_bytes_max(),
             io_uring: true,
+            admit_after_accesses: default_admit_after_accesses(),
         }
+    }
+
+    /// The capacity the store really has: whole regions.
+    pub fn usable_bytes(&self) -> Result<u64, SsdError> {
+        Ok(u64::from(self.region_count()?) * self.region_bytes)
     }
 
     fn region_count(&self) -> Result<u32, SsdError> {
@@ -170,6 +184,18 @@ pub struct WriteBatch {
     pub results: Vec<Result<Duration, SsdError>>,
     /// Objects dropped because their region was reclaimed to make room.
     pub evicted: Vec<ObjectId>,
+}
+
+/// Where a stored object's data is in the store's address space (see
+/// [`SsdStore::place_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredPlace {
+    /// Offset of the data: region index × region size + offset in the region file.
+    pub offset_bytes: u64,
+    /// Length of the data.
+    pub length_bytes: u64,
+    /// The region fill that wrote it.
+    pub generation: u64,
 }
 
 /// An object's bytes in place, for a reader that reads the file itself (GPUDirect
@@ -314,6 +340,43 @@ impl SsdStore {
         lock(&self.table)
             .get(object)
             .map(|entry| entry.length_bytes)
+    }
+
+    /// Where `object`'s data is, when the store holds it: its offset in the store's address
+    /// space (region index × region size + offset in the region file), which names one
+    /// place in `0..capacity`, and the generation of the region fill that wrote it.
+    pub fn place_of(&self, object: &ObjectId) -> Option<StoredPlace> {
+        lock(&self.table)
+            .get(object)
+            .map(|entry| self.place(&entry))
+    }
+
+    fn place(&self, entry: &Entry) -> StoredPlace {
+        StoredPlace {
+            offset_bytes: u64::from(entry.region) * self.config.region_bytes + entry.data_offset(),
+            length_bytes: entry.length_bytes,
+            generation: entry.generation,
+        }
+    }
+
+    /// Every object the store holds, with its place (at most the store's index: one entry
+    /// per object, bounded by its capacity).
+    pub fn objects(&self) -> Vec<(ObjectId, StoredPlace)> {
+        lock(&self.table)
+            .entries()
+            .map(|(object, entry)| (object, self.place(&entry)))
+            .collect()
+    }
+
+    /// Drops `object` if it is still at `place` (a retired replica): its space becomes
+    /// reclaimable with its region. True when it was dropped.
+    pub fn remove(&self, object: &ObjectId, place: &StoredPlace) -> bool {
+        let mut table = lock(&self.table);
+        let current = table.get(object);
+        match current {
+            Some(entry) if self.place(&entry) == *place => table.remove(object, Some(entry)),
+            _ => false,
+        }
     }
 
     /// Where `object`'s bytes are, its region protected from reuse until
