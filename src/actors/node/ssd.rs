@@ -8,9 +8,10 @@
 
 use super::actor::{commit_result, DEMOTION_CHUNK_BYTES};
 use super::link::DirectoryLink;
-use super::pool::{Check, ReadAt};
+use super::pool::{Check, PoolActor, ReadAt};
 use super::rejoin::paced;
 use super::services::NodeServices;
+use crate::backends::ssd::source::Filled;
 use crate::backends::ssd::{SsdConfig, SsdStore, StoredPlace};
 use crate::directory::{AdoptOutcome, CommitOutcome, Holding};
 use crate::metrics::ssd::SsdMetrics;
@@ -19,6 +20,7 @@ use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId, PoolSpe
 use crate::model::{ReplicaId, SessionId};
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use actix::Addr;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -209,9 +211,8 @@ pub async fn report_stored(services: &NodeServices, ssd: &NodeSsd) -> usize {
     adopted
 }
 
-/// Carries out a demotion into the SSD pool: reads the source replica chunk by chunk (at
-/// most [`DEMOTION_CHUNK_BYTES`] per pool message), checks it was not reused meanwhile,
-/// writes it to the store and commits the target at the object's place there. On any
+/// Carries out a demotion into the SSD pool: writes the source replica to the store (read
+/// chunk by chunk, see [`stage`]) and commits the target at the object's place there. On any
 /// failure the target is aborted and the spill counted as skipped.
 pub async fn spill(
     services: &NodeServices,
@@ -259,7 +260,9 @@ pub async fn spill(
 }
 
 /// Writes the bytes at `source` to the store (unless it holds them already: content is
-/// immutable) and returns where they are. Retires what the store dropped to make room.
+/// immutable) and returns where they are. The source is read chunk by chunk straight into
+/// the store's staging slot, then checked still live at its generation (no chunk came from
+/// reused pages). Retires what the store dropped to make room.
 async fn stage(
     services: &NodeServices,
     ssd: &Arc<NodeSsd>,
@@ -271,10 +274,19 @@ async fn stage(
             return Ok(place);
         }
     }
-    let bytes = read_source(services, source).await?;
+    let Some(pool) = services.pools.get(&source.pool).cloned() else {
+        return Err("the source's pool is not mapped here".into());
+    };
     let writer = ssd.clone();
+    let reader = pool.clone();
+    let runtime = tokio::runtime::Handle::current();
     let written = tokio::task::spawn_blocking(move || {
-        let mut batch = writer.store.write_batch(&[(object, bytes.as_slice())]);
+        let mut filled = Filled {
+            object,
+            length_bytes: source.length_bytes,
+            fill: |data: &mut [u8]| runtime.block_on(read_chunks(&reader, source, data)),
+        };
+        let mut batch = writer.store.write_from(&mut filled);
         (batch.results.pop(), batch.evicted)
     })
     .await
@@ -286,38 +298,45 @@ async fn stage(
         Some(Err(error)) => return Err(format!("spill skipped: {error}")),
         None => return Err("the store answered no result".into()),
     }
-    ssd.store
+    let place = ssd
+        .store
         .place_of(&object)
-        .ok_or_else(|| "the store dropped the object at once".into())
+        .ok_or("the store dropped the object at once")?;
+    let checked = pool.send(Check { location: source }).await;
+    if !matches!(checked, Ok(Ok(()))) {
+        ssd.store.remove(&object, &place);
+        return Err(format!(
+            "the source was reused while it was read: {checked:?}"
+        ));
+    }
+    Ok(place)
 }
 
-/// Reads `source` from its pool chunk by chunk, then checks it is still live at its
-/// generation (no chunk came from reused pages).
-async fn read_source(services: &NodeServices, source: Location) -> Result<Vec<u8>, String> {
-    let Some(pool) = services.pools.get(&source.pool) else {
-        return Err("the source's pool is not mapped here".into());
-    };
-    let length = usize::try_from(source.length_bytes).map_err(|error| error.to_string())?;
-    let mut bytes = Vec::with_capacity(length);
+/// Reads `source` from its pool into `data` (its length), at most [`DEMOTION_CHUNK_BYTES`]
+/// per pool message through one reused chunk buffer, so the pool actor is never held for
+/// longer than one chunk's copy.
+async fn read_chunks(
+    pool: &Addr<PoolActor>,
+    source: Location,
+    data: &mut [u8],
+) -> Result<(), String> {
     let mut chunk = Vec::new();
-    while bytes.len() < length {
-        let size = (length - bytes.len()).min(DEMOTION_CHUNK_BYTES as usize);
+    let mut done = 0;
+    while done < data.len() {
+        let size = (data.len() - done).min(DEMOTION_CHUNK_BYTES as usize);
         chunk.resize(size, 0);
         chunk = pool
             .send(ReadAt {
-                offset_bytes: source.offset_bytes + bytes.len() as u64,
+                offset_bytes: source.offset_bytes + done as u64,
                 buffer: chunk,
             })
             .await
             .map_err(|error| error.to_string())?
             .map_err(|error| error.to_string())?;
-        bytes.extend_from_slice(&chunk);
+        data[done..done + size].copy_from_slice(&chunk);
+        done += size;
     }
-    pool.send(Check { location: source })
-        .await
-        .map_err(|error| error.to_string())?
-        .map_err(|error| error.to_string())?;
-    Ok(bytes)
+    Ok(())
 }
 
 /// Retires at the directory the spilled replicas of objects the store dropped to free a

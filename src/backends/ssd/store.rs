@@ -9,6 +9,7 @@ use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
 use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
+use super::source::{Slices, WriteSource};
 use crate::model::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -401,21 +402,29 @@ impl SsdStore {
     /// stored again replaces its older copy. Failed writes are skipped and counted by
     /// reason; objects whose region was reclaimed to make room are listed in the result.
     pub fn write_batch(&self, objects: &[(ObjectId, &[u8])]) -> WriteBatch {
+        self.write_from(&mut Slices(objects))
+    }
+
+    /// Writes the objects of `source`, each filled straight into its staging slot, as
+    /// [`SsdStore::write_batch`] does.
+    pub fn write_from(&self, source: &mut dyn WriteSource) -> WriteBatch {
+        let count = source.count();
         let mut requests = WriteRequests {
             store: self,
-            objects,
-            reservations: vec![None; objects.len()],
-            results: (0..objects.len()).map(|_| Err(SsdError::Full)).collect(),
+            source,
+            reservations: vec![None; count],
+            results: (0..count).map(|_| Err(SsdError::Full)).collect(),
             evicted: Vec::new(),
         };
-        lock(&self.queue).run(objects.len(), &mut requests);
+        lock(&self.queue).run(count, &mut requests);
         let WriteRequests {
+            source,
             reservations,
             mut results,
             evicted,
             ..
         } = requests;
-        self.finish_writes(objects, reservations, &mut results);
+        self.finish_writes(&*source, reservations, &mut results);
         for result in &results {
             if let Err(error) = result {
                 self.counters.skipped[error.skip_reason().index()].fetch_add(1, Ordering::Relaxed);
@@ -427,7 +436,7 @@ impl SsdStore {
     /// Commits the writes that completed (after a sync when buffered) and aborts the rest.
     fn finish_writes(
         &self,
-        objects: &[(ObjectId, &[u8])],
+        source: &dyn WriteSource,
         reservations: Vec<Option<(Reservation, u32)>>,
         results: &mut [Result<Duration, SsdError>],
     ) {
@@ -451,13 +460,13 @@ impl SsdStore {
             let Some((reservation, crc)) = reservation else {
                 continue;
             };
-            let (object, bytes) = objects[index];
+            let (object, length_bytes) = source.object(index);
             if results[index].is_ok() {
-                table.commit(reservation, object, bytes.len() as u64, crc);
+                table.commit(reservation, object, length_bytes, crc);
                 self.counters.spills.fetch_add(1, Ordering::Relaxed);
                 self.counters
                     .spill_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    .fetch_add(length_bytes, Ordering::Relaxed);
             } else {
                 table.abort(reservation);
             }
@@ -530,7 +539,7 @@ fn wipe(directory: &Path) -> Result<(), SsdError> {
 
 struct WriteRequests<'a> {
     store: &'a SsdStore,
-    objects: &'a [(ObjectId, &'a [u8])],
+    source: &'a mut dyn WriteSource,
     reservations: Vec<Option<(Reservation, u32)>>,
     results: Vec<Result<Duration, SsdError>>,
     evicted: Vec<ObjectId>,
@@ -567,27 +576,32 @@ impl WriteRequests<'_> {
 
 impl IoRequests for WriteRequests<'_> {
     fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
-        let (object, bytes) = self.objects[request];
-        let reservation = match self.reserve(bytes.len() as u64) {
+        let (object, length_bytes) = self.source.object(request);
+        let reservation = match self.reserve(length_bytes) {
             Ok(reservation) => reservation,
             Err(error) => {
                 self.results[request] = Err(error);
                 return None;
             }
         };
-        let data_crc = crc32c::crc32c(bytes);
         let footprint = reservation.footprint_bytes as usize;
         let slot = slot.bytes(footprint);
+        let length = length_bytes as usize;
+        let data = &mut slot[BLOCK_BYTES as usize..footprint];
+        if let Err(error) = self.source.fill(request, &mut data[..length]) {
+            lock(&self.store.table).abort(reservation);
+            self.results[request] = Err(error);
+            return None;
+        }
+        data[length..].fill(0);
+        let data_crc = crc32c::crc32c(&data[..length]);
         ObjectHeader {
             object,
-            length_bytes: bytes.len() as u64,
+            length_bytes,
             generation: reservation.generation,
             data_crc,
         }
-        .encode(slot);
-        let data = &mut slot[BLOCK_BYTES as usize..footprint];
-        data[..bytes.len()].copy_from_slice(bytes);
-        data[bytes.len()..].fill(0);
+        .encode(&mut slot[..BLOCK_BYTES as usize]);
         self.reservations[request] = Some((reservation, data_crc));
         Some(IoOp {
             kind: IoKind::Write,
