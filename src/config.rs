@@ -359,6 +359,29 @@ impl NodeSection {
         }
     }
 
+    /// The node's SSD store as a pool (`None` without `[nodes.ssd]` or with a store whose
+    /// configuration is invalid): medium `ssd`, private to the node, its capacity the
+    /// store's whole regions, 4 KiB pages.
+    pub fn ssd_pool_spec(&self, node: NodeId) -> Option<PoolSpec> {
+        let ssd = self.ssd.as_ref()?;
+        Some(PoolSpec {
+            name: format!("{}-ssd", self.name),
+            medium: Medium::Ssd,
+            scope: Scope::Host(node),
+            capacity_bytes: ssd.usable_bytes().ok()?,
+            page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
+            extent_bytes: None,
+        })
+    }
+
+    /// The node's host pools as the directory declares them at start, in a fixed order
+    /// (so a restarted directory gives them the same ids): the CPU pool, then the SSD pool.
+    pub fn host_pool_specs(&self, node: NodeId) -> Vec<PoolSpec> {
+        let mut specs = vec![self.cpu_pool_spec(node)];
+        specs.extend(self.ssd_pool_spec(node));
+        specs
+    }
+
     /// The gid of [`NodeSection::socket_group`] (a number, or a name in `group`, the text
     /// of `/etc/group`).
     pub fn socket_gid(&self, group: &str) -> anyhow::Result<Option<u32>> {

@@ -72,6 +72,8 @@ pub struct ClusterSpec {
     /// over QUIC), with datagrams of this many bytes; zero for none. Loopback only: nodes
     /// in network namespaces get none.
     pub peer_datagram_bytes: u16,
+    /// Every SSD store's `admit_after_accesses` (2 by default, 1 admits every object).
+    pub ssd_admit_after_accesses: u32,
 }
 
 impl Default for ClusterSpec {
@@ -98,6 +100,7 @@ impl Default for ClusterSpec {
             peer_datagram_bytes: 0,
             replicate_after_misses: crate::directory::DirectoryConfig::default()
                 .replicate_after_misses,
+            ssd_admit_after_accesses: 2,
         }
     }
 }
@@ -382,10 +385,11 @@ fn node_toml(
     };
     let ssd = if spec.ssd_bytes > 0 {
         format!(
-            "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\n",
+            "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\nadmit_after_accesses = {}\n",
             spec.ssd_bytes,
             4 << 20,
-            1 << 20
+            1 << 20,
+            spec.ssd_admit_after_accesses
         )
     } else {
         String::new()

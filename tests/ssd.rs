@@ -1,16 +1,19 @@
-//! The SSD tier with real processes: a node whose CPU pool holds four chunks stores more,
-//! the directory evicts the oldest and the node spills them to its SSD store on reclaim;
-//! loads of spilled objects restore them into the CPU pool and read them byte for byte.
-//! After the node is killed (SIGKILL) and started again, it adopts its SSD contents and
-//! loads find them again. Waits on conditions; deadlines are hang guards only.
+//! The SSD tier with real processes. A node whose CPU pool holds four chunks stores more;
+//! the directory evicts the oldest and, as they were accessed often enough, demotes them to
+//! the node's SSD pool (the node spills their bytes, then commits): `probe` says they are on
+//! SSD, a prefetch restores them and a load reads them byte for byte. After the node is
+//! killed (SIGKILL) and started again, it reports its SSD contents to the directory, which
+//! probes them on SSD before any load. Objects accessed only once are never spilled (the
+//! default admission). Waits on conditions; deadlines are hang guards only.
 
 use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::AcquireMode;
+use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::launch::{node_name, ClusterSpec, LocalCluster};
-use kvtier::metrics::scrape::{metric_value, scrape_metrics, wait_for_metrics};
+use kvtier::metrics::scrape::{metric_value, scrape_metrics};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,8 @@ const CHUNK: usize = 256 << 10;
 const OBJECTS: u32 = 12;
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(60);
+/// Pause between polls of a condition.
+const POLL: Duration = Duration::from_millis(20);
 
 fn object(namespace: NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
     let id = ObjectId {
@@ -47,8 +52,8 @@ async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usiz
     hits
 }
 
-#[test]
-fn evicted_chunks_spill_to_ssd_and_restore_byte_exact_across_a_node_kill() {
+/// A one-node cluster with a 1 MiB CPU pool (four chunks) and a 32 MiB SSD store.
+fn start(admit_after_accesses: u32) -> (LocalCluster, SocketAddr) {
     let spec = ClusterSpec {
         nodes: 1,
         cpu_pool_bytes: 1 << 20,
@@ -56,15 +61,72 @@ fn evicted_chunks_spill_to_ssd_and_restore_byte_exact_across_a_node_kill() {
         high_watermark_percent: 90,
         low_watermark_percent: 70,
         ssd_bytes: 32 << 20,
+        ssd_admit_after_accesses: admit_after_accesses,
         ..ClusterSpec::default()
     };
-    let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let metrics = cluster
         .metrics_addresses()
         .into_iter()
         .find(|(name, _)| *name == node_name(0))
         .expect("the node serves metrics")
         .1;
+    (cluster, metrics)
+}
+
+/// Stores every object (a full pool skips a store until the next eviction round); returns
+/// them with the attempts each took: each attempt is an access.
+async fn store_all(client: &Client, namespace: NamespaceId) -> Vec<(ObjectId, Vec<u8>, u32)> {
+    let mut stored = Vec::new();
+    for index in 0..OBJECTS {
+        let (id, bytes) = object(namespace, index);
+        let deadline = Instant::now() + HANG_GUARD;
+        let mut attempts = 1;
+        while client.store(id, &bytes).await.unwrap() != StoreOutcome::Stored {
+            assert!(Instant::now() < deadline, "object {index} was never stored");
+            attempts += 1;
+            tokio::time::sleep(POLL).await;
+        }
+        stored.push((id, bytes, attempts));
+    }
+    stored
+}
+
+fn contents(stored: Vec<(ObjectId, Vec<u8>, u32)>) -> Vec<(ObjectId, Vec<u8>)> {
+    stored
+        .into_iter()
+        .map(|(id, bytes, _)| (id, bytes))
+        .collect()
+}
+
+/// Probes `objects` until `done` holds of the outcomes; returns them.
+async fn probe_until(
+    client: &Client,
+    objects: &[(ObjectId, Vec<u8>)],
+    what: &str,
+    done: impl Fn(&[ProbeOutcome]) -> bool,
+) -> Vec<ProbeOutcome> {
+    let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let probed = client.probe(&ids).await.unwrap();
+        if done(&probed) {
+            return probed;
+        }
+        assert!(Instant::now() < deadline, "{what}: {probed:?}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn on_ssd(outcomes: &[ProbeOutcome]) -> Vec<usize> {
+    (0..outcomes.len())
+        .filter(|index| matches!(outcomes[*index], ProbeOutcome::OnSsd { .. }))
+        .collect()
+}
+
+#[test]
+fn spilled_chunks_probe_on_ssd_prefetch_and_load_byte_exact_across_a_node_kill() {
+    let (mut cluster, metrics) = start(1);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -72,29 +134,35 @@ fn evicted_chunks_spill_to_ssd_and_restore_byte_exact_across_a_node_kill() {
     let stored = runtime.block_on(async {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
         let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-        let mut stored = Vec::new();
-        for index in 0..OBJECTS {
-            let (id, bytes) = object(namespace, index);
-            // A full pool skips the store until the directory's next eviction round.
-            let deadline = Instant::now() + HANG_GUARD;
-            while client.store(id, &bytes).await.unwrap() != StoreOutcome::Stored {
-                assert!(Instant::now() < deadline, "object {index} was never stored");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            stored.push((id, bytes));
-        }
+        let stored = contents(store_all(&client, namespace).await);
+        // Evicted chunks are demoted to the SSD pool: READY there once their write is done.
+        let probed = probe_until(&client, &stored, "chunks are on SSD", |probed| {
+            on_ssd(probed).len() >= 2
+        })
+        .await;
+        // A prefetch starts their restores and returns; a load joins them and hits.
+        let wanted: Vec<(ObjectId, Vec<u8>)> = on_ssd(&probed)
+            .into_iter()
+            .take(2)
+            .map(|index| stored[index].clone())
+            .collect();
+        let ids: Vec<ObjectId> = wanted.iter().map(|(id, _)| *id).collect();
+        assert_eq!(
+            client.prefetch(&ids).await.unwrap(),
+            2,
+            "two restores start"
+        );
+        assert_eq!(
+            verified_hits(&client, &wanted).await,
+            2,
+            "prefetched chunks load from memory"
+        );
         stored
     });
+    let body = scrape_metrics(metrics).unwrap();
     assert!(
-        stored.len() > 4,
-        "the directory evicts to make room: {} stored",
-        stored.len()
-    );
-    let spilled = |body: &str| metric_value(body, "kvtier_ssd_spills_total").unwrap_or(0.0) >= 2.0;
-    assert!(
-        wait_for_metrics(metrics, HANG_GUARD, spilled),
-        "evicted chunks were spilled: {}",
-        scrape_metrics(metrics).unwrap_or_default()
+        metric_value(&body, "kvtier_ssd_restores_total").unwrap_or(0.0) >= 2.0,
+        "{body}"
     );
     let hits = runtime.block_on(async {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
@@ -108,27 +176,73 @@ fn evicted_chunks_spill_to_ssd_and_restore_byte_exact_across_a_node_kill() {
         scrape_metrics(metrics).unwrap_or_default()
     );
     let body = scrape_metrics(metrics).unwrap();
-    assert!(
-        metric_value(&body, "kvtier_ssd_restores_total").unwrap_or(0.0) >= 1.0,
-        "{body}"
-    );
     assert_eq!(
         metric_value(&body, "kvtier_ssd_checksum_failures_total"),
         Some(0.0)
     );
 
-    // SIGKILL: the CPU pool goes with the node; what was spilled stays on its SSD.
+    // SIGKILL: the CPU pool goes with the node; what was spilled stays on its SSD, and the
+    // restarted node reports it: the directory knows it is on SSD before any load.
+    let spilled = metric_value(&body, "kvtier_ssd_spills_total").unwrap_or(0.0) as usize;
     cluster.kill_node(0).unwrap();
     cluster.restart_node(0).unwrap();
     let hits = runtime.block_on(async {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
         client.register_namespace(demo_namespace()).await.unwrap();
+        let ids: Vec<ObjectId> = stored.iter().map(|(id, _)| *id).collect();
+        let probed = client.probe(&ids).await.unwrap();
+        assert!(
+            on_ssd(&probed).len() >= spilled.min(stored.len()),
+            "the restarted node's SSD objects are on SSD at the directory: {probed:?}, {spilled} spilled"
+        );
         verified_hits(&client, &stored).await
     });
-    let spilled = metric_value(&body, "kvtier_ssd_spills_total").unwrap_or(0.0) as usize;
     assert!(
         hits >= spilled.min(stored.len()),
-        "after the kill the node adopts its SSD and every spilled chunk is a hit: {hits} hits, {spilled} spilled"
+        "after the kill every spilled chunk is a hit: {hits} hits, {spilled} spilled"
     );
+    cluster.shutdown();
+}
+
+#[test]
+fn chunks_accessed_once_are_not_spilled() {
+    let (cluster, _) = start(2);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let stored = store_all(&client, namespace).await;
+        // A store the full pool skipped was tried again: a second access. The first chunks
+        // went into an empty pool at the first try: accessed once.
+        let once: Vec<(ObjectId, Vec<u8>)> = stored
+            .iter()
+            .filter(|(_, _, attempts)| *attempts == 1)
+            .map(|(id, bytes, _)| (*id, bytes.clone()))
+            .collect();
+        assert!(once.len() >= 4, "the first four fit at once");
+        // Four chunks fit: at least eight were evicted, the oldest (accessed once) first. A
+        // demoted one stays a hit until its copy commits, then is on SSD; one accessed once
+        // is never admitted there, so it becomes a miss.
+        let evicted = OBJECTS as usize - 4;
+        let all = contents(stored);
+        probe_until(&client, &all, "chunks were evicted", |probed| {
+            probed
+                .iter()
+                .filter(|outcome| !matches!(outcome, ProbeOutcome::Hit { .. }))
+                .count()
+                >= evicted
+        })
+        .await;
+        let probed = probe_until(&client, &once, "a chunk accessed once left", |probed| {
+            probed
+                .iter()
+                .any(|outcome| !matches!(outcome, ProbeOutcome::Hit { .. }))
+        })
+        .await;
+        assert!(on_ssd(&probed).is_empty(), "{probed:?}");
+    });
     cluster.shutdown();
 }

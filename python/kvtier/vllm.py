@@ -153,7 +153,7 @@ class KvtierTier(SecondaryTierManager):
         self._to_probe: list[OffloadKey] = []
         # Keys with a store of ours in flight -> how many.
         self._storing: dict[OffloadKey, int] = {}
-        # (connection, kvtier job) -> what it is: ("probe", keys) or (kind, vLLM job, keys,
+        # (connection, kvtier job) -> what it is: ("probe", keys), ("prefetch",) or (kind, vLLM job, keys,
         # start, bytes). Job ids count per connection, and a connection (a Client, named by
         # its id()) stays referenced while any of its jobs is here. Bounded: a connection
         # refuses jobs past kvtier.JOBS_INFLIGHT_MAX unpolled ones (Busy).
@@ -211,9 +211,13 @@ class KvtierTier(SecondaryTierManager):
             return
         if isinstance(result, Exception):
             self._lost(result, client)
+        if job[0] == "prefetch":
+            # The restores run on the node; lookups probe again until they are hits.
+            return
         if job[0] == "probe":
             keys = job[1]
             probes = result if isinstance(result, list) else [None] * len(keys)
+            on_ssd = []
             for key, probe in zip(keys, probes):
                 if self._verdicts.get(key, (None, 0.0))[0] != kv_job:
                     continue
@@ -222,8 +226,13 @@ class KvtierTier(SecondaryTierManager):
                 elif probe is not None and probe.state == "miss":
                     self._verdicts[key] = (_MISS, time.monotonic())
                 else:
-                    # Being written elsewhere, or the probe failed: ask again next step.
+                    # Being written elsewhere, only on the node's SSD (restored below), or
+                    # the probe failed: ask again next step (RETRY meanwhile, never a HIT).
                     del self._verdicts[key]
+                    if probe is not None and probe.state == "on_ssd":
+                        on_ssd.append(key)
+            if on_ssd and client is not None:
+                self._prefetch(client, on_ssd)
             return
         kind, vllm_job, keys, started, size = job
         elapsed = time.monotonic() - started
@@ -327,6 +336,15 @@ class KvtierTier(SecondaryTierManager):
             for key in keys:
                 if self._verdicts.get(key, (None, 0.0))[0] == _PROBING:
                     self._verdicts[key] = (kv_job, time.monotonic())
+
+    def _prefetch(self, client: Client, keys: list[OffloadKey]) -> None:
+        """Starts restoring `keys` from the node's SSD into memory, without blocking."""
+        try:
+            kv_job = (id(client), client.submit_prefetch(self._namespace, keys))
+        except KvtierError as error:
+            self._lost(error, client)
+            return
+        self._jobs[kv_job] = ("prefetch",)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)

@@ -77,11 +77,12 @@ impl Namespace {
 /// What a probe found for one key.
 #[pyclass(frozen, get_all, name = "Probe", module = "kvtier._kvtier")]
 pub(crate) struct ProbeResult {
-    /// `"hit"`, `"pending"` (being written) or `"miss"`.
+    /// `"hit"`, `"pending"` (being written), `"miss"` or `"on_ssd"` (only the node's SSD
+    /// holds it: `prefetch` restores it).
     state: &'static str,
-    /// For a hit, the cheapest medium holding it (`"cpu"`, `"cxl"`, `"ssd"`).
+    /// For a hit, the cheapest medium holding it (`"cpu"`, `"cxl"`); `"ssd"` when on SSD.
     medium: Option<&'static str>,
-    /// For a hit, the object's length in bytes.
+    /// For a hit or on SSD, the object's length in bytes.
     length: Option<u64>,
 }
 
@@ -89,7 +90,9 @@ pub(crate) struct ProbeResult {
 impl ProbeResult {
     fn __repr__(&self) -> String {
         match (self.medium, self.length) {
-            (Some(medium), Some(length)) => format!("Probe(hit, {medium}, {length} bytes)"),
+            (Some(medium), Some(length)) => {
+                format!("Probe({}, {medium}, {length} bytes)", self.state)
+            }
             _ => format!("Probe({})", self.state),
         }
     }
@@ -115,6 +118,11 @@ impl From<ProbeOutcome> for ProbeResult {
                 state: "miss",
                 medium: None,
                 length: None,
+            },
+            ProbeOutcome::OnSsd { length_bytes } => ProbeResult {
+                state: "on_ssd",
+                medium: Some("ssd"),
+                length: Some(length_bytes),
             },
         }
     }
@@ -276,6 +284,22 @@ impl Client {
         Ok(outcomes.into_iter().map(ProbeResult::from).collect())
     }
 
+    /// Starts restoring the keys only the node's SSD holds (a probe's `"on_ssd"`) into its
+    /// memory pool and returns at once with how many restores it started; a later load of
+    /// them waits for the restores still under way.
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<u32> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        py.allow_threads(|| runtime.block_on(inner.prefetch(&objects)))
+            .map_err(errors::to_py)
+    }
+
     /// Copies the objects of `keys` into `buffers` (writable C-contiguous buffers: bytearray,
     /// memoryview, numpy arrays, CPU torch tensors as numpy; each at least the object's
     /// length), straight from the pools, and gives the leases back. Returns one bool per
@@ -377,8 +401,25 @@ impl Client {
             .submit(runtime()?, &self.inner, JobKind::Probe(objects), Vec::new())
     }
 
+    /// Starts a prefetch (see `prefetch`) without blocking; returns the job id, whose result
+    /// is the number of restores started.
+    fn submit_prefetch(
+        &self,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<u64> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        self.jobs.submit(
+            runtime()?,
+            &self.inner,
+            JobKind::Prefetch(objects),
+            Vec::new(),
+        )
+    }
+
     /// Finished jobs, as `(job_id, result)` pairs: a store's status string, a load's list
-    /// of hits (a store_many's list of statuses, a probe's list of `Probe`s), or the exception it failed with. Waits up to `timeout` seconds (0: never)
+    /// of hits (a store_many's list of statuses, a probe's list of `Probe`s, a prefetch's
+    /// count of restores started), or the exception it failed with. Waits up to `timeout` seconds (0: never)
     /// for the first one, without the GIL; returns at most `max` (None: all finished).
     #[pyo3(signature = (timeout=0.0, max=None))]
     fn poll<'py>(

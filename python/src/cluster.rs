@@ -42,11 +42,12 @@ impl LocalCluster {
     /// Starts a directory and `nodes` nodes from the `kvtier` executable `exe`. Each node
     /// has a private CPU pool of `cpu_pool_bytes`; with `cxl_pool_bytes` > 0 every node also
     /// maps one shared (emulated) CXL pool, which is how nodes share objects. `write_order`
-    /// is where stores go first.
+    /// is where stores go first. With `ssd_bytes` > 0 every node has an SSD store of that
+    /// size (in the cluster's folder) that admits an object after `ssd_admit_after_accesses`.
     #[new]
     #[pyo3(signature = (
         exe, nodes=1, cpu_pool_bytes=64 << 20, cxl_pool_bytes=0, cxl_extent_bytes=4 << 20,
-        page_bytes=64 << 10, write_order=None
+        page_bytes=64 << 10, write_order=None, ssd_bytes=0, ssd_admit_after_accesses=2
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -58,6 +59,8 @@ impl LocalCluster {
         cxl_extent_bytes: u64,
         page_bytes: u64,
         write_order: Option<Vec<String>>,
+        ssd_bytes: u64,
+        ssd_admit_after_accesses: u32,
     ) -> PyResult<LocalCluster> {
         let mut spec = ClusterSpec {
             nodes,
@@ -65,6 +68,8 @@ impl LocalCluster {
             cxl_pool_bytes,
             cxl_extent_bytes,
             page_bytes,
+            ssd_bytes,
+            ssd_admit_after_accesses,
             ..ClusterSpec::default()
         };
         if let Some(order) = write_order {

@@ -27,6 +27,8 @@ pub(crate) enum JobKind {
     LoadInto(Vec<ObjectId>),
     /// Probe the objects (no buffers).
     Probe(Vec<ObjectId>),
+    /// Start restoring the objects only the node's SSD holds (no buffers).
+    Prefetch(Vec<ObjectId>),
 }
 
 enum Outcome {
@@ -34,6 +36,7 @@ enum Outcome {
     StoredMany(Vec<Result<StoreOutcome, ClientError>>),
     Loaded(Result<Vec<bool>, ClientError>),
     Probed(Result<Vec<ProbeOutcome>, ClientError>),
+    Prefetched(Result<u32, ClientError>),
 }
 
 struct Done {
@@ -114,6 +117,7 @@ impl Jobs {
                     Outcome::Loaded(client.load_into(&objects, &mut targets).await)
                 }
                 JobKind::Probe(objects) => Outcome::Probed(client.probe(&objects).await),
+                JobKind::Prefetch(objects) => Outcome::Prefetched(client.prefetch(&objects).await),
             };
             jobs.lock().done.push_back(Done {
                 job,
@@ -176,9 +180,11 @@ impl Jobs {
                     }
                     probes.into_any()
                 }
+                Outcome::Prefetched(Ok(started)) => started.into_pyobject(py)?.into_any(),
                 Outcome::Stored(Err(error))
                 | Outcome::Loaded(Err(error))
-                | Outcome::Probed(Err(error)) => errors::to_py(error)
+                | Outcome::Probed(Err(error))
+                | Outcome::Prefetched(Err(error)) => errors::to_py(error)
                     .into_value(py)
                     .into_bound(py)
                     .into_any(),

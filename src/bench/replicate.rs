@@ -263,7 +263,9 @@ async fn wait_ready(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
                 ProbeOutcome::Hit { medium, .. } => {
                     bail!("node B found a replica in {medium:?}, not in the shared pool")
                 }
-                ProbeOutcome::Pending | ProbeOutcome::Miss => still.push(*id),
+                ProbeOutcome::Pending | ProbeOutcome::Miss | ProbeOutcome::OnSsd { .. } => {
+                    still.push(*id)
+                }
             }
         }
         waiting = still;

@@ -231,6 +231,22 @@ impl Client {
         }
     }
 
+    /// Starts restoring the objects only the node's SSD holds (those `probe` says are on
+    /// SSD) into a memory pool and returns at once with how many restores it started. A
+    /// later `load` of them waits for the restores still under way instead of starting
+    /// others.
+    pub async fn prefetch(&self, objects: &[ObjectId]) -> Result<u32, ClientError> {
+        match self
+            .call(ClientRequest::Prefetch {
+                objects: objects.to_vec(),
+            })
+            .await?
+        {
+            ClientReply::Prefetching(started) => Ok(started),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Leases the objects and returns zero-copy views into the mapped pools, one per item
     /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
     pub async fn load(

@@ -160,6 +160,9 @@ pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
                     length_bytes,
                 }) => json!({ "outcome": "hit", "medium": medium.name(), "bytes": length_bytes }),
                 Some(ProbeOutcome::Pending) => json!({ "outcome": "pending" }),
+                Some(ProbeOutcome::OnSsd { length_bytes }) => {
+                    json!({ "outcome": "on_ssd", "bytes": length_bytes })
+                }
                 _ => json!({ "outcome": "miss" }),
             })
         },

@@ -133,7 +133,13 @@ impl Directory {
         let mut outcomes = Vec::with_capacity(holdings.len());
         for holding in holdings {
             let outcome = self.adopt_one(now, session_id, holding)?;
-            if outcome == AdoptOutcome::Adopted {
+            // A staged (SSD) replica is never leased, so no engine reads it under a lease of
+            // an earlier incarnation: adopting it holds no reclaim back.
+            let leasable = self
+                .pools
+                .get(holding.location.pool.0 as usize)
+                .is_some_and(|record| record.spec.medium.tier() == crate::model::Tier::L1);
+            if outcome == AdoptOutcome::Adopted && leasable {
                 self.recovery.adopted = true;
             }
             outcomes.push(outcome);
@@ -154,12 +160,15 @@ impl Directory {
         {
             return Ok(AdoptOutcome::Refused);
         }
-        let scope = self.pools[location.pool.0 as usize].spec.scope;
+        let spec = &self.pools[location.pool.0 as usize].spec;
+        let (scope, tier) = (spec.scope, spec.medium.tier());
         let mut known = false;
         let mut duplicate = false;
         for (_, replica) in self.replicas.of_object(&holding.object) {
+            let other = &self.pools[replica.pool.0 as usize].spec;
             if replica.state != ReplicaState::Ready
-                || self.pools[replica.pool.0 as usize].spec.scope != scope
+                || other.scope != scope
+                || other.medium.tier() != tier
             {
                 continue;
             }

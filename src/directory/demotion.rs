@@ -1,6 +1,8 @@
 //! Demote, don't evict: under pressure a READY replica in a host CPU pool moves one tier
-//! colder, into a shared pool its owner maps, when kvtier's placement
-//! ([`crate::policy::placement::on_pressure`]) says keeping it there pays.
+//! colder, into a shared pool its owner maps, and a replica in any memory pool spills into
+//! its owner's SSD pool, when kvtier's placement
+//! ([`crate::policy::placement::on_pressure`]) says keeping it there pays and the target
+//! admits it (an SSD pool admits an object after `admit_after_accesses` accesses).
 //! The directory reserves the target and asks the owner to copy; the source stays READY
 //! (readable) until the target commits, then retires. A failed or expired copy cancels the
 //! demotion and the source is evicted later instead. The pairs in flight are bounded by the
@@ -9,9 +11,9 @@
 use super::pools::PoolRecord;
 use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, Task, TaskKind};
-use crate::model::{DomainId, Medium, PoolId, ReplicaId, Scope, TaskId, Timestamp};
+use crate::model::{DomainId, Medium, PoolId, ReplicaId, Scope, TaskId, Tier, Timestamp};
 use crate::policy::cost::CostModel;
-use crate::policy::placement::{self, Action, ColderTier, Victim};
+use crate::policy::placement::{self, Action, ColderTier, PlacementConfig, Victim};
 
 /// How a replica chosen to leave its pool (by eviction or by its time to live) left.
 pub(super) enum Departure {
@@ -56,12 +58,13 @@ impl Directory {
 
     /// Where `victim` would go one tier colder, by kvtier's placement
     /// ([`placement::on_pressure`]): from a host CPU pool, into a shared pool its owner's
-    /// session can write, with room below its high watermark, holding no replica of the
-    /// object yet, that admits it, when keeping the bytes there (priced by that pool's
-    /// profile) costs less than recomputing them (priced by the namespace's model).
+    /// session can write; from any memory pool, into its owner's SSD pool; with room below
+    /// its high watermark, holding no replica of the object yet, that admits it (enough
+    /// accesses), when keeping the bytes there (priced by that pool's profile) costs less
+    /// than recomputing them (priced by the namespace's model).
     fn demotion_target(&self, victim: &Replica) -> Option<(PoolId, u64)> {
-        let source = &self.pools[victim.pool.0 as usize];
-        if source.spec.medium != Medium::Cpu {
+        let source = self.pools[victim.pool.0 as usize].spec.medium;
+        if source.tier() != Tier::L1 {
             return None;
         }
         let session_id = self.nodes[victim.owner.0 as usize].session?;
@@ -73,30 +76,48 @@ impl Directory {
         let cost = CostModel {
             prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
         };
-        let colder = self.colder_pools(victim, &session.domains);
+        let frequency = self.access_count(&victim.object);
+        let domains: &[DomainId] = if source == Medium::Cpu {
+            &session.domains
+        } else {
+            &[]
+        };
+        let colder = self.colder_pools(victim, domains, frequency);
         let placed = Victim {
             bytes: victim.allocated_bytes,
             tokens: descriptor.chunk_tokens,
-            frequency: self.access_count(&victim.object),
+            frequency,
         };
-        match placement::on_pressure(&placed, &colder, &self.config.placement(), &cost).action {
+        // Admission is each pool's (`has_room` below): placement admits every candidate.
+        let config = PlacementConfig {
+            wear_admit_frequency_min: 0,
+        };
+        match placement::on_pressure(&placed, &colder, &config, &cost).action {
             Action::Demote { to } | Action::Spill { to } => Some(to),
             Action::Evict => None,
         }
     }
 
-    /// The shared pools of `domains` as placement sees them for `victim`, each named by
-    /// the pool and the bytes the victim takes there.
+    /// The shared pools of `domains` and the owner's staged (SSD) pools as placement sees
+    /// them for `victim` (accessed `frequency` times), each named by the pool and the bytes
+    /// the victim takes there. A pool whose admission the victim does not meet has no room.
     fn colder_pools(
         &self,
         victim: &Replica,
         domains: &[DomainId],
+        frequency: u32,
     ) -> Vec<((PoolId, u64), ColderTier<'_>)> {
-        let writable =
-            |scope: Scope| matches!(scope, Scope::Domain(domain) if domains.contains(&domain));
+        let writable = |record: &PoolRecord| match record.spec.scope {
+            Scope::Domain(domain) => domains.contains(&domain),
+            Scope::Host(node) => {
+                node == victim.owner
+                    && record.spec.medium.tier() == Tier::L2
+                    && record.owner_session.is_some()
+            }
+        };
         let mut colder = Vec::new();
         for (index, record) in self.pools.iter().enumerate() {
-            if !writable(record.spec.scope) {
+            if !writable(record) {
                 continue;
             }
             let pool = PoolId(index as u32);
@@ -106,7 +127,8 @@ impl Directory {
             });
             let tier = ColderTier {
                 profile: &record.profile,
-                has_room: self.room_below_high_watermark(record, bytes),
+                has_room: self.room_below_high_watermark(record, bytes)
+                    && frequency >= self.admission_of(pool),
                 holds_object,
             };
             colder.push(((pool, bytes), tier));

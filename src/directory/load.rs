@@ -8,13 +8,14 @@ use super::{
     AcquireMode, AcquireOutcome, Directory, DirectoryError, Lease, ProbeOutcome, ReleaseOutcome,
     ReplicaState, SessionState, Table,
 };
-use crate::model::{LeaseId, ObjectId, PoolId, ReplicaId, Scope, SessionId, Timestamp};
+use crate::model::{LeaseId, ObjectId, PoolId, ReplicaId, Scope, SessionId, Tier, Timestamp};
 use crate::policy::eviction::kvtier::touch_order;
 use crate::policy::placement;
 
 impl Directory {
     /// For each object, in order: a hit when a READY replica the requester can map exists,
-    /// pending when one is being written, else a miss. Reserves and leases nothing.
+    /// pending when one is being written, on SSD when only its node's SSD holds one, else a
+    /// miss. Reserves and leases nothing.
     pub fn probe(
         &self,
         session_id: SessionId,
@@ -71,7 +72,10 @@ impl Directory {
                 length_bytes,
             },
             None if pending => ProbeOutcome::Pending,
-            None => ProbeOutcome::Miss,
+            None => match self.on_staged_pool(view.node, object) {
+                Some(length_bytes) => ProbeOutcome::OnSsd { length_bytes },
+                None => ProbeOutcome::Miss,
+            },
         }
     }
 
@@ -291,9 +295,12 @@ impl Directory {
                         }
                         Scope::Domain(domain) => session.domains.contains(&domain),
                     };
-                    readable.then(|| session.read_rank(record.spec.medium))
+                    // Staged (L2) pools are never mapped: their replicas are restored first.
+                    (readable && record.spec.medium.tier() == Tier::L1)
+                        .then(|| session.read_rank(record.spec.medium))
                 })
                 .collect(),
+            node: session.node,
         }
     }
 }
@@ -302,6 +309,8 @@ impl Directory {
 /// replicas are hidden).
 pub(super) struct ReadView {
     ranks: Vec<Option<usize>>,
+    /// The requester's node, whose SSD replicas a probe reports.
+    node: crate::model::NodeId,
 }
 
 impl ReadView {

@@ -43,6 +43,7 @@ mod replicas;
 pub mod replication;
 mod session_ops;
 mod sessions;
+mod staged;
 pub mod status;
 mod store;
 

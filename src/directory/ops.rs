@@ -116,6 +116,11 @@ pub enum ProbeOutcome {
     /// A replica the requester could map is being written.
     Pending,
     Miss,
+    /// No replica the requester can map, but its node's SSD holds one: a prefetch or a
+    /// load restores it into memory.
+    OnSsd {
+        length_bytes: u64,
+    },
 }
 
 /// All-or-nothing or per item.

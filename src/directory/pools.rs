@@ -243,6 +243,10 @@ pub struct PoolRecord {
     /// The latest measurement each node reported of this pool, at most one per node (so
     /// bounded by `nodes_max`): a node replaces its own report, never another's.
     pub reports: BTreeMap<NodeId, TierProfile>,
+    /// For a node's SSD pool, the accesses an object needs before it is spilled there (the
+    /// node's `[nodes.ssd] admit_after_accesses`); `None`: the directory's
+    /// `wear_admit_frequency_min`.
+    pub admit_after_accesses: Option<u32>,
 }
 
 impl PoolRecord {
@@ -266,6 +270,7 @@ impl PoolRecord {
             pinned_bytes: 0,
             profile,
             reports: BTreeMap::new(),
+            admit_after_accesses: None,
         }
     }
 

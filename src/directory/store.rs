@@ -162,7 +162,10 @@ impl Directory {
                 self.pools
                     .iter()
                     .enumerate()
-                    .filter(move |(_, record)| record.spec.medium == *medium)
+                    // A client's store never lands in a staged (L2) pool: only spills do.
+                    .filter(move |(_, record)| {
+                        record.spec.medium == *medium && medium.tier() == crate::model::Tier::L1
+                    })
             })
             .map(|(index, record)| (PoolId(index as u32), record))
             .filter(|(pool, _)| self.can_write(session_id, session, *pool))
@@ -193,7 +196,8 @@ impl Directory {
 
     /// Publishes a written replica: READY, visible to every reader its pool admits.
     /// Idempotent by operation id. If a READY replica of the object already exists in the
-    /// same placement scope, this one is aborted and `AlreadyPresent` returned.
+    /// same placement scope and tier, this one is aborted and `AlreadyPresent` returned (a
+    /// node's SSD copy and its memory copy are two tiers of one scope).
     pub fn commit(
         &mut self,
         now: Timestamp,
@@ -207,10 +211,13 @@ impl Directory {
             LedgerStep::Proceed(session) => session,
         };
         let (object, scope) = self.check_commit(session_id, session, replica_id, &location)?;
+        let tier = self.pools[location.pool.0 as usize].spec.medium.tier();
         let duplicate = self.replicas.of_object(&object).any(|(other, candidate)| {
+            let spec = &self.pools[candidate.pool.0 as usize].spec;
             other != replica_id
                 && candidate.state == ReplicaState::Ready
-                && self.pools[candidate.pool.0 as usize].spec.scope == scope
+                && spec.scope == scope
+                && spec.medium.tier() == tier
         });
         if let Some(session) = self.sessions.get_mut(&session_id) {
             session.reservations.remove(&replica_id);

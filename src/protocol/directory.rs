@@ -107,6 +107,10 @@ fn bound(
             Reply::Claimed(core.claim_extents(session, pool, &offsets)?)
         }
         Request::Adopt { holdings } => Reply::Adopted(core.adopt(now, session, &holdings)?),
+        Request::AdmitAfter { pool, accesses } => {
+            core.admit_after(session, pool, accesses)?;
+            Reply::Pool(pool)
+        }
         Request::ClusterStatus => Reply::ClusterStatus(cluster_status(core)),
         Request::Drain { node } => Reply::Draining(core.drain(&node)?),
         // Reading the file is the directory process's: its actor answers before `handle`.

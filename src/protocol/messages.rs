@@ -156,6 +156,12 @@ pub enum DirectoryRequest {
     Drain {
         node: String,
     },
+    /// Sets the accesses an object needs before it is spilled into `pool`, the session's
+    /// node's SSD pool (`[nodes.ssd] admit_after_accesses`). Answered with `Pool`.
+    AdmitAfter {
+        pool: PoolId,
+        accesses: u32,
+    },
 }
 
 /// The cluster as the directory sees it: every node and every pool.
@@ -297,6 +303,12 @@ pub enum ClientRequest {
     Drain {
         node: String,
     },
+    /// Starts restoring the objects only the node's SSD holds into a memory pool, and
+    /// answers at once with how many restores it started (`Prefetching`). A later `Acquire`
+    /// of them joins the restores still under way.
+    Prefetch {
+        objects: Vec<ObjectId>,
+    },
 }
 
 /// A pool the client can map.
@@ -355,6 +367,8 @@ pub enum ClientReply {
     Reloaded(ConfigChange),
     Draining(DrainProgress),
     Error(ProtocolError),
+    /// Restores a `Prefetch` started.
+    Prefetching(u32),
 }
 
 impl ProtocolError {

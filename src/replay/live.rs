@@ -192,7 +192,7 @@ async fn drive(
             .iter()
             .filter_map(|outcome| match outcome {
                 ProbeOutcome::Hit { medium, .. } => Some(*medium),
-                ProbeOutcome::Pending | ProbeOutcome::Miss => None,
+                ProbeOutcome::Pending | ProbeOutcome::Miss | ProbeOutcome::OnSsd { .. } => None,
             })
             .collect();
         tally.count_request(request, &media, &config.pricing);

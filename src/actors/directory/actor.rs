@@ -115,8 +115,8 @@ impl DirectoryActor {
         // and the nodes above them, so their ids agree when the file only grew at its end.
         for name in &change.added_nodes {
             if let Ok(section) = new.node(name) {
-                let spec = section.cpu_pool_spec(crate::model::NodeId(0));
-                if let Err(error) = self.core.declare_node(name, vec![spec]) {
+                let specs = section.host_pool_specs(crate::model::NodeId(0));
+                if let Err(error) = self.core.declare_node(name, specs) {
                     return Err(ReloadRefusal::Invalid(format!(
                         "declaring node `{name}`: {error}"
                     )));
@@ -322,7 +322,8 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         | Request::Resume { .. }
         | Request::RegisterPool(_)
         | Request::RegisterNamespace(_)
-        | Request::ReportProfile { .. } => Operation::Open,
+        | Request::ReportProfile { .. }
+        | Request::AdmitAfter { .. } => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
         Request::Reserve { .. } | Request::GrantExtent { .. } | Request::ReturnExtent { .. } => {

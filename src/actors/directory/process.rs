@@ -37,8 +37,8 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     }
     // Nodes and their pools get the ids of the previous incarnation (configuration order).
     for node in &config.nodes {
-        let spec = node.cpu_pool_spec(crate::model::NodeId(0));
-        core.declare_node(&node.name, vec![spec])
+        let specs = node.host_pool_specs(crate::model::NodeId(0));
+        core.declare_node(&node.name, specs)
             .with_context(|| format!("declaring node `{}`", node.name))?;
     }
     core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());

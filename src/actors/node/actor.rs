@@ -1,7 +1,8 @@
 //! The `NodeActor`: keeps the node's session with the directory alive and carries out the
 //! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
 //! own timer so that slow task work never delays them. Reclaim tasks free the pages, then
-//! acknowledge; demote tasks copy a replica one tier colder and commit the copy. A node
+//! acknowledge; demote tasks copy a replica one tier colder (or spill it to the node's SSD,
+//! [`super::ssd`]) and commit the copy. A node
 //! whose session is lost (a directory restart, a fence, the fence window without an
 //! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
 
@@ -198,10 +199,15 @@ async fn run_tasks(services: &NodeServices) {
                         source,
                         target,
                         target_pool,
-                    } => {
-                        let copy = PoolCopy::demotion(source, target, target_pool);
-                        copy_and_commit(services, session, copy).await
-                    }
+                    } => match &services.ssd {
+                        Some(ssd) if ssd.pool() == target_pool => {
+                            super::ssd::spill(services, ssd, session, source, target).await
+                        }
+                        _ => {
+                            let copy = PoolCopy::demotion(source, target, target_pool);
+                            copy_and_commit(services, session, copy).await
+                        }
+                    },
                     TaskKind::Replicate {
                         source,
                         target,
@@ -274,23 +280,25 @@ async fn reclaim(
     replica: ReplicaId,
     location: Location,
 ) {
-    let Some(pool) = services.pools.get(&location.pool) else {
-        tracing::error!(?location, "reclaim task for a pool this node does not own");
-        return;
-    };
-    if let Some(ssd) = &services.ssd {
-        let object = services.core().holdings.object_at(&location);
-        if let Some(object) = object {
-            super::ssd::spill(services, ssd, object, location).await;
+    let freed = match services.pools.get(&location.pool) {
+        Some(pool) => {
+            services.core().holdings.freed(&location);
+            pool.send(Free {
+                allocation: location.allocation,
+                generation: location.generation,
+            })
+            .await
         }
-    }
-    services.core().holdings.freed(&location);
-    let freed = pool
-        .send(Free {
-            allocation: location.allocation,
-            generation: location.generation,
-        })
-        .await;
+        // The SSD pool: the object leaves the store (its space comes back with its region).
+        None if services.is_ssd_pool(location.pool) => {
+            services.free(location).await;
+            Ok(Ok(location.length_bytes))
+        }
+        None => {
+            tracing::error!(?location, "reclaim task for a pool this node does not own");
+            return;
+        }
+    };
     match freed {
         Ok(freed) if reclaim_done(&freed) => {
             if let Err(error) = services

@@ -326,6 +326,19 @@ impl ClientSessionActor {
                 let request = DirectoryRequest::Drain { node };
                 Admitted::Work(Box::pin(forward(services, request)), Slots::None)
             }
+            ClientRequest::Prefetch { objects } => {
+                match self.books(|books| books.check_objects(&objects)) {
+                    Some(Ok(())) => Admitted::Work(
+                        Box::pin(async move {
+                            let started = super::ssd_restore::prefetch(&services, &objects).await;
+                            (ClientReply::Prefetching(started), Change::None)
+                        }),
+                        Slots::None,
+                    ),
+                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
+                    None => Admitted::Reply(error(gone())),
+                }
+            }
         }
     }
 
@@ -454,7 +467,7 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         ClientRequest::RegisterNamespace(_) => Operation::Open,
         ClientRequest::BeginStore { .. } => Operation::Reserve,
         ClientRequest::CommitStore { .. } | ClientRequest::AbortStore { .. } => Operation::Commit,
-        ClientRequest::Probe { .. } => Operation::Probe,
+        ClientRequest::Probe { .. } | ClientRequest::Prefetch { .. } => Operation::Probe,
         ClientRequest::Acquire { .. } => Operation::Acquire,
         ClientRequest::Release { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
@@ -610,7 +623,8 @@ async fn acquire(
     };
     match services.link.call(request).await {
         Ok(DirectoryReply::Acquired(outcomes)) => {
-            let outcomes = restore_misses(&services, &objects, mode, outcomes).await;
+            let outcomes =
+                super::ssd_restore::restore_misses(&services, &objects, mode, outcomes).await;
             count_lookups(&services, &outcomes);
             let leases = outcomes
                 .iter()
@@ -649,46 +663,6 @@ fn count_lookups(services: &NodeServices, outcomes: &[AcquireOutcome]) {
     services
         .metrics
         .add_bytes_moved(Direction::Load, loaded_bytes);
-}
-
-/// Restores the missed objects the node's SSD holds into a pool and acquires them again:
-/// the missed items (each mode), or the whole manifest (a manifest leases all or none).
-async fn restore_misses(
-    services: &NodeServices,
-    objects: &[crate::model::ObjectId],
-    mode: crate::directory::AcquireMode,
-    mut outcomes: Vec<AcquireOutcome>,
-) -> Vec<AcquireOutcome> {
-    let Some(ssd) = &services.ssd else {
-        return outcomes;
-    };
-    let missed: Vec<usize> = (0..objects.len())
-        .filter(|index| matches!(outcomes.get(*index), Some(AcquireOutcome::Miss)))
-        .filter(|index| ssd.store.length_of(&objects[*index]).is_some())
-        .collect();
-    if missed.is_empty() {
-        return outcomes;
-    }
-    let wanted: Vec<_> = missed.iter().map(|index| objects[*index]).collect();
-    if super::ssd::restore(services, ssd, &wanted).await == 0 {
-        return outcomes;
-    }
-    let (again, positions) = match mode {
-        crate::directory::AcquireMode::Manifest => (objects.to_vec(), (0..objects.len()).collect()),
-        crate::directory::AcquireMode::Each => (wanted, missed),
-    };
-    let request = DirectoryRequest::Acquire {
-        objects: again,
-        mode,
-    };
-    if let Ok(DirectoryReply::Acquired(second)) = services.link.call(request).await {
-        for (position, outcome) in positions.into_iter().zip(second) {
-            if let Some(slot) = outcomes.get_mut(position) {
-                *slot = outcome;
-            }
-        }
-    }
-    outcomes
 }
 
 async fn release(

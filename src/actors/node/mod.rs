@@ -11,7 +11,9 @@
 //! * `host_files`: the instance lock, the files removed by identity, the stop signals.
 //! * `peer`: the peer endpoint (QUIC, mutual TLS) and the receiving side of copies.
 //! * `replication`: the push and receive tasks of copies between nodes.
-//! * `ssd`: the SSD store's I/O: open, spill on reclaim, restore on a load's miss.
+//! * `ssd`: the SSD pool: open and register the store, spill on the directory's demotion,
+//!   drop on reclaim, report a kept store's objects.
+//! * `ssd_restore`: restores from the SSD on a load's miss and on a prefetch.
 
 pub mod actor;
 pub mod client_session;
@@ -24,3 +26,4 @@ pub mod rejoin;
 pub mod replication;
 pub mod services;
 pub mod ssd;
+pub mod ssd_restore;

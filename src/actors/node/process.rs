@@ -146,9 +146,11 @@ async fn start(
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
-    let (pools, mappings, registration) =
+    let (pools, mappings, mut registration) =
         start_pools(link, &metrics, section, pool, cxl_pools).await?;
-    let ssd = super::ssd::open(section.ssd.as_ref(), &metrics).await?;
+    let ssd_spec = section.ssd_pool_spec(registration.node);
+    let ssd = super::ssd::open(section.ssd.as_ref(), ssd_spec, link, &metrics).await?;
+    registration.ssd = ssd.as_ref().map(|ssd| ssd.registration.clone());
     serve_metrics(section.metrics, metrics.clone()).await?;
     let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
@@ -170,6 +172,9 @@ async fn start(
     };
     if let Some(peer) = &peer {
         peer.serve(services.clone());
+    }
+    if let Some(ssd) = &services.ssd {
+        super::ssd::report_stored(&services, ssd).await;
     }
     NodeActor::new(services.clone(), registration, TASK_INTERVAL, exit_sender).start();
     let socket_file = serve_clients(section, clients, services).await?;
@@ -214,6 +219,7 @@ async fn start_pools(
         cpu_pool: pool_id,
         shared_pools: Vec::new(),
         profiles: Vec::new(),
+        ssd: None,
     };
     registration
         .profiles

@@ -40,6 +40,8 @@ pub struct Registration {
     pub shared_pools: Vec<(String, PoolId)>,
     /// What the node measured of its pools.
     pub profiles: Vec<(PoolId, Measurement)>,
+    /// The node's SSD pool, when it has one.
+    pub ssd: Option<super::ssd::SsdRegistration>,
 }
 
 /// Why a rejoin could not keep the node's cache: the node stops.
@@ -135,6 +137,12 @@ async fn register_again(
     match link.send(DirectoryRequest::RegisterPool(spec)).await? {
         DirectoryReply::Pool(pool) if pool == registration.cpu_pool => {}
         _ => return Err(RejoinError::IdentityChanged("the CPU pool".into())),
+    }
+    if let Some(ssd) = &registration.ssd {
+        match super::ssd::register(link, &ssd.spec, ssd.admit_after_accesses).await {
+            Ok(pool) if pool == ssd.pool => {}
+            _ => return Err(RejoinError::IdentityChanged("the SSD pool".into())),
+        }
     }
     if !registration.shared_pools.is_empty() {
         let DirectoryReply::Usage(listed) = link.send(DirectoryRequest::Usage).await? else {
@@ -278,7 +286,7 @@ async fn adopt(
 }
 
 /// Sends a rejoin report, waiting and sending it again while the directory paces.
-async fn paced(
+pub(super) async fn paced(
     services: &NodeServices,
     request: DirectoryRequest,
 ) -> Result<DirectoryReply, LinkError> {

@@ -47,6 +47,11 @@ pub struct NodeServices {
 }
 
 impl NodeServices {
+    /// Whether `pool` is this node's SSD pool.
+    pub fn is_ssd_pool(&self, pool: PoolId) -> bool {
+        self.ssd.as_ref().is_some_and(|ssd| ssd.pool() == pool)
+    }
+
     /// The node core, for one call.
     pub fn core(&self) -> MutexGuard<'_, NodeCore> {
         lock_core(&self.core)
@@ -62,7 +67,18 @@ impl NodeServices {
 
     /// Frees an allocation this node holds; logs when the pool refuses.
     pub async fn free(&self, location: Location) {
-        self.core().holdings.freed(&location);
+        let object = {
+            let mut core = self.core();
+            let object = core.holdings.object_at(&location);
+            core.holdings.freed(&location);
+            object
+        };
+        if let (Some(ssd), Some(object)) = (&self.ssd, object) {
+            if ssd.pool() == location.pool {
+                ssd.drop_object(&object, &location);
+                return;
+            }
+        }
         if let Some(pool) = self.pools.get(&location.pool) {
             let freed = pool
                 .send(Free {

@@ -1,34 +1,61 @@
-//! The node's SSD I/O: opens the store at start, spills a replica's bytes to it when the
-//! directory has the replica reclaimed (outside any engine's store path), and restores
-//! objects found only on the SSD into the node's CPU pool when a load misses, publishing
-//! them through the directory like any store so the load then reads a hit. Disk I/O runs
-//! on blocking threads; the store bounds what is in flight.
+//! The node's SSD pool: opens the store at start and registers it with the directory as a
+//! pool private to the node (medium `ssd`), reports what a kept store still holds, and
+//! carries out the directory's decisions on it: a demotion into the SSD pool spills the
+//! replica's bytes (reserve → write → commit, so the replica is READY only once its write is
+//! durable), a reclaim drops the object from the store, and objects the store itself
+//! dropped to free a region are retired at the directory. Disk I/O runs on blocking
+//! threads; the store bounds what is in flight. Restores are in [`super::ssd_restore`].
 
-use super::actor::commit_result;
-use super::pool::{ReadAt, WriteAt};
+use super::actor::{commit_result, DEMOTION_CHUNK_BYTES};
+use super::link::DirectoryLink;
+use super::pool::{Check, PoolActor, ReadAt};
+use super::rejoin::paced;
 use super::services::NodeServices;
-use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
-use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
+use crate::backends::ssd::source::Filled;
+use crate::backends::ssd::{SsdConfig, SsdStore, StoredPlace};
+use crate::directory::{AdoptOutcome, CommitOutcome, Holding};
 use crate::metrics::ssd::SsdMetrics;
 use crate::metrics::{Direction, Metrics};
-use crate::model::{Location, ObjectId, ReplicaId, SessionId};
+use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId, PoolSpec};
+use crate::model::{ReplicaId, SessionId};
 use crate::node::{after_commit, PagesAfterCommit};
-use std::sync::Arc;
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use actix::Addr;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Objects restored by one load at most: one prefix's chunks, issued together.
-pub const RESTORES_PER_LOAD_MAX: usize = 64;
-/// How long a load waits for room in a pool to restore into: a few directory ticks, far
-/// below the cost of recomputing a prefix.
-const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
-/// Pause between reservations a full pool skipped: one directory tick.
-const RESTORE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// A node's SSD store and its metrics.
+/// A node's SSD store, its pool at the directory and its metrics.
 pub struct NodeSsd {
     /// The store.
     pub store: SsdStore,
     /// Its metrics.
     pub metrics: SsdMetrics,
+    /// The store's pool at the directory, as registered.
+    pub registration: SsdRegistration,
+    /// The replica id of each object this node spilled in this process, to retire it when
+    /// the store drops the object to free a region. Bounded by the store's index (one entry
+    /// per object it holds).
+    spilled: Mutex<HashMap<ObjectId, (ReplicaId, Location)>>,
+    /// Restores in flight, joined by later loads and prefetches of the same object. Bounded
+    /// by [`super::ssd_restore::RESTORES_IN_FLIGHT_MAX`].
+    pub(super) restoring: Mutex<HashMap<ObjectId, tokio::sync::watch::Receiver<Option<bool>>>>,
+}
+
+/// What a node registers again for its SSD pool in each new session.
+#[derive(Clone, Debug)]
+pub struct SsdRegistration {
+    /// The pool as registered, and its id.
+    pub spec: PoolSpec,
+    pub pool: PoolId,
+    /// `[nodes.ssd] admit_after_accesses`.
+    pub admit_after_accesses: u32,
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
 }
 
 impl NodeSsd {
@@ -37,228 +64,293 @@ impl NodeSsd {
         self.metrics
             .publish(&self.store.usage(), self.store.counters());
     }
+
+    /// The pool the store is registered as.
+    pub fn pool(&self) -> PoolId {
+        self.registration.pool
+    }
+
+    /// The location of an object stored at `place`, as the directory records it: the
+    /// allocation is the data's offset in the store (one object per offset), the
+    /// generation the region fill that wrote it.
+    pub fn location_of(&self, place: StoredPlace) -> Location {
+        Location {
+            pool: self.pool(),
+            allocation: AllocationId(place.offset_bytes),
+            generation: Generation(place.generation),
+            offset_bytes: place.offset_bytes,
+            length_bytes: place.length_bytes,
+        }
+    }
+
+    /// Drops `object`, held at `location`, from the store (its replica was reclaimed or
+    /// refused): its space comes back with its region.
+    pub fn drop_object(&self, object: &ObjectId, location: &Location) {
+        let place = StoredPlace {
+            offset_bytes: location.offset_bytes,
+            length_bytes: location.length_bytes,
+            generation: location.generation.0,
+        };
+        self.store.remove(object, &place);
+        let mut spilled = lock(&self.spilled);
+        if spilled
+            .get(object)
+            .is_some_and(|(_, held)| held == location)
+        {
+            spilled.remove(object);
+        }
+        drop(spilled);
+        self.publish();
+    }
 }
 
-/// Opens the store of `config`, adopting or wiping what it holds. A store that cannot be
-/// opened (missing or read-only directory, full disk, bad configuration) is logged and
-/// counted as a skipped spill; the node serves its memory tiers without it.
+/// Opens the store of `config`, adopting or wiping what it holds, and registers it as the
+/// pool `spec`. A store that cannot be opened (missing or read-only directory, full disk,
+/// bad configuration) is logged and counted as a skipped spill; the node serves its memory
+/// tiers without it.
 pub async fn open(
     config: Option<&SsdConfig>,
+    spec: Option<PoolSpec>,
+    link: &DirectoryLink,
     metrics: &Metrics,
 ) -> anyhow::Result<Option<Arc<NodeSsd>>> {
-    let Some(config) = config.cloned() else {
+    let (Some(config), Some(spec)) = (config.cloned(), spec) else {
         return Ok(None);
     };
     let ssd_metrics = SsdMetrics::register(metrics)?;
+    let admit_after_accesses = config.admit_after_accesses;
     let opened = tokio::task::spawn_blocking(move || SsdStore::open(config)).await?;
-    match opened {
-        Ok((store, report)) => {
-            tracing::info!(
-                adopted = report.objects_adopted,
-                torn = report.torn_objects,
-                direct_io = report.direct_io,
-                io_uring_fallback = ?report.io_uring_fallback,
-                "SSD store open"
-            );
-            let ssd = NodeSsd {
-                store,
-                metrics: ssd_metrics,
-            };
-            ssd.publish();
-            Ok(Some(Arc::new(ssd)))
-        }
+    let (store, report) = match opened {
+        Ok(opened) => opened,
         Err(error) => {
             tracing::warn!(%error, "the SSD store could not be opened; serving memory tiers only");
             ssd_metrics.skip(error.skip_reason());
-            Ok(None)
+            return Ok(None);
         }
-    }
+    };
+    tracing::info!(
+        adopted = report.objects_adopted,
+        torn = report.torn_objects,
+        direct_io = report.direct_io,
+        io_uring_fallback = ?report.io_uring_fallback,
+        "SSD store open"
+    );
+    let pool = register(link, &spec, admit_after_accesses).await?;
+    metrics.set_pool_capacity(pool, spec.medium, spec.capacity_bytes);
+    let ssd = NodeSsd {
+        store,
+        metrics: ssd_metrics,
+        registration: SsdRegistration {
+            spec,
+            pool,
+            admit_after_accesses,
+        },
+        spilled: Mutex::default(),
+        restoring: Mutex::default(),
+    };
+    ssd.publish();
+    Ok(Some(Arc::new(ssd)))
 }
 
-/// Spills the bytes of `object` at `location` (a replica about to be freed) to the SSD.
-/// A spill that fails is skipped with its reason counted.
+/// Registers the SSD pool `spec` and its admission; returns its id.
+pub async fn register(
+    link: &DirectoryLink,
+    spec: &PoolSpec,
+    admit_after_accesses: u32,
+) -> anyhow::Result<PoolId> {
+    let DirectoryReply::Pool(pool) = link
+        .send(DirectoryRequest::RegisterPool(spec.clone()))
+        .await?
+    else {
+        anyhow::bail!("the SSD pool's registration got another reply");
+    };
+    let admission = DirectoryRequest::AdmitAfter {
+        pool,
+        accesses: admit_after_accesses,
+    };
+    link.send(admission).await?;
+    Ok(pool)
+}
+
+/// Reports what a kept store holds to the directory, in bounded batches paced by it, as a
+/// rejoin reports its pools: each object adopted becomes READY in the SSD pool (a probe
+/// says it is on SSD). Objects refused (a namespace the directory does not know, a copy
+/// already there) stay in the store unreported until its regions are reused. Returns how
+/// many were adopted.
+pub async fn report_stored(services: &NodeServices, ssd: &NodeSsd) -> usize {
+    let holdings: Vec<Holding> = ssd
+        .store
+        .objects()
+        .into_iter()
+        .map(|(object, place)| Holding {
+            object,
+            location: ssd.location_of(place),
+        })
+        .collect();
+    let batch = services.link.binding().batch_items_max.max(1);
+    let mut adopted = 0;
+    for chunk in holdings.chunks(batch) {
+        let request = DirectoryRequest::Adopt {
+            holdings: chunk.to_vec(),
+        };
+        let outcomes = match paced(services, request).await {
+            Ok(DirectoryReply::Adopted(outcomes)) => outcomes,
+            other => {
+                tracing::warn!(?other, "the SSD store's objects could not be reported");
+                break;
+            }
+        };
+        for (holding, outcome) in chunk.iter().zip(outcomes) {
+            if matches!(outcome, AdoptOutcome::Adopted | AdoptOutcome::Known) {
+                services.published(holding.object, holding.location);
+                adopted += 1;
+            }
+        }
+    }
+    tracing::info!(adopted, reported = holdings.len(), "SSD store reported");
+    adopted
+}
+
+/// Carries out a demotion into the SSD pool: writes the source replica to the store (read
+/// chunk by chunk, see [`stage`]) and commits the target at the object's place there. On any
+/// failure the target is aborted and the spill counted as skipped.
 pub async fn spill(
     services: &NodeServices,
     ssd: &Arc<NodeSsd>,
-    object: ObjectId,
-    location: Location,
+    session: SessionId,
+    source: Location,
+    target: ReplicaId,
 ) {
-    let Some(pool) = services.pools.get(&location.pool) else {
-        return;
+    let object = services.core().holdings.object_at(&source);
+    let staged = match object {
+        Some(object) => stage(services, ssd, object, source)
+            .await
+            .map(|place| (object, place)),
+        None => Err("the source is not held here".into()),
     };
-    if ssd.store.length_of(&object) == Some(location.length_bytes) {
-        // Already on the SSD (restored from it earlier): content is immutable.
-        return;
-    }
-    let Ok(length) = usize::try_from(location.length_bytes) else {
-        return;
-    };
-    let read = pool
-        .send(ReadAt {
-            offset_bytes: location.offset_bytes,
-            buffer: vec![0; length],
-        })
-        .await;
-    let Ok(Ok(bytes)) = read else {
-        tracing::debug!(?location, "spill skipped: the pool could not be read");
-        return;
-    };
-    let writer = ssd.clone();
-    let written = tokio::task::spawn_blocking(move || {
-        let mut batch = writer.store.write_batch(&[(object, bytes.as_slice())]);
-        batch.results.pop()
-    })
-    .await;
-    match written {
-        Ok(Some(Ok(latency))) => {
-            ssd.metrics.observe_spill(latency);
-            services
-                .metrics
-                .add_bytes_moved(Direction::Spill, location.length_bytes);
-        }
-        Ok(Some(Err(error))) => tracing::debug!(%error, "spill skipped"),
-        _ => tracing::warn!("the spill's I/O thread failed"),
-    }
-    ssd.publish();
-}
-
-/// A restore in progress: the reservation and the pages it fills.
-struct Restoring {
-    object: ObjectId,
-    replica: ReplicaId,
-    location: Location,
-}
-
-/// Restores the objects of `objects` the SSD holds into a pool the directory grants on
-/// this node (at most [`RESTORES_PER_LOAD_MAX`], read together), and publishes each.
-/// Returns how many were published; the caller acquires them again.
-pub async fn restore(services: &NodeServices, ssd: &Arc<NodeSsd>, objects: &[ObjectId]) -> usize {
-    let session = services.link.session();
-    // One deadline for the whole load: its restores wait for room together.
-    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
-    let mut restoring = Vec::new();
-    for object in objects.iter().take(RESTORES_PER_LOAD_MAX) {
-        let Some(length_bytes) = ssd.store.length_of(object) else {
-            continue;
-        };
-        if let Some(granted) = reserve(services, *object, length_bytes, deadline).await {
-            restoring.push(granted);
-        }
-    }
-    if restoring.is_empty() {
-        return 0;
-    }
-    let reader = ssd.clone();
-    let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
-    let read = tokio::task::spawn_blocking(move || {
-        let mut found: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
-        let outcomes = reader
-            .store
-            .read_batch(&ids, |index, bytes| found[index] = Some(bytes.to_vec()));
-        (outcomes, found)
-    })
-    .await;
-    let (outcomes, found) = match read {
-        Ok(read) => read,
-        Err(_) => (Vec::new(), vec![None; restoring.len()]),
-    };
-    let mut published = 0;
-    for (index, (item, bytes)) in restoring.into_iter().zip(found).enumerate() {
-        if let Some(ReadOutcome::Hit { latency }) = outcomes.get(index) {
-            ssd.metrics.observe_restore(*latency);
-        }
-        let written = match (bytes, services.pools.get(&item.location.pool)) {
-            (Some(bytes), Some(pool)) => matches!(
-                pool.send(WriteAt {
-                    offset_bytes: item.location.offset_bytes,
-                    bytes,
-                })
-                .await,
-                Ok(Ok(_))
-            ),
-            _ => false,
-        };
-        if !written {
-            services.free(item.location).await;
-            services.link.abort(session, item.replica).await;
-        } else if publish(services, session, &item).await {
-            published += 1;
-            services
-                .metrics
-                .add_bytes_moved(Direction::Restore, item.location.length_bytes);
-        }
-    }
-    ssd.publish();
-    published
-}
-
-/// Reserves a replica of `object` and allocates its pages in the granted pool, asking
-/// again while a full pool skips the reservation, until `deadline`.
-async fn reserve(
-    services: &NodeServices,
-    object: ObjectId,
-    length_bytes: u64,
-    deadline: tokio::time::Instant,
-) -> Option<Restoring> {
-    let session = services.link.session();
-    let item = ReserveItem {
-        object,
-        length_bytes,
-    };
-    // A full pool skips the reservation and makes room (its owner reclaims): ask again.
-    let (replica, pool) = loop {
-        match services.link.reserve(item).await {
-            Ok(ReserveOutcome::Granted { replica, pool, .. }) => break (replica, pool),
-            Ok(ReserveOutcome::Skip) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(RESTORE_RETRY).await;
-            }
-            _ => return None,
+    let (object, place) = match staged {
+        Ok(staged) => staged,
+        Err(reason) => {
+            tracing::debug!(%reason, ?source, "spill abandoned");
+            services.link.abort(session, target).await;
+            return;
         }
     };
-    let allocated = match services.pools.get(&pool) {
-        Some(actor) => services.allocate_for(actor, pool, length_bytes, None).await,
-        None => {
-            services.link.abort(session, replica).await;
-            return None;
-        }
-    };
-    let Ok(Ok(allocation)) = allocated else {
-        services.link.abort(session, replica).await;
-        return None;
-    };
-    Some(Restoring {
-        object,
-        replica,
-        location: Location {
-            pool,
-            allocation: allocation.id,
-            generation: allocation.generation,
-            offset_bytes: allocation.offset,
-            length_bytes,
-        },
-    })
-}
-
-/// Commits a written restore; its pages follow the node core's rule for the outcome. True
-/// when it is published.
-async fn publish(services: &NodeServices, session: SessionId, item: &Restoring) -> bool {
-    let committed = services
-        .link
-        .commit(session, item.replica, item.location)
-        .await;
+    let location = ssd.location_of(place);
+    let committed = services.link.commit(session, target, location).await;
     let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
     match after_commit(commit_result(committed)) {
         PagesAfterCommit::Published => {
             if published {
-                services.published(item.object, item.location);
+                services.published(object, location);
+                lock(&ssd.spilled).insert(object, (target, location));
+                services
+                    .metrics
+                    .add_bytes_moved(Direction::Spill, location.length_bytes);
             }
         }
         PagesAfterCommit::Keep => {}
-        PagesAfterCommit::Free => services.free(item.location).await,
+        PagesAfterCommit::Free => ssd.drop_object(&object, &location),
         PagesAfterCommit::FreeAndAbort => {
-            services.free(item.location).await;
-            services.link.abort(session, item.replica).await;
+            ssd.drop_object(&object, &location);
+            services.link.abort(session, target).await;
         }
     }
-    published
+    ssd.publish();
+}
+
+/// Writes the bytes at `source` to the store (unless it holds them already: content is
+/// immutable) and returns where they are. The source is read chunk by chunk straight into
+/// the store's staging slot, then checked still live at its generation (no chunk came from
+/// reused pages). Retires what the store dropped to make room.
+async fn stage(
+    services: &NodeServices,
+    ssd: &Arc<NodeSsd>,
+    object: ObjectId,
+    source: Location,
+) -> Result<StoredPlace, String> {
+    if let Some(place) = ssd.store.place_of(&object) {
+        if place.length_bytes == source.length_bytes {
+            return Ok(place);
+        }
+    }
+    let Some(pool) = services.pools.get(&source.pool).cloned() else {
+        return Err("the source's pool is not mapped here".into());
+    };
+    let writer = ssd.clone();
+    let reader = pool.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let written = tokio::task::spawn_blocking(move || {
+        let mut filled = Filled {
+            object,
+            length_bytes: source.length_bytes,
+            fill: |data: &mut [u8]| runtime.block_on(read_chunks(&reader, source, data)),
+        };
+        let mut batch = writer.store.write_from(&mut filled);
+        (batch.results.pop(), batch.evicted)
+    })
+    .await
+    .map_err(|error| format!("the spill's I/O thread failed: {error}"))?;
+    let (result, evicted) = written;
+    retire_evicted(services, ssd, evicted).await;
+    match result {
+        Some(Ok(latency)) => ssd.metrics.observe_spill(latency),
+        Some(Err(error)) => return Err(format!("spill skipped: {error}")),
+        None => return Err("the store answered no result".into()),
+    }
+    let place = ssd
+        .store
+        .place_of(&object)
+        .ok_or("the store dropped the object at once")?;
+    let checked = pool.send(Check { location: source }).await;
+    if !matches!(checked, Ok(Ok(()))) {
+        ssd.store.remove(&object, &place);
+        return Err(format!(
+            "the source was reused while it was read: {checked:?}"
+        ));
+    }
+    Ok(place)
+}
+
+/// Reads `source` from its pool into `data` (its length), at most [`DEMOTION_CHUNK_BYTES`]
+/// per pool message through one reused chunk buffer, so the pool actor is never held for
+/// longer than one chunk's copy.
+async fn read_chunks(
+    pool: &Addr<PoolActor>,
+    source: Location,
+    data: &mut [u8],
+) -> Result<(), String> {
+    let mut chunk = Vec::new();
+    let mut done = 0;
+    while done < data.len() {
+        let size = (data.len() - done).min(DEMOTION_CHUNK_BYTES as usize);
+        chunk.resize(size, 0);
+        chunk = pool
+            .send(ReadAt {
+                offset_bytes: source.offset_bytes + done as u64,
+                buffer: chunk,
+            })
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| error.to_string())?;
+        data[done..done + size].copy_from_slice(&chunk);
+        done += size;
+    }
+    Ok(())
+}
+
+/// Retires at the directory the spilled replicas of objects the store dropped to free a
+/// region (their bytes are gone): they stop being reported as on SSD.
+async fn retire_evicted(services: &NodeServices, ssd: &NodeSsd, evicted: Vec<ObjectId>) {
+    for object in evicted {
+        let spilled = lock(&ssd.spilled).remove(&object);
+        let Some((replica, location)) = spilled else {
+            continue;
+        };
+        services.core().holdings.freed(&location);
+        let request = DirectoryRequest::Retire { object, replica };
+        if let Err(error) = services.link.call(request).await {
+            tracing::debug!(%error, ?replica, "retiring a replica the SSD dropped failed");
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! * `region`: the sans-I/O core: placement into regions, whole-region reclaim, the index.
 //! * `io`: the bounded I/O queue (io_uring, pread/pwrite fallback) and aligned buffers.
 //! * `recovery`: the scan that rebuilds the index at a restart.
+//! * `source`: where a write's bytes come from (slices, or a filler of the staging slot).
 //! * `store`: `SsdStore`, which ties them together.
 //! * `error`: `SsdError` and the counted reasons a spill is skipped.
 
@@ -14,6 +15,7 @@ pub mod io;
 pub mod layout;
 pub mod recovery;
 pub mod region;
+pub mod source;
 pub mod store;
 
 #[cfg(test)]
@@ -22,5 +24,6 @@ mod tests;
 pub use error::{SkipReason, SsdError};
 pub use region::SsdUsage;
 pub use store::{
-    OpenReport, PinnedObject, ReadOutcome, SsdConfig, SsdCounters, SsdStore, WriteBatch,
+    OpenReport, PinnedObject, ReadOutcome, SsdConfig, SsdCounters, SsdStore, StoredPlace,
+    WriteBatch,
 };

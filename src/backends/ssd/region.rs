@@ -309,6 +309,11 @@ impl RegionTable {
         region.pins -= 1;
     }
 
+    /// Every indexed object and its entry.
+    pub fn entries(&self) -> impl Iterator<Item = (ObjectId, Entry)> + '_ {
+        self.index.iter().map(|(object, entry)| (*object, *entry))
+    }
+
     /// The object's entry, without pinning.
     pub fn get(&self, object: &ObjectId) -> Option<Entry> {
         self.index.get(object).copied()

@@ -9,6 +9,7 @@ use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
 use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
+use super::source::{Slices, WriteSource};
 use crate::model::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -48,6 +49,14 @@ pub struct SsdConfig {
     /// cannot be set up.
     #[serde(default = "default_true")]
     pub io_uring: bool,
+    /// Accesses an object needs before the directory spills it here (a second access by
+    /// default, as KVBM does, to spare the disk's endurance; 1 admits every object).
+    #[serde(default = "default_admit_after_accesses")]
+    pub admit_after_accesses: u32,
+}
+
+fn default_admit_after_accesses() -> u32 {
+    2
 }
 
 fn default_region_bytes() -> u64 {
@@ -78,7 +87,13 @@ impl SsdConfig {
             queue_depth: default_queue_depth(),
             object_bytes_max: default_object_bytes_max(),
             io_uring: true,
+            admit_after_accesses: default_admit_after_accesses(),
         }
+    }
+
+    /// The capacity the store really has: whole regions.
+    pub fn usable_bytes(&self) -> Result<u64, SsdError> {
+        Ok(u64::from(self.region_count()?) * self.region_bytes)
     }
 
     fn region_count(&self) -> Result<u32, SsdError> {
@@ -170,6 +185,18 @@ pub struct WriteBatch {
     pub results: Vec<Result<Duration, SsdError>>,
     /// Objects dropped because their region was reclaimed to make room.
     pub evicted: Vec<ObjectId>,
+}
+
+/// Where a stored object's data is in the store's address space (see
+/// [`SsdStore::place_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredPlace {
+    /// Offset of the data: region index × region size + offset in the region file.
+    pub offset_bytes: u64,
+    /// Length of the data.
+    pub length_bytes: u64,
+    /// The region fill that wrote it.
+    pub generation: u64,
 }
 
 /// An object's bytes in place, for a reader that reads the file itself (GPUDirect
@@ -316,6 +343,43 @@ impl SsdStore {
             .map(|entry| entry.length_bytes)
     }
 
+    /// Where `object`'s data is, when the store holds it: its offset in the store's address
+    /// space (region index × region size + offset in the region file), which names one
+    /// place in `0..capacity`, and the generation of the region fill that wrote it.
+    pub fn place_of(&self, object: &ObjectId) -> Option<StoredPlace> {
+        lock(&self.table)
+            .get(object)
+            .map(|entry| self.place(&entry))
+    }
+
+    fn place(&self, entry: &Entry) -> StoredPlace {
+        StoredPlace {
+            offset_bytes: u64::from(entry.region) * self.config.region_bytes + entry.data_offset(),
+            length_bytes: entry.length_bytes,
+            generation: entry.generation,
+        }
+    }
+
+    /// Every object the store holds, with its place (at most the store's index: one entry
+    /// per object, bounded by its capacity).
+    pub fn objects(&self) -> Vec<(ObjectId, StoredPlace)> {
+        lock(&self.table)
+            .entries()
+            .map(|(object, entry)| (object, self.place(&entry)))
+            .collect()
+    }
+
+    /// Drops `object` if it is still at `place` (a retired replica): its space becomes
+    /// reclaimable with its region. True when it was dropped.
+    pub fn remove(&self, object: &ObjectId, place: &StoredPlace) -> bool {
+        let mut table = lock(&self.table);
+        let current = table.get(object);
+        match current {
+            Some(entry) if self.place(&entry) == *place => table.remove(object, Some(entry)),
+            _ => false,
+        }
+    }
+
     /// Where `object`'s bytes are, its region protected from reuse until
     /// [`SsdStore::unpin`]; `None` when the store does not hold it.
     pub fn pin(&self, object: &ObjectId) -> Option<PinnedObject> {
@@ -338,21 +402,29 @@ impl SsdStore {
     /// stored again replaces its older copy. Failed writes are skipped and counted by
     /// reason; objects whose region was reclaimed to make room are listed in the result.
     pub fn write_batch(&self, objects: &[(ObjectId, &[u8])]) -> WriteBatch {
+        self.write_from(&mut Slices(objects))
+    }
+
+    /// Writes the objects of `source`, each filled straight into its staging slot, as
+    /// [`SsdStore::write_batch`] does.
+    pub fn write_from(&self, source: &mut dyn WriteSource) -> WriteBatch {
+        let count = source.count();
         let mut requests = WriteRequests {
             store: self,
-            objects,
-            reservations: vec![None; objects.len()],
-            results: (0..objects.len()).map(|_| Err(SsdError::Full)).collect(),
+            source,
+            reservations: vec![None; count],
+            results: (0..count).map(|_| Err(SsdError::Full)).collect(),
             evicted: Vec::new(),
         };
-        lock(&self.queue).run(objects.len(), &mut requests);
+        lock(&self.queue).run(count, &mut requests);
         let WriteRequests {
+            source,
             reservations,
             mut results,
             evicted,
             ..
         } = requests;
-        self.finish_writes(objects, reservations, &mut results);
+        self.finish_writes(&*source, reservations, &mut results);
         for result in &results {
             if let Err(error) = result {
                 self.counters.skipped[error.skip_reason().index()].fetch_add(1, Ordering::Relaxed);
@@ -364,7 +436,7 @@ impl SsdStore {
     /// Commits the writes that completed (after a sync when buffered) and aborts the rest.
     fn finish_writes(
         &self,
-        objects: &[(ObjectId, &[u8])],
+        source: &dyn WriteSource,
         reservations: Vec<Option<(Reservation, u32)>>,
         results: &mut [Result<Duration, SsdError>],
     ) {
@@ -388,13 +460,13 @@ impl SsdStore {
             let Some((reservation, crc)) = reservation else {
                 continue;
             };
-            let (object, bytes) = objects[index];
+            let (object, length_bytes) = source.object(index);
             if results[index].is_ok() {
-                table.commit(reservation, object, bytes.len() as u64, crc);
+                table.commit(reservation, object, length_bytes, crc);
                 self.counters.spills.fetch_add(1, Ordering::Relaxed);
                 self.counters
                     .spill_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    .fetch_add(length_bytes, Ordering::Relaxed);
             } else {
                 table.abort(reservation);
             }
@@ -467,7 +539,7 @@ fn wipe(directory: &Path) -> Result<(), SsdError> {
 
 struct WriteRequests<'a> {
     store: &'a SsdStore,
-    objects: &'a [(ObjectId, &'a [u8])],
+    source: &'a mut dyn WriteSource,
     reservations: Vec<Option<(Reservation, u32)>>,
     results: Vec<Result<Duration, SsdError>>,
     evicted: Vec<ObjectId>,
@@ -504,27 +576,32 @@ impl WriteRequests<'_> {
 
 impl IoRequests for WriteRequests<'_> {
     fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
-        let (object, bytes) = self.objects[request];
-        let reservation = match self.reserve(bytes.len() as u64) {
+        let (object, length_bytes) = self.source.object(request);
+        let reservation = match self.reserve(length_bytes) {
             Ok(reservation) => reservation,
             Err(error) => {
                 self.results[request] = Err(error);
                 return None;
             }
         };
-        let data_crc = crc32c::crc32c(bytes);
         let footprint = reservation.footprint_bytes as usize;
         let slot = slot.bytes(footprint);
+        let length = length_bytes as usize;
+        let data = &mut slot[BLOCK_BYTES as usize..footprint];
+        if let Err(error) = self.source.fill(request, &mut data[..length]) {
+            lock(&self.store.table).abort(reservation);
+            self.results[request] = Err(error);
+            return None;
+        }
+        data[length..].fill(0);
+        let data_crc = crc32c::crc32c(&data[..length]);
         ObjectHeader {
             object,
-            length_bytes: bytes.len() as u64,
+            length_bytes,
             generation: reservation.generation,
             data_crc,
         }
-        .encode(slot);
-        let data = &mut slot[BLOCK_BYTES as usize..footprint];
-        data[..bytes.len()].copy_from_slice(bytes);
-        data[bytes.len()..].fill(0);
+        .encode(&mut slot[..BLOCK_BYTES as usize]);
         self.reservations[request] = Some((reservation, data_crc));
         Some(IoOp {
             kind: IoKind::Write,
