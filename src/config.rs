@@ -485,6 +485,33 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_endpoint_is_optional_and_its_datagram_size_bounded() {
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let base = Path::new("/");
+        let plain = ClusterConfig::parse(node, base).unwrap();
+        assert_eq!(plain.nodes[0].peer_reachable_at(), None);
+        assert_eq!(plain.nodes[0].peer_datagram_bytes, 1452);
+        let listen = node.replace(
+            "socket = \"s\"\n",
+            "socket = \"s\"\npeer_listen = \"0.0.0.0:7500\"\npeer_address = \"10.0.0.1:7500\"\n",
+        );
+        let served = ClusterConfig::parse(&listen, base).unwrap();
+        assert_eq!(
+            served.nodes[0].peer_reachable_at(),
+            Some("10.0.0.1:7500".parse().unwrap())
+        );
+        let tiny = node.replace(
+            "socket = \"s\"\n",
+            "socket = \"s\"\npeer_datagram_bytes = 1000\n",
+        );
+        let error = ClusterConfig::parse(&tiny, base).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("peer_datagram_bytes"),
+            "{error:#}"
+        );
+    }
+
+    #[test]
     fn duplicate_names_are_refused() {
         let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[nodes]]\nname = \"a\"\nsocket = \"t\"\n[nodes.cpu_pool]\npath = \"/dev/shm/y\"\ncapacity_bytes = 65536\n";
         let directory = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));
