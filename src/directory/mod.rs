@@ -202,3 +202,5 @@ impl Directory {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_staged;
