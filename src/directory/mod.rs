@@ -209,3 +209,5 @@ impl Directory {
 mod tests;
 #[cfg(test)]
 mod tests_replication;
+#[cfg(test)]
+mod tests_staged;
