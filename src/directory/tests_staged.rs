@@ -176,7 +176,7 @@ fn demotions(tasks: &[Task]) -> Vec<(Location, ReplicaId, PoolId)> {
                 target,
                 target_pool,
             } => Some((source, target, target_pool)),
-            TaskKind::Reclaim { .. } => None,
+            _ => None,
         })
         .collect()
 }
