@@ -173,6 +173,7 @@ impl World {
         state.cxl.clear();
         state.pending.clear();
         state.committed.clear();
+        self.receives.retain(|_, (receiver, _)| *receiver != node);
         self.stats.covered.node_restarts += 1;
     }
 

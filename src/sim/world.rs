@@ -199,6 +199,10 @@ impl World {
     pub fn restart_directory(&mut self) {
         self.stats.covered.directory_restarts += 1;
         self.network.break_connections();
+        // Copies half done die with the connections; the new incarnation may hand out
+        // the same replica ids again.
+        self.pushes.clear();
+        self.receives.clear();
         self.config.incarnation = self.config.incarnation.wrapping_add(1).max(1);
         self.directory = Directory::new(self.config.clone());
         let before = std::mem::take(&mut self.cxl_pools);
