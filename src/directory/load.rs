@@ -3,6 +3,7 @@
 //! expiry live here too.
 
 use super::leases::LeaseRecord;
+use super::replication::Asked;
 use super::sessions::Session;
 use super::{
     AcquireMode, AcquireOutcome, Directory, DirectoryError, Lease, ProbeOutcome, ReleaseOutcome,
@@ -32,8 +33,9 @@ impl Directory {
     }
 
     /// [`Directory::probe`] as an engine's lookup: the misses of objects held only where the
-    /// session cannot map them are recorded as demand for a copy towards its node
-    /// ([`super::replication`]), as an acquire's are. The answers are the probe's.
+    /// session cannot map them name its node as a consumer wanting a copy
+    /// ([`super::replication`]); a repeated lookup adds no demand, an acquire's miss does.
+    /// The answers are the probe's.
     pub fn probe_noting_demand(
         &mut self,
         now: Timestamp,
@@ -47,7 +49,7 @@ impl Directory {
             .filter(|(_, outcome)| matches!(outcome, ProbeOutcome::Miss))
             .map(|(object, _)| *object)
             .collect();
-        self.record_remote_misses(now, session_id, &missed);
+        self.record_remote_misses(now, session_id, &missed, Asked::Lookup);
         Ok(outcomes)
     }
 
@@ -124,7 +126,7 @@ impl Directory {
                 .filter(|(_, choice)| choice.is_none())
                 .map(|(object, _)| *object)
                 .collect();
-            self.record_remote_misses(now, session_id, &missed);
+            self.record_remote_misses(now, session_id, &missed, Asked::Load);
         }
         let session = self.open_session(session_id)?;
         if mode == AcquireMode::Manifest && (found as usize) < objects.len() {

@@ -1,6 +1,7 @@
-//! Replication on demand, the directory's side: when a node's acquire misses an object
-//! whose READY replicas all sit where that node cannot map them, the answer stays MISS at
-//! once (the forward path never waits) and the miss is recorded as a remote demand. Past
+//! Replication on demand, the directory's side: when a node's lookup or acquire misses an
+//! object whose READY replicas all sit where that node cannot map them, the answer stays
+//! MISS at once (the forward path never waits) and the miss is recorded as a remote demand
+//! (a repeated lookup adds none: polling never inflates it). Past
 //! `replicate_after_misses` misses the directory plans one copy of the object towards the
 //! node, when keeping the copy costs less than recomputing it:
 //!
@@ -19,7 +20,8 @@
 use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, SessionState, Task, TaskKind};
 use crate::model::{
-    Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, Scope, SessionId, TaskId, Timestamp,
+    Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, Scope, SessionId, TaskId, Tier,
+    Timestamp,
 };
 use crate::policy::cost::CostModel;
 use crate::policy::profiles::{TierKind, TierProfile};
@@ -112,6 +114,16 @@ struct Demand {
     last_miss: Timestamp,
 }
 
+/// How a node asked for an object it could not map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Asked {
+    /// A probe (an engine's lookup, which it may repeat while it waits): it records the
+    /// node's demand once, and a repeat adds nothing.
+    Lookup,
+    /// An acquire: every miss counts towards `replicate_after_misses`.
+    Load,
+}
+
 /// One replication in flight, by its target reservation.
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
@@ -155,14 +167,15 @@ enum Decision {
 }
 
 impl Directory {
-    /// Records the acquire misses of `session` (`missed`) whose object has a READY replica
-    /// elsewhere, and plans the replications whose demand reached the threshold. Never
+    /// Records the misses of `session` (`missed`, `asked` by a lookup or a load) whose
+    /// object has a READY replica elsewhere, and plans the replications whose demand reached the threshold. Never
     /// fails: a bound reached is a counted skip.
     pub(super) fn record_remote_misses(
         &mut self,
         now: Timestamp,
         session: SessionId,
         missed: &[ObjectId],
+        asked: Asked,
     ) {
         let threshold = self.config.replicate_after_misses;
         if threshold == 0 || missed.is_empty() {
@@ -186,6 +199,8 @@ impl Directory {
                 continue;
             }
             let misses = match demands.get_mut(&key) {
+                // A lookup names a consumer once; polling it again never adds demand.
+                Some(demand) if asked == Asked::Lookup => demand.misses,
                 Some(demand) => {
                     demand.misses = demand.misses.saturating_add(1);
                     demand.last_miss = now;
@@ -373,6 +388,8 @@ impl Directory {
         self.replicas.of_object(object).find(|(_, replica)| {
             replica.state == ReplicaState::Ready
                 && replica.owner != node
+                // A staged (L2) replica is restored by its own node, never copied from.
+                && self.pools[replica.pool.0 as usize].spec.medium.tier() == Tier::L1
                 && match self.pools[replica.pool.0 as usize].spec.scope {
                     Scope::Host(owner) => owner == replica.owner,
                     Scope::Domain(domain) => self

@@ -203,6 +203,31 @@ fn the_threshold_and_the_switches_decide_whether_a_miss_replicates() {
 }
 
 #[test]
+fn a_lookup_names_a_consumer_once_and_repeated_lookups_add_no_demand() {
+    let (mut fixture, a, _, object) = cluster(DirectoryConfig {
+        replicate_after_misses: 2,
+        ..DirectoryConfig::default()
+    });
+    let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
+    for _ in 0..5 {
+        let now = fixture.now;
+        let probed = fixture
+            .directory
+            .probe_noting_demand(now, b.session, &[object])
+            .unwrap();
+        assert_eq!(probed, vec![ProbeOutcome::Miss]);
+        assert!(
+            polled(&mut fixture, &a).is_empty(),
+            "polling inflated demand"
+        );
+    }
+    // The lookup counted once; one load's miss makes two.
+    assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
+    replicate_task(&polled(&mut fixture, &a));
+    fixture.directory.check_invariants();
+}
+
+#[test]
 fn a_full_target_or_a_copy_that_does_not_pay_is_skipped_and_counted() {
     // Room: a shared pool already at its high watermark.
     let mut fixture = Fixture::new();
