@@ -85,6 +85,12 @@ pub fn run(
     let spec = ClusterSpec {
         nodes: config.engines.max(1),
         replicate_after_misses: directory.replicate_after_misses,
+        // Engines on separate nodes reach each other's copies over the peer endpoint.
+        peer_datagram_bytes: if config.engines > 1 {
+            crate::wire::peer::DATAGRAM_BYTES_SAFE
+        } else {
+            0
+        },
         cpu_pool_bytes: config.blocks.saturating_mul(config.chunk_bytes),
         page_bytes: config.chunk_bytes,
         // The node's metrics tell how many chunks it demoted.
