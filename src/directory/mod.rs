@@ -207,4 +207,6 @@ impl Directory {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_peer_path;
+#[cfg(test)]
 mod tests_replication;

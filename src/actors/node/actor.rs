@@ -226,6 +226,7 @@ async fn run_tasks(services: &NodeServices) {
                         },
                     ),
                     TaskKind::Receive {
+                        object,
                         target,
                         target_pool,
                         length_bytes,
@@ -233,6 +234,7 @@ async fn run_tasks(services: &NodeServices) {
                     } => {
                         let receive = replication::ReceiveTask {
                             task: task.id,
+                            object,
                             target,
                             target_pool,
                             length_bytes,
