@@ -144,9 +144,79 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     });
 }
 
+#[test]
+fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
+    let cluster = cluster(64 << 20);
+    let node_b = metrics_of(&cluster, "node-b");
+    let a_pid = cluster.node_pid(0).unwrap().to_string();
+    let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 3, 1 << 20);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        // A stays live to the directory (well within `suspect_after_ms`) but never pushes:
+        // B expects the transfer from A for as long as the test needs.
+        signal(&a_pid, "-STOP");
+        let allocated_before = allocated_bytes(node_b);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // The target's replica id is the directory's: one of the first few slots. Push to
+        // each until B, once it recorded its half, refuses one as not named for us.
+        let deadline = Instant::now() + HANG_GUARD;
+        let verdicts = loop {
+            let verdicts = stranger_pushes(&cluster, "node-b", 0..16).await;
+            if verdicts.contains(&Verdict::Refused) {
+                break verdicts;
+            }
+            assert!(Instant::now() < deadline, "B never expected the transfer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        signal(&a_pid, "-CONT");
+        assert_eq!(
+            verdicts
+                .iter()
+                .filter(|verdict| **verdict == Verdict::Refused)
+                .count(),
+            1,
+            "only the pending target is refused as not ours: {verdicts:?}"
+        );
+        assert!(verdicts
+            .iter()
+            .all(|verdict| matches!(verdict, Verdict::Refused | Verdict::NotExpected)));
+        assert_eq!(scraped(node_b, wrong_sender), 1.0, "the refusal is counted");
+        assert_eq!(
+            allocated_bytes(node_b),
+            allocated_before,
+            "B's pool is unchanged"
+        );
+        // The named sender still delivers it.
+        let (medium, exact) = load_until_hit(&b, id, &bytes).await;
+        assert_eq!((medium, exact), (Medium::Cpu, true));
+    });
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Pushes 64 KiB for a target nobody expects into node `to`, as the benchmarks' peer
 /// certificate (a cluster member no task names); returns the receiver's verdict.
 async fn stranger_push(cluster: &LocalCluster, to: &str) -> Verdict {
+    stranger_pushes(cluster, to, 1..2).await[0]
+}
+
+/// Pushes 64 KiB for each target of `targets` into node `to` as [`stranger_push`] does;
+/// returns the receiver's verdicts in order.
+async fn stranger_pushes(
+    cluster: &LocalCluster,
+    to: &str,
+    targets: std::ops::Range<u64>,
+) -> Vec<Verdict> {
     let certs = &cluster.config.directory.certs;
     let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
     let bind = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -155,16 +225,19 @@ async fn stranger_push(cluster: &LocalCluster, to: &str) -> Verdict {
     let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
         .await
         .unwrap();
-    let (mut send, mut receive) = connection.open_bi().await.unwrap();
-    let header = TransferHeader {
-        task: 1,
-        target_replica: 1,
-        length_bytes: 64 << 10,
-    };
-    send.write_all(&header.encode()).await.unwrap();
-    let verdict = peer::read_verdict(&mut receive).await.unwrap();
+    let mut verdicts = Vec::new();
+    for target in targets {
+        let (mut send, mut receive) = connection.open_bi().await.unwrap();
+        let header = TransferHeader {
+            task: 1,
+            target_replica: target,
+            length_bytes: 64 << 10,
+        };
+        send.write_all(&header.encode()).await.unwrap();
+        verdicts.push(peer::read_verdict(&mut receive).await.unwrap());
+    }
     connection.close(0u32.into(), b"done");
-    verdict
+    verdicts
 }
 
 #[test]
