@@ -288,3 +288,56 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
         );
     });
 }
+
+#[test]
+fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
+    const OBJECT_BYTES: usize = 192 << 20;
+    let mut cluster = cluster(256 << 20);
+    let (node_b, directory) = (
+        metrics_of(&cluster, "node-b"),
+        metrics_of(&cluster, "directory"),
+    );
+    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 4, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // B allocates the target when A's stream arrives: kill B while it receives.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < OBJECT_BYTES as f64 {
+            assert!(Instant::now() < deadline, "the copy never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        cluster.kill_node(1).unwrap();
+        assert_eq!(
+            scraped(directory, &result("completed")),
+            0.0,
+            "killed before the copy finished"
+        );
+        // The directory fences B, cancels the copy and frees its reservation.
+        let deadline = Instant::now() + HANG_GUARD;
+        while scraped(directory, &result("cancelled")) < 1.0
+            || scraped(directory, "kvtier_replications_in_flight") > 0.0
+            || metric_value(
+                &scrape_metrics(directory).unwrap(),
+                "kvtier_medium_bytes{medium=\"cpu\",state=\"reserved\"}",
+            ) != Some(0.0)
+        {
+            assert!(Instant::now() < deadline, "the copy was never cancelled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(scraped(directory, &result("cancelled")), 1.0);
+        assert_eq!(
+            scraped(directory, &result("completed")),
+            0.0,
+            "no partial copy became READY"
+        );
+        // The source stays.
+        let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+        let view = views[0].as_ref().expect("A's replica is gone");
+        assert_eq!(view.lease().medium, Medium::Cpu);
+        assert!(view.bytes().unwrap() == bytes.as_slice());
+    });
+}
