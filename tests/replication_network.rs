@@ -3,7 +3,7 @@
 //! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::AcquireMode;
+use kvtier::directory::{AcquireMode, RetireOutcome};
 use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::wire::peer::{self, TransferHeader, Verdict};
@@ -123,6 +123,12 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
             ) >= 1.0
         );
 
+        // The copy's pages show in B's metrics once its next task round publishes them.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < bytes.len() as f64 {
+            assert!(Instant::now() < deadline, "the copy's pages never showed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // A process with a cluster certificate that no task names pushes into B.
         let allocated_before = allocated_bytes(node_b);
         let refused_before = scraped(
@@ -339,5 +345,48 @@ fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
         let view = views[0].as_ref().expect("A's replica is gone");
         assert_eq!(view.lease().medium, Medium::Cpu);
         assert!(view.bytes().unwrap() == bytes.as_slice());
+    });
+}
+
+#[test]
+fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
+    const OBJECT_BYTES: usize = 192 << 20;
+    let cluster = cluster(256 << 20);
+    let (node_b, directory) = (
+        metrics_of(&cluster, "node-b"),
+        metrics_of(&cluster, "directory"),
+    );
+    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 5, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        drop(bytes);
+        let replica = {
+            let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+            views[0].as_ref().unwrap().lease().replica
+        };
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // B allocates the target when A's stream arrives: retire the source while it streams.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < OBJECT_BYTES as f64 {
+            assert!(Instant::now() < deadline, "the copy never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            a.retire(id, replica).await.unwrap(),
+            RetireOutcome::Reclaimable
+        );
+        let deadline = Instant::now() + HANG_GUARD;
+        while scraped(directory, &result("cancelled")) < 1.0
+            || scraped(directory, "kvtier_replications_in_flight") > 0.0
+            || allocated_bytes(node_b) > 0.0
+        {
+            assert!(Instant::now() < deadline, "the copy was never cancelled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(scraped(directory, &result("completed")), 0.0);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
     });
 }
