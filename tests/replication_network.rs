@@ -3,7 +3,7 @@
 //! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::AcquireMode;
+use kvtier::directory::{AcquireMode, RetireOutcome};
 use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::wire::peer::{self, TransferHeader, Verdict};
@@ -123,6 +123,12 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
             ) >= 1.0
         );
 
+        // The copy's pages show in B's metrics once its next task round publishes them.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < bytes.len() as f64 {
+            assert!(Instant::now() < deadline, "the copy's pages never showed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // A process with a cluster certificate that no task names pushes into B.
         let allocated_before = allocated_bytes(node_b);
         let refused_before = scraped(
@@ -144,9 +150,79 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     });
 }
 
+#[test]
+fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
+    let cluster = cluster(64 << 20);
+    let node_b = metrics_of(&cluster, "node-b");
+    let a_pid = cluster.node_pid(0).unwrap().to_string();
+    let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 3, 1 << 20);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        // A stays live to the directory (well within `suspect_after_ms`) but never pushes:
+        // B expects the transfer from A for as long as the test needs.
+        signal(&a_pid, "-STOP");
+        let allocated_before = allocated_bytes(node_b);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // The target's replica id is the directory's: one of the first few slots. Push to
+        // each until B, once it recorded its half, refuses one as not named for us.
+        let deadline = Instant::now() + HANG_GUARD;
+        let verdicts = loop {
+            let verdicts = stranger_pushes(&cluster, "node-b", 0..16).await;
+            if verdicts.contains(&Verdict::Refused) {
+                break verdicts;
+            }
+            assert!(Instant::now() < deadline, "B never expected the transfer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        signal(&a_pid, "-CONT");
+        assert_eq!(
+            verdicts
+                .iter()
+                .filter(|verdict| **verdict == Verdict::Refused)
+                .count(),
+            1,
+            "only the pending target is refused as not ours: {verdicts:?}"
+        );
+        assert!(verdicts
+            .iter()
+            .all(|verdict| matches!(verdict, Verdict::Refused | Verdict::NotExpected)));
+        assert_eq!(scraped(node_b, wrong_sender), 1.0, "the refusal is counted");
+        assert_eq!(
+            allocated_bytes(node_b),
+            allocated_before,
+            "B's pool is unchanged"
+        );
+        // The named sender still delivers it.
+        let (medium, exact) = load_until_hit(&b, id, &bytes).await;
+        assert_eq!((medium, exact), (Medium::Cpu, true));
+    });
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Pushes 64 KiB for a target nobody expects into node `to`, as the benchmarks' peer
 /// certificate (a cluster member no task names); returns the receiver's verdict.
 async fn stranger_push(cluster: &LocalCluster, to: &str) -> Verdict {
+    stranger_pushes(cluster, to, 1..2).await[0]
+}
+
+/// Pushes 64 KiB for each target of `targets` into node `to` as [`stranger_push`] does;
+/// returns the receiver's verdicts in order.
+async fn stranger_pushes(
+    cluster: &LocalCluster,
+    to: &str,
+    targets: std::ops::Range<u64>,
+) -> Vec<Verdict> {
     let certs = &cluster.config.directory.certs;
     let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
     let bind = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -155,16 +231,19 @@ async fn stranger_push(cluster: &LocalCluster, to: &str) -> Verdict {
     let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
         .await
         .unwrap();
-    let (mut send, mut receive) = connection.open_bi().await.unwrap();
-    let header = TransferHeader {
-        task: 1,
-        target_replica: 1,
-        length_bytes: 64 << 10,
-    };
-    send.write_all(&header.encode()).await.unwrap();
-    let verdict = peer::read_verdict(&mut receive).await.unwrap();
+    let mut verdicts = Vec::new();
+    for target in targets {
+        let (mut send, mut receive) = connection.open_bi().await.unwrap();
+        let header = TransferHeader {
+            task: 1,
+            target_replica: target,
+            length_bytes: 64 << 10,
+        };
+        send.write_all(&header.encode()).await.unwrap();
+        verdicts.push(peer::read_verdict(&mut receive).await.unwrap());
+    }
     connection.close(0u32.into(), b"done");
-    verdict
+    verdicts
 }
 
 #[test]
@@ -213,5 +292,101 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
                 "kvtier_peer_transfers_total{result=\"failed\",side=\"received\"}"
             ) >= 1.0
         );
+    });
+}
+
+#[test]
+fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
+    const OBJECT_BYTES: usize = 192 << 20;
+    let mut cluster = cluster(256 << 20);
+    let (node_b, directory) = (
+        metrics_of(&cluster, "node-b"),
+        metrics_of(&cluster, "directory"),
+    );
+    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 4, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // B allocates the target when A's stream arrives: kill B while it receives.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < OBJECT_BYTES as f64 {
+            assert!(Instant::now() < deadline, "the copy never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        cluster.kill_node(1).unwrap();
+        assert_eq!(
+            scraped(directory, &result("completed")),
+            0.0,
+            "killed before the copy finished"
+        );
+        // The directory fences B, cancels the copy and frees its reservation.
+        let deadline = Instant::now() + HANG_GUARD;
+        while scraped(directory, &result("cancelled")) < 1.0
+            || scraped(directory, "kvtier_replications_in_flight") > 0.0
+            || metric_value(
+                &scrape_metrics(directory).unwrap(),
+                "kvtier_medium_bytes{medium=\"cpu\",state=\"reserved\"}",
+            ) != Some(0.0)
+        {
+            assert!(Instant::now() < deadline, "the copy was never cancelled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(scraped(directory, &result("cancelled")), 1.0);
+        assert_eq!(
+            scraped(directory, &result("completed")),
+            0.0,
+            "no partial copy became READY"
+        );
+        // The source stays.
+        let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+        let view = views[0].as_ref().expect("A's replica is gone");
+        assert_eq!(view.lease().medium, Medium::Cpu);
+        assert!(view.bytes().unwrap() == bytes.as_slice());
+    });
+}
+
+#[test]
+fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
+    const OBJECT_BYTES: usize = 192 << 20;
+    let cluster = cluster(256 << 20);
+    let (node_b, directory) = (
+        metrics_of(&cluster, "node-b"),
+        metrics_of(&cluster, "directory"),
+    );
+    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (b, _) = connect(&cluster, 1).await;
+        let (id, bytes) = object(namespace, 5, OBJECT_BYTES);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        drop(bytes);
+        let replica = {
+            let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+            views[0].as_ref().unwrap().lease().replica
+        };
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        // B allocates the target when A's stream arrives: retire the source while it streams.
+        let deadline = Instant::now() + HANG_GUARD;
+        while allocated_bytes(node_b) < OBJECT_BYTES as f64 {
+            assert!(Instant::now() < deadline, "the copy never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            a.retire(id, replica).await.unwrap(),
+            RetireOutcome::Reclaimable
+        );
+        let deadline = Instant::now() + HANG_GUARD;
+        while scraped(directory, &result("cancelled")) < 1.0
+            || scraped(directory, "kvtier_replications_in_flight") > 0.0
+            || allocated_bytes(node_b) > 0.0
+        {
+            assert!(Instant::now() < deadline, "the copy was never cancelled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(scraped(directory, &result("completed")), 0.0);
+        assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
     });
 }

@@ -208,6 +208,8 @@ impl Directory {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_peer_path;
+#[cfg(test)]
 mod tests_replication;
 #[cfg(test)]
 mod tests_staged;

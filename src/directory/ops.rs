@@ -218,8 +218,10 @@ pub enum TaskKind {
     /// Replicate on demand over the network, the requester's half: allocate
     /// `length_bytes` in `target_pool` (this node's own CPU pool), accept the stream for
     /// `target` only from node `from`, write it, then commit `target`; on any failure
-    /// free the pages and `abort` the target.
+    /// free the pages and `abort` the target. Once committed the node holds `object`
+    /// there, as after any store.
     Receive {
+        object: ObjectId,
         target: ReplicaId,
         target_pool: PoolId,
         length_bytes: u64,

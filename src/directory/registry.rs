@@ -116,6 +116,15 @@ impl Directory {
         Ok(node)
     }
 
+    /// Records whether node `name` serves a peer endpoint (its `peer_listen` in
+    /// `cluster.toml`): without one on either end, no copy over the network is planned
+    /// (skipped as `no_path`). Unknown names are ignored.
+    pub fn set_peer_endpoint(&mut self, name: &str, serves: bool) {
+        if let Some(node) = self.node_ids.get(name) {
+            self.nodes[node.0 as usize].peer_endpoint = serves;
+        }
+    }
+
     /// Records what `session`'s node measured of `pool`, a pool it maps, and returns the
     /// profile in force. A pool is priced by the most conservative report of the nodes that
     /// map it (the highest latency, the lowest bandwidths; each node's latest report counts

@@ -348,6 +348,11 @@ impl Directory {
         if !self.config.replicate_over_network {
             return Decision::Skip(refusal);
         }
+        if !(self.nodes[node.0 as usize].peer_endpoint
+            && self.nodes[source.owner.0 as usize].peer_endpoint)
+        {
+            return Decision::Skip(SkipReason::NoPath);
+        }
         let own_cpu = self.pools.iter().enumerate().find(|(_, record)| {
             record.spec.scope == Scope::Host(node)
                 && record.spec.medium == Medium::Cpu
@@ -465,7 +470,11 @@ impl Directory {
         target: ReplicaId,
         requester: NodeId,
     ) {
-        let source_owner = self.replication.in_flight[&target].source_owner;
+        let InFlight {
+            source_owner,
+            object,
+            ..
+        } = self.replication.in_flight[&target];
         let kinds = match plan.path {
             Path::Shared => vec![(
                 source_owner,
@@ -488,6 +497,7 @@ impl Directory {
                 (
                     requester,
                     TaskKind::Receive {
+                        object,
                         target,
                         target_pool: plan.target_pool,
                         length_bytes: source.length_bytes,

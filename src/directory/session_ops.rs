@@ -91,6 +91,7 @@ impl Directory {
             session: None,
             tasks: VecDeque::new(),
             handed_out: VecDeque::new(),
+            peer_endpoint: true,
         });
         self.node_ids.insert(name.to_owned(), node);
         Ok(node)

@@ -80,4 +80,8 @@ pub struct NodeRecord {
     /// Tasks handed out and not yet acknowledged, with the time after which they are
     /// handed out again (a lost reply or a failed step must not leak the bytes).
     pub handed_out: VecDeque<(Timestamp, Task)>,
+    /// Whether the node serves a peer endpoint, so copies over the network may come from
+    /// or go to it. True until the configuration that declared it says otherwise
+    /// ([`super::Directory::set_peer_endpoint`]).
+    pub peer_endpoint: bool,
 }

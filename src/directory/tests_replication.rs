@@ -137,6 +137,7 @@ fn without_a_shared_domain_the_copy_goes_over_the_network_into_the_requesters_cp
     assert_eq!(
         polled(&mut fixture, &b),
         vec![TaskKind::Receive {
+            object,
             target,
             target_pool: b.cpu,
             length_bytes: MIB,

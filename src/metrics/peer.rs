@@ -6,8 +6,9 @@ use prometheus::{IntCounterVec, Opts};
 
 /// The sides of a transfer.
 const SIDES: [&str; 2] = ["sent", "received"];
-/// The results of a transfer.
-const RESULTS: [&str; 3] = ["committed", "failed", "refused"];
+/// The results of a transfer: `dropped` is a push its sender did not start (its length
+/// differs from its source's, or its queue of pushes was full).
+const RESULTS: [&str; 4] = ["committed", "failed", "refused", "dropped"];
 /// Why a receiver refused a stream (`crate::node::transfers::TransferRefusal::reason`,
 /// plus the receiver's own bounds and the header check).
 pub const REFUSAL_REASONS: [&str; 8] = [
@@ -72,7 +73,7 @@ impl PeerMetrics {
     }
 
     /// Counts a transfer this node sent (`sent`) or received (`received`) that ended with
-    /// `result` (`committed`, `failed`, `refused`); a committed one adds its bytes.
+    /// `result` (`committed`, `failed`, `refused`, `dropped`); a committed one adds its bytes.
     pub fn transfer(&self, side: &'static str, result: &'static str, bytes: u64) {
         self.transfers_total
             .with_label_values(&[side, result])

@@ -10,7 +10,7 @@
 //! deadline leave with [`ExpectedTransfers::expire`], and the caller aborts their targets.
 //! No clock, socket or pool here: the peer actor calls in with `now`.
 
-use crate::model::{PoolId, ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{ObjectId, PoolId, ReplicaId, SessionId, TaskId, Timestamp};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ pub const EXPECTED_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ExpectedTransfer {
     /// The receiving task.
     pub task: TaskId,
+    /// The object copied: once the target commits, the node holds it there.
+    pub object: ObjectId,
     /// The session the task came from: the target is its reservation, committed or
     /// aborted in it.
     pub session: SessionId,
@@ -69,7 +71,8 @@ pub enum TransferRefusal {
     /// entry stays (a stale retry must not consume a live task's entry).
     #[error("the transfer's length differs from the expected one")]
     Mismatch,
-    /// The entry's deadline passed: it is removed, and the caller aborts the target.
+    /// The entry's deadline passed: it stays until [`ExpectedTransfers::expire`] returns
+    /// it, and the caller aborts the target in the entry's session.
     #[error("the expected transfer lapsed")]
     Expired,
     /// [`EXPECTED_TRANSFERS_MAX`] entries are held: the new one is not recorded.
@@ -141,8 +144,8 @@ impl ExpectedTransfers {
 
     /// Consumes the entry a stream claims, when the claim matches it exactly and in time;
     /// the copy then runs until [`ExpectedTransfers::finished`]. On a refusal the entry
-    /// stays, except a lapsed one, which leaves (a later [`ExpectedTransfers::expire`] does
-    /// not return it: the caller aborts it now).
+    /// stays; a lapsed one leaves with the next [`ExpectedTransfers::expire`], which the
+    /// caller runs to abort it in its own session.
     pub fn claim(
         &mut self,
         claim: TransferClaim<'_>,
@@ -158,14 +161,13 @@ impl ExpectedTransfers {
         if entry.length_bytes != claim.length_bytes {
             return Err(TransferRefusal::Mismatch);
         }
-        let lapsed = entry.deadline <= now;
+        if entry.deadline <= now {
+            return Err(TransferRefusal::Expired);
+        }
         let entry = self
             .entries
             .remove(&claim.target)
             .ok_or(TransferRefusal::NotExpected)?;
-        if lapsed {
-            return Err(TransferRefusal::Expired);
-        }
         self.running.insert(entry.target);
         Ok(entry)
     }
@@ -209,6 +211,12 @@ mod tests {
     fn entry(target: u64, from: &str, deadline_ms: u64) -> ExpectedTransfer {
         ExpectedTransfer {
             task: TaskId(target + 100),
+            object: ObjectId {
+                namespace: crate::model::NamespaceId([1; 16]),
+                prefix: crate::model::PrefixDigest::ROOT,
+                shard: 0,
+                part: target as u16,
+            },
             session: SessionId(5),
             target: ReplicaId(target),
             target_pool: PoolId(1),
@@ -290,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lapsed_entry_is_refused_and_leaves() {
+    fn a_lapsed_entry_is_refused_and_leaves_with_its_session() {
         let mut table = ExpectedTransfers::default();
         let expected = entry(1, "node-a", 10);
         table.expect(expected.clone()).unwrap();
@@ -298,6 +306,11 @@ mod tests {
         assert_eq!(
             table.claim(claim_of(&expected), late),
             Err(TransferRefusal::Expired)
+        );
+        assert_eq!(
+            table.expire(late),
+            vec![expected],
+            "the caller aborts it in its session"
         );
         assert!(table.is_empty());
     }

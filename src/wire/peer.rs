@@ -182,6 +182,9 @@ pub enum Verdict {
     Full,
     /// The header was malformed ([`HeaderError`]).
     BadHeader,
+    /// The transfer was named for another sender, differs from the named one, or lapsed:
+    /// asking again cannot succeed, so the sender gives up at once.
+    Refused,
 }
 
 impl Verdict {
@@ -195,6 +198,7 @@ impl Verdict {
             Verdict::Busy => 17,
             Verdict::Full => 18,
             Verdict::BadHeader => 19,
+            Verdict::Refused => 20,
         }
     }
 
@@ -209,6 +213,7 @@ impl Verdict {
             17 => Verdict::Busy,
             18 => Verdict::Full,
             19 => Verdict::BadHeader,
+            20 => Verdict::Refused,
             _ => return None,
         })
     }

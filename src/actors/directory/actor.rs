@@ -123,6 +123,10 @@ impl DirectoryActor {
                 }
             }
         }
+        for node in &new.nodes {
+            self.core
+                .set_peer_endpoint(&node.name, node.peer_listen.is_some());
+        }
         self.grants = grants_of(&new);
         for name in &change.removed_nodes {
             let Some(grant) = grants_of(&self.config).remove(name) else {

@@ -232,6 +232,7 @@ async fn run_tasks(services: &NodeServices) {
                         },
                     ),
                     TaskKind::Receive {
+                        object,
                         target,
                         target_pool,
                         length_bytes,
@@ -239,6 +240,7 @@ async fn run_tasks(services: &NodeServices) {
                     } => {
                         let receive = replication::ReceiveTask {
                             task: task.id,
+                            object,
                             target,
                             target_pool,
                             length_bytes,

@@ -11,11 +11,13 @@ use super::actor::commit_result;
 use super::pool::WriteAt;
 use super::services::NodeServices;
 use crate::config::{ClusterConfig, NodeSection};
+use crate::directory::CommitOutcome;
 use crate::metrics::peer::PeerMetrics;
 use crate::metrics::Direction;
 use crate::model::{Location, NodeId, ReplicaId};
 use crate::node::transfers::{ExpectedTransfer, ExpectedTransfers, TransferClaim, TransferRefusal};
 use crate::node::{after_commit, PagesAfterCommit};
+use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
 use crate::wire::peer::{self as wire, TransferHeader, Verdict, HEADER_BYTES};
 use crate::wire::{quic, tls};
 use anyhow::Context as _;
@@ -36,6 +38,9 @@ pub const TRANSFER_CHUNK_BYTES: usize = 256 << 10;
 pub const PEER_CONNECTIONS_MAX: usize = 64;
 /// How long a sender has to deliver the header once its stream is open.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Node names this node remembers by id: 4096, the directory's default `nodes_max`. A
+/// larger cluster's surplus is looked up again on use.
+pub const NODE_NAMES_MAX: usize = 4096;
 
 const _: () = assert!(RECEIVES_MAX <= wire::TRANSFER_STREAMS_MAX as usize);
 
@@ -51,12 +56,19 @@ pub struct Peer {
 pub struct PeerTransport {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
-    /// Every node of the configuration by its [`NodeId`]: the directory declares nodes in
-    /// `cluster.toml` order, so node `i` is the file's `i`-th.
-    peers: Vec<Peer>,
+    /// Each node of `cluster.toml` by its name (the name its certificate carries): where
+    /// its peer endpoint is reached, `None` when it has none. Never by position: a live
+    /// reload may remove a node from the middle of the file while ids stay.
+    addresses: HashMap<String, Option<SocketAddr>>,
+    /// Node names by [`NodeId`] as the directory reported them (its ids are its own, kept
+    /// per name); refreshed from `ClusterStatus` on an unknown id. At most
+    /// [`NODE_NAMES_MAX`].
+    names: Mutex<HashMap<NodeId, String>>,
     expected: Mutex<ExpectedTransfers>,
-    /// One connection per peer node, opened on first use; bounded by `peers`.
-    connections: tokio::sync::Mutex<HashMap<NodeId, quinn::Connection>>,
+    /// One connection per peer node, opened on first use; bounded by `addresses`. Each
+    /// entry has its own lock, so a peer slow to answer its handshake holds up only the
+    /// pushes to that peer.
+    connections: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<Option<quinn::Connection>>>>>,
     receives: Arc<tokio::sync::Semaphore>,
     pub(super) pushes: super::replication::Pushes,
     pub metrics: PeerMetrics,
@@ -78,48 +90,88 @@ impl PeerTransport {
         let server = wire::server_config(certs, &section.name, datagram_bytes)?;
         let endpoint = wire::endpoint(listen, Some(server), datagram_bytes)
             .with_context(|| format!("binding the peer endpoint on {listen}"))?;
-        let peers = config
+        let addresses = config
             .nodes
             .iter()
-            .map(|node| Peer {
-                name: node.name.clone(),
-                address: node.peer_reachable_at(),
-            })
+            .map(|node| (node.name.clone(), node.peer_reachable_at()))
             .collect();
         tracing::info!(%listen, datagram_bytes, "serving peer transfers");
         Ok(Some(Arc::new(PeerTransport {
             client_config: wire::client_config(certs, &section.name, datagram_bytes)?,
             endpoint,
-            peers,
+            addresses,
+            names: Mutex::default(),
             expected: Mutex::default(),
-            connections: tokio::sync::Mutex::default(),
+            connections: Mutex::default(),
             receives: Arc::new(tokio::sync::Semaphore::new(RECEIVES_MAX)),
             pushes: super::replication::Pushes::default(),
             metrics: PeerMetrics::register(metrics)?,
         })))
     }
 
-    /// The node `node` is, when the configuration has it.
-    pub fn peer(&self, node: NodeId) -> Option<&Peer> {
-        self.peers.get(node.0 as usize)
+    /// The node `node` is: its name as the directory knows it (asked again when this node
+    /// has not seen that id), and its peer address from the configuration by that name.
+    pub async fn peer(&self, services: &NodeServices, node: NodeId) -> Result<Peer, String> {
+        let known = lock(&self.names).get(&node).cloned();
+        let name = match known {
+            Some(name) => name,
+            None => {
+                self.refresh_names(services).await?;
+                lock(&self.names)
+                    .get(&node)
+                    .cloned()
+                    .ok_or("the directory does not know that node")?
+            }
+        };
+        let address = *self
+            .addresses
+            .get(&name)
+            .ok_or("that node is not in this node's configuration")?;
+        Ok(Peer { name, address })
+    }
+
+    /// Replaces the names by id with the directory's current list.
+    async fn refresh_names(&self, services: &NodeServices) -> Result<(), String> {
+        let reply = services
+            .link
+            .call(DirectoryRequest::ClusterStatus)
+            .await
+            .map_err(|error| format!("asking the directory for its nodes: {error}"))?;
+        let DirectoryReply::ClusterStatus(status) = reply else {
+            return Err(format!("the directory answered {reply:?}"));
+        };
+        let mut names = lock(&self.names);
+        names.clear();
+        names.extend(
+            status
+                .nodes
+                .into_iter()
+                .take(NODE_NAMES_MAX)
+                .map(|node| (node.node, node.name)),
+        );
+        Ok(())
     }
 
     /// The table of expected transfers, for one call.
     pub fn expected(&self) -> MutexGuard<'_, ExpectedTransfers> {
-        match self.expected.lock() {
-            Ok(table) => table,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock(&self.expected)
     }
 
     /// The connection to `node`, opened (and cached) when there is none or it closed.
-    pub async fn connection(&self, node: NodeId) -> anyhow::Result<quinn::Connection> {
+    /// Only pushes to `node` wait on its handshake.
+    pub async fn connection(
+        &self,
+        services: &NodeServices,
+        node: NodeId,
+    ) -> anyhow::Result<quinn::Connection> {
         let peer = self
-            .peer(node)
-            .context("no such node in the configuration")?;
+            .peer(services, node)
+            .await
+            .map_err(anyhow::Error::msg)?;
         let address = peer.address.context("that node has no peer endpoint")?;
-        let mut connections = self.connections.lock().await;
-        if let Some(connection) = connections.get(&node) {
+        let slot = lock(&self.connections).entry(node).or_default().clone();
+        let mut slot = slot.lock().await;
+        if let Some(connection) = slot.as_ref() {
             if connection.close_reason().is_none() {
                 return Ok(connection.clone());
             }
@@ -131,7 +183,7 @@ impl PeerTransport {
             self.client_config.clone(),
         )
         .await?;
-        connections.insert(node, connection.clone());
+        *slot = Some(connection.clone());
         Ok(connection)
     }
 
@@ -250,12 +302,19 @@ impl PeerTransport {
         let expected = match claimed {
             Ok(expected) => expected,
             Err(refusal) => {
-                self.metrics.refuse(refusal.reason());
-                tracing::info!(%refusal, sender, ?target, "peer transfer refused");
-                if refusal == TransferRefusal::Expired {
-                    services.link.abort(services.link.session(), target).await;
+                // A lapsed entry was aborted, in its own session, and counted by
+                // `abort_lapsed` above.
+                if refusal != TransferRefusal::Expired {
+                    self.metrics.refuse(refusal.reason());
                 }
-                return Err(Verdict::NotExpected);
+                tracing::info!(%refusal, sender, ?target, "peer transfer refused");
+                return Err(match refusal {
+                    TransferRefusal::NotExpected => Verdict::NotExpected,
+                    TransferRefusal::Full => Verdict::Busy,
+                    TransferRefusal::WrongSender
+                    | TransferRefusal::Mismatch
+                    | TransferRefusal::Expired => Verdict::Refused,
+                });
             }
         };
         match allocate(services, &expected).await {
@@ -281,6 +340,15 @@ impl PeerTransport {
             self.metrics.refuse("expired");
             services.link.abort(entry.session, entry.target).await;
         }
+    }
+}
+
+/// Locks `mutex`, also when a panic poisoned it (its data stays consistent: every
+/// critical section here is one map operation).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
@@ -343,8 +411,14 @@ async fn write_and_commit(
         .link
         .commit(expected.session, expected.target, location)
         .await;
+    let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
     match after_commit(commit_result(committed)) {
-        PagesAfterCommit::Published => Ok(()),
+        PagesAfterCommit::Published => {
+            if published {
+                services.published(expected.object, location);
+            }
+            Ok(())
+        }
         PagesAfterCommit::Keep => Err("the commit's outcome is unknown".into()),
         PagesAfterCommit::Free => {
             services.free(location).await;

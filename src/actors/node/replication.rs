@@ -15,7 +15,7 @@
 
 use super::pool::{Check, ReadAt};
 use super::services::NodeServices;
-use crate::model::{Location, NodeId, PoolId, ReplicaId, SessionId, TaskId};
+use crate::model::{Location, NodeId, ObjectId, PoolId, ReplicaId, SessionId, TaskId};
 use crate::node::transfers::{ExpectedTransfer, EXPECTED_TRANSFER_TIMEOUT};
 use crate::wire::peer::{self as wire, TransferHeader, Verdict};
 use std::collections::HashSet;
@@ -52,14 +52,32 @@ impl Default for Pushes {
     }
 }
 
+/// What [`Pushes::start`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// The push is marked: run it.
+    Started,
+    /// The same target is being pushed (its task was handed out again): nothing to do.
+    Running,
+    /// [`PUSHES_QUEUED_MAX`] pushes are marked: this one is dropped.
+    Full,
+}
+
 impl Pushes {
-    /// Marks `target` as pushed; false when it already is or [`PUSHES_QUEUED_MAX`] are.
-    fn start(&self, target: ReplicaId) -> bool {
+    /// Marks `target` as pushed, unless it already is or [`PUSHES_QUEUED_MAX`] are.
+    fn start(&self, target: ReplicaId) -> Start {
         let mut running = match self.running.lock() {
             Ok(running) => running,
             Err(poisoned) => poisoned.into_inner(),
         };
-        running.len() < PUSHES_QUEUED_MAX && running.insert(target)
+        if running.contains(&target) {
+            Start::Running
+        } else if running.len() >= PUSHES_QUEUED_MAX {
+            Start::Full
+        } else {
+            running.insert(target);
+            Start::Started
+        }
     }
 
     fn done(&self, target: ReplicaId) {
@@ -88,8 +106,21 @@ pub fn push(services: &NodeServices, push: PushTask) {
         tracing::warn!(?push, "no peer endpoint on this node: push dropped");
         return;
     };
-    if push.length_bytes != push.source.length_bytes || !transport.pushes.start(push.target) {
+    if push.length_bytes != push.source.length_bytes {
+        tracing::warn!(
+            ?push,
+            "the push's length differs from its source's: dropped"
+        );
+        transport.metrics.transfer("sent", "dropped", 0);
         return;
+    }
+    match transport.pushes.start(push.target) {
+        Start::Started => {}
+        Start::Running => return,
+        Start::Full => {
+            transport.metrics.transfer("sent", "dropped", 0);
+            return;
+        }
     }
     let services = services.clone();
     actix_rt::spawn(async move {
@@ -126,7 +157,7 @@ async fn send(
     let deadline = Instant::now() + RECEIVER_WAIT;
     let (mut send, mut receive) = loop {
         let connection = transport
-            .connection(push.to)
+            .connection(services, push.to)
             .await
             .map_err(|error| format!("connecting: {error:#}"))?;
         let (mut send, mut receive) = connection
@@ -200,6 +231,7 @@ async fn stream_source(
 #[derive(Clone, Copy, Debug)]
 pub struct ReceiveTask {
     pub task: TaskId,
+    pub object: ObjectId,
     pub target: ReplicaId,
     pub target_pool: PoolId,
     pub length_bytes: u64,
@@ -211,15 +243,18 @@ pub struct ReceiveTask {
 /// aborts the target at once, so the directory frees the reservation.
 pub async fn receive(services: &NodeServices, session: SessionId, receive: ReceiveTask) {
     let transport = services.peer.clone();
-    let sender = transport.as_ref().and_then(|transport| {
-        transport
-            .peer(receive.from)
-            .filter(|peer| peer.address.is_some())
-            .map(|peer| peer.name.clone())
-    });
-    let (Some(transport), Some(from)) = (transport, sender) else {
+    let sender = match &transport {
+        Some(transport) => match transport.peer(services, receive.from).await {
+            Ok(peer) if peer.address.is_some() => Ok(peer.name),
+            Ok(_) => Err("the sender has no peer endpoint".to_string()),
+            Err(reason) => Err(reason),
+        },
+        None => Err("this node has no peer endpoint".to_string()),
+    };
+    let (Some(transport), Ok(from)) = (transport, sender.as_ref()) else {
         tracing::warn!(
             ?receive,
+            ?sender,
             "no peer path for a replication: aborting its target"
         );
         services.link.abort(session, receive.target).await;
@@ -228,10 +263,11 @@ pub async fn receive(services: &NodeServices, session: SessionId, receive: Recei
     transport.abort_lapsed(services).await;
     let expected = ExpectedTransfer {
         task: receive.task,
+        object: receive.object,
         session,
         target: receive.target,
         target_pool: receive.target_pool,
-        from,
+        from: from.clone(),
         length_bytes: receive.length_bytes,
         deadline: services.clock.now() + EXPECTED_TRANSFER_TIMEOUT,
     };

@@ -82,6 +82,7 @@ fn verdicts_round_trip_and_unknown_bytes_are_none() {
         Verdict::Busy,
         Verdict::Full,
         Verdict::BadHeader,
+        Verdict::Refused,
     ];
     for verdict in all {
         assert_eq!(Verdict::from_byte(verdict.to_byte()), Some(verdict));

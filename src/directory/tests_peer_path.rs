@@ -1,0 +1,34 @@
+//! Unit tests of the network path's precondition: a copy over the network is planned only
+//! between nodes that both serve a peer endpoint.
+
+use super::tests::{Fixture, MIB};
+use super::*;
+use crate::model::Medium;
+
+#[test]
+fn no_network_copy_is_planned_to_or_from_a_node_without_a_peer_endpoint() {
+    let no_path = SkipReason::ALL
+        .iter()
+        .position(|reason| *reason == SkipReason::NoPath)
+        .unwrap();
+    for (a_serves, b_serves) in [(false, true), (true, false), (true, true)] {
+        let mut fixture = Fixture::new();
+        let a = fixture.node("a", 16 * MIB);
+        let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
+        fixture.directory.set_peer_endpoint("a", a_serves);
+        fixture.directory.set_peer_endpoint("b", b_serves);
+        let object = fixture.object(1);
+        fixture.store(&a, object, MIB);
+        assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
+        let both = a_serves && b_serves;
+        let tasks = fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 64)
+            .unwrap();
+        assert_eq!(tasks.len(), usize::from(both), "a {a_serves} b {b_serves}");
+        let counts = fixture.directory.replication_counts();
+        assert_eq!(counts.skipped[no_path], u64::from(!both));
+        assert_eq!(counts.in_flight, u64::from(both));
+        fixture.directory.check_invariants();
+    }
+}
