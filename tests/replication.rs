@@ -5,12 +5,13 @@
 //! replica and frees the reservation. Every wait is on a condition; a deadline is a hang
 //! guard only ([`HANG_GUARD`]).
 
+mod common;
+
+use common::{connect, object, runtime, signal};
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, RetireOutcome};
 use kvtier::launch::{metric_value, scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier::model::{Medium, ObjectId};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,13 +19,6 @@ use std::time::{Duration, Instant};
 const MIB: usize = 1 << 20;
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(120);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Two nodes that store into their CPU pools first and both map one CXL pool.
 fn cluster(pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
@@ -42,26 +36,6 @@ fn cluster(pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
         ..ClusterSpec::default()
     };
     LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
-}
-
-fn object(namespace: NamespaceId, index: u32, bytes: usize) -> (ObjectId, Vec<u8>) {
-    let id = ObjectId {
-        namespace,
-        prefix: PrefixDigest::ROOT.chain(&[index, 12]),
-        shard: 0,
-        part: 0,
-    };
-    let mut content = vec![0u8; bytes];
-    chunk::fill(&id, &mut content);
-    (id, content)
-}
-
-async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
-    let client = Client::connect(&cluster.socket(index).unwrap())
-        .await
-        .unwrap();
-    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-    (client, namespace)
 }
 
 /// The medium `client` loads `object` from and its bytes, or `None` on a miss.
@@ -116,7 +90,7 @@ fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 1, MIB);
+        let (id, bytes) = object(namespace, 1, 12, MIB);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         // The forward path never waits: B misses at once.
         assert!(load(&b, id).await.is_none(), "B read A's private CPU pool");
@@ -155,7 +129,7 @@ fn retiring_the_source_while_it_is_copied_cancels_the_copy() {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
         for index in 0..ATTEMPTS {
-            let (id, bytes) = object(namespace, 100 + index, MIB);
+            let (id, bytes) = object(namespace, 100 + index, 12, MIB);
             assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
             let replica = {
                 let views = a.load(&[id], AcquireMode::Each).await.unwrap();
@@ -202,7 +176,7 @@ fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation() {
     let id = runtime.block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 7, OBJECT_BYTES);
+        let (id, bytes) = object(namespace, 7, 12, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         assert!(load(&b, id).await.is_none());
         // Freeze A at once: the copy is planned (its target reserved) and A, stopped
@@ -242,13 +216,4 @@ fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation() {
         let (b, _) = connect(&cluster, 1).await;
         assert!(load(&b, id).await.is_none(), "a READY partial replica");
     });
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
-fn signal(pid: &str, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }

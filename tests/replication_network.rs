@@ -2,26 +2,20 @@
 //! nodes that share no CXL domain, each with a peer endpoint. Every wait is on a
 //! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+mod common;
+
+use common::{connect, metrics_of, object, runtime, scraped, signal};
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, RetireOutcome};
 use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::model::{Medium, ObjectId};
 use kvtier::wire::peer::{self, TransferHeader, Verdict};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(120);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Two nodes with no shared domain and a peer endpoint each.
 fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
@@ -42,40 +36,6 @@ fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
         ..ClusterSpec::default()
     };
     LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
-}
-
-fn object(namespace: NamespaceId, index: u32, bytes: usize) -> (ObjectId, Vec<u8>) {
-    let id = ObjectId {
-        namespace,
-        prefix: PrefixDigest::ROOT.chain(&[index, 11]),
-        shard: 0,
-        part: 0,
-    };
-    let mut content = vec![0u8; bytes];
-    chunk::fill(&id, &mut content);
-    (id, content)
-}
-
-async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
-    let client = Client::connect(&cluster.socket(index).unwrap())
-        .await
-        .unwrap();
-    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-    (client, namespace)
-}
-
-fn metrics_of(cluster: &LocalCluster, name: &str) -> SocketAddr {
-    cluster
-        .metrics_addresses()
-        .into_iter()
-        .find(|(process, _)| process == name)
-        .map(|(_, address)| address)
-        .unwrap()
-}
-
-fn scraped(address: SocketAddr, metric: &str) -> f64 {
-    let body = scrape_metrics(address).unwrap();
-    metric_value(&body, metric).unwrap_or(0.0)
 }
 
 /// Bytes allocated in every pool of a node, as its last task round published them.
@@ -108,7 +68,7 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 1, 4 << 20);
+        let (id, bytes) = object(namespace, 1, 11, 4 << 20);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         let first = b.load(&[id], AcquireMode::Each).await.unwrap();
         assert!(first[0].is_none(), "B cannot map A's CPU pool: a miss");
@@ -159,7 +119,7 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 3, 1 << 20);
+        let (id, bytes) = object(namespace, 3, 11, 1 << 20);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         // A stays live to the directory (well within `suspect_after_ms`) but never pushes:
         // B expects the transfer from A for as long as the test needs.
@@ -199,15 +159,6 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
         let (medium, exact) = load_until_hit(&b, id, &bytes).await;
         assert_eq!((medium, exact), (Medium::Cpu, true));
     });
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
-fn signal(pid: &str, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 /// Pushes 64 KiB for a target nobody expects into node `to`, as the benchmarks' peer
@@ -258,7 +209,7 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 2, OBJECT_BYTES);
+        let (id, bytes) = object(namespace, 2, 11, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         drop(bytes);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
@@ -307,7 +258,7 @@ fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 4, OBJECT_BYTES);
+        let (id, bytes) = object(namespace, 4, 11, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
         // B allocates the target when A's stream arrives: kill B while it receives.
@@ -360,7 +311,7 @@ fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 5, OBJECT_BYTES);
+        let (id, bytes) = object(namespace, 5, 11, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
         drop(bytes);
         let replica = {

@@ -1,0 +1,66 @@
+//! Helpers shared by the integration tests that drive a local cluster of real processes.
+//! Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
+use kvtier::client::Client;
+use kvtier::launch::{metric_value, scrape_metrics, LocalCluster};
+use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
+use kvtier::workload::chunk;
+use kvtier::workload::namespace::demo_namespace;
+use std::net::SocketAddr;
+
+/// A single-threaded runtime for a test's client calls.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Object `index` of a test (`tag` keeps tests' objects apart) and its `bytes` of content,
+/// derived from its id so a load can be checked byte for byte.
+pub fn object(namespace: NamespaceId, index: u32, tag: u32, bytes: usize) -> (ObjectId, Vec<u8>) {
+    let id = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[index, tag]),
+        shard: 0,
+        part: 0,
+    };
+    let mut content = vec![0u8; bytes];
+    chunk::fill(&id, &mut content);
+    (id, content)
+}
+
+/// A client of node `index` with the demo namespace registered.
+pub async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
+    let client = Client::connect(&cluster.socket(index).unwrap())
+        .await
+        .unwrap();
+    let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+    (client, namespace)
+}
+
+/// The metrics address of process `name` (`directory` or a node's name).
+pub fn metrics_of(cluster: &LocalCluster, name: &str) -> SocketAddr {
+    cluster
+        .metrics_addresses()
+        .into_iter()
+        .find(|(process, _)| process == name)
+        .map(|(_, address)| address)
+        .unwrap()
+}
+
+/// The value of `metric` at `address` (0 when the series is absent).
+pub fn scraped(address: SocketAddr, metric: &str) -> f64 {
+    let body = scrape_metrics(address).unwrap();
+    metric_value(&body, metric).unwrap_or(0.0)
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to process `pid`.
+pub fn signal(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
