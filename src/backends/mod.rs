@@ -71,7 +71,9 @@ pub trait PoolBackend: Send + Sync {
     fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError>;
 
     /// A zero-copy view of `length_bytes` at `offset`. The caller keeps the range immutable
-    /// (READY and leased) while the view lives.
+    /// (READY and leased) while the view lives, or, for a copy that holds no lease (the
+    /// node's demotion and replication copies of its own READY replicas), checks after the
+    /// copy that the allocation's generation did not change and discards the copy if it did.
     fn slice(&self, offset: u64, length_bytes: u64) -> Result<&[u8], PoolError>;
 
     /// Lets this node allocate in `[offset, offset + length)`: an extent of a shared pool

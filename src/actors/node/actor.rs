@@ -441,7 +441,8 @@ async fn copy(
 }
 
 /// Copies `source` to `target` (same length) chunk by chunk, yielding between chunks, then
-/// checks the source.
+/// checks the source: a source freed and reused meanwhile (a concurrent reclaim) fails the
+/// check, and the caller frees the copy instead of committing it.
 async fn copy_chunks(
     from: &Addr<PoolActor>,
     to: &Addr<PoolActor>,
