@@ -48,6 +48,25 @@ fn allocated_bytes(address: SocketAddr) -> f64 {
 }
 
 /// Loads `id` on `client` until it hits (polling, hang guard), and returns its medium and
+/// Clients of node A and node B, and object `index` of `bytes` bytes, stored by A (into its
+/// CPU pool) and returned with its content.
+async fn stored_on_a(
+    cluster: &LocalCluster,
+    index: u32,
+    bytes: usize,
+) -> (Client, Client, ObjectId, Vec<u8>) {
+    let (a, namespace) = connect(cluster, 0).await;
+    let (b, _) = connect(cluster, 1).await;
+    let (id, content) = object(namespace, index, 11, bytes);
+    assert_eq!(a.store(id, &content).await.unwrap(), StoreOutcome::Stored);
+    (a, b, id, content)
+}
+
+/// The directory's counter of replications that ended as `result`.
+fn result(result: &str) -> String {
+    format!("kvtier_replications_total{{result=\"{result}\"}}")
+}
+
 /// whether its bytes are `expected`.
 async fn load_until_hit(client: &Client, id: ObjectId, expected: &[u8]) -> (Medium, bool) {
     let deadline = Instant::now() + HANG_GUARD;
@@ -66,10 +85,7 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     let cluster = cluster(64 << 20);
     let node_b = metrics_of(&cluster, "node-b");
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 1, 11, 4 << 20);
-        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let (_a, b, id, bytes) = stored_on_a(&cluster, 1, 4 << 20).await;
         let first = b.load(&[id], AcquireMode::Each).await.unwrap();
         assert!(first[0].is_none(), "B cannot map A's CPU pool: a miss");
         drop(first);
@@ -117,10 +133,7 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
     let a_pid = cluster.node_pid(0).unwrap().to_string();
     let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 3, 11, 1 << 20);
-        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let (_a, b, id, bytes) = stored_on_a(&cluster, 3, 1 << 20).await;
         // A stays live to the directory (well within `suspect_after_ms`) but never pushes:
         // B expects the transfer from A for as long as the test needs.
         signal(&a_pid, "-STOP");
@@ -207,10 +220,7 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
     );
     let completed = "kvtier_replications_total{result=\"completed\"}";
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 2, 11, OBJECT_BYTES);
-        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let (_a, b, id, bytes) = stored_on_a(&cluster, 2, OBJECT_BYTES).await;
         drop(bytes);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
         // B allocates the target when A's stream arrives: kill A while it streams.
@@ -254,12 +264,8 @@ fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
     );
-    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 4, 11, OBJECT_BYTES);
-        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let (a, b, id, bytes) = stored_on_a(&cluster, 4, OBJECT_BYTES).await;
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
         // B allocates the target when A's stream arrives: kill B while it receives.
         let deadline = Instant::now() + HANG_GUARD;
@@ -307,12 +313,8 @@ fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
     );
-    let result = |result: &str| format!("kvtier_replications_total{{result=\"{result}\"}}");
     runtime().block_on(async {
-        let (a, namespace) = connect(&cluster, 0).await;
-        let (b, _) = connect(&cluster, 1).await;
-        let (id, bytes) = object(namespace, 5, 11, OBJECT_BYTES);
-        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let (a, b, id, bytes) = stored_on_a(&cluster, 5, OBJECT_BYTES).await;
         drop(bytes);
         let replica = {
             let views = a.load(&[id], AcquireMode::Each).await.unwrap();
