@@ -206,6 +206,8 @@ fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimC
         engines: 1,
         blocks: blocks as u64,
         cxl_blocks,
+        ssd_blocks: 0,
+        ssd_admit_after_accesses: 2,
         chunk_bytes: 64 << 10,
         directory: DirectoryConfig {
             policy_time_scale: speedup,
@@ -219,6 +221,7 @@ fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimC
             },
             cpu: TierProfile::representative(TierKind::Dram),
             cxl: TierProfile::representative(TierKind::Cxl),
+            ssd: TierProfile::representative(TierKind::Ssd),
             block_bytes: 64 << 20,
         },
     }
