@@ -20,7 +20,7 @@ use anyhow::Context;
 
 use super::sim::Outcome;
 use super::ssd::{self, SimulatedSsd};
-use crate::actors::node::ssd_restore::RESTORES_PER_LOAD_MAX;
+use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
     ExtentGrant, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
@@ -428,9 +428,8 @@ impl SimulatedCluster {
             return Ok(());
         };
         let (location, evicted) = ssd.write(object, length_bytes);
-        for (evicted, replica) in evicted {
-            // A replica already retiring refuses: the node logs that and goes on.
-            let _ = self.directory.retire_object(session, &evicted, replica);
+        for batch in evicted.chunks(self.directory.config().batch_items_max.max(1) as usize) {
+            self.directory.retire_held(session, batch)?;
         }
         let Some(location) = location else {
             self.directory.abort(session, target)?;
@@ -443,7 +442,6 @@ impl SimulatedCluster {
         let ssd = self.nodes[node].ssd.as_mut().context("the SSD went away")?;
         match committed {
             Ok(CommitOutcome::Committed) => {
-                ssd.published(object, target, location);
                 self.held.insert(held_key(&location), object);
                 self.spilled += 1;
             }
@@ -571,16 +569,26 @@ impl SimulatedCluster {
         }
         let wanted: Vec<ObjectId> = missed.iter().map(|index| objects[*index]).collect();
         let session = self.nodes[node].session;
+        // A reservation a full pool skips is asked again until the call's deadline; the
+        // room comes from the reclaims of the node's next task polls, run here at once.
+        let mut polls_left = RESTORE_WAIT.as_micros() / self.period.as_micros().max(1);
         let mut granted = Vec::new();
         for object in wanted.iter().take(RESTORES_PER_LOAD_MAX) {
-            let operation = self.operation();
             let item = ReserveItem {
                 object: *object,
                 length_bytes: self.chunk_bytes,
             };
-            if let ReserveOutcome::Granted { replica, pool, .. } =
-                self.directory.reserve(now, session, operation, item)?
-            {
+            let reserved = loop {
+                let operation = self.operation();
+                match self.directory.reserve(now, session, operation, item)? {
+                    ReserveOutcome::Skip if polls_left > 0 => {
+                        polls_left -= 1;
+                        self.poll(node, now)?;
+                    }
+                    outcome => break outcome,
+                }
+            };
+            if let ReserveOutcome::Granted { replica, pool, .. } = reserved {
                 match self.location(node, now, pool)? {
                     Some(location) => granted.push((*object, replica, location)),
                     None => {

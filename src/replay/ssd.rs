@@ -2,16 +2,13 @@
 //! ([`RegionTable`]) places each spilled chunk in a region of the same geometry the live
 //! node's store has ([`crate::launch::SSD_REGION_BYTES`], a header block per object), and
 //! reclaims whole regions, oldest fill first, when it needs room; the objects a reclaimed
-//! region held are retired at the directory, as the node does. What the node remembers of
-//! its spills (which replica each object is) is kept the same way, so the replay retires
-//! exactly what the node would.
-
-use std::collections::HashMap;
+//! region held are retired at the directory by their locations, as the node does.
 
 use crate::backends::ssd::layout::object_footprint_bytes;
 use crate::backends::ssd::region::{Entry, RegionTable};
+use crate::directory::Holding;
 use crate::launch::SSD_REGION_BYTES;
-use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId, ReplicaId};
+use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId};
 
 /// Bytes of an SSD store that holds `blocks` chunks of `chunk_bytes` (each behind its
 /// header block, none crossing a region): whole regions of [`SSD_REGION_BYTES`], enough
@@ -27,9 +24,6 @@ pub struct SimulatedSsd {
     /// The store's pool at the directory.
     pub pool: PoolId,
     table: RegionTable,
-    /// The replica of each object spilled (and committed), to retire it when its region is
-    /// reclaimed. Bounded by the table's index: one entry per object the store holds.
-    spilled: HashMap<ObjectId, (ReplicaId, Location)>,
 }
 
 impl SimulatedSsd {
@@ -40,7 +34,6 @@ impl SimulatedSsd {
         Ok(Self {
             pool,
             table: RegionTable::new(regions, SSD_REGION_BYTES),
-            spilled: HashMap::new(),
         })
     }
 
@@ -61,14 +54,14 @@ impl SimulatedSsd {
     }
 
     /// Writes `object` of `length_bytes` as a spill does (nothing when the store holds it
-    /// at that length already: content is immutable); returns its location, and the
-    /// replicas of the objects whose region was reclaimed to make room, which the caller
-    /// retires. `None` when no region can be reclaimed (the spill is skipped).
+    /// at that length already: content is immutable); returns its location, and where the
+    /// objects whose region was reclaimed to make room were, which the caller retires.
+    /// `None` when no region can be reclaimed (the spill is skipped).
     pub fn write(
         &mut self,
         object: ObjectId,
         length_bytes: u64,
-    ) -> (Option<Location>, Vec<(ObjectId, ReplicaId)>) {
+    ) -> (Option<Location>, Vec<Holding>) {
         if let Some(entry) = self.table.get(&object) {
             if entry.length_bytes == length_bytes {
                 return (Some(self.location_of(&entry)), Vec::new());
@@ -79,10 +72,10 @@ impl SimulatedSsd {
         };
         let evicted = effects
             .evicted
-            .into_iter()
-            .filter_map(|evicted| {
-                let (replica, _) = self.spilled.remove(&evicted)?;
-                Some((evicted, replica))
+            .iter()
+            .map(|(evicted, entry)| Holding {
+                object: *evicted,
+                location: self.location_of(entry),
             })
             .collect();
         self.table.commit(reservation, object, length_bytes, 0);
@@ -93,11 +86,6 @@ impl SimulatedSsd {
         (location, evicted)
     }
 
-    /// The spill of `object` at `location` committed as `replica`.
-    pub fn published(&mut self, object: ObjectId, replica: ReplicaId, location: Location) {
-        self.spilled.insert(object, (replica, location));
-    }
-
     /// Drops `object` if the store still holds it at `location` (its replica was reclaimed,
     /// or its spill's commit refused): its space comes back with its region.
     pub fn drop_object(&mut self, object: &ObjectId, location: &Location) {
@@ -105,13 +93,6 @@ impl SimulatedSsd {
             if self.location_of(&entry) == *location {
                 self.table.remove(object, Some(entry));
             }
-        }
-        if self
-            .spilled
-            .get(object)
-            .is_some_and(|(_, held)| held == location)
-        {
-            self.spilled.remove(object);
         }
     }
 }
@@ -135,18 +116,18 @@ mod tests {
             "60 chunks of 64 KiB per region"
         );
         let mut ssd = SimulatedSsd::new(PoolId(3), bytes).unwrap();
+        let mut written = Vec::new();
         for index in 0..120 {
             let (location, evicted) = ssd.write(object(index), chunk);
-            let location = location.unwrap();
             assert!(evicted.is_empty());
-            ssd.published(object(index), ReplicaId(index), location);
+            written.push(Holding {
+                object: object(index),
+                location: location.unwrap(),
+            });
         }
         assert!((0..120).all(|index| ssd.holds(&object(index))));
         let (_, evicted) = ssd.write(object(120), chunk);
-        let expected: Vec<_> = (0..60)
-            .map(|index| (object(index), ReplicaId(index)))
-            .collect();
-        assert_eq!(evicted, expected, "the first region goes, whole");
+        assert_eq!(evicted, written[..60], "the first region goes, whole");
         assert!(!ssd.holds(&object(0)) && ssd.holds(&object(60)));
     }
 }
