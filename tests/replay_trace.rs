@@ -206,6 +206,8 @@ fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimC
         engines: 1,
         blocks: blocks as u64,
         cxl_blocks,
+        ssd_blocks: 0,
+        ssd_admit_after_accesses: 2,
         chunk_bytes: 64 << 10,
         directory: DirectoryConfig {
             policy_time_scale: speedup,
@@ -219,6 +221,7 @@ fn directory_replay(blocks: usize, cxl_blocks: u64, speedup: f64) -> ClusterSimC
             },
             cpu: TierProfile::representative(TierKind::Dram),
             cxl: TierProfile::representative(TierKind::Cxl),
+            ssd: TierProfile::representative(TierKind::Ssd),
             block_bytes: 64 << 20,
         },
     }
@@ -290,6 +293,48 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
             outcome.simulated.token_hit_ratio()
         );
     }
+}
+
+#[test]
+fn a_live_cluster_with_ssd_stores_agrees_with_its_directory_replayed_in_process() {
+    let _turn = one_at_a_time();
+    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
+    // The first 1,000 requests at 60×, a CPU pool of 500 chunks spilling into an SSD store
+    // of 3,000 (chunks admitted on their second access): a few seconds, with spills and
+    // with loads that restore chunks only the SSD holds.
+    let replayed = ClusterSimConfig {
+        ssd_blocks: 3_000,
+        ..directory_replay(500, 0, 60.0)
+    };
+    let outcome = live::run(
+        std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
+        &requests[..1_000],
+        &replayed,
+        true,
+    )
+    .expect("live replay");
+    let (live, simulated) = (&outcome.live, &outcome.simulated);
+    eprintln!(
+        "dram=500 ssd=3000: live {:.4}, simulated {:.4}; spilled {}/{}, restored {}/{}",
+        live.token_hit_ratio(),
+        simulated.token_hit_ratio(),
+        live.spilled,
+        simulated.spilled,
+        live.restored,
+        simulated.restored
+    );
+    for tally in [live, simulated] {
+        assert!(
+            tally.spilled > 0 && tally.restored > 0,
+            "no spill or no restore: {outcome:?}"
+        );
+    }
+    assert!(
+        outcome.difference() <= 0.01,
+        "live {:.4} vs simulated {:.4}",
+        live.token_hit_ratio(),
+        simulated.token_hit_ratio()
+    );
 }
 
 /// DRAM 1k + CXL 3k + SSD 30k blocks, representative profiles, 64 MiB blocks.

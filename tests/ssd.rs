@@ -4,7 +4,9 @@
 //! SSD, a prefetch restores them and a load reads them byte for byte. After the node is
 //! killed (SIGKILL) and started again, it reports its SSD contents to the directory, which
 //! probes them on SSD before any load. Objects accessed only once are never spilled (the
-//! default admission). Waits on conditions; deadlines are hang guards only.
+//! default admission). When the store later reclaims the region of objects it adopted, the
+//! directory stops reporting them on SSD. Waits on conditions; deadlines are hang guards
+//! only.
 
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
@@ -54,13 +56,19 @@ async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usiz
 
 /// A one-node cluster with a 1 MiB CPU pool (four chunks) and a 32 MiB SSD store.
 fn start(admit_after_accesses: u32) -> (LocalCluster, SocketAddr) {
+    start_with_ssd(admit_after_accesses, 32 << 20)
+}
+
+/// A one-node cluster with a 1 MiB CPU pool (four chunks) and an SSD store of `ssd_bytes`
+/// (4 MiB regions of fifteen chunks each).
+fn start_with_ssd(admit_after_accesses: u32, ssd_bytes: u64) -> (LocalCluster, SocketAddr) {
     let spec = ClusterSpec {
         nodes: 1,
         cpu_pool_bytes: 1 << 20,
         write_order: vec![Medium::Cpu],
         high_watermark_percent: 90,
         low_watermark_percent: 70,
-        ssd_bytes: 32 << 20,
+        ssd_bytes,
         ssd_admit_after_accesses: admit_after_accesses,
         ..ClusterSpec::default()
     };
@@ -77,8 +85,17 @@ fn start(admit_after_accesses: u32) -> (LocalCluster, SocketAddr) {
 /// Stores every object (a full pool skips a store until the next eviction round); returns
 /// them with the attempts each took: each attempt is an access.
 async fn store_all(client: &Client, namespace: NamespaceId) -> Vec<(ObjectId, Vec<u8>, u32)> {
+    store_range(client, namespace, 0..OBJECTS).await
+}
+
+/// [`store_all`] of the objects of `indices`.
+async fn store_range(
+    client: &Client,
+    namespace: NamespaceId,
+    indices: std::ops::Range<u32>,
+) -> Vec<(ObjectId, Vec<u8>, u32)> {
     let mut stored = Vec::new();
-    for index in 0..OBJECTS {
+    for index in indices {
         let (id, bytes) = object(namespace, index);
         let deadline = Instant::now() + HANG_GUARD;
         let mut attempts = 1;
@@ -243,6 +260,53 @@ fn chunks_accessed_once_are_not_spilled() {
         })
         .await;
         assert!(on_ssd(&probed).is_empty(), "{probed:?}");
+    });
+    cluster.shutdown();
+}
+
+#[test]
+fn adopted_chunks_dropped_with_their_region_are_no_longer_on_ssd() {
+    // Two regions of fifteen chunks: the (about eight) adopted chunks fill part of one, and
+    // the (about eighteen) spills after the restart fill the other, then reclaim the adopted
+    // one: the store's own reclaim, below the directory's watermark on the pool (90 % of 32
+    // chunks), so only the store's reclaim can take adopted chunks off the SSD.
+    let (mut cluster, _) = start_with_ssd(1, 8 << 20);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stored = runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let stored = contents(store_all(&client, namespace).await);
+        probe_until(&client, &stored, "chunks are on SSD", |probed| {
+            on_ssd(probed).len() >= 4
+        })
+        .await;
+        stored
+    });
+    cluster.kill_node(0).unwrap();
+    cluster.restart_node(0).unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let adopted =
+            on_ssd(&probe_until(&client, &stored, "adopted", |p| !on_ssd(p).is_empty()).await);
+        // New chunks spill into the free region, then into the adopted one, reclaimed whole.
+        store_range(&client, namespace, 100..122).await;
+        let probed = probe_until(
+            &client,
+            &stored,
+            "adopted chunks whose region was reclaimed leave the SSD",
+            |probed| on_ssd(probed).len() < adopted.len(),
+        )
+        .await;
+        // What is still said to be on SSD is there: each loads, byte for byte.
+        let still: Vec<(ObjectId, Vec<u8>)> = on_ssd(&probed)
+            .into_iter()
+            .map(|index| stored[index].clone())
+            .collect();
+        assert_eq!(verified_hits(&client, &still).await, still.len());
     });
     cluster.shutdown();
 }

@@ -27,6 +27,39 @@ impl Directory {
         }
     }
 
+    /// The node's storage at the locations of `holdings` is gone (its SSD store reclaimed
+    /// the region that held them, whether it wrote or adopted what was there): the READY
+    /// replica of each holding's object at exactly that location (pool, allocation,
+    /// generation) that the session's node owns retires. Anything else is left alone (a
+    /// replica already retiring, another generation, another node's). Safe to repeat.
+    /// Returns how many retired.
+    pub fn retire_held(
+        &mut self,
+        session_id: SessionId,
+        holdings: &[super::Holding],
+    ) -> Result<u32, DirectoryError> {
+        self.check_batch(holdings.len())?;
+        let node = self.open_session(session_id)?.node;
+        let mut retired = 0;
+        for holding in holdings {
+            let held = self
+                .replicas
+                .of_object(&holding.object)
+                .find(|(_, replica)| {
+                    replica.owner == node
+                        && replica.state == ReplicaState::Ready
+                        && replica.location() == holding.location
+                })
+                .map(|(id, _)| id);
+            if let Some(replica) = held {
+                if self.retire(Some(session_id), replica).is_ok() {
+                    retired += 1;
+                }
+            }
+        }
+        Ok(retired)
+    }
+
     /// Starts retiring a READY replica: new acquires no longer see it. Once no lease
     /// remains, its owner gets a reclaim task. The owner node, or the directory's own
     /// policy (with `session = None`), may retire.

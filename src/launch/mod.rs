@@ -30,6 +30,11 @@ pub const BENCH_PEER: &str = "bench";
 /// Names a start tries for its folder before giving up: folders left by crashed earlier
 /// processes with this one's id are skipped, and there are never many.
 const ROOT_NAME_TRIES: u32 = 64;
+/// Region size of every SSD store a local cluster gives its nodes: small, so a test's
+/// store of a few megabytes has several regions to reclaim.
+pub const SSD_REGION_BYTES: u64 = 4 << 20;
+/// Largest object those stores take.
+pub const SSD_OBJECT_BYTES_MAX: u64 = 1 << 20;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -272,8 +277,8 @@ fn node_toml(
         format!(
             "\n[nodes.ssd]\ndirectory = \"ssd-{name}\"\ncapacity_bytes = {}\nregion_bytes = {}\nobject_bytes_max = {}\nadmit_after_accesses = {}\n",
             spec.ssd_bytes,
-            4 << 20,
-            1 << 20,
+            SSD_REGION_BYTES,
+            SSD_OBJECT_BYTES_MAX,
             spec.ssd_admit_after_accesses
         )
     } else {

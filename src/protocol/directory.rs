@@ -153,6 +153,9 @@ fn data(
         Request::Retire { object, replica } => {
             Reply::Retired(core.retire_object(session, &object, replica)?)
         }
+        Request::RetireHeld { holdings } => {
+            Reply::RetiredHeld(core.retire_held(session, &holdings)?)
+        }
         Request::GrantExtent { operation, pool } => {
             Reply::Extent(core.grant_extent(now, session, operation, pool)?)
         }

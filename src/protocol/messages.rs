@@ -163,6 +163,12 @@ pub enum DirectoryRequest {
         pool: PoolId,
         accesses: u32,
     },
+    /// The node's storage at these locations is gone (its SSD store reclaimed the region
+    /// that held them): retire the node's READY replica at each. Answered with
+    /// `RetiredHeld`.
+    RetireHeld {
+        holdings: Vec<crate::directory::Holding>,
+    },
 }
 
 /// The cluster as the directory sees it: every node and every pool.
@@ -217,6 +223,8 @@ pub enum DirectoryReply {
     /// A drain started (or under way), with its progress.
     Draining(DrainProgress),
     Error(ProtocolError),
+    /// How many replicas a `RetireHeld` retired.
+    RetiredHeld(u32),
 }
 
 /// A request refused at the protocol layer or by the directory. Typed so the caller can act.

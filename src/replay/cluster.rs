@@ -5,23 +5,29 @@
 //! nodes poll their tasks as often, half a period later; a load is probe, acquire, release; a
 //! store is reserve then commit (in CXL, inside an extent the directory granted). With a
 //! CXL pool the nodes store in the order `[cpu, cxl]` and pressure on a CPU pool demotes
-//! into CXL. With several engines (one node each, requests in turn) a miss of a chunk
+//! into CXL. With an SSD tier each node has an SSD pool modelled by its store's own core
+//! ([`super::ssd`]): pressure spills chunks there as the directory decides, and a load of a
+//! chunk only the SSD holds restores it first, as the node does for a load that misses.
+//! With several engines (one node each, requests in turn) a miss of a chunk
 //! another node holds privately is replicated towards the engine that missed it.
 //! `kvtier replay --live` runs the same requests against real processes, and the two hit
 //! ratios must agree.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use super::sim::Outcome;
+use super::ssd::{self, SimulatedSsd};
+use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
     ExtentGrant, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
 };
 use crate::model::{
     AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
-    PoolId, PoolSpec, Scope, SessionId, Timestamp,
+    PoolId, PoolSpec, ReplicaId, Scope, SessionId, Timestamp,
 };
 use crate::policy::cost::CostModel;
 use crate::policy::profiles::TierProfile;
@@ -38,6 +44,11 @@ pub struct ClusterSimConfig {
     pub blocks: u64,
     /// Blocks of the CXL pool every node maps; 0 for none.
     pub cxl_blocks: u64,
+    /// Blocks each node's SSD store holds ([`ssd::store_bytes`]); 0 for none.
+    pub ssd_blocks: u64,
+    /// Accesses a chunk needs before it is spilled to an SSD store (the stores'
+    /// `[nodes.ssd] admit_after_accesses`).
+    pub ssd_admit_after_accesses: u32,
     /// Bytes of one block's chunk (the pool's page size: a power of two).
     pub chunk_bytes: u64,
     /// The directory's limits (watermarks, leases, victim window).
@@ -61,6 +72,8 @@ pub struct Pricing {
     pub cpu: TierProfile,
     /// The profile a CXL pool's hits are read at.
     pub cxl: TierProfile,
+    /// The profile a chunk restored from SSD is read at.
+    pub ssd: TierProfile,
     /// Bytes of a 512-token block of the modelled model (not the replayed chunk's size).
     pub block_bytes: u64,
 }
@@ -75,7 +88,8 @@ impl Pricing {
             .map(|(position, medium)| {
                 let profile = match medium {
                     Medium::Cxl => &self.cxl,
-                    Medium::Cpu | Medium::Ssd => &self.cpu,
+                    Medium::Ssd => &self.ssd,
+                    Medium::Cpu => &self.cpu,
                 };
                 self.cost
                     .serve_us(profile, self.block_bytes, request.block_tokens(position))
@@ -104,6 +118,10 @@ pub struct ClusterTally {
     pub demoted: u64,
     /// Chunks copied towards an engine that missed them where it could not map them.
     pub replicated: u64,
+    /// Chunks spilled to an SSD store.
+    pub spilled: u64,
+    /// Chunks restored from an SSD store by a load.
+    pub restored: u64,
     /// Estimated time to first token of each request, in microseconds, in trace order.
     pub ttft_us: Vec<f64>,
 }
@@ -153,6 +171,8 @@ struct SimulatedNode {
     session: SessionId,
     /// Free chunk offsets inside the CXL extents granted to this node.
     cxl_free: Vec<u64>,
+    /// The node's SSD store, when it has one.
+    ssd: Option<SimulatedSsd>,
 }
 
 /// The engines' nodes and their directory, stepped by the trace.
@@ -170,6 +190,17 @@ struct SimulatedCluster {
     period: Duration,
     demoted: u64,
     replicated: u64,
+    spilled: u64,
+    restored: u64,
+    /// The object at each location written and not yet reclaimed, as the nodes' holdings
+    /// know it (a spill reads its source's object from them). Bounded by the replicas the
+    /// pools hold.
+    held: HashMap<(PoolId, AllocationId), ObjectId>,
+}
+
+/// The key of `location` in [`SimulatedCluster::held`].
+fn held_key(location: &Location) -> (PoolId, AllocationId) {
+    (location.pool, location.allocation)
 }
 
 impl SimulatedCluster {
@@ -216,10 +247,29 @@ impl SimulatedCluster {
                     extent_bytes: None,
                 },
             )?;
+            let ssd = if config.ssd_blocks > 0 {
+                let store_bytes = ssd::store_bytes(config.ssd_blocks, config.chunk_bytes);
+                let pool = directory.register_pool(
+                    Some(opened.session),
+                    PoolSpec {
+                        name: format!("node-{engine}-ssd"),
+                        medium: Medium::Ssd,
+                        scope: Scope::Host(opened.node),
+                        capacity_bytes: store_bytes,
+                        page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
+                        extent_bytes: None,
+                    },
+                )?;
+                directory.admit_after(opened.session, pool, config.ssd_admit_after_accesses)?;
+                Some(SimulatedSsd::new(pool, store_bytes)?)
+            } else {
+                None
+            };
             namespace = Some(directory.register_namespace(opened.session, demo_namespace())?);
             nodes.push(SimulatedNode {
                 session: opened.session,
                 cxl_free: Vec::new(),
+                ssd,
             });
         }
         Ok(Self {
@@ -235,6 +285,9 @@ impl SimulatedCluster {
             period: config.period,
             demoted: 0,
             replicated: 0,
+            spilled: 0,
+            restored: 0,
+            held: HashMap::new(),
         })
     }
 
@@ -272,34 +325,45 @@ impl SimulatedCluster {
     }
 
     /// Node `node`'s task poll at `at`: reclaims acknowledged; demotions, replications and
-    /// received copies written (instantly here; the live nodes copy first) and committed.
+    /// received copies written (instantly here; the live nodes copy first) and committed;
+    /// demotions into the node's SSD pool spilled into its store.
     fn poll(&mut self, node: usize, at: Timestamp) -> anyhow::Result<()> {
         let session = self.nodes[node].session;
         for task in self.directory.poll_tasks(at, session, u32::MAX)? {
-            let (target, target_pool, replication) = match task.kind {
+            let (object, target, target_pool, replication) = match task.kind {
                 TaskKind::Reclaim { replica, location } => {
-                    if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
-                        // The chunk goes back to the extent's holder: the node reclaiming it.
-                        self.nodes[node].cxl_free.push(location.offset_bytes);
-                    }
+                    self.reclaim(node, &location);
                     self.directory.reclaim_ack(session, replica)?;
                     continue;
                 }
                 TaskKind::Demote {
+                    source,
                     target,
                     target_pool,
-                    ..
-                } => (target, target_pool, false),
-                TaskKind::Replicate {
-                    target,
-                    target_pool,
-                    ..
+                } => {
+                    let object = self.held.get(&held_key(&source)).copied();
+                    if self.ssd_pool(node) == Some(target_pool) {
+                        self.spill(node, at, object, source.length_bytes, target)?;
+                        continue;
+                    }
+                    (object, target, target_pool, false)
                 }
-                | TaskKind::Receive {
+                TaskKind::Replicate {
+                    source,
+                    target,
+                    target_pool,
+                } => (
+                    self.held.get(&held_key(&source)).copied(),
+                    target,
+                    target_pool,
+                    true,
+                ),
+                TaskKind::Receive {
+                    object,
                     target,
                     target_pool,
                     ..
-                } => (target, target_pool, true),
+                } => (Some(object), target, target_pool, true),
                 // The receiver writes and commits; the sender only streams.
                 TaskKind::Push { .. } => continue,
             };
@@ -312,12 +376,79 @@ impl SimulatedCluster {
                 .directory
                 .commit(at, session, operation, target, location)?;
             if committed == CommitOutcome::Committed {
+                if let Some(object) = object {
+                    self.held.insert(held_key(&location), object);
+                }
                 let copies = if replication {
                     &mut self.replicated
                 } else {
                     &mut self.demoted
                 };
                 *copies += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The SSD pool of node `node`, when it has one.
+    fn ssd_pool(&self, node: usize) -> Option<PoolId> {
+        self.nodes[node].ssd.as_ref().map(|ssd| ssd.pool)
+    }
+
+    /// Frees what a reclaim task names: a CXL chunk goes back to the extent's holder (the
+    /// node reclaiming it), an SSD object leaves the node's store.
+    fn reclaim(&mut self, node: usize, location: &Location) {
+        if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
+            self.nodes[node].cxl_free.push(location.offset_bytes);
+        }
+        let object = self.held.remove(&held_key(location));
+        if let (Some(ssd), Some(object)) = (self.nodes[node].ssd.as_mut(), object) {
+            if ssd.pool == location.pool {
+                ssd.drop_object(&object, location);
+            }
+        }
+    }
+
+    /// A demotion into node `node`'s SSD pool, as the node spills: the source's object
+    /// written to the store (the objects of a region reclaimed for room retired first),
+    /// then the target committed at its place there; aborted when the source's object is
+    /// unknown or the store has no room, dropped from the store when the commit is not
+    /// applied.
+    fn spill(
+        &mut self,
+        node: usize,
+        at: Timestamp,
+        object: Option<ObjectId>,
+        length_bytes: u64,
+        target: ReplicaId,
+    ) -> anyhow::Result<()> {
+        let session = self.nodes[node].session;
+        let (Some(object), Some(ssd)) = (object, self.nodes[node].ssd.as_mut()) else {
+            self.directory.abort(session, target)?;
+            return Ok(());
+        };
+        let (location, evicted) = ssd.write(object, length_bytes);
+        for batch in evicted.chunks(self.directory.config().batch_items_max.max(1) as usize) {
+            self.directory.retire_held(session, batch)?;
+        }
+        let Some(location) = location else {
+            self.directory.abort(session, target)?;
+            return Ok(());
+        };
+        let operation = self.operation();
+        let committed = self
+            .directory
+            .commit(at, session, operation, target, location);
+        let ssd = self.nodes[node].ssd.as_mut().context("the SSD went away")?;
+        match committed {
+            Ok(CommitOutcome::Committed) => {
+                self.held.insert(held_key(&location), object);
+                self.spilled += 1;
+            }
+            Ok(CommitOutcome::AlreadyPresent) => ssd.drop_object(&object, &location),
+            Err(_) => {
+                ssd.drop_object(&object, &location);
+                let _ = self.directory.abort(session, target);
             }
         }
         Ok(())
@@ -369,8 +500,9 @@ impl SimulatedCluster {
         }))
     }
 
-    /// The leading blocks cached, leased and released as a load does; returns the media
-    /// they were read from.
+    /// The leading blocks cached (in memory, or on the node's SSD), leased and released as
+    /// a load does, restoring those only the SSD holds first; returns the media they were
+    /// read from (`Ssd` for a restored one).
     fn load_prefix(
         &mut self,
         node: usize,
@@ -379,13 +511,19 @@ impl SimulatedCluster {
     ) -> anyhow::Result<Vec<Medium>> {
         let session = self.nodes[node].session;
         let probed = self.directory.probe_noting_demand(now, session, objects)?;
-        let hits = probed
+        let run = probed
             .iter()
-            .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+            .take_while(|outcome| {
+                matches!(
+                    outcome,
+                    ProbeOutcome::Hit { .. } | ProbeOutcome::OnSsd { .. }
+                )
+            })
             .count();
-        let acquired = self
-            .directory
-            .acquire(now, session, &objects[..hits], AcquireMode::Each)?;
+        let mut acquired =
+            self.directory
+                .acquire(now, session, &objects[..run], AcquireMode::Each)?;
+        self.restore_misses(node, now, &objects[..run], &mut acquired)?;
         let leases: Vec<_> = acquired
             .iter()
             .filter_map(|outcome| match outcome {
@@ -395,13 +533,93 @@ impl SimulatedCluster {
             .collect();
         let loaded = acquired
             .iter()
-            .map_while(|outcome| match outcome {
-                AcquireOutcome::Leased(lease) => Some(lease.medium),
-                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
-            })
-            .collect();
+            .take_while(|outcome| matches!(outcome, AcquireOutcome::Leased(_)))
+            .count();
         self.directory.release(session, &leases)?;
-        Ok(loaded)
+        Ok(probed[..loaded]
+            .iter()
+            .map(|outcome| match outcome {
+                ProbeOutcome::Hit { medium, .. } => *medium,
+                ProbeOutcome::OnSsd { .. } | ProbeOutcome::Pending | ProbeOutcome::Miss => {
+                    Medium::Ssd
+                }
+            })
+            .collect())
+    }
+
+    /// What the node does for an acquire's misses its SSD holds: restores them (the first
+    /// [`RESTORES_PER_LOAD_MAX`]: reserve each, then write and commit each) and acquires
+    /// the missed objects again, in place of their misses.
+    fn restore_misses(
+        &mut self,
+        node: usize,
+        now: Timestamp,
+        objects: &[ObjectId],
+        outcomes: &mut [AcquireOutcome],
+    ) -> anyhow::Result<()> {
+        let Some(ssd) = &self.nodes[node].ssd else {
+            return Ok(());
+        };
+        let missed: Vec<usize> = (0..objects.len())
+            .filter(|index| matches!(outcomes[*index], AcquireOutcome::Miss))
+            .filter(|index| ssd.holds(&objects[*index]))
+            .collect();
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<ObjectId> = missed.iter().map(|index| objects[*index]).collect();
+        let session = self.nodes[node].session;
+        // A reservation a full pool skips is asked again until the call's deadline; the
+        // room comes from the reclaims of the node's next task polls, run here at once.
+        let mut polls_left = RESTORE_WAIT.as_micros() / self.period.as_micros().max(1);
+        let mut granted = Vec::new();
+        for object in wanted.iter().take(RESTORES_PER_LOAD_MAX) {
+            let item = ReserveItem {
+                object: *object,
+                length_bytes: self.chunk_bytes,
+            };
+            let reserved = loop {
+                let operation = self.operation();
+                match self.directory.reserve(now, session, operation, item)? {
+                    ReserveOutcome::Skip if polls_left > 0 => {
+                        polls_left -= 1;
+                        self.poll(node, now)?;
+                    }
+                    outcome => break outcome,
+                }
+            };
+            if let ReserveOutcome::Granted { replica, pool, .. } = reserved {
+                match self.location(node, now, pool)? {
+                    Some(location) => granted.push((*object, replica, location)),
+                    None => {
+                        self.directory.abort(session, replica)?;
+                    }
+                }
+            }
+        }
+        let mut published = 0;
+        for (object, replica, location) in granted {
+            let operation = self.operation();
+            if self
+                .directory
+                .commit(now, session, operation, replica, location)?
+                == CommitOutcome::Committed
+            {
+                self.held.insert(held_key(&location), object);
+                published += 1;
+            }
+        }
+        self.restored += published;
+        if published == 0 {
+            return Ok(());
+        }
+        let again = self
+            .directory
+            .acquire(now, session, &wanted, AcquireMode::Each)?;
+        for (position, outcome) in missed.into_iter().zip(again) {
+            outcomes[position] = outcome;
+        }
+        Ok(())
     }
 
     /// Stores each object in prompt order (as the live driver does: when the pool fills
@@ -434,7 +652,10 @@ impl SimulatedCluster {
                         .directory
                         .commit(now, session, operation, replica, location)?
                     {
-                        CommitOutcome::Committed => tally.stored += 1,
+                        CommitOutcome::Committed => {
+                            self.held.insert(held_key(&location), *object);
+                            tally.stored += 1;
+                        }
                         CommitOutcome::AlreadyPresent => {}
                     }
                 }
@@ -473,5 +694,7 @@ pub fn simulate(
     }
     tally.demoted = cluster.demoted;
     tally.replicated = cluster.replicated;
+    tally.spilled = cluster.spilled;
+    tally.restored = cluster.restored;
     Ok(tally)
 }

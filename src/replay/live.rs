@@ -100,6 +100,13 @@ pub fn run(
         policy_time_scale: directory.policy_time_scale,
         cxl_pool_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
         cxl_extent_bytes: cluster::extent_chunks(config.cxl_blocks) * config.chunk_bytes,
+        // Each node's SSD store, a folder under the cluster's own.
+        ssd_bytes: if config.ssd_blocks > 0 {
+            super::ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)
+        } else {
+            0
+        },
+        ssd_admit_after_accesses: config.ssd_admit_after_accesses,
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(exe, &spec).context("starting the live cluster")?;
@@ -110,7 +117,11 @@ pub fn run(
     let (mut live, verified_chunks, lag_max) =
         runtime.block_on(drive(&cluster, requests, config, json))?;
     let elapsed = started.elapsed();
-    live.demoted = moved_chunks(&cluster, config.chunk_bytes)?;
+    live.demoted = moved_chunks(&cluster, "demote", config.chunk_bytes)?;
+    if config.ssd_blocks > 0 {
+        live.spilled = moved_chunks(&cluster, "spill", config.chunk_bytes)?;
+        live.restored = moved_chunks(&cluster, "restore", config.chunk_bytes)?;
+    }
     live.replicated = replicated_chunks(&cluster)?;
     drop(cluster);
     let simulated = cluster::simulate(requests, config, &mut |_, _| {})?;
@@ -124,18 +135,18 @@ pub fn run(
     })
 }
 
-/// Chunks the cluster's nodes copied one tier colder, from their
-/// `kvtier_bytes_moved_total{direction="demote"}`.
-fn moved_chunks(cluster: &LocalCluster, chunk_bytes: u64) -> anyhow::Result<u64> {
+/// Chunks the cluster's nodes moved in `direction` (demote: one tier colder; spill: to
+/// SSD; restore: back from SSD), from their `kvtier_bytes_moved_total{direction=..}`.
+fn moved_chunks(cluster: &LocalCluster, direction: &str, chunk_bytes: u64) -> anyhow::Result<u64> {
     let mut bytes = 0.0;
     for (name, address) in cluster.metrics_addresses() {
         if name == "directory" {
             continue;
         }
         let body = crate::launch::scrape_metrics(address)?;
-        bytes +=
-            crate::launch::metric_value(&body, "kvtier_bytes_moved_total{direction=\"demote\"}")
-                .with_context(|| format!("node {name} exports no demoted bytes"))?;
+        let series = format!("kvtier_bytes_moved_total{{direction=\"{direction}\"}}");
+        bytes += crate::launch::metric_value(&body, &series)
+            .with_context(|| format!("node {name} exports no {direction} bytes"))?;
     }
     Ok(bytes as u64 / chunk_bytes.max(1))
 }
@@ -198,7 +209,9 @@ async fn drive(
             .iter()
             .filter_map(|outcome| match outcome {
                 ProbeOutcome::Hit { medium, .. } => Some(*medium),
-                ProbeOutcome::Pending | ProbeOutcome::Miss | ProbeOutcome::OnSsd { .. } => None,
+                // Restored by the load first, then read like a hit.
+                ProbeOutcome::OnSsd { .. } => Some(Medium::Ssd),
+                ProbeOutcome::Pending | ProbeOutcome::Miss => None,
             })
             .collect();
         tally.count_request(request, &media, &config.pricing);

@@ -1,7 +1,7 @@
 //! `kvtier replay`: replays a Mooncake-format trace through the tiers, in process and
 //! metadata only, under kvtier's policy and the LRU, S3-FIFO and Belady baselines at the
 //! same capacity, and reports hit ratio, prefill saved, bytes moved and estimated TTFT.
-//! On tiers a cluster holds (DRAM, or DRAM and CXL) it also replays the trace through the
+//! On tiers a cluster holds (DRAM, then optionally CXL, then optionally SSD) it also replays the trace through the
 //! directory core itself (`kvtier_directory`: the policy as the cluster runs it,
 //! watermarks, demotions and reclaim lag included), and `--live` drives a running cluster
 //! with it ([`live`]).
@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod live;
 pub mod report;
 pub mod sim;
+pub mod ssd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -61,7 +62,8 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Also drive a running cluster (a directory and a node per engine started on loopback,
     /// with a CXL pool they all map for a cxl tier) with the trace, storing and loading real chunks, and
-    /// compare its hit ratio with the directory core's replay. Tiers: dram, or dram,cxl.
+    /// compare its hit ratio with the directory core's replay. Tiers: dram, then
+    /// optionally cxl, then optionally ssd (each node's SSD store, under the run's folder).
     #[arg(long)]
     pub live: bool,
     /// Replay only the first REQUESTS requests of the trace.
@@ -86,6 +88,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "MISSES")]
     pub replicate_after_misses: Option<u32>,
 }
+
+/// Accesses a chunk needs before a cluster replay's SSD stores take it: the stores'
+/// default `[nodes.ssd] admit_after_accesses` (a second access, to spare the disk).
+pub const SSD_ADMIT_AFTER_ACCESSES: u32 = 2;
 
 /// Most engines a cluster replay runs: each live one is a node process with its pools.
 pub const ENGINES_MAX: u16 = 8;
@@ -130,7 +136,7 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
         );
         let Some(simulation) = directory_replay(args, &config, args.speedup)? else {
             anyhow::bail!(
-                "--live drives nodes with a CPU pool each and optionally a CXL pool: give --capacity, or --tiers dram=N or dram=N,cxl=M"
+                "--live drives nodes with a CPU pool each, optionally a CXL pool and optionally an SSD store each: give --capacity, or --tiers dram=N[,cxl=M][,ssd=K]"
             );
         };
         report.live = Some(live::run(exe, &requests, &simulation, args.json)?);
@@ -151,9 +157,10 @@ pub fn run(exe: &Path, args: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cluster that holds the tiers of `config` — one node's CPU pool for a DRAM tier and
-/// a CXL pool it maps for a CXL tier — replayed through the directory core at `speedup`;
-/// `None` for tiers a cluster has no pool for (SSD, GPU, remote) or in another order.
+/// The cluster that holds the tiers of `config` — one node's CPU pool for a DRAM tier, a
+/// CXL pool it maps for a CXL tier and its SSD store for an SSD tier (admitting chunks
+/// after [`SSD_ADMIT_AFTER_ACCESSES`]) — replayed through the directory core at `speedup`;
+/// `None` for tiers a cluster has no pool for (GPU, remote) or in another order.
 fn directory_replay(
     args: &ReplayArgs,
     config: &SimConfig,
@@ -164,20 +171,34 @@ fn directory_replay(
         "--chunk-bytes must be a power of two"
     );
     let kinds: Vec<TierKind> = config.tiers.iter().map(|tier| tier.profile.kind).collect();
-    let cxl_blocks = match kinds.as_slice() {
-        [TierKind::Dram] => 0,
-        [TierKind::Dram, TierKind::Cxl] => u64::try_from(config.tiers[1].blocks)?,
+    let (cxl, ssd) = match kinds.as_slice() {
+        [TierKind::Dram] => (None, None),
+        [TierKind::Dram, TierKind::Cxl] => (config.tiers.get(1), None),
+        [TierKind::Dram, TierKind::Ssd] => (None, config.tiers.get(1)),
+        [TierKind::Dram, TierKind::Cxl, TierKind::Ssd] => {
+            (config.tiers.get(1), config.tiers.get(2))
+        }
         _ => return Ok(None),
     };
-    let cxl = config.tiers.get(1).map_or_else(
-        || TierProfile::representative(TierKind::Cxl),
-        |tier| tier.profile.clone(),
+    let blocks_of = |tier: Option<&TierSpec>| u64::try_from(tier.map_or(0, |tier| tier.blocks));
+    let profile_of = |tier: Option<&TierSpec>, kind| {
+        tier.map_or_else(
+            || TierProfile::representative(kind),
+            |tier| tier.profile.clone(),
+        )
+    };
+    anyhow::ensure!(
+        ssd.is_none() || args.chunk_bytes <= crate::launch::SSD_OBJECT_BYTES_MAX,
+        "--chunk-bytes must be at most {} with an SSD tier",
+        crate::launch::SSD_OBJECT_BYTES_MAX
     );
     let defaults = crate::directory::DirectoryConfig::default();
     Ok(Some(cluster::ClusterSimConfig {
         engines: usize::from(args.engines),
         blocks: u64::try_from(config.tiers[0].blocks)?,
-        cxl_blocks,
+        cxl_blocks: blocks_of(cxl)?,
+        ssd_blocks: blocks_of(ssd)?,
+        ssd_admit_after_accesses: SSD_ADMIT_AFTER_ACCESSES,
         chunk_bytes: args.chunk_bytes,
         directory: crate::directory::DirectoryConfig {
             policy_time_scale: speedup,
@@ -191,7 +212,8 @@ fn directory_replay(
         pricing: cluster::Pricing {
             cost: config.cost,
             cpu: config.tiers[0].profile.clone(),
-            cxl,
+            cxl: profile_of(cxl, TierKind::Cxl),
+            ssd: profile_of(ssd, TierKind::Ssd),
             block_bytes: u64::from(BLOCK_TOKENS).saturating_mul(config.bytes_per_token),
         },
     }))

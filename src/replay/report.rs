@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{json, Value};
 
+use super::cluster::ClusterTally;
 use super::live::{LiveOutcome, AGREEMENT_TOLERANCE};
 use super::sim::{Outcome, PolicyKind, TierSpec};
 
@@ -48,6 +49,14 @@ pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
     }
     let rank = (fraction * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The `fraction` percentile of a cluster replay's estimated times to first token, in
+/// milliseconds.
+fn ttft_ms(tally: &ClusterTally, fraction: f64) -> f64 {
+    let mut sorted = tally.ttft_us.clone();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, fraction) / 1e3
 }
 
 impl PolicyReport {
@@ -169,6 +178,14 @@ impl Report {
                 "chunks_verified": live.verified_chunks,
                 "schedule_lag_max_ms": live.lag_max.as_secs_f64() * 1e3,
                 "elapsed_s": live.elapsed.as_secs_f64(),
+                "chunks_spilled": live.live.spilled,
+                "simulated_chunks_spilled": live.simulated.spilled,
+                "chunks_restored": live.live.restored,
+                "simulated_chunks_restored": live.simulated.restored,
+                "ttft_p50_ms": ttft_ms(&live.live, 0.5),
+                "ttft_p95_ms": ttft_ms(&live.live, 0.95),
+                "simulated_ttft_p50_ms": ttft_ms(&live.simulated, 0.5),
+                "simulated_ttft_p95_ms": ttft_ms(&live.simulated, 0.95),
             });
         }
         object.to_string()
@@ -238,6 +255,18 @@ impl Report {
                 live.verified_chunks,
                 live.lag_max.as_secs_f64() * 1e3,
                 live.elapsed.as_secs_f64()
+            );
+            let _ = writeln!(
+                out,
+                "  TTFT p50 {:.1} ms / p95 {:.1} ms (simulated {:.1} / {:.1}); chunks spilled to SSD {} / restored {} (simulated {} / {})",
+                ttft_ms(&live.live, 0.5),
+                ttft_ms(&live.live, 0.95),
+                ttft_ms(&live.simulated, 0.5),
+                ttft_ms(&live.simulated, 0.95),
+                live.live.spilled,
+                live.live.restored,
+                live.simulated.spilled,
+                live.simulated.restored
             );
         }
         out

@@ -65,7 +65,8 @@ impl PrefixBuffers {
     }
 }
 
-/// Probes a prompt's chunks, loads the leading run that is cached into poisoned buffers and
+/// Probes a prompt's chunks, loads the leading run that is cached (in memory, or on the
+/// node's SSD: the load restores it first, as an engine's would) into poisoned buffers and
 /// checks every byte against its object's content. Returns the probe's outcomes and how many
 /// chunks loaded (a replica retired between probe and acquire shortens the run: an expected
 /// miss). Fails on a wrong or unwritten byte or a refused request.
@@ -77,7 +78,12 @@ pub async fn load_cached_prefix(
     let probed = client.probe(objects).await?;
     let hits = probed
         .iter()
-        .take_while(|outcome| matches!(outcome, ProbeOutcome::Hit { .. }))
+        .take_while(|outcome| {
+            matches!(
+                outcome,
+                ProbeOutcome::Hit { .. } | ProbeOutcome::OnSsd { .. }
+            )
+        })
         .count();
     let mut targets = buffers.poisoned_targets(&objects[..hits]);
     let loaded = client

@@ -338,7 +338,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::Probe { .. } => Operation::Probe,
         Request::Acquire { .. } => Operation::Acquire,
         Request::Release { .. } => Operation::Release,
-        Request::Retire { .. } => Operation::Retire,
+        Request::Retire { .. } | Request::RetireHeld { .. } => Operation::Retire,
         Request::ReclaimAck { .. } => Operation::ReclaimAck,
         Request::Usage => Operation::Usage,
         Request::PollTasks { .. } => Operation::PollTasks,

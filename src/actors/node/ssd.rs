@@ -2,8 +2,9 @@
 //! pool private to the node (medium `ssd`), reports what a kept store still holds, and
 //! carries out the directory's decisions on it: a demotion into the SSD pool spills the
 //! replica's bytes (reserve → write → commit, so the replica is READY only once its write is
-//! durable), a reclaim drops the object from the store, and objects the store itself
-//! dropped to free a region are retired at the directory. Disk I/O runs on blocking
+//! durable), a reclaim drops the object from the store, and every object the store itself
+//! dropped to free a region (spilled by this process or adopted at a restart) is retired at
+//! the directory, by its location. Disk I/O runs on blocking
 //! threads; the store bounds what is in flight. Restores are in [`super::ssd_restore`].
 
 use super::actor::{commit_result, DEMOTION_CHUNK_BYTES};
@@ -32,10 +33,6 @@ pub struct NodeSsd {
     pub metrics: SsdMetrics,
     /// The store's pool at the directory, as registered.
     pub registration: SsdRegistration,
-    /// The replica id of each object this node spilled in this process, to retire it when
-    /// the store drops the object to free a region. Bounded by the store's index (one entry
-    /// per object it holds).
-    spilled: Mutex<HashMap<ObjectId, (ReplicaId, Location)>>,
     /// Restores in flight, joined by later loads and prefetches of the same object. Bounded
     /// by [`super::ssd_restore::RESTORES_IN_FLIGHT_MAX`].
     pub(super) restoring: Mutex<HashMap<ObjectId, tokio::sync::watch::Receiver<Option<bool>>>>,
@@ -92,14 +89,6 @@ impl NodeSsd {
             generation: location.generation.0,
         };
         self.store.remove(object, &place);
-        let mut spilled = lock(&self.spilled);
-        if spilled
-            .get(object)
-            .is_some_and(|(_, held)| held == location)
-        {
-            spilled.remove(object);
-        }
-        drop(spilled);
         self.publish();
     }
 }
@@ -145,7 +134,6 @@ pub async fn open(
             pool,
             admit_after_accesses,
         },
-        spilled: Mutex::default(),
         restoring: Mutex::default(),
     };
     ssd.publish();
@@ -243,7 +231,6 @@ pub async fn spill(
         PagesAfterCommit::Published => {
             if published {
                 services.published(object, location);
-                lock(&ssd.spilled).insert(object, (target, location));
                 services
                     .metrics
                     .add_bytes_moved(Direction::Spill, location.length_bytes);
@@ -339,18 +326,32 @@ async fn read_chunks(
     Ok(())
 }
 
-/// Retires at the directory the spilled replicas of objects the store dropped to free a
-/// region (their bytes are gone): they stop being reported as on SSD.
-async fn retire_evicted(services: &NodeServices, ssd: &NodeSsd, evicted: Vec<ObjectId>) {
-    for object in evicted {
-        let spilled = lock(&ssd.spilled).remove(&object);
-        let Some((replica, location)) = spilled else {
-            continue;
+/// Retires at the directory the replicas of the objects the store dropped to free a
+/// region (their bytes are gone), whether this process spilled them or adopted them at a
+/// restart: each is named by its location, in batches of the link's bound, so a probe
+/// stops reporting them as on SSD.
+async fn retire_evicted(
+    services: &NodeServices,
+    ssd: &NodeSsd,
+    evicted: Vec<(ObjectId, StoredPlace)>,
+) {
+    let holdings: Vec<Holding> = evicted
+        .into_iter()
+        .map(|(object, place)| Holding {
+            object,
+            location: ssd.location_of(place),
+        })
+        .collect();
+    for holding in &holdings {
+        services.core().holdings.freed(&holding.location);
+    }
+    let batch = services.link.binding().batch_items_max.max(1);
+    for chunk in holdings.chunks(batch) {
+        let request = DirectoryRequest::RetireHeld {
+            holdings: chunk.to_vec(),
         };
-        services.core().holdings.freed(&location);
-        let request = DirectoryRequest::Retire { object, replica };
         if let Err(error) = services.link.call(request).await {
-            tracing::debug!(%error, ?replica, "retiring a replica the SSD dropped failed");
+            tracing::debug!(%error, "retiring replicas the SSD dropped failed");
         }
     }
 }

@@ -28,7 +28,7 @@ pub const RESTORES_PER_LOAD_MAX: usize = 64;
 pub const RESTORES_IN_FLIGHT_MAX: usize = 1024;
 /// How long a load waits for room in a pool to restore into: a few directory ticks, far
 /// below the cost of recomputing a prefix.
-const RESTORE_WAIT: Duration = Duration::from_millis(500);
+pub const RESTORE_WAIT: Duration = Duration::from_millis(500);
 /// How long a load waits for a restore another load or a prefetch started.
 const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// Pause between reservations a full pool skipped: one directory tick.

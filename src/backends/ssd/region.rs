@@ -59,8 +59,9 @@ pub struct Reservation {
 pub struct ReserveEffects {
     /// A region just opened for writing: the store writes its header with this sequence.
     pub opened: Option<(u32, u64)>,
-    /// Objects dropped from the index because their region was reclaimed.
-    pub evicted: Vec<ObjectId>,
+    /// Objects dropped from the index because their region was reclaimed, with the entry
+    /// each had (its owner retires the copy recorded there).
+    pub evicted: Vec<(ObjectId, Entry)>,
     /// Whether a region was reclaimed.
     pub reclaimed_region: bool,
 }
@@ -239,13 +240,10 @@ impl RegionTable {
     fn reclaim(&mut self, index: usize, effects: &mut ReserveEffects) {
         let objects = std::mem::take(&mut self.regions[index].objects);
         for object in objects {
-            let belongs = self
-                .index
-                .get(&object)
-                .is_some_and(|entry| entry.region as usize == index);
-            if belongs {
+            let entry = self.index.get(&object).copied();
+            if let Some(entry) = entry.filter(|entry| entry.region as usize == index) {
                 self.index.remove(&object);
-                effects.evicted.push(object);
+                effects.evicted.push((object, entry));
             }
         }
         let region = &mut self.regions[index];
@@ -423,7 +421,8 @@ mod tests {
         let (in_flight, _) = table.reserve(2 * BLOCK_BYTES).unwrap();
         assert_eq!(in_flight.region, 1);
         let (reservation, effects) = table.reserve(2 * BLOCK_BYTES).unwrap();
-        assert_eq!((reservation.region, effects.evicted), (0, vec![object(1)]));
+        assert_eq!(reservation.region, 0);
+        assert_eq!(evicted_objects(&effects), vec![object(1)]);
         table.commit(reservation, object(5), 2 * BLOCK_BYTES, 7);
         assert!(
             table.reserve(2 * BLOCK_BYTES).is_none(),
@@ -435,7 +434,7 @@ mod tests {
         put(&mut table, 1, 2 * BLOCK_BYTES);
         put(&mut table, 2, 2 * BLOCK_BYTES);
         let (_, effects) = put(&mut table, 3, 2 * BLOCK_BYTES);
-        assert_eq!(effects.evicted, vec![object(1)]);
+        assert_eq!(evicted_objects(&effects), vec![object(1)]);
         assert!(effects.reclaimed_region);
         assert_eq!(table.get(&object(1)), None);
         let pinned = table.pin(&object(2)).unwrap();
@@ -445,6 +444,10 @@ mod tests {
         );
         table.unpin(pinned.region);
         let (_, effects) = put(&mut table, 4, 2 * BLOCK_BYTES);
-        assert_eq!(effects.evicted, vec![object(2)]);
+        assert_eq!(evicted_objects(&effects), vec![object(2)]);
+    }
+
+    fn evicted_objects(effects: &ReserveEffects) -> Vec<ObjectId> {
+        effects.evicted.iter().map(|(object, _)| *object).collect()
     }
 }

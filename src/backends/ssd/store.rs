@@ -183,8 +183,9 @@ pub enum ReadOutcome {
 pub struct WriteBatch {
     /// One result per object, in request order: the write's latency, or why it was skipped.
     pub results: Vec<Result<Duration, SsdError>>,
-    /// Objects dropped because their region was reclaimed to make room.
-    pub evicted: Vec<ObjectId>,
+    /// Objects dropped because their region was reclaimed to make room, each with the
+    /// place it had.
+    pub evicted: Vec<(ObjectId, StoredPlace)>,
 }
 
 /// Where a stored object's data is in the store's address space (see
@@ -542,7 +543,7 @@ struct WriteRequests<'a> {
     source: &'a mut dyn WriteSource,
     reservations: Vec<Option<(Reservation, u32)>>,
     results: Vec<Result<Duration, SsdError>>,
-    evicted: Vec<ObjectId>,
+    evicted: Vec<(ObjectId, StoredPlace)>,
 }
 
 impl WriteRequests<'_> {
@@ -563,7 +564,13 @@ impl WriteRequests<'_> {
                 .regions_reclaimed
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.evicted.extend(effects.evicted);
+        let store = self.store;
+        self.evicted.extend(
+            effects
+                .evicted
+                .iter()
+                .map(|(object, entry)| (*object, store.place(entry))),
+        );
         if let Some((region, sequence)) = effects.opened {
             if let Err(error) = self.store.write_region_header(region, sequence) {
                 lock(&self.store.table).abort(reservation);

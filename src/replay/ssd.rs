@@ -1,0 +1,133 @@
+//! A node's SSD store as the cluster replay models it: the store's own sans-I/O core
+//! ([`RegionTable`]) places each spilled chunk in a region of the same geometry the live
+//! node's store has ([`crate::launch::SSD_REGION_BYTES`], a header block per object), and
+//! reclaims whole regions, oldest fill first, when it needs room; the objects a reclaimed
+//! region held are retired at the directory by their locations, as the node does.
+
+use crate::backends::ssd::layout::object_footprint_bytes;
+use crate::backends::ssd::region::{Entry, RegionTable};
+use crate::directory::Holding;
+use crate::launch::SSD_REGION_BYTES;
+use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId};
+
+/// Bytes of an SSD store that holds `blocks` chunks of `chunk_bytes` (each behind its
+/// header block, none crossing a region): whole regions of [`SSD_REGION_BYTES`], enough
+/// for `blocks` chunks. The live replay gives its nodes stores of this size.
+pub fn store_bytes(blocks: u64, chunk_bytes: u64) -> u64 {
+    let per_region = (SSD_REGION_BYTES - crate::backends::ssd::layout::BLOCK_BYTES)
+        / object_footprint_bytes(chunk_bytes);
+    blocks.div_ceil(per_region.max(1)) * SSD_REGION_BYTES
+}
+
+/// One node's SSD store in the replay.
+pub struct SimulatedSsd {
+    /// The store's pool at the directory.
+    pub pool: PoolId,
+    table: RegionTable,
+}
+
+impl SimulatedSsd {
+    /// An empty store of `store_bytes` (whole regions), registered as `pool`.
+    pub fn new(pool: PoolId, store_bytes: u64) -> anyhow::Result<Self> {
+        let regions = u32::try_from(store_bytes / SSD_REGION_BYTES)?;
+        anyhow::ensure!(regions > 0, "an SSD store of no region");
+        Ok(Self {
+            pool,
+            table: RegionTable::new(regions, SSD_REGION_BYTES),
+        })
+    }
+
+    fn location_of(&self, entry: &Entry) -> Location {
+        let offset_bytes = u64::from(entry.region) * SSD_REGION_BYTES + entry.data_offset();
+        Location {
+            pool: self.pool,
+            allocation: AllocationId(offset_bytes),
+            generation: Generation(entry.generation),
+            offset_bytes,
+            length_bytes: entry.length_bytes,
+        }
+    }
+
+    /// Whether the store holds `object` (a load that misses restores it).
+    pub fn holds(&self, object: &ObjectId) -> bool {
+        self.table.get(object).is_some()
+    }
+
+    /// Writes `object` of `length_bytes` as a spill does (nothing when the store holds it
+    /// at that length already: content is immutable); returns its location, and where the
+    /// objects whose region was reclaimed to make room were, which the caller retires.
+    /// `None` when no region can be reclaimed (the spill is skipped).
+    pub fn write(
+        &mut self,
+        object: ObjectId,
+        length_bytes: u64,
+    ) -> (Option<Location>, Vec<Holding>) {
+        if let Some(entry) = self.table.get(&object) {
+            if entry.length_bytes == length_bytes {
+                return (Some(self.location_of(&entry)), Vec::new());
+            }
+        }
+        let Some((reservation, effects)) = self.table.reserve(length_bytes) else {
+            return (None, Vec::new());
+        };
+        let evicted = effects
+            .evicted
+            .iter()
+            .map(|(evicted, entry)| Holding {
+                object: *evicted,
+                location: self.location_of(entry),
+            })
+            .collect();
+        self.table.commit(reservation, object, length_bytes, 0);
+        let location = self
+            .table
+            .get(&object)
+            .map(|entry| self.location_of(&entry));
+        (location, evicted)
+    }
+
+    /// Drops `object` if the store still holds it at `location` (its replica was reclaimed,
+    /// or its spill's commit refused): its space comes back with its region.
+    pub fn drop_object(&mut self, object: &ObjectId, location: &Location) {
+        if let Some(entry) = self.table.get(object) {
+            if self.location_of(&entry) == *location {
+                self.table.remove(object, Some(entry));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NamespaceId;
+
+    fn object(index: u64) -> ObjectId {
+        crate::workload::prefix::chain(NamespaceId([7; 16]), &[index])[0]
+    }
+
+    #[test]
+    fn a_store_sized_for_its_blocks_holds_them_and_reclaims_the_oldest_region_after() {
+        let chunk = 64 << 10;
+        let bytes = store_bytes(120, chunk);
+        assert_eq!(
+            bytes,
+            2 * SSD_REGION_BYTES,
+            "60 chunks of 64 KiB per region"
+        );
+        let mut ssd = SimulatedSsd::new(PoolId(3), bytes).unwrap();
+        let mut written = Vec::new();
+        for index in 0..120 {
+            let (location, evicted) = ssd.write(object(index), chunk);
+            assert!(evicted.is_empty());
+            written.push(Holding {
+                object: object(index),
+                location: location.unwrap(),
+            });
+        }
+        assert!((0..120).all(|index| ssd.holds(&object(index))));
+        let (_, evicted) = ssd.write(object(120), chunk);
+        assert_eq!(evicted, written[..60], "the first region goes, whole");
+        assert!(!ssd.holds(&object(0)) && ssd.holds(&object(60)));
+    }
+}
