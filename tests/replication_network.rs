@@ -1,7 +1,10 @@
-//! Replication between hosts over QUIC, end to end with real processes on loopback: two
-//! nodes that share no CXL domain, each with a peer endpoint. Every wait is on a
-//! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
+//! Replication between hosts over QUIC, end to end with real processes: two nodes that
+//! share no CXL domain, each with a peer endpoint. Each test runs twice: with both nodes on
+//! loopback, and with each node in a network namespace of its own (separate hosts joined by
+//! a bridge; skipped, saying why, where this process cannot make namespaces). Every wait is
+//! on a condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+#[macro_use]
 mod common;
 
 use common::{connect, metrics_of, object, runtime, scraped, signal};
@@ -17,9 +20,19 @@ use std::time::{Duration, Instant};
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// Two nodes with no shared domain and a peer endpoint each.
-fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
+on_loopback_and_between_hosts!(
+    a_miss_is_copied_over_quic_and_strangers_cannot_push,
+    a_node_not_named_for_a_pending_transfer_cannot_push_it,
+    killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target,
+    killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation,
+    retiring_the_source_mid_copy_cancels_it_and_commits_nothing
+);
+
+/// Two nodes with no shared domain and a peer endpoint each, in network namespaces of
+/// their own when `netns`.
+fn cluster(netns: bool, cpu_pool_bytes: u64) -> LocalCluster {
     let spec = ClusterSpec {
+        netns,
         nodes: 2,
         cpu_pool_bytes,
         cxl_pool_bytes: 0,
@@ -35,7 +48,9 @@ fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
                 .into(),
         ..ClusterSpec::default()
     };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    assert_eq!(cluster.uses_namespaces(), netns);
+    cluster
 }
 
 /// Bytes allocated in every pool of a node, as its last task round published them.
@@ -80,9 +95,8 @@ async fn load_until_hit(client: &Client, id: ObjectId, expected: &[u8]) -> (Medi
     }
 }
 
-#[test]
-fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
-    let cluster = cluster(64 << 20);
+fn a_miss_is_copied_over_quic_and_strangers_cannot_push(netns: bool) {
+    let cluster = cluster(netns, 64 << 20);
     let node_b = metrics_of(&cluster, "node-b");
     runtime().block_on(async {
         let (_a, b, id, bytes) = stored_on_a(&cluster, 1, 4 << 20).await;
@@ -126,9 +140,8 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     });
 }
 
-#[test]
-fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
-    let cluster = cluster(64 << 20);
+fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
+    let cluster = cluster(netns, 64 << 20);
     let node_b = metrics_of(&cluster, "node-b");
     let a_pid = cluster.node_pid(0).unwrap().to_string();
     let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
@@ -189,7 +202,7 @@ async fn stranger_pushes(
 ) -> Vec<Verdict> {
     let certs = &cluster.config.directory.certs;
     let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
-    let bind = SocketAddr::from(([127, 0, 0, 1], 0));
+    let bind = SocketAddr::from(([0, 0, 0, 0], 0));
     let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
@@ -210,10 +223,9 @@ async fn stranger_pushes(
     verdicts
 }
 
-#[test]
-fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
+fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let mut cluster = cluster(256 << 20);
+    let mut cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
@@ -256,10 +268,9 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
     });
 }
 
-#[test]
-fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
+fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let mut cluster = cluster(256 << 20);
+    let mut cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
@@ -305,10 +316,9 @@ fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
     });
 }
 
-#[test]
-fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
+fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let cluster = cluster(256 << 20);
+    let cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
