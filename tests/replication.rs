@@ -131,8 +131,9 @@ fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays(netns: bool)
 }
 
 fn retiring_the_source_while_it_is_copied_cancels_the_copy(netns: bool) {
-    /// Objects tried: the retire must win the race with A's next task poll (every 50 ms)
-    /// at least once; it follows B's miss at once, so it nearly always does.
+    /// Objects tried: the retire must reach the directory before A, woken by the task the
+    /// moment it is planned, commits its copy, at least once; it follows B's miss at once,
+    /// so it nearly always does.
     const ATTEMPTS: u32 = 20;
     let cluster = cluster(netns, 64 << 20, 16 << 20);
     let metrics = directory_metrics(&cluster);

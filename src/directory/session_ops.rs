@@ -256,7 +256,7 @@ impl Directory {
             {
                 self.free_replica(replica);
             } else {
-                self.nodes[node.0 as usize].tasks.push_back(task);
+                self.queue_task(node, task);
             }
         }
     }

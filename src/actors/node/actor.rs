@@ -1,21 +1,24 @@
 //! The `NodeActor`: keeps the node's session with the directory alive and carries out the
-//! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
-//! own timer so that slow task work never delays them. Reclaim tasks free the pages, then
-//! acknowledge; demote tasks copy a replica one tier colder (or spill it to the node's SSD,
-//! [`super::ssd`]) and commit the copy. A node
+//! directory's tasks, which it waits for at the directory (`AwaitTasks`, answered as soon
+//! as there is one) and also polls for, as a fallback. Heartbeats (which also acknowledge
+//! finished operations) run on their own timer so that slow task work never delays them.
+//! Reclaim tasks free the pages, then acknowledge; demote tasks copy a replica one tier
+//! colder (or spill it to the node's SSD, [`super::ssd`]) and commit the copy. A node
 //! whose session is lost (a directory restart, a fence, the fence window without an
 //! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
 
-use super::link::LinkError;
+use super::link::{LinkError, DIRECTORY_REQUEST_TIMEOUT};
 use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
 use super::rejoin::{rejoin, Registration};
 use super::replication;
 use super::services::NodeServices;
-use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
+use crate::directory::{CommitOutcome, DirectoryError, Task, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
 use crate::model::{Location, PoolId, ReplicaId, SessionId};
 use crate::node::{after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit};
-use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use crate::protocol::messages::{
+    DirectoryReply, DirectoryRequest, ProtocolError, AWAIT_TASKS_WAIT_MS_MAX,
+};
 use actix::prelude::*;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -26,7 +29,12 @@ pub const TASKS_PER_POLL: u32 = 256;
 /// Polls per round while full batches keep coming: a node keeps up with up to 4096 tasks
 /// per task interval (eviction under a burst of stores) without one round running forever.
 pub const POLLS_PER_ROUND_MAX: usize = 16;
-/// Tasks of one poll run at once: each waits on a round trip to the directory (an
+/// How long one `AwaitTasks` waits at the directory: as long as the directory allows,
+/// which is below the link's request timeout (a wait is never taken for a lost reply).
+const TASK_WAIT_MS: u32 = AWAIT_TASKS_WAIT_MS_MAX;
+const _: () = assert!((TASK_WAIT_MS as u128) < DIRECTORY_REQUEST_TIMEOUT.as_millis());
+/// Tasks of one poll run at once (a batch from `AwaitTasks` may run beside a poll's: twice
+/// this in all, far below the link's bound of requests in flight): each waits on a round trip to the directory (an
 /// acknowledgement, a commit), so running them one after another would make reclaim lag
 /// behind eviction under load. Within the link's bound of requests in flight.
 pub const TASKS_IN_FLIGHT_MAX: usize = 32;
@@ -50,6 +58,8 @@ pub struct NodeActor {
     tasks_running: bool,
     /// A rejoin is under way: heartbeats that fail meanwhile start no other.
     rejoining: bool,
+    /// An `AwaitTasks` is at the directory (or its tasks are running): one at a time.
+    awaiting_tasks: bool,
 }
 
 impl NodeActor {
@@ -70,7 +80,41 @@ impl NodeActor {
             heartbeat_running: false,
             tasks_running: false,
             rejoining: false,
+            awaiting_tasks: false,
         }
+    }
+
+    /// Waits at the directory for tasks (`AwaitTasks`: answered the moment the directory
+    /// plans work for this node) and runs what it hands out, then waits again at once. A
+    /// wait that ends empty or fails is armed again by the next task poll, which stays as
+    /// the fallback; so every immediate re-arm follows work done, and none spins.
+    fn await_tasks(&mut self, context: &mut Context<Self>) {
+        if !self.services.link.is_serving() || std::mem::replace(&mut self.awaiting_tasks, true) {
+            return;
+        }
+        let services = self.services.clone();
+        async move {
+            let session = services.link.session();
+            let wait = DirectoryRequest::AwaitTasks {
+                max: TASKS_PER_POLL,
+                wait_ms: TASK_WAIT_MS,
+            };
+            match services.link.call_in(session, wait).await {
+                Ok(DirectoryReply::Tasks(tasks)) if !tasks.is_empty() => {
+                    run_batch(&services, session, tasks).await;
+                    true
+                }
+                _ => false,
+            }
+        }
+        .into_actor(self)
+        .map(|worked, actor, context| {
+            actor.awaiting_tasks = false;
+            if worked {
+                actor.await_tasks(context);
+            }
+        })
+        .spawn(context);
     }
 
     /// Starts a rejoin unless one is under way; a failed one ends the node.
@@ -118,6 +162,7 @@ impl Actor for NodeActor {
                 .spawn(context);
         });
         context.run_interval(self.task_interval, |actor, context| {
+            actor.await_tasks(context);
             if !actor.services.link.is_serving()
                 || std::mem::replace(&mut actor.tasks_running, true)
             {
@@ -189,68 +234,7 @@ async fn run_tasks(services: &NodeServices) {
             _ => break,
         };
         let drained = tasks.len() < TASKS_PER_POLL as usize;
-        futures_util::stream::iter(tasks)
-            .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
-                match task.kind {
-                    TaskKind::Reclaim { replica, location } => {
-                        reclaim(services, session, replica, location).await
-                    }
-                    TaskKind::Demote {
-                        source,
-                        target,
-                        target_pool,
-                    } => match &services.ssd {
-                        Some(ssd) if ssd.pool() == target_pool => {
-                            super::ssd::spill(services, ssd, session, source, target).await
-                        }
-                        _ => {
-                            let copy = PoolCopy::demotion(source, target, target_pool);
-                            copy_and_commit(services, session, copy).await
-                        }
-                    },
-                    TaskKind::Replicate {
-                        source,
-                        target,
-                        target_pool,
-                    } => {
-                        let copy = PoolCopy::replication(source, target, target_pool);
-                        copy_and_commit(services, session, copy).await
-                    }
-                    TaskKind::Push {
-                        source,
-                        target,
-                        length_bytes,
-                        to,
-                    } => replication::push(
-                        services,
-                        replication::PushTask {
-                            task: task.id,
-                            source,
-                            target,
-                            length_bytes,
-                            to,
-                        },
-                    ),
-                    TaskKind::Receive {
-                        object,
-                        target,
-                        target_pool,
-                        length_bytes,
-                        from,
-                    } => {
-                        let receive = replication::ReceiveTask {
-                            task: task.id,
-                            object,
-                            target,
-                            target_pool,
-                            length_bytes,
-                            from,
-                        };
-                        replication::receive(services, session, receive).await
-                    }
-                }
-            })
-            .await;
+        run_batch(services, session, tasks).await;
         if drained {
             break;
         }
@@ -261,6 +245,77 @@ async fn run_tasks(services: &NodeServices) {
     }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
+}
+
+/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once.
+async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>) {
+    futures_util::stream::iter(tasks)
+        .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| {
+            run_task(services, session, task)
+        })
+        .await;
+}
+
+/// Carries out one task of `session`.
+async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
+    match task.kind {
+        TaskKind::Reclaim { replica, location } => {
+            reclaim(services, session, replica, location).await
+        }
+        TaskKind::Demote {
+            source,
+            target,
+            target_pool,
+        } => match &services.ssd {
+            Some(ssd) if ssd.pool() == target_pool => {
+                super::ssd::spill(services, ssd, session, source, target).await
+            }
+            _ => {
+                let copy = PoolCopy::demotion(source, target, target_pool);
+                copy_and_commit(services, session, copy).await
+            }
+        },
+        TaskKind::Replicate {
+            source,
+            target,
+            target_pool,
+        } => {
+            let copy = PoolCopy::replication(source, target, target_pool);
+            copy_and_commit(services, session, copy).await
+        }
+        TaskKind::Push {
+            source,
+            target,
+            length_bytes,
+            to,
+        } => replication::push(
+            services,
+            replication::PushTask {
+                task: task.id,
+                source,
+                target,
+                length_bytes,
+                to,
+            },
+        ),
+        TaskKind::Receive {
+            object,
+            target,
+            target_pool,
+            length_bytes,
+            from,
+        } => {
+            let receive = replication::ReceiveTask {
+                task: task.id,
+                object,
+                target,
+                target_pool,
+                length_bytes,
+                from,
+            };
+            replication::receive(services, session, receive).await
+        }
+    }
 }
 
 /// Exports what this node's allocators hold (the directory exports the replica states).
