@@ -30,8 +30,8 @@ on_loopback_and_between_hosts!(
 
 /// Two nodes with no shared domain and a peer endpoint each, in network namespaces of
 /// their own when `netns`.
-fn cluster(netns: bool, cpu_pool_bytes: u64) -> LocalCluster {
-    let spec = ClusterSpec {
+fn spec(netns: bool, cpu_pool_bytes: u64) -> ClusterSpec {
+    ClusterSpec {
         netns,
         nodes: 2,
         cpu_pool_bytes,
@@ -47,7 +47,12 @@ fn cluster(netns: bool, cpu_pool_bytes: u64) -> LocalCluster {
             "\n[directory.limits.prefill_us_per_token_by_model]\n\"kvtier-demo\" = 1000000.0\n"
                 .into(),
         ..ClusterSpec::default()
-    };
+    }
+}
+
+/// A running [`spec`].
+fn cluster(netns: bool, cpu_pool_bytes: u64) -> LocalCluster {
+    let spec = spec(netns, cpu_pool_bytes);
     let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     assert_eq!(cluster.uses_namespaces(), netns);
     cluster
@@ -351,5 +356,39 @@ fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing(netns: bool) {
         }
         assert_eq!(scraped(directory, &result("completed")), 0.0);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+    });
+}
+
+/// A node that a reload added after the running nodes read `cluster.toml` gets copies from
+/// them: the sender finds its peer address in the directory's node list. Loopback only
+/// (a cluster of namespaces adds no nodes).
+#[test]
+fn a_node_added_by_a_reload_receives_copies_from_the_running_nodes() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_kvtier"));
+    let spec = ClusterSpec {
+        spare_nodes: 1,
+        ..spec(false, 64 << 20)
+    };
+    let mut cluster = LocalCluster::start(exe, &spec).unwrap();
+    let added = cluster.add_node().unwrap();
+    let reload = std::process::Command::new(exe)
+        .args(["ctl", "reload", "--socket"])
+        .arg(cluster.socket(0).unwrap())
+        .output()
+        .unwrap();
+    assert!(reload.status.success(), "{reload:?}");
+    cluster.start_node(added).unwrap();
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (c, _) = connect(&cluster, added).await;
+        let (id, bytes) = object(namespace, 6, 11, 1 << 20);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert!(c.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        let (medium, exact) = load_until_hit(&c, id, &bytes).await;
+        assert_eq!(
+            (medium, exact),
+            (Medium::Cpu, true),
+            "copied from A into C's pool"
+        );
     });
 }

@@ -92,6 +92,7 @@ impl Directory {
             tasks: VecDeque::new(),
             handed_out: VecDeque::new(),
             peer_endpoint: true,
+            peer_address: None,
         });
         self.node_ids.insert(name.to_owned(), node);
         Ok(node)

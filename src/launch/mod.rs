@@ -229,15 +229,7 @@ fn cluster_toml(
             }
             None => (IpAddr::from([127, 0, 0, 1]), String::new()),
         };
-        let reach = if spec.peer_datagram_bytes > 0 {
-            let listen = SocketAddr::new(host, free_udp_port()?.port());
-            format!(
-                "{reach}peer_listen = \"{listen}\"\npeer_datagram_bytes = {}\n",
-                spec.peer_datagram_bytes
-            )
-        } else {
-            reach
-        };
+        let reach = reach + &peer_endpoint_toml(spec, host)?;
         let metrics = spec.metrics.then_some(host);
         toml.push_str(&node_toml(spec, tag, name, &reach, metrics)?);
     }
@@ -251,6 +243,19 @@ fn cluster_toml(
     toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
     toml.push_str(&spec.extra_toml);
     Ok(toml)
+}
+
+/// The lines giving a node a peer endpoint on a free UDP port of `host`, when `spec` asks
+/// for peer endpoints (none otherwise).
+fn peer_endpoint_toml(spec: &ClusterSpec, host: IpAddr) -> anyhow::Result<String> {
+    if spec.peer_datagram_bytes == 0 {
+        return Ok(String::new());
+    }
+    let listen = SocketAddr::new(host, free_udp_port()?.port());
+    Ok(format!(
+        "peer_listen = \"{listen}\"\npeer_datagram_bytes = {}\n",
+        spec.peer_datagram_bytes
+    ))
 }
 
 /// The `[[nodes]]` section of node `name`, reaching the directory as `reach` says and
@@ -596,8 +601,10 @@ impl LocalCluster {
         }
         let index = self.nodes.len();
         let name = node_name(index);
-        let metrics = self.spec.metrics.then_some(IpAddr::from([127, 0, 0, 1]));
-        let section = node_toml(&self.spec, &self.tag, &name, "", metrics)?;
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        let reach = peer_endpoint_toml(&self.spec, loopback)?;
+        let metrics = self.spec.metrics.then_some(loopback);
+        let section = node_toml(&self.spec, &self.tag, &name, &reach, metrics)?;
         let mut file = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.config_path)?;

@@ -171,7 +171,7 @@ impl DirectoryActor {
         }
         for node in &new.nodes {
             self.core
-                .set_peer_endpoint(&node.name, node.peer_listen.is_some());
+                .set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
         }
         self.grants = grants_of(&new);
         for name in &change.removed_nodes {
