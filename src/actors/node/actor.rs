@@ -1,11 +1,12 @@
 //! The `NodeActor`: keeps the node's session with the directory alive and carries out the
 //! directory's tasks, which it waits for at the directory (`AwaitTasks`, answered as soon
-//! as there is one) and also polls for, as a fallback. Heartbeats (which also acknowledge
-//! finished operations) run on their own timer so that slow task work never delays them.
-//! Reclaim tasks free the pages, then acknowledge; demote tasks copy a replica one tier
-//! colder (or spill it to the node's SSD, [`super::ssd`]) and commit the copy. A node
-//! whose session is lost (a directory restart, a fence, the fence window without an
-//! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
+//! as there is one; a wait that ends empty is armed again at the next task interval).
+//! Heartbeats (which also acknowledge finished operations) run on their own timer so that
+//! slow task work never delays them. Reclaim tasks free the pages, then acknowledge;
+//! demote tasks copy a replica one tier colder (or spill it to the node's SSD,
+//! [`super::ssd`]) and commit the copy. A node whose session is lost (a directory restart,
+//! a fence, the fence window without an answer) rejoins with its cache
+//! ([`super::rejoin`]); it stops only when that fails.
 
 use super::link::{LinkError, DIRECTORY_REQUEST_TIMEOUT};
 use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
@@ -24,17 +25,14 @@ use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Tasks fetched per poll.
+/// Tasks fetched per `AwaitTasks`: after a full batch the node asks again at once, so it
+/// keeps up with a burst (eviction under a burst of stores) batch after batch.
 pub const TASKS_PER_POLL: u32 = 256;
-/// Polls per round while full batches keep coming: a node keeps up with up to 4096 tasks
-/// per task interval (eviction under a burst of stores) without one round running forever.
-pub const POLLS_PER_ROUND_MAX: usize = 16;
 /// How long one `AwaitTasks` waits at the directory: as long as the directory allows,
 /// which is below the link's request timeout (a wait is never taken for a lost reply).
 const TASK_WAIT_MS: u32 = AWAIT_TASKS_WAIT_MS_MAX;
 const _: () = assert!((TASK_WAIT_MS as u128) < DIRECTORY_REQUEST_TIMEOUT.as_millis());
-/// Tasks of one poll run at once (a batch from `AwaitTasks` may run beside a poll's: twice
-/// this in all, far below the link's bound of requests in flight): each waits on a round trip to the directory (an
+/// Tasks of one batch run at once: each waits on a round trip to the directory (an
 /// acknowledgement, a commit), so running them one after another would make reclaim lag
 /// behind eviction under load. Within the link's bound of requests in flight.
 pub const TASKS_IN_FLIGHT_MAX: usize = 32;
@@ -55,7 +53,8 @@ pub struct NodeActor {
     task_interval: Duration,
     exit: tokio::sync::mpsc::Sender<NodeExit>,
     heartbeat_running: bool,
-    tasks_running: bool,
+    /// The periodic clean-up ([`tidy`]) is under way.
+    tidying: bool,
     /// A rejoin is under way: heartbeats that fail meanwhile start no other.
     rejoining: bool,
     /// An `AwaitTasks` is at the directory (or its tasks are running): one at a time.
@@ -63,8 +62,9 @@ pub struct NodeActor {
 }
 
 impl NodeActor {
-    /// An actor that heartbeats at the directory's requested interval, polls tasks every
-    /// `task_interval`, rejoins with `registration` when the session is lost, and reports
+    /// An actor that heartbeats at the directory's requested interval, waits for tasks at
+    /// the directory (armed again every `task_interval` when no wait is there), cleans up
+    /// every `task_interval`, rejoins with `registration` when the session is lost, and reports
     /// a fatal exit on `exit`.
     pub fn new(
         services: NodeServices,
@@ -78,16 +78,19 @@ impl NodeActor {
             task_interval,
             exit,
             heartbeat_running: false,
-            tasks_running: false,
+            tidying: false,
             rejoining: false,
             awaiting_tasks: false,
         }
     }
 
     /// Waits at the directory for tasks (`AwaitTasks`: answered the moment the directory
-    /// plans work for this node) and runs what it hands out, then waits again at once. A
-    /// wait that ends empty or fails is armed again by the next task poll, which stays as
-    /// the fallback; so every immediate re-arm follows work done, and none spins.
+    /// plans work for this node, or at once when some are pending) and runs what it hands
+    /// out, then waits again at once. A wait that ends empty or fails is armed again at the
+    /// next task interval, which is the fallback poll; so every immediate re-arm follows
+    /// work done, and none spins. The only way tasks are fetched: a second fetcher beside
+    /// it would take the tasks it was woken for and leave it empty-handed until the next
+    /// interval.
     fn await_tasks(&mut self, context: &mut Context<Self>) {
         if !self.services.link.is_serving() || std::mem::replace(&mut self.awaiting_tasks, true) {
             return;
@@ -163,15 +166,13 @@ impl Actor for NodeActor {
         });
         context.run_interval(self.task_interval, |actor, context| {
             actor.await_tasks(context);
-            if !actor.services.link.is_serving()
-                || std::mem::replace(&mut actor.tasks_running, true)
-            {
+            if !actor.services.link.is_serving() || std::mem::replace(&mut actor.tidying, true) {
                 return;
             }
             let services = actor.services.clone();
-            async move { run_tasks(&services).await }
+            async move { tidy(&services).await }
                 .into_actor(actor)
-                .map(|(), actor, _| actor.tasks_running = false)
+                .map(|(), actor, _| actor.tidying = false)
                 .spawn(context);
         });
     }
@@ -220,25 +221,9 @@ async fn heartbeat(services: &NodeServices) -> Beat {
     }
 }
 
-/// Fetches and runs tasks until a poll returns less than a full batch (at most
-/// [`POLLS_PER_ROUND_MAX`] polls), then gives back extents that emptied.
-async fn run_tasks(services: &NodeServices) {
-    // Tasks belong to the session that handed them out: acknowledged there only.
-    let session = services.link.session();
-    for _ in 0..POLLS_PER_ROUND_MAX {
-        let poll = DirectoryRequest::PollTasks {
-            max: TASKS_PER_POLL,
-        };
-        let tasks = match services.link.call_in(session, poll).await {
-            Ok(DirectoryReply::Tasks(tasks)) => tasks,
-            _ => break,
-        };
-        let drained = tasks.len() < TASKS_PER_POLL as usize;
-        run_batch(services, session, tasks).await;
-        if drained {
-            break;
-        }
-    }
+/// The periodic clean-up, every task interval: frees the pages whose release is due,
+/// gives back extents that emptied, and publishes the pools' usage.
+async fn tidy(services: &NodeServices) {
     let due = services.core().holdings.due_frees(services.clock.now());
     for location in due {
         services.free(location).await;
