@@ -44,6 +44,11 @@ fn cluster(netns: bool, pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
         // Eviction off: nothing but replication moves bytes here.
         high_watermark_percent: 100,
         low_watermark_percent: 100,
+        // Recomputing is priced high, so every copy pays whatever the start-up probe of a
+        // loaded machine measured of the pools.
+        extra_toml:
+            "\n[directory.limits.prefill_us_per_token_by_model]\n\"kvtier-demo\" = 1000000.0\n"
+                .into(),
         ..ClusterSpec::default()
     };
     let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
@@ -189,10 +194,11 @@ fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation(netns: bool)
         let (b, _) = connect(&cluster, 1).await;
         let (id, bytes) = object(namespace, 7, 12, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
-        assert!(load(&b, id).await.is_none());
-        // Freeze A at once: the copy is planned (its target reserved) and A, stopped
-        // before or during it, cannot commit it.
+        // Freeze A first (it stays live to the directory for `suspect_after_ms`): B's miss
+        // plans the copy (its target reserved), which A, woken at once otherwise and done
+        // in milliseconds, cannot run or commit.
         signal(&a_pid, "-STOP");
+        assert!(load(&b, id).await.is_none());
         id
     });
     assert!(

@@ -505,7 +505,7 @@ async fn copy_chunks(
             .slice(source.offset_bytes + done, chunk)
             .map_err(|error| failed("reading the source", &error))?;
         writer
-            .write_at(target.offset_bytes + done, bytes)
+            .stream_at(target.offset_bytes + done, bytes)
             .map_err(|error| failed("writing the copy", &error))?;
         done += chunk;
         tokio::task::yield_now().await;
