@@ -2,9 +2,12 @@
 //! CXL device); node A stores into its private CPU pool, node B's load misses, and the
 //! directory has A copy the object into the shared pool, where B then reads it. A retire
 //! of the source or the death of A while the copy is under way leaves no READY partial
-//! replica and frees the reservation. Every wait is on a condition; a deadline is a hang
-//! guard only ([`HANG_GUARD`]).
+//! replica and frees the reservation. Each test runs twice: with both nodes on loopback, and
+//! with each node in a network namespace of its own (separate hosts mapping one device;
+//! skipped, saying why, where this process cannot make namespaces). Every wait is on a
+//! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+#[macro_use]
 mod common;
 
 use common::{connect, object, runtime, signal};
@@ -20,9 +23,17 @@ const MIB: usize = 1 << 20;
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// Two nodes that store into their CPU pools first and both map one CXL pool.
-fn cluster(pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
+on_loopback_and_between_hosts!(
+    a_remote_miss_replicates_into_shared_memory_and_the_source_stays,
+    retiring_the_source_while_it_is_copied_cancels_the_copy,
+    killing_the_source_mid_copy_cancels_it_and_frees_the_reservation
+);
+
+/// Two nodes that store into their CPU pools first and both map one CXL pool, in network
+/// namespaces of their own when `netns`.
+fn cluster(netns: bool, pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
     let spec = ClusterSpec {
+        netns,
         nodes: 2,
         cpu_pool_bytes: pool_bytes,
         cxl_pool_bytes: pool_bytes,
@@ -33,9 +44,16 @@ fn cluster(pool_bytes: u64, extent_bytes: u64) -> LocalCluster {
         // Eviction off: nothing but replication moves bytes here.
         high_watermark_percent: 100,
         low_watermark_percent: 100,
+        // Recomputing is priced high, so every copy pays whatever the start-up probe of a
+        // loaded machine measured of the pools.
+        extra_toml:
+            "\n[directory.limits.prefill_us_per_token_by_model]\n\"kvtier-demo\" = 1000000.0\n"
+                .into(),
         ..ClusterSpec::default()
     };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    assert_eq!(cluster.uses_namespaces(), netns);
+    cluster
 }
 
 /// The medium `client` loads `object` from and its bytes, or `None` on a miss.
@@ -84,9 +102,8 @@ fn wait_settled(address: SocketAddr, planned: f64) {
     );
 }
 
-#[test]
-fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays() {
-    let cluster = cluster(64 << 20, 16 << 20);
+fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays(netns: bool) {
+    let cluster = cluster(netns, 64 << 20, 16 << 20);
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
         let (b, _) = connect(&cluster, 1).await;
@@ -118,12 +135,12 @@ fn a_remote_miss_replicates_into_shared_memory_and_the_source_stays() {
     );
 }
 
-#[test]
-fn retiring_the_source_while_it_is_copied_cancels_the_copy() {
-    /// Objects tried: the retire must win the race with A's next task poll (every 50 ms)
-    /// at least once; it follows B's miss at once, so it nearly always does.
+fn retiring_the_source_while_it_is_copied_cancels_the_copy(netns: bool) {
+    /// Objects tried: the retire must reach the directory before A, woken by the task the
+    /// moment it is planned, commits its copy, at least once; it follows B's miss at once,
+    /// so it nearly always does.
     const ATTEMPTS: u32 = 20;
-    let cluster = cluster(64 << 20, 16 << 20);
+    let cluster = cluster(netns, 64 << 20, 16 << 20);
     let metrics = directory_metrics(&cluster);
     runtime().block_on(async {
         let (a, namespace) = connect(&cluster, 0).await;
@@ -165,11 +182,10 @@ fn retiring_the_source_while_it_is_copied_cancels_the_copy() {
     });
 }
 
-#[test]
-fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation() {
+fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation(netns: bool) {
     /// Large enough that the chunked copy takes tens of milliseconds.
     const OBJECT_BYTES: usize = 64 * MIB;
-    let mut cluster = cluster(128 << 20, 64 << 20);
+    let mut cluster = cluster(netns, 128 << 20, 64 << 20);
     let metrics = directory_metrics(&cluster);
     let a_pid = cluster.node_pid(0).unwrap().to_string();
     let runtime = runtime();
@@ -178,10 +194,11 @@ fn killing_the_source_mid_copy_cancels_it_and_frees_the_reservation() {
         let (b, _) = connect(&cluster, 1).await;
         let (id, bytes) = object(namespace, 7, 12, OBJECT_BYTES);
         assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
-        assert!(load(&b, id).await.is_none());
-        // Freeze A at once: the copy is planned (its target reserved) and A, stopped
-        // before or during it, cannot commit it.
+        // Freeze A first (it stays live to the directory for `suspect_after_ms`): B's miss
+        // plans the copy (its target reserved), which A, woken at once otherwise and done
+        // in milliseconds, cannot run or commit.
         signal(&a_pid, "-STOP");
+        assert!(load(&b, id).await.is_none());
         id
     });
     assert!(

@@ -1,7 +1,10 @@
-//! Replication between hosts over QUIC, end to end with real processes on loopback: two
-//! nodes that share no CXL domain, each with a peer endpoint. Every wait is on a
-//! condition; a deadline is a hang guard only ([`HANG_GUARD`]).
+//! Replication between hosts over QUIC, end to end with real processes: two nodes that
+//! share no CXL domain, each with a peer endpoint. Each test runs twice: with both nodes on
+//! loopback, and with each node in a network namespace of its own (separate hosts joined by
+//! a bridge; skipped, saying why, where this process cannot make namespaces). Every wait is
+//! on a condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+#[macro_use]
 mod common;
 
 use common::{connect, metrics_of, object, runtime, scraped, signal};
@@ -17,9 +20,19 @@ use std::time::{Duration, Instant};
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// Two nodes with no shared domain and a peer endpoint each.
-fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
-    let spec = ClusterSpec {
+on_loopback_and_between_hosts!(
+    a_miss_is_copied_over_quic_and_strangers_cannot_push,
+    a_node_not_named_for_a_pending_transfer_cannot_push_it,
+    killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target,
+    killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation,
+    retiring_the_source_mid_copy_cancels_it_and_commits_nothing
+);
+
+/// Two nodes with no shared domain and a peer endpoint each, in network namespaces of
+/// their own when `netns`.
+fn spec(netns: bool, cpu_pool_bytes: u64) -> ClusterSpec {
+    ClusterSpec {
+        netns,
         nodes: 2,
         cpu_pool_bytes,
         cxl_pool_bytes: 0,
@@ -34,8 +47,15 @@ fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
             "\n[directory.limits.prefill_us_per_token_by_model]\n\"kvtier-demo\" = 1000000.0\n"
                 .into(),
         ..ClusterSpec::default()
-    };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+    }
+}
+
+/// A running [`spec`].
+fn cluster(netns: bool, cpu_pool_bytes: u64) -> LocalCluster {
+    let spec = spec(netns, cpu_pool_bytes);
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    assert_eq!(cluster.uses_namespaces(), netns);
+    cluster
 }
 
 /// Bytes allocated in every pool of a node, as its last task round published them.
@@ -80,9 +100,8 @@ async fn load_until_hit(client: &Client, id: ObjectId, expected: &[u8]) -> (Medi
     }
 }
 
-#[test]
-fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
-    let cluster = cluster(64 << 20);
+fn a_miss_is_copied_over_quic_and_strangers_cannot_push(netns: bool) {
+    let cluster = cluster(netns, 64 << 20);
     let node_b = metrics_of(&cluster, "node-b");
     runtime().block_on(async {
         let (_a, b, id, bytes) = stored_on_a(&cluster, 1, 4 << 20).await;
@@ -126,9 +145,8 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push() {
     });
 }
 
-#[test]
-fn a_node_not_named_for_a_pending_transfer_cannot_push_it() {
-    let cluster = cluster(64 << 20);
+fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
+    let cluster = cluster(netns, 64 << 20);
     let node_b = metrics_of(&cluster, "node-b");
     let a_pid = cluster.node_pid(0).unwrap().to_string();
     let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
@@ -189,7 +207,7 @@ async fn stranger_pushes(
 ) -> Vec<Verdict> {
     let certs = &cluster.config.directory.certs;
     let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
-    let bind = SocketAddr::from(([127, 0, 0, 1], 0));
+    let bind = SocketAddr::from(([0, 0, 0, 0], 0));
     let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
@@ -210,10 +228,9 @@ async fn stranger_pushes(
     verdicts
 }
 
-#[test]
-fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
+fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let mut cluster = cluster(256 << 20);
+    let mut cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
@@ -256,10 +273,9 @@ fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target() {
     });
 }
 
-#[test]
-fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
+fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let mut cluster = cluster(256 << 20);
+    let mut cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
@@ -305,10 +321,9 @@ fn killing_the_receiver_mid_copy_cancels_it_and_frees_the_reservation() {
     });
 }
 
-#[test]
-fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
+fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing(netns: bool) {
     const OBJECT_BYTES: usize = 192 << 20;
-    let cluster = cluster(256 << 20);
+    let cluster = cluster(netns, 256 << 20);
     let (node_b, directory) = (
         metrics_of(&cluster, "node-b"),
         metrics_of(&cluster, "directory"),
@@ -341,5 +356,39 @@ fn retiring_the_source_mid_copy_cancels_it_and_commits_nothing() {
         }
         assert_eq!(scraped(directory, &result("completed")), 0.0);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+    });
+}
+
+/// A node that a reload added after the running nodes read `cluster.toml` gets copies from
+/// them: the sender finds its peer address in the directory's node list. Loopback only
+/// (a cluster of namespaces adds no nodes).
+#[test]
+fn a_node_added_by_a_reload_receives_copies_from_the_running_nodes() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_kvtier"));
+    let spec = ClusterSpec {
+        spare_nodes: 1,
+        ..spec(false, 64 << 20)
+    };
+    let mut cluster = LocalCluster::start(exe, &spec).unwrap();
+    let added = cluster.add_node().unwrap();
+    let reload = std::process::Command::new(exe)
+        .args(["ctl", "reload", "--socket"])
+        .arg(cluster.socket(0).unwrap())
+        .output()
+        .unwrap();
+    assert!(reload.status.success(), "{reload:?}");
+    cluster.start_node(added).unwrap();
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (c, _) = connect(&cluster, added).await;
+        let (id, bytes) = object(namespace, 6, 11, 1 << 20);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        assert!(c.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
+        let (medium, exact) = load_until_hit(&c, id, &bytes).await;
+        assert_eq!(
+            (medium, exact),
+            (Medium::Cpu, true),
+            "copied from A into C's pool"
+        );
     });
 }

@@ -67,6 +67,13 @@ pub trait PoolBackend: Send + Sync {
     /// it holds and that no reader reads yet.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
 
+    /// [`PoolBackend::write_at`] for a bulk copy this process will not read back (a
+    /// demotion's or a replication's target, written for other readers): the bytes go to
+    /// memory past the caches where the CPU can (x86-64 non-temporal stores, fenced before
+    /// this returns, so they are visible before the caller commits), without first reading
+    /// each destination line into the cache as a plain copy does.
+    fn stream_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
+
     /// Copies `buffer.len()` bytes at `offset` out of the pool.
     fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError>;
 

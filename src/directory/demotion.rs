@@ -195,7 +195,7 @@ impl Directory {
             },
         };
         self.next_task += 1;
-        self.nodes[owner.0 as usize].tasks.push_back(task);
+        self.queue_task(owner, task);
         true
     }
 

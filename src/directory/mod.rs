@@ -136,6 +136,9 @@ pub struct Directory {
     retired_sessions: VecDeque<SessionId>,
     next_session: u64,
     next_task: u64,
+    /// Tasks queued for nodes so far (hand-outs again included): a change tells the
+    /// caller that some node may have tasks to fetch ([`Directory::tasks_queued`]).
+    tasks_queued: u64,
     namespaces: HashMap<NamespaceId, NamespaceDescriptor>,
     /// Reservation deadlines in grant order (all reservations have the same duration).
     /// Entries of committed or aborted reservations are skipped; the queue holds at most
@@ -176,6 +179,7 @@ impl Directory {
             retired_sessions: VecDeque::new(),
             next_session: 1,
             next_task: 1,
+            tasks_queued: 0,
             namespaces: HashMap::new(),
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,
@@ -211,5 +215,7 @@ mod tests;
 mod tests_peer_path;
 #[cfg(test)]
 mod tests_replication;
+#[cfg(test)]
+mod tests_replication_bounds;
 #[cfg(test)]
 mod tests_staged;

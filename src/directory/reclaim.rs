@@ -6,7 +6,7 @@ use super::sessions::Session;
 use super::{
     Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
 };
-use crate::model::{ObjectId, ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{NodeId, ObjectId, ReplicaId, SessionId, TaskId, Timestamp};
 use std::collections::VecDeque;
 
 impl Directory {
@@ -115,7 +115,7 @@ impl Directory {
             },
         };
         self.next_task += 1;
-        self.nodes[replica.owner.0 as usize].tasks.push_back(task);
+        self.queue_task(replica.owner, task);
     }
 
     /// Whether the directory itself may free `replica`: its bytes are in an extent whose
@@ -165,6 +165,36 @@ impl Directory {
         Ok(tasks)
     }
 
+    /// Queues `task` for `node`'s next poll.
+    pub(super) fn queue_task(&mut self, node: NodeId, task: Task) {
+        self.nodes[node.0 as usize].tasks.push_back(task);
+        self.tasks_queued += 1;
+    }
+
+    /// How many tasks were ever queued for nodes: it changes whenever some node may have
+    /// tasks to fetch, so a caller waking nodes waiting for tasks checks
+    /// [`Directory::has_tasks`] only then (and after a `tick`, which may end a recovery's
+    /// hold on reclaims).
+    pub fn tasks_queued(&self) -> u64 {
+        self.tasks_queued
+    }
+
+    /// Whether a `poll_tasks` of `session_id` at `now` would hand out a task; `false` for
+    /// a session that is not open.
+    pub fn has_tasks(&self, now: Timestamp, session_id: SessionId) -> bool {
+        let Ok(session) = self.open_session(session_id) else {
+            return false;
+        };
+        let tasks = &self.nodes[session.node.0 as usize].tasks;
+        if self.holding_reclaims(now) {
+            tasks
+                .iter()
+                .any(|task| !matches!(task.kind, TaskKind::Reclaim { .. }))
+        } else {
+            !tasks.is_empty()
+        }
+    }
+
     /// Hands out again the tasks whose acknowledgement is overdue and whose replica still
     /// waits for its reclaim.
     pub(super) fn requeue_overdue_tasks(&mut self, now: Timestamp) {
@@ -182,7 +212,7 @@ impl Directory {
                     | TaskKind::Receive { target, .. } => self.replicating_into(target),
                 };
                 if waiting {
-                    self.nodes[index].tasks.push_back(task);
+                    self.queue_task(NodeId(index as u32), task);
                 }
             }
         }

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::model::{NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, Scope, SessionId};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
+use std::net::SocketAddr;
 
 impl Directory {
     /// Registers a pool. A host pool must belong to the session's node; a node
@@ -116,12 +117,16 @@ impl Directory {
         Ok(node)
     }
 
-    /// Records whether node `name` serves a peer endpoint (its `peer_listen` in
-    /// `cluster.toml`): without one on either end, no copy over the network is planned
-    /// (skipped as `no_path`). Unknown names are ignored.
-    pub fn set_peer_endpoint(&mut self, name: &str, serves: bool) {
+    /// Records where node `name` serves its peer endpoint (its `peer_listen`, reached at
+    /// its `peer_address`, in `cluster.toml`), or that it serves none (`None`): without
+    /// one on either end, no copy over the network is planned (skipped as `no_path`). The
+    /// address goes out in [`NodeStatus`](super::NodeStatus), so nodes reach one a reload
+    /// added. Unknown names are ignored.
+    pub fn set_peer_endpoint(&mut self, name: &str, reachable_at: Option<SocketAddr>) {
         if let Some(node) = self.node_ids.get(name) {
-            self.nodes[node.0 as usize].peer_endpoint = serves;
+            let record = &mut self.nodes[node.0 as usize];
+            record.peer_endpoint = reachable_at.is_some();
+            record.peer_address = reachable_at;
         }
     }
 

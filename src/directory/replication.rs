@@ -512,15 +512,17 @@ impl Directory {
                 kind,
             };
             self.next_task += 1;
-            self.nodes[node.0 as usize].tasks.push_back(task);
+            self.queue_task(node, task);
         }
     }
 
-    /// The target of a replication was committed: it is done.
+    /// The target of a replication was committed: it is done, and its tasks not yet
+    /// handed out are dropped (a receiver may commit before its sender polled its push).
     pub(super) fn finish_replication(&mut self, now: Timestamp, target: ReplicaId) {
         let Some(done) = self.replication.in_flight.remove(&target) else {
             return;
         };
+        self.drop_queued_tasks(&done, target);
         self.replication.objects.remove(&done.object);
         let counts = &mut self.replication.counts;
         counts.completed += 1;
@@ -541,7 +543,12 @@ impl Directory {
         };
         self.replication.objects.remove(&cancelled.object);
         self.replication.counts.cancelled += 1;
-        for node in [cancelled.source_owner, cancelled.requester] {
+        self.drop_queued_tasks(&cancelled, target);
+    }
+
+    /// Drops the tasks of the replication into `target` that its nodes have not polled.
+    fn drop_queued_tasks(&mut self, copy: &InFlight, target: ReplicaId) {
+        for node in [copy.source_owner, copy.requester] {
             self.nodes[node.0 as usize]
                 .tasks
                 .retain(|task| replication_target(&task.kind) != Some(target));
@@ -609,8 +616,49 @@ impl Directory {
 
     /// The replication books agree and stay bounded: every target in flight is a
     /// reservation of its object, no two targets share an object, every source is READY
-    /// (a retired source cancels its copies).
+    /// (a retired source cancels its copies); and, paired, every replication in flight has
+    /// its source's task (queued or handed out) and every queued replication task is for
+    /// a replication in flight, on one of its two nodes (an ended copy drops its queued
+    /// tasks).
     pub(super) fn check_replications(&self) {
+        self.check_replication_bounds();
+        let replication = &self.replication;
+        let mut sources_tasked = HashSet::new();
+        for (index, record) in self.nodes.iter().enumerate() {
+            let node = NodeId(index as u32);
+            let handed = record.handed_out.iter().map(|(_, task)| task);
+            for task in record.tasks.iter().chain(handed) {
+                let Some(target) = replication_target(&task.kind) else {
+                    continue;
+                };
+                let sends = !matches!(task.kind, TaskKind::Receive { .. });
+                let in_flight = replication.in_flight.get(&target);
+                if sends && in_flight.is_some_and(|copy| copy.source_owner == node) {
+                    sources_tasked.insert(target);
+                }
+            }
+            for task in &record.tasks {
+                let Some(target) = replication_target(&task.kind) else {
+                    continue;
+                };
+                let in_flight = replication.in_flight.get(&target);
+                assert!(
+                    in_flight
+                        .is_some_and(|copy| copy.source_owner == node || copy.requester == node),
+                    "queued replication task {task:?} of node {index} for no copy of its in flight"
+                );
+            }
+        }
+        for target in replication.in_flight.keys() {
+            assert!(
+                sources_tasked.contains(target),
+                "replication into {target:?} in flight with no task at its source"
+            );
+        }
+    }
+
+    /// The bounds and per-target checks of [`Directory::check_replications`].
+    fn check_replication_bounds(&self) {
         let replication = &self.replication;
         assert!(
             replication.demands.len() <= DEMANDS_MAX,

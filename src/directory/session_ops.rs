@@ -92,6 +92,7 @@ impl Directory {
             tasks: VecDeque::new(),
             handed_out: VecDeque::new(),
             peer_endpoint: true,
+            peer_address: None,
         });
         self.node_ids.insert(name.to_owned(), node);
         Ok(node)
@@ -256,7 +257,7 @@ impl Directory {
             {
                 self.free_replica(replica);
             } else {
-                self.nodes[node.0 as usize].tasks.push_back(task);
+                self.queue_task(node, task);
             }
         }
     }

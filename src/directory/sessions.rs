@@ -5,6 +5,7 @@ use super::ledger::Ledger;
 use super::ops::{NamespaceAccess, Task};
 use crate::model::{DomainId, Epoch, Medium, NodeId, ReplicaId, SessionId, Timestamp};
 use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
 
 /// A session's liveness, driven by heartbeats and `tick`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,4 +85,7 @@ pub struct NodeRecord {
     /// or go to it. True until the configuration that declared it says otherwise
     /// ([`super::Directory::set_peer_endpoint`]).
     pub peer_endpoint: bool,
+    /// Where the other nodes reach that endpoint, as the configuration says; `None` when
+    /// it serves none or no configuration declared it.
+    pub peer_address: Option<SocketAddr>,
 }

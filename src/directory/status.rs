@@ -5,6 +5,7 @@ use super::drain::DrainProgress;
 use super::Directory;
 use crate::model::{Epoch, NodeId, SessionId};
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 
 /// One node, as the directory sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +21,9 @@ pub struct NodeStatus {
     pub state: String,
     /// Its drain, once one was started.
     pub drain: Option<DrainProgress>,
+    /// Where the other nodes reach its peer endpoint (`None`: it serves none, or no
+    /// configuration declared it).
+    pub peer_address: Option<SocketAddr>,
 }
 
 impl Directory {
@@ -48,6 +52,7 @@ impl Directory {
                     session,
                     state: state.to_owned(),
                     drain,
+                    peer_address: record.peer_address,
                 }
             })
             .collect();

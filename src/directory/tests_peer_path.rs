@@ -4,6 +4,7 @@
 use super::tests::{Fixture, MIB};
 use super::*;
 use crate::model::Medium;
+use std::net::SocketAddr;
 
 #[test]
 fn no_network_copy_is_planned_to_or_from_a_node_without_a_peer_endpoint() {
@@ -15,8 +16,12 @@ fn no_network_copy_is_planned_to_or_from_a_node_without_a_peer_endpoint() {
         let mut fixture = Fixture::new();
         let a = fixture.node("a", 16 * MIB);
         let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
-        fixture.directory.set_peer_endpoint("a", a_serves);
-        fixture.directory.set_peer_endpoint("b", b_serves);
+        let endpoint = |serves: bool| serves.then(|| SocketAddr::from(([127, 0, 0, 1], 7500)));
+        fixture.directory.set_peer_endpoint("a", endpoint(a_serves));
+        fixture.directory.set_peer_endpoint("b", endpoint(b_serves));
+        let statuses = fixture.directory.node_statuses();
+        let addresses: Vec<_> = statuses.iter().map(|status| status.peer_address).collect();
+        assert_eq!(addresses, [endpoint(a_serves), endpoint(b_serves)]);
         let object = fixture.object(1);
         fixture.store(&a, object, MIB);
         assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);

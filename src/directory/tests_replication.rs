@@ -1,5 +1,6 @@
 //! Unit tests of replication on demand (`replication`): the demand, the two paths, the
-//! policy's skips, and every way a replication in flight is cancelled.
+//! policy's skips, every way a replication in flight is cancelled, and the task hint that
+//! wakes its nodes.
 
 use super::tests::{location, Fixture, NodeHandle, MIB};
 use super::*;
@@ -396,4 +397,28 @@ fn a_replica_made_by_replication_is_evicted_like_any_other() {
         .iter()
         .any(|task| matches!(task, TaskKind::Reclaim { replica, .. } if *replica == target)));
     fixture.directory.check_invariants();
+}
+
+#[test]
+fn a_planned_copy_tells_each_of_its_nodes_it_has_a_task_until_it_polls() {
+    let (mut fixture, a, _, object) = cluster(DirectoryConfig::default());
+    let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
+    let has_tasks = |fixture: &Fixture, node: &NodeHandle| {
+        fixture.directory.has_tasks(fixture.now, node.session)
+    };
+    polled(&mut fixture, &a);
+    polled(&mut fixture, &b);
+    assert!(!has_tasks(&fixture, &a) && !has_tasks(&fixture, &b));
+    let queued = fixture.directory.tasks_queued();
+    assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
+    assert_eq!(
+        fixture.directory.tasks_queued(),
+        queued + 2,
+        "a push and a receive"
+    );
+    assert!(has_tasks(&fixture, &a) && has_tasks(&fixture, &b));
+    assert_eq!(polled(&mut fixture, &a).len(), 1);
+    assert!(!has_tasks(&fixture, &a) && has_tasks(&fixture, &b));
+    assert_eq!(polled(&mut fixture, &b).len(), 1);
+    assert!(!has_tasks(&fixture, &b));
 }

@@ -12,14 +12,14 @@ use crate::config::ClusterConfig;
 pub use crate::metrics::scrape::{metric_value, scrape_metrics, wait_for_metrics};
 use crate::model::Medium;
 use anyhow::{bail, Context};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub use host::network_namespaces_unavailable;
-use host::{create_namespaces, Created, Namespace};
+use host::{create_network, Created, Network};
 
 /// How long a started process has to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,8 +54,9 @@ pub struct ClusterSpec {
     /// Every node's store placement order.
     pub write_order: Vec<Medium>,
     /// Run each node in its own network namespace (a separate host as far as the network
-    /// goes, joined to the directory by a veth pair), when this process may create them
-    /// (root); otherwise every process shares loopback.
+    /// goes: a veth pair into a bridge in the root namespace joins it to the directory and
+    /// to the other nodes), when this process may create them (root); otherwise every
+    /// process shares loopback. At most 61 nodes.
     pub netns: bool,
     /// The directory's eviction watermarks, in percent of a pool's capacity.
     pub high_watermark_percent: u8,
@@ -78,9 +79,9 @@ pub struct ClusterSpec {
     /// Capacity of every node's SSD store (a `ssd-<node>` folder beside `cluster.toml`, in
     /// 4 MiB regions); zero for none.
     pub ssd_bytes: u64,
-    /// Give every node a peer endpoint on a free loopback UDP port (copies between nodes
-    /// over QUIC), with datagrams of this many bytes; zero for none. Loopback only: nodes
-    /// in network namespaces get none.
+    /// Give every node a peer endpoint (copies between nodes over QUIC) on a free UDP port,
+    /// of loopback or of its namespace's address, with datagrams of this many bytes; zero
+    /// for none.
     pub peer_datagram_bytes: u16,
     /// Every SSD store's `admit_after_accesses` (2 by default, 1 admits every object).
     pub ssd_admit_after_accesses: u32,
@@ -177,13 +178,13 @@ pub fn node_name(index: usize) -> String {
 }
 
 /// The `cluster.toml` of a local cluster: the directory, the CXL pool if any, the nodes
-/// `names` (reaching the directory through `namespaces` when they have them) and the
-/// benchmarks' extra peer.
+/// `names` (each in its namespace of `network` when there is one) and the benchmarks'
+/// extra peer.
 fn cluster_toml(
     spec: &ClusterSpec,
     tag: &str,
     names: &[String],
-    namespaces: &[Namespace],
+    network: Option<&Network>,
 ) -> anyhow::Result<String> {
     let metrics_address = |enabled: bool| -> anyhow::Result<String> {
         Ok(if enabled {
@@ -193,10 +194,9 @@ fn cluster_toml(
         })
     };
     let directory_address = free_udp_port()?;
-    let listen = if namespaces.is_empty() {
-        directory_address
-    } else {
-        SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
+    let listen = match network {
+        None => directory_address,
+        Some(_) => SocketAddr::from(([0, 0, 0, 0], directory_address.port())),
     };
     let mut toml = format!(
         "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\n",
@@ -219,44 +219,58 @@ fn cluster_toml(
             crate::actors::node::process::fresh_uuid(),
         ));
     }
-    let peers = names.iter().map(String::as_str).chain([BENCH_PEER]);
-    for (index, name) in peers.enumerate() {
-        let reach = match namespaces.get(index) {
-            Some(namespace) => format!(
-                "directory_address = \"{}:{}\"\n",
-                namespace.host_address,
-                directory_address.port()
-            ),
-            None if !namespaces.is_empty() => format!(
-                "directory_address = \"127.0.0.1:{}\"\n",
-                directory_address.port()
-            ),
-            None => String::new(),
+    for (index, name) in names.iter().enumerate() {
+        // A node in a namespace listens (peer endpoint, metrics) on its own address, which
+        // the root namespace and the other nodes reach through the bridge.
+        let (host, reach) = match network {
+            Some(network) => {
+                let namespace = &network.namespaces[index];
+                let directory =
+                    SocketAddr::from((network.bridge_address, directory_address.port()));
+                (
+                    IpAddr::V4(namespace.address),
+                    format!("directory_address = \"{directory}\"\n"),
+                )
+            }
+            None => (IpAddr::from([127, 0, 0, 1]), String::new()),
         };
-        let reach = if spec.peer_datagram_bytes > 0 && namespaces.is_empty() && name != BENCH_PEER {
-            format!(
-                "{reach}peer_listen = \"{}\"\npeer_datagram_bytes = {}\n",
-                free_udp_port()?,
-                spec.peer_datagram_bytes
-            )
-        } else {
-            reach
-        };
-        // A node inside its own namespace serves no metrics this process could reach.
-        let metrics = spec.metrics && name != BENCH_PEER && namespaces.is_empty();
+        let reach = reach + &peer_endpoint_toml(spec, host)?;
+        let metrics = spec.metrics.then_some(host);
         toml.push_str(&node_toml(spec, tag, name, &reach, metrics)?);
     }
+    let bench_reach = match network {
+        Some(_) => format!(
+            "directory_address = \"127.0.0.1:{}\"\n",
+            directory_address.port()
+        ),
+        None => String::new(),
+    };
+    toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
     toml.push_str(&spec.extra_toml);
     Ok(toml)
 }
 
-/// The `[[nodes]]` section of node `name`, reaching the directory as `reach` says.
+/// The lines giving a node a peer endpoint on a free UDP port of `host`, when `spec` asks
+/// for peer endpoints (none otherwise).
+fn peer_endpoint_toml(spec: &ClusterSpec, host: IpAddr) -> anyhow::Result<String> {
+    if spec.peer_datagram_bytes == 0 {
+        return Ok(String::new());
+    }
+    let listen = SocketAddr::new(host, free_udp_port()?.port());
+    Ok(format!(
+        "peer_listen = \"{listen}\"\npeer_datagram_bytes = {}\n",
+        spec.peer_datagram_bytes
+    ))
+}
+
+/// The `[[nodes]]` section of node `name`, reaching the directory as `reach` says and
+/// serving metrics on a free port of `metrics` when given.
 fn node_toml(
     spec: &ClusterSpec,
     tag: &str,
     name: &str,
     reach: &str,
-    metrics: bool,
+    metrics: Option<IpAddr>,
 ) -> anyhow::Result<String> {
     let domains = if spec.cxl_pool_bytes > 0 { "[0]" } else { "[]" };
     let write_order: Vec<String> = spec
@@ -264,10 +278,12 @@ fn node_toml(
         .iter()
         .map(|medium| format!("\"{}\"", medium.name()))
         .collect();
-    let metrics = if metrics {
-        format!("metrics = \"{}\"\n", free_tcp_port()?)
-    } else {
-        String::new()
+    let metrics = match metrics {
+        Some(host) => format!(
+            "metrics = \"{}\"\n",
+            SocketAddr::new(host, free_tcp_port()?.port())
+        ),
+        None => String::new(),
     };
     let group = match &spec.socket_group {
         Some(group) => format!("socket_group = \"{group}\"\n"),
@@ -361,17 +377,19 @@ impl LocalCluster {
         certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
         certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
         crate::wire::certs::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
-        // With namespaces, every node gets a veth pair to the root namespace; the directory
-        // listens on all addresses and each node reaches it at its pair's host end.
-        let namespaces = if spec.netns {
-            create_namespaces(tag, spec.nodes, created).map_err(|reason| {
+        // With namespaces, every node's veth pair is a port of one bridge; the directory
+        // listens on all addresses and each node reaches it at the bridge's.
+        let network = if spec.netns {
+            let network = create_network(tag, spec.nodes, created).map_err(|reason| {
                 anyhow::anyhow!("creating a network namespace per node: {reason}")
-            })?
+            })?;
+            Some(network)
         } else {
-            Vec::new()
+            None
         };
         let config_path = root.join("cluster.toml");
-        std::fs::write(&config_path, cluster_toml(spec, tag, &names, &namespaces)?)?;
+        let toml = cluster_toml(spec, tag, &names, network.as_ref())?;
+        std::fs::write(&config_path, toml)?;
         let config = ClusterConfig::load(&config_path)?;
         created.files.extend(
             config
@@ -389,16 +407,17 @@ impl LocalCluster {
             spec: spec.clone(),
             directory: None,
             nodes: Vec::new(),
-            namespaces: namespaces
+            namespaces: network
                 .iter()
+                .flat_map(|network| &network.namespaces)
                 .map(|namespace| namespace.name.clone())
                 .collect(),
             created: Created::default(),
         };
         cluster.directory = Some(cluster.spawn(None, &["directory"])?);
         for (index, name) in names.iter().enumerate() {
-            let namespace = namespaces.get(index).map(|namespace| &namespace.name);
-            let child = cluster.spawn(namespace.map(String::as_str), &["node", "--name", name])?;
+            let namespace = cluster.namespaces.get(index).cloned();
+            let child = cluster.spawn(namespace.as_deref(), &["node", "--name", name])?;
             cluster.nodes.push((name.clone(), Some(child)));
         }
         for index in 0..cluster.nodes.len() {
@@ -587,7 +606,10 @@ impl LocalCluster {
         }
         let index = self.nodes.len();
         let name = node_name(index);
-        let section = node_toml(&self.spec, &self.tag, &name, "", self.spec.metrics)?;
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        let reach = peer_endpoint_toml(&self.spec, loopback)?;
+        let metrics = self.spec.metrics.then_some(loopback);
+        let section = node_toml(&self.spec, &self.tag, &name, &reach, metrics)?;
         let mut file = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.config_path)?;

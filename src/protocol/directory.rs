@@ -101,7 +101,10 @@ fn bound(
             Reply::Profile(Measurement::of(&profile))
         }
         Request::Usage => Reply::Usage(usage(core)),
-        Request::PollTasks { max } => Reply::Tasks(core.poll_tasks(now, session, max)?),
+        // The wait of `AwaitTasks` is the session actor's: the core answers it as a poll.
+        Request::PollTasks { max } | Request::AwaitTasks { max, .. } => {
+            Reply::Tasks(core.poll_tasks(now, session, max)?)
+        }
         Request::ReclaimAck { replica } => Reply::Reclaimed(core.reclaim_ack(session, replica)?),
         Request::ClaimExtents { pool, offsets } => {
             Reply::Claimed(core.claim_extents(session, pool, &offsets)?)

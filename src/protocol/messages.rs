@@ -169,7 +169,19 @@ pub enum DirectoryRequest {
     RetireHeld {
         holdings: Vec<crate::directory::Holding>,
     },
+    /// `PollTasks`, answered once the session has a task to hand out or after `wait_ms`
+    /// (at most [`AWAIT_TASKS_WAIT_MS_MAX`]), whichever comes first: the directory wakes a
+    /// node the moment it plans work for it instead of at its next poll. Answered with
+    /// `Tasks` (empty when the wait ended with none).
+    AwaitTasks {
+        max: u32,
+        wait_ms: u32,
+    },
 }
+
+/// Longest an `AwaitTasks` waits before it is answered: well below a node's request
+/// timeout, so a wait is never taken for a lost reply.
+pub const AWAIT_TASKS_WAIT_MS_MAX: u32 = 1_000;
 
 /// The cluster as the directory sees it: every node and every pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -41,6 +41,7 @@ fn status() -> ClusterStatus {
         session: None,
         state: state.into(),
         drain: None,
+        peer_address: None,
     };
     let pool =
         |id: u32, name: &str, medium: Medium, scope: Scope, allocated: u64| PoolUsageReport {

@@ -64,3 +64,30 @@ pub fn signal(pid: &str, signal: &str) {
         .unwrap();
     assert!(status.success());
 }
+
+/// Makes each test body `fn name(netns: bool)` named here into a module `name` of two
+/// tests: `on_loopback` (every process shares loopback) and `between_hosts` (each node in a
+/// network namespace of its own; skipped, saying why, where this process cannot make them).
+#[macro_export]
+macro_rules! on_loopback_and_between_hosts {
+    ($($body:ident),+ $(,)?) => {$(
+        mod $body {
+            #[test]
+            fn on_loopback() {
+                super::$body(false);
+            }
+
+            #[test]
+            fn between_hosts() {
+                if let Some(reason) = kvtier::launch::network_namespaces_unavailable() {
+                    println!(
+                        "SKIPPED: {}: no network namespaces here: {reason}",
+                        stringify!($body)
+                    );
+                    return;
+                }
+                super::$body(true);
+            }
+        }
+    )+};
+}

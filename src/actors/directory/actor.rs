@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 /// Calls queued for the directory actor; a full mailbox makes session actors wait, which
 /// stops them reading frames, which pushes back on the nodes.
@@ -33,6 +34,18 @@ pub struct Call {
 
 impl Message for Call {
     type Result = DirectoryReply;
+}
+
+/// Asks to be told when `session` has a task to hand out (an `AwaitTasks` of its node):
+/// the receiver fires at once when it has one now, else after the first call or tick that
+/// gives it one. A later watch of the same session replaces this one, whose receiver then
+/// fails; so does a session that ends.
+pub struct WatchTasks {
+    pub session: SessionId,
+}
+
+impl Message for WatchTasks {
+    type Result = oneshot::Receiver<()>;
 }
 
 /// Re-read the configuration file and apply it, or refuse it as a whole.
@@ -57,6 +70,12 @@ pub struct DirectoryActor {
     metrics: Arc<Metrics>,
     replication_metrics: ReplicationMetrics,
     tick_interval: Duration,
+    /// Sessions waiting for a task ([`WatchTasks`]): at most one watch per session, and a
+    /// watch whose waiter gave up is dropped at the next wake, so this holds at most the
+    /// open sessions (one per configured node).
+    task_watches: HashMap<SessionId, oneshot::Sender<()>>,
+    /// The core's [`Directory::tasks_queued`] when the watches were last checked.
+    tasks_queued_seen: u64,
 }
 
 /// What `config` grants each of its nodes.
@@ -95,6 +114,33 @@ impl DirectoryActor {
             metrics,
             replication_metrics,
             tick_interval,
+            task_watches: HashMap::new(),
+            tasks_queued_seen: 0,
+        }
+    }
+
+    /// Fires the watch of every session that now has a task to hand out, and drops the
+    /// watches nobody waits on any more. After a call, only when the core queued a task
+    /// since the last check (`always` after a tick, which may release held tasks).
+    fn wake_task_watches(&mut self, always: bool) {
+        let queued = self.core.tasks_queued();
+        if self.task_watches.is_empty() || (!always && queued == self.tasks_queued_seen) {
+            self.tasks_queued_seen = queued;
+            return;
+        }
+        self.tasks_queued_seen = queued;
+        let now = self.clock.now();
+        let core = &self.core;
+        let ready: Vec<SessionId> = self
+            .task_watches
+            .iter()
+            .filter(|(session, watch)| watch.is_closed() || core.has_tasks(now, **session))
+            .map(|(session, _)| *session)
+            .collect();
+        for session in ready {
+            if let Some(watch) = self.task_watches.remove(&session) {
+                let _ = watch.send(());
+            }
         }
     }
 
@@ -125,7 +171,7 @@ impl DirectoryActor {
         }
         for node in &new.nodes {
             self.core
-                .set_peer_endpoint(&node.name, node.peer_listen.is_some());
+                .set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
         }
         self.grants = grants_of(&new);
         for name in &change.removed_nodes {
@@ -251,6 +297,7 @@ impl Actor for DirectoryActor {
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
             }
+            actor.wake_task_watches(true);
             actor.publish_metrics();
             actor.publish_drains();
             let latencies = actor.core.take_replication_latencies();
@@ -258,6 +305,20 @@ impl Actor for DirectoryActor {
                 .replication_metrics
                 .publish(&actor.core.replication_counts(), &latencies);
         });
+    }
+}
+
+impl Handler<WatchTasks> for DirectoryActor {
+    type Result = MessageResult<WatchTasks>;
+
+    fn handle(&mut self, watch: WatchTasks, _: &mut Context<Self>) -> Self::Result {
+        let (sender, receiver) = oneshot::channel();
+        if self.core.has_tasks(self.clock.now(), watch.session) {
+            let _ = sender.send(());
+        } else {
+            self.task_watches.insert(watch.session, sender);
+        }
+        MessageResult(receiver)
     }
 }
 
@@ -313,6 +374,7 @@ impl Handler<Call> for DirectoryActor {
             self.metrics
                 .observe_request(operation, started.elapsed(), error);
         }
+        self.wake_task_watches(false);
         MessageResult(reply)
     }
 }
@@ -341,7 +403,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::Retire { .. } | Request::RetireHeld { .. } => Operation::Retire,
         Request::ReclaimAck { .. } => Operation::ReclaimAck,
         Request::Usage => Operation::Usage,
-        Request::PollTasks { .. } => Operation::PollTasks,
+        Request::PollTasks { .. } | Request::AwaitTasks { .. } => Operation::PollTasks,
         Request::ClaimExtents { .. } | Request::Adopt { .. } => Operation::Rejoin,
         Request::ClusterStatus | Request::Reload | Request::Drain { .. } => Operation::Admin,
     })

@@ -40,7 +40,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         let specs = node.host_pool_specs(crate::model::NodeId(0));
         core.declare_node(&node.name, specs)
             .with_context(|| format!("declaring node `{}`", node.name))?;
-        core.set_peer_endpoint(&node.name, node.peer_listen.is_some());
+        core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
     }
     core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
     let endpoint = quic::server_endpoint(section.listen, server_config)

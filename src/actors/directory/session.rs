@@ -1,20 +1,23 @@
 //! The `SessionActor`: one per node connection to the directory. It decodes frames,
 //! negotiates the protocol, binds the connection to a session at `Open` (or `Resume`),
-//! forwards requests to the directory actor and writes the replies. A frame it cannot
+//! forwards requests to the directory actor and writes the replies (an `AwaitTasks` after
+//! the directory says the session has a task, or after its wait). A frame it cannot
 //! decode gets a typed error reply; a frame that breaks the stream closes the connection
 //! with a reason, and every other connection keeps being served.
 
-use super::actor::{Call, DirectoryActor};
+use super::actor::{Call, DirectoryActor, WatchTasks};
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
 use crate::model::SessionId;
 use crate::protocol::messages::{
-    DirectoryReply, DirectoryRequest, Hello, ProtocolError, SUPPORTED_VERSIONS,
+    DirectoryReply, DirectoryRequest, Hello, ProtocolError, AWAIT_TASKS_WAIT_MS_MAX,
+    SUPPORTED_VERSIONS,
 };
 use crate::wire::admission::ConnectionSlot;
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Close code sent when the peer broke the framing.
@@ -139,6 +142,41 @@ impl SessionActor {
     }
 }
 
+impl SessionActor {
+    /// Answers an `AwaitTasks` as a poll once the directory says the session has a task
+    /// ([`WatchTasks`]) or after `wait_ms` (capped), holding one in-flight slot meanwhile.
+    fn await_tasks(
+        &mut self,
+        request_id: u64,
+        max: u32,
+        wait_ms: u32,
+        context: &mut Context<Self>,
+    ) {
+        let poll = DirectoryRequest::PollTasks { max };
+        let Some(session) = self
+            .session
+            .filter(|_| self.inflight < INFLIGHT_REQUESTS_MAX)
+        else {
+            // Unbound (refused as a poll is) or busy: answered at once.
+            return self.forward(request_id, poll, context);
+        };
+        self.inflight += 1;
+        let wait = Duration::from_millis(u64::from(wait_ms.min(AWAIT_TASKS_WAIT_MS_MAX)));
+        let watch = self.directory.send(WatchTasks { session });
+        async move {
+            if let Ok(woken) = watch.await {
+                let _ = tokio::time::timeout(wait, woken).await;
+            }
+        }
+        .into_actor(self)
+        .map(move |(), actor, context| {
+            actor.inflight -= 1;
+            actor.forward(request_id, poll, context);
+        })
+        .spawn(context);
+    }
+}
+
 impl Actor for SessionActor {
     type Context = Context<Self>;
 
@@ -182,6 +220,9 @@ impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
             (Phase::Ready, DirectoryRequest::Hello(_)) => {
                 let error = ProtocolError::Sequence("hello sent twice".into());
                 self.reply(request_id, DirectoryReply::Error(error), context);
+            }
+            (Phase::Ready, DirectoryRequest::AwaitTasks { max, wait_ms }) => {
+                self.await_tasks(request_id, max, wait_ms, context)
             }
             (Phase::Ready, request) => self.forward(request_id, request, context),
         }

@@ -1,32 +1,38 @@
 //! The `NodeActor`: keeps the node's session with the directory alive and carries out the
-//! directory's tasks. Heartbeats (which also acknowledge finished operations) run on their
-//! own timer so that slow task work never delays them. Reclaim tasks free the pages, then
-//! acknowledge; demote tasks copy a replica one tier colder (or spill it to the node's SSD,
-//! [`super::ssd`]) and commit the copy. A node
-//! whose session is lost (a directory restart, a fence, the fence window without an
-//! answer) rejoins with its cache ([`super::rejoin`]); it stops only when that fails.
+//! directory's tasks, which it waits for at the directory (`AwaitTasks`, answered as soon
+//! as there is one; a wait that ends empty is armed again at the next task interval).
+//! Heartbeats (which also acknowledge finished operations) run on their own timer so that
+//! slow task work never delays them. Reclaim tasks free the pages, then acknowledge;
+//! demote tasks copy a replica one tier colder (or spill it to the node's SSD,
+//! [`super::ssd`]) and commit the copy. A node whose session is lost (a directory restart,
+//! a fence, the fence window without an answer) rejoins with its cache
+//! ([`super::rejoin`]); it stops only when that fails.
 
-use super::link::LinkError;
+use super::link::{LinkError, DIRECTORY_REQUEST_TIMEOUT};
 use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
 use super::rejoin::{rejoin, Registration};
 use super::replication;
 use super::services::NodeServices;
-use crate::directory::{CommitOutcome, DirectoryError, TaskKind};
+use crate::directory::{CommitOutcome, DirectoryError, Task, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
 use crate::model::{Location, PoolId, ReplicaId, SessionId};
 use crate::node::{after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit};
-use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use crate::protocol::messages::{
+    DirectoryReply, DirectoryRequest, ProtocolError, AWAIT_TASKS_WAIT_MS_MAX,
+};
 use actix::prelude::*;
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Tasks fetched per poll.
+/// Tasks fetched per `AwaitTasks`: after a full batch the node asks again at once, so it
+/// keeps up with a burst (eviction under a burst of stores) batch after batch.
 pub const TASKS_PER_POLL: u32 = 256;
-/// Polls per round while full batches keep coming: a node keeps up with up to 4096 tasks
-/// per task interval (eviction under a burst of stores) without one round running forever.
-pub const POLLS_PER_ROUND_MAX: usize = 16;
-/// Tasks of one poll run at once: each waits on a round trip to the directory (an
+/// How long one `AwaitTasks` waits at the directory: as long as the directory allows,
+/// which is below the link's request timeout (a wait is never taken for a lost reply).
+const TASK_WAIT_MS: u32 = AWAIT_TASKS_WAIT_MS_MAX;
+const _: () = assert!((TASK_WAIT_MS as u128) < DIRECTORY_REQUEST_TIMEOUT.as_millis());
+/// Tasks of one batch run at once: each waits on a round trip to the directory (an
 /// acknowledgement, a commit), so running them one after another would make reclaim lag
 /// behind eviction under load. Within the link's bound of requests in flight.
 pub const TASKS_IN_FLIGHT_MAX: usize = 32;
@@ -47,14 +53,18 @@ pub struct NodeActor {
     task_interval: Duration,
     exit: tokio::sync::mpsc::Sender<NodeExit>,
     heartbeat_running: bool,
-    tasks_running: bool,
+    /// The periodic clean-up ([`tidy`]) is under way.
+    tidying: bool,
     /// A rejoin is under way: heartbeats that fail meanwhile start no other.
     rejoining: bool,
+    /// An `AwaitTasks` is at the directory (or its tasks are running): one at a time.
+    awaiting_tasks: bool,
 }
 
 impl NodeActor {
-    /// An actor that heartbeats at the directory's requested interval, polls tasks every
-    /// `task_interval`, rejoins with `registration` when the session is lost, and reports
+    /// An actor that heartbeats at the directory's requested interval, waits for tasks at
+    /// the directory (armed again every `task_interval` when no wait is there), cleans up
+    /// every `task_interval`, rejoins with `registration` when the session is lost, and reports
     /// a fatal exit on `exit`.
     pub fn new(
         services: NodeServices,
@@ -68,9 +78,46 @@ impl NodeActor {
             task_interval,
             exit,
             heartbeat_running: false,
-            tasks_running: false,
+            tidying: false,
             rejoining: false,
+            awaiting_tasks: false,
         }
+    }
+
+    /// Waits at the directory for tasks (`AwaitTasks`: answered the moment the directory
+    /// plans work for this node, or at once when some are pending) and runs what it hands
+    /// out, then waits again at once. A wait that ends empty or fails is armed again at the
+    /// next task interval, which is the fallback poll; so every immediate re-arm follows
+    /// work done, and none spins. The only way tasks are fetched: a second fetcher beside
+    /// it would take the tasks it was woken for and leave it empty-handed until the next
+    /// interval.
+    fn await_tasks(&mut self, context: &mut Context<Self>) {
+        if !self.services.link.is_serving() || std::mem::replace(&mut self.awaiting_tasks, true) {
+            return;
+        }
+        let services = self.services.clone();
+        async move {
+            let session = services.link.session();
+            let wait = DirectoryRequest::AwaitTasks {
+                max: TASKS_PER_POLL,
+                wait_ms: TASK_WAIT_MS,
+            };
+            match services.link.call_in(session, wait).await {
+                Ok(DirectoryReply::Tasks(tasks)) if !tasks.is_empty() => {
+                    run_batch(&services, session, tasks).await;
+                    true
+                }
+                _ => false,
+            }
+        }
+        .into_actor(self)
+        .map(|worked, actor, context| {
+            actor.awaiting_tasks = false;
+            if worked {
+                actor.await_tasks(context);
+            }
+        })
+        .spawn(context);
     }
 
     /// Starts a rejoin unless one is under way; a failed one ends the node.
@@ -118,15 +165,14 @@ impl Actor for NodeActor {
                 .spawn(context);
         });
         context.run_interval(self.task_interval, |actor, context| {
-            if !actor.services.link.is_serving()
-                || std::mem::replace(&mut actor.tasks_running, true)
-            {
+            actor.await_tasks(context);
+            if !actor.services.link.is_serving() || std::mem::replace(&mut actor.tidying, true) {
                 return;
             }
             let services = actor.services.clone();
-            async move { run_tasks(&services).await }
+            async move { tidy(&services).await }
                 .into_actor(actor)
-                .map(|(), actor, _| actor.tasks_running = false)
+                .map(|(), actor, _| actor.tidying = false)
                 .spawn(context);
         });
     }
@@ -175,92 +221,86 @@ async fn heartbeat(services: &NodeServices) -> Beat {
     }
 }
 
-/// Fetches and runs tasks until a poll returns less than a full batch (at most
-/// [`POLLS_PER_ROUND_MAX`] polls), then gives back extents that emptied.
-async fn run_tasks(services: &NodeServices) {
-    // Tasks belong to the session that handed them out: acknowledged there only.
-    let session = services.link.session();
-    for _ in 0..POLLS_PER_ROUND_MAX {
-        let poll = DirectoryRequest::PollTasks {
-            max: TASKS_PER_POLL,
-        };
-        let tasks = match services.link.call_in(session, poll).await {
-            Ok(DirectoryReply::Tasks(tasks)) => tasks,
-            _ => break,
-        };
-        let drained = tasks.len() < TASKS_PER_POLL as usize;
-        futures_util::stream::iter(tasks)
-            .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| async move {
-                match task.kind {
-                    TaskKind::Reclaim { replica, location } => {
-                        reclaim(services, session, replica, location).await
-                    }
-                    TaskKind::Demote {
-                        source,
-                        target,
-                        target_pool,
-                    } => match &services.ssd {
-                        Some(ssd) if ssd.pool() == target_pool => {
-                            super::ssd::spill(services, ssd, session, source, target).await
-                        }
-                        _ => {
-                            let copy = PoolCopy::demotion(source, target, target_pool);
-                            copy_and_commit(services, session, copy).await
-                        }
-                    },
-                    TaskKind::Replicate {
-                        source,
-                        target,
-                        target_pool,
-                    } => {
-                        let copy = PoolCopy::replication(source, target, target_pool);
-                        copy_and_commit(services, session, copy).await
-                    }
-                    TaskKind::Push {
-                        source,
-                        target,
-                        length_bytes,
-                        to,
-                    } => replication::push(
-                        services,
-                        replication::PushTask {
-                            task: task.id,
-                            source,
-                            target,
-                            length_bytes,
-                            to,
-                        },
-                    ),
-                    TaskKind::Receive {
-                        object,
-                        target,
-                        target_pool,
-                        length_bytes,
-                        from,
-                    } => {
-                        let receive = replication::ReceiveTask {
-                            task: task.id,
-                            object,
-                            target,
-                            target_pool,
-                            length_bytes,
-                            from,
-                        };
-                        replication::receive(services, session, receive).await
-                    }
-                }
-            })
-            .await;
-        if drained {
-            break;
-        }
-    }
+/// The periodic clean-up, every task interval: frees the pages whose release is due,
+/// gives back extents that emptied, and publishes the pools' usage.
+async fn tidy(services: &NodeServices) {
     let due = services.core().holdings.due_frees(services.clock.now());
     for location in due {
         services.free(location).await;
     }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
+}
+
+/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once.
+async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>) {
+    futures_util::stream::iter(tasks)
+        .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| {
+            run_task(services, session, task)
+        })
+        .await;
+}
+
+/// Carries out one task of `session`.
+async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
+    match task.kind {
+        TaskKind::Reclaim { replica, location } => {
+            reclaim(services, session, replica, location).await
+        }
+        TaskKind::Demote {
+            source,
+            target,
+            target_pool,
+        } => match &services.ssd {
+            Some(ssd) if ssd.pool() == target_pool => {
+                super::ssd::spill(services, ssd, session, source, target).await
+            }
+            _ => {
+                let copy = PoolCopy::demotion(source, target, target_pool);
+                copy_and_commit(services, session, copy).await
+            }
+        },
+        TaskKind::Replicate {
+            source,
+            target,
+            target_pool,
+        } => {
+            let copy = PoolCopy::replication(source, target, target_pool);
+            copy_and_commit(services, session, copy).await
+        }
+        TaskKind::Push {
+            source,
+            target,
+            length_bytes,
+            to,
+        } => replication::push(
+            services,
+            replication::PushTask {
+                task: task.id,
+                source,
+                target,
+                length_bytes,
+                to,
+            },
+        ),
+        TaskKind::Receive {
+            object,
+            target,
+            target_pool,
+            length_bytes,
+            from,
+        } => {
+            let receive = replication::ReceiveTask {
+                task: task.id,
+                object,
+                target,
+                target_pool,
+                length_bytes,
+                from,
+            };
+            replication::receive(services, session, receive).await
+        }
+    }
 }
 
 /// Exports what this node's allocators hold (the directory exports the replica states).
@@ -465,7 +505,7 @@ async fn copy_chunks(
             .slice(source.offset_bytes + done, chunk)
             .map_err(|error| failed("reading the source", &error))?;
         writer
-            .write_at(target.offset_bytes + done, bytes)
+            .stream_at(target.offset_bytes + done, bytes)
             .map_err(|error| failed("writing the copy", &error))?;
         done += chunk;
         tokio::task::yield_now().await;

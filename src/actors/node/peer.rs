@@ -61,9 +61,10 @@ pub struct PeerTransport {
     /// reload may remove a node from the middle of the file while ids stay.
     addresses: HashMap<String, Option<SocketAddr>>,
     /// Node names by [`NodeId`] as the directory reported them (its ids are its own, kept
-    /// per name); refreshed from `ClusterStatus` on an unknown id. At most
-    /// [`NODE_NAMES_MAX`].
-    names: Mutex<HashMap<NodeId, String>>,
+    /// per name), with where the directory says each serves its peer endpoint (for a node
+    /// a reload added after this one read its configuration); refreshed from
+    /// `ClusterStatus` on an unknown id. At most [`NODE_NAMES_MAX`].
+    names: Mutex<HashMap<NodeId, Peer>>,
     expected: Mutex<ExpectedTransfers>,
     /// One connection per peer node, opened on first use; bounded by `addresses`. Each
     /// entry has its own lock, so a peer slow to answer its handshake holds up only the
@@ -110,11 +111,13 @@ impl PeerTransport {
     }
 
     /// The node `node` is: its name as the directory knows it (asked again when this node
-    /// has not seen that id), and its peer address from the configuration by that name.
+    /// has not seen that id), and its peer address from this node's configuration by that
+    /// name, or, for a node the configuration read at start did not have (a reload added
+    /// it), from the directory's.
     pub async fn peer(&self, services: &NodeServices, node: NodeId) -> Result<Peer, String> {
         let known = lock(&self.names).get(&node).cloned();
-        let name = match known {
-            Some(name) => name,
+        let reported = match known {
+            Some(peer) => peer,
             None => {
                 self.refresh_names(services).await?;
                 lock(&self.names)
@@ -123,11 +126,14 @@ impl PeerTransport {
                     .ok_or("the directory does not know that node")?
             }
         };
-        let address = *self
-            .addresses
-            .get(&name)
-            .ok_or("that node is not in this node's configuration")?;
-        Ok(Peer { name, address })
+        let address = match self.addresses.get(&reported.name) {
+            Some(address) => *address,
+            None => reported.address,
+        };
+        Ok(Peer {
+            name: reported.name,
+            address,
+        })
     }
 
     /// Replaces the names by id with the directory's current list.
@@ -142,13 +148,13 @@ impl PeerTransport {
         };
         let mut names = lock(&self.names);
         names.clear();
-        names.extend(
-            status
-                .nodes
-                .into_iter()
-                .take(NODE_NAMES_MAX)
-                .map(|node| (node.node, node.name)),
-        );
+        names.extend(status.nodes.into_iter().take(NODE_NAMES_MAX).map(|node| {
+            let peer = Peer {
+                name: node.name,
+                address: node.peer_address,
+            };
+            (node.node, peer)
+        }));
         Ok(())
     }
 

@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 
 /// How long a starting node keeps trying to reach the directory.
 const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
-/// How often the node fetches tasks (reclaims, demotions) from the directory; the same as
-/// the directory's default tick (`tick_interval_ms`).
+/// How often the node cleans up and, when no wait for tasks is at the directory, starts
+/// one (the fallback poll: a wait answers at once when tasks are pending); the same as the
+/// directory's default tick (`tick_interval_ms`).
 pub const TASK_INTERVAL: Duration = Duration::from_millis(50);
 /// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
 const ALLOCATIONS_MAX: u32 = 1 << 22;
