@@ -9,12 +9,15 @@
 
 use crate::backends::{PoolError, SharedMemory};
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, RetireOutcome,
+    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, ReserveItem, RetireOutcome,
 };
 use crate::model::{
-    Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
+    Epoch, LeaseId, Location, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
+    STORE_BATCH_ITEMS_MAX,
+};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -160,15 +163,7 @@ impl Client {
                 ticket,
                 location,
                 valid_ms,
-            }) => {
-                // Measured from before the request, so never later than the node's deadline.
-                let valid = Duration::from_millis(valid_ms);
-                (
-                    ticket,
-                    location,
-                    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR),
-                )
-            }
+            }) => (ticket, location, grant_deadline(sent, valid_ms)),
             ClientReply::Grant(StoreGrant::AlreadyPresent) => {
                 return Ok(StoreOutcome::AlreadyPresent)
             }
@@ -176,26 +171,12 @@ impl Client {
             ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
             other => return Err(unexpected(other)),
         };
-        if Instant::now() >= valid_until {
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Ok(StoreOutcome::Skipped);
-        }
-        let written = self.memory(location.pool).and_then(|memory| {
-            memory
-                .write_at(location.offset_bytes, bytes)
-                .map_err(|source| ClientError::Pool {
-                    pool: location.pool,
-                    source,
-                })
-        });
-        if let Err(error) = written {
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Err(error);
-        }
-        if Instant::now() >= valid_until {
-            // The grant ran out while writing: the pages may be another store's by now.
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Ok(StoreOutcome::Skipped);
+        match self.write_granted(location, bytes, valid_until) {
+            Ok(true) => {}
+            written => {
+                let _ = self.call(ClientRequest::AbortStore { ticket }).await;
+                return written.map(|_| StoreOutcome::Skipped);
+            }
         }
         match self.call(ClientRequest::CommitStore { ticket }).await? {
             ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
@@ -205,17 +186,129 @@ impl Client {
         }
     }
 
-    /// Stores several objects, pipelined; one outcome per item, in order.
+    /// Stores several objects; one outcome per item, in order. Batches of up to
+    /// [`STORE_BATCH_ITEMS_MAX`] items each take one round trip to reserve (the node then one
+    /// to the directory) and one to commit, the batches in flight together.
     pub async fn store_many(
         &self,
         items: &[(ObjectId, &[u8])],
     ) -> Vec<Result<StoreOutcome, ClientError>> {
-        futures_util::future::join_all(
-            items
+        let batches = items
+            .chunks(STORE_BATCH_ITEMS_MAX)
+            .map(|batch| self.store_batch(batch));
+        futures_util::future::join_all(batches)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`.
+    async fn store_batch(
+        &self,
+        items: &[(ObjectId, &[u8])],
+    ) -> Vec<Result<StoreOutcome, ClientError>> {
+        let sent = Instant::now();
+        let request = ClientRequest::BeginStoreMany {
+            items: items
                 .iter()
-                .map(|(object, bytes)| self.store(*object, bytes)),
-        )
-        .await
+                .map(|(object, bytes)| ReserveItem {
+                    object: *object,
+                    length_bytes: bytes.len() as u64,
+                })
+                .collect(),
+        };
+        let grants = match self.call(request).await {
+            Ok(ClientReply::Grants(grants)) if grants.len() == items.len() => grants,
+            Ok(other) => return every_item(items.len(), &unexpected(other)),
+            Err(error) => return every_item(items.len(), &error),
+        };
+        let mut outcomes: Vec<Result<StoreOutcome, ClientError>> = Vec::with_capacity(items.len());
+        let mut commits = Vec::new();
+        let mut aborts = Vec::new();
+        for (index, (grant, (_, bytes))) in grants.into_iter().zip(items).enumerate() {
+            outcomes.push(match grant {
+                Err(refused) => Err(ClientError::Refused(refused)),
+                Ok(StoreGrant::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
+                Ok(StoreGrant::Pending) => Ok(StoreOutcome::Pending),
+                Ok(StoreGrant::Skip) => Ok(StoreOutcome::Skipped),
+                Ok(StoreGrant::Write {
+                    ticket,
+                    location,
+                    valid_ms,
+                }) => match self.write_granted(location, bytes, grant_deadline(sent, valid_ms)) {
+                    Ok(true) => {
+                        commits.push((index, ticket));
+                        Ok(StoreOutcome::Stored)
+                    }
+                    written => {
+                        aborts.push(ticket);
+                        written.map(|_| StoreOutcome::Skipped)
+                    }
+                },
+            });
+        }
+        let aborted = futures_util::future::join_all(
+            aborts
+                .into_iter()
+                .map(|ticket| self.call(ClientRequest::AbortStore { ticket })),
+        );
+        let commit = async {
+            if commits.is_empty() {
+                return Ok(ClientReply::StoredMany(Vec::new()));
+            }
+            let tickets = commits.iter().map(|(_, ticket)| *ticket).collect();
+            self.call(ClientRequest::CommitStoreMany { tickets }).await
+        };
+        let (committed, _) = futures_util::join!(commit, aborted);
+        match committed {
+            Ok(ClientReply::StoredMany(committed)) if committed.len() == commits.len() => {
+                for ((index, _), committed) in commits.iter().zip(committed) {
+                    outcomes[*index] = match committed {
+                        StoreCommitted::Stored(CommitOutcome::Committed) => {
+                            Ok(StoreOutcome::Stored)
+                        }
+                        StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => {
+                            Ok(StoreOutcome::AlreadyPresent)
+                        }
+                        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
+                        StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
+                    };
+                }
+            }
+            other => {
+                let error = match other {
+                    Ok(reply) => unexpected(reply),
+                    Err(error) => error,
+                };
+                for (index, _) in &commits {
+                    outcomes[*index] = Err(error.for_item());
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Copies `bytes` into a granted `location`; `Ok(false)` when the grant ran out before
+    /// or while writing (the pages may be another store's by then: abort, do not commit).
+    fn write_granted(
+        &self,
+        location: Location,
+        bytes: &[u8],
+        valid_until: Instant,
+    ) -> Result<bool, ClientError> {
+        if Instant::now() >= valid_until {
+            return Ok(false);
+        }
+        self.memory(location.pool).and_then(|memory| {
+            memory
+                .write_at(location.offset_bytes, bytes)
+                .map_err(|source| ClientError::Pool {
+                    pool: location.pool,
+                    source,
+                })
+        })?;
+        Ok(Instant::now() < valid_until)
     }
 
     /// Which objects are cached where this node can read them. Reserves nothing.
@@ -443,6 +536,36 @@ async fn release_dropped(
                 leases: std::mem::take(&mut batch),
             })
             .await;
+    }
+}
+
+/// The local deadline of a grant valid for `valid_ms` from the request sent at `sent`:
+/// measured from before the request, so never later than the node's deadline.
+fn grant_deadline(sent: Instant, valid_ms: u64) -> Instant {
+    let valid = Duration::from_millis(valid_ms);
+    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR)
+}
+
+/// `error` as the outcome of each of `items` items of a batch that failed whole.
+fn every_item(items: usize, error: &ClientError) -> Vec<Result<StoreOutcome, ClientError>> {
+    (0..items).map(|_| Err(error.for_item())).collect()
+}
+
+impl ClientError {
+    /// The same failure for one item of a batch that failed whole (a wire error keeps its
+    /// kind, node unreachable, and its message).
+    fn for_item(&self) -> ClientError {
+        match self {
+            ClientError::Refused(refused) => ClientError::Refused(refused.clone()),
+            ClientError::Wire(error) => ClientError::Wire(WireError::ConnectionLost {
+                reason: error.to_string(),
+            }),
+            ClientError::Pool { pool, source } => {
+                ClientError::Unexpected(format!("pool {pool}: {source}"))
+            }
+            ClientError::Unexpected(reply) => ClientError::Unexpected(reply.clone()),
+            ClientError::LeaseExpired => ClientError::LeaseExpired,
+        }
     }
 }
 

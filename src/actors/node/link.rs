@@ -637,3 +637,6 @@ async fn open_session(
         other => Err(LinkError::Unexpected(format!("{other:?}"))),
     }
 }
+
+mod batch;
+pub use batch::CommitRequest;

@@ -1,0 +1,209 @@
+//! Batched stores against real processes: `Client::store_many` splits into batches of at
+//! most `STORE_BATCH_ITEMS_MAX` (each one reserve and one commit round trip), gives one
+//! outcome per item (a full pool skips only the items past it), and the node refuses an
+//! oversized or partly invalid batch with typed errors, whole or per item.
+
+mod common;
+
+use common::{connect, object, runtime};
+use kvtier::client::StoreOutcome;
+use kvtier::directory::{CommitOutcome, ReserveItem};
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::NamespaceId;
+use kvtier::node::ClientRefusal;
+use kvtier::protocol::messages::{
+    ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
+    STORE_BATCH_ITEMS_MAX,
+};
+use kvtier::wire::{uds, RpcClient, RpcConfig};
+use kvtier::workload::namespace::demo_namespace;
+use std::path::Path;
+use std::time::Duration;
+
+fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes,
+        // Eviction off: the tests fill the pool on purpose and read back what they stored.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+#[test]
+fn store_many_splits_into_batches_and_round_trips_every_item() {
+    let cluster = cluster(64 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let count = STORE_BATCH_ITEMS_MAX as u32 + 6;
+        let objects: Vec<_> = (0..count)
+            .map(|index| object(namespace, index, 1, 64 << 10))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes = client.store_many(&items).await;
+        assert_eq!(outcomes.len(), items.len());
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
+            "{outcomes:?}"
+        );
+        let again = client.store_many(&items[..3]).await;
+        assert!(
+            again
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(StoreOutcome::AlreadyPresent))),
+            "{again:?}"
+        );
+        let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
+        let mut buffers = vec![vec![0u8; 64 << 10]; objects.len()];
+        let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        let hits = client.load_into(&ids, &mut targets).await.unwrap();
+        assert!(hits.iter().all(|hit| *hit));
+        for ((_, bytes), loaded) in objects.iter().zip(&buffers) {
+            assert_eq!(bytes, loaded);
+        }
+    });
+}
+
+#[test]
+fn a_full_pool_skips_the_items_past_it_and_keeps_the_others() {
+    let cluster = cluster(16 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let objects: Vec<_> = (0..12)
+            .map(|index| object(namespace, index, 2, 2 << 20))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes: Vec<StoreOutcome> = client
+            .store_many(&items)
+            .await
+            .into_iter()
+            .map(|outcome| outcome.expect("a full pool is a skip, never an error"))
+            .collect();
+        let stored = outcomes
+            .iter()
+            .filter(|outcome| **outcome == StoreOutcome::Stored)
+            .count();
+        let skipped = outcomes
+            .iter()
+            .filter(|outcome| **outcome == StoreOutcome::Skipped)
+            .count();
+        assert!(stored > 0 && skipped > 0, "{outcomes:?}");
+        assert_eq!(stored + skipped, items.len(), "{outcomes:?}");
+        for ((id, bytes), outcome) in objects.iter().zip(&outcomes) {
+            let mut buffer = vec![0u8; bytes.len()];
+            let hit = client
+                .load_into(&[*id], &mut [&mut buffer[..]])
+                .await
+                .unwrap()[0];
+            assert_eq!(hit, *outcome == StoreOutcome::Stored);
+            if hit {
+                assert_eq!(&buffer, bytes);
+            }
+        }
+    });
+}
+
+#[test]
+fn oversized_and_partly_invalid_batches_get_typed_errors() {
+    let cluster = cluster(16 << 20);
+    runtime().block_on(async {
+        let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let (reader, writer) = stream.into_split();
+        let config = RpcConfig {
+            inflight_requests_max: 4,
+            request_timeout: Duration::from_secs(30),
+        };
+        let rpc = RpcClient::<ClientRequest, ClientReply>::spawn(reader, writer, config).unwrap();
+        rpc.call(ClientRequest::Hello(Hello::ours())).await.unwrap();
+        let reply = rpc
+            .call(ClientRequest::RegisterNamespace(demo_namespace()))
+            .await
+            .unwrap();
+        let ClientReply::Namespace(namespace) = reply else {
+            panic!("{reply:?}");
+        };
+        let item = |index, namespace| ReserveItem {
+            object: object(namespace, index, 3, 0).0,
+            length_bytes: 4096,
+        };
+
+        let oversized = (0..=STORE_BATCH_ITEMS_MAX as u32)
+            .map(|index| item(index, namespace))
+            .collect();
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items: oversized })
+            .await
+            .unwrap();
+        assert_eq!(
+            reply,
+            ClientReply::Error(ProtocolError::Client(ClientRefusal::BatchTooLarge {
+                items: STORE_BATCH_ITEMS_MAX + 1,
+                max: STORE_BATCH_ITEMS_MAX,
+            }))
+        );
+        let reply = rpc
+            .call(ClientRequest::CommitStoreMany {
+                tickets: vec![1; STORE_BATCH_ITEMS_MAX + 1],
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                reply,
+                ClientReply::Error(ProtocolError::Client(ClientRefusal::BatchTooLarge { .. }))
+            ),
+            "{reply:?}"
+        );
+
+        // One item of a namespace this connection did not register: refused alone.
+        let foreign = NamespaceId([7; 16]);
+        let items = vec![item(1, namespace), item(2, foreign)];
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items })
+            .await
+            .unwrap();
+        let ClientReply::Grants(grants) = reply else {
+            panic!("{reply:?}");
+        };
+        let Ok(StoreGrant::Write { ticket, .. }) = grants[0] else {
+            panic!("{grants:?}");
+        };
+        assert_eq!(
+            grants[1],
+            Err(ProtocolError::Client(
+                ClientRefusal::NamespaceNotRegistered(foreign)
+            ))
+        );
+        // A ticket this client does not hold is refused alone; the granted one commits.
+        let reply = rpc
+            .call(ClientRequest::CommitStoreMany {
+                tickets: vec![ticket, ticket + 1_000],
+            })
+            .await
+            .unwrap();
+        let ClientReply::StoredMany(committed) = reply else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(
+            committed[0],
+            StoreCommitted::Stored(CommitOutcome::Committed)
+        );
+        assert!(
+            matches!(
+                committed[1],
+                StoreCommitted::Refused(ProtocolError::Sequence(_))
+            ),
+            "{committed:?}"
+        );
+    });
+}
