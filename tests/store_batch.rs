@@ -18,7 +18,7 @@ use kvtier::protocol::messages::{
 use kvtier::wire::{uds, RpcClient, RpcConfig};
 use kvtier::workload::namespace::demo_namespace;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
     let spec = ClusterSpec {
@@ -32,11 +32,108 @@ fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
     LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
 }
 
+type RawClient = RpcClient<ClientRequest, ClientReply>;
+
+/// A connection that speaks the client protocol itself, with the demo namespace registered.
+async fn raw_client(cluster: &LocalCluster) -> (RawClient, NamespaceId) {
+    let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
+    let (reader, writer) = stream.into_split();
+    let config = RpcConfig {
+        inflight_requests_max: 4,
+        request_timeout: Duration::from_secs(30),
+    };
+    let rpc = RawClient::spawn(reader, writer, config).unwrap();
+    rpc.call(ClientRequest::Hello(Hello::ours())).await.unwrap();
+    let reply = rpc
+        .call(ClientRequest::RegisterNamespace(demo_namespace()))
+        .await
+        .unwrap();
+    let ClientReply::Namespace(namespace) = reply else {
+        panic!("{reply:?}");
+    };
+    (rpc, namespace)
+}
+
+/// A 4 KiB store of object `index` of `namespace`.
+fn item(index: u32, namespace: NamespaceId) -> ReserveItem {
+    ReserveItem {
+        object: object(namespace, index, 3, 0).0,
+        length_bytes: 4096,
+    }
+}
+
 #[test]
 fn store_many_splits_into_batches_and_round_trips_every_item() {
     let cluster = cluster(64 << 20);
+    store_and_load_every_item(&cluster, usize::MAX);
+}
+
+#[test]
+fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 64 << 20,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        batch_items_max: Some(5),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    store_and_load_every_item(&cluster, 5);
+}
+
+#[test]
+fn a_dropped_connection_gives_its_batch_reservations_back() {
+    let cluster = cluster(16 << 20);
     runtime().block_on(async {
-        let (client, namespace) = connect(&cluster, 0).await;
+        let (rpc, namespace) = raw_client(&cluster).await;
+        let items = (0..8).map(|index| item(index, namespace)).collect();
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items })
+            .await
+            .unwrap();
+        let ClientReply::Grants(grants) = reply else {
+            panic!("{reply:?}");
+        };
+        assert!(
+            grants
+                .iter()
+                .all(|grant| matches!(grant, Ok(StoreGrant::Write { .. }))),
+            "{grants:?}"
+        );
+        assert!(reserved_bytes(&cluster).await >= 8 * 4096);
+        drop(rpc);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let reserved = reserved_bytes(&cluster).await;
+            if reserved == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// The bytes the directory holds reserved (granted, not committed) over every pool.
+async fn reserved_bytes(cluster: &LocalCluster) -> u64 {
+    let (rpc, _) = raw_client(cluster).await;
+    let reply = rpc.call(ClientRequest::ClusterStatus).await.unwrap();
+    let ClientReply::ClusterStatus(status) = reply else {
+        panic!("{reply:?}");
+    };
+    status
+        .pools
+        .iter()
+        .map(|pool| pool.usage.reserved_bytes)
+        .sum()
+}
+
+/// Stores more than one client batch of objects with `store_many`, stores a few again
+/// (already present) and loads every one back, `load_batch` objects a call.
+fn store_and_load_every_item(cluster: &LocalCluster, load_batch: usize) {
+    runtime().block_on(async {
+        let (client, namespace) = connect(cluster, 0).await;
         let count = STORE_BATCH_ITEMS_MAX as u32 + 6;
         let objects: Vec<_> = (0..count)
             .map(|index| object(namespace, index, 1, 64 << 10))
@@ -60,13 +157,16 @@ fn store_many_splits_into_batches_and_round_trips_every_item() {
                 .all(|outcome| matches!(outcome, Ok(StoreOutcome::AlreadyPresent))),
             "{again:?}"
         );
-        let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
-        let mut buffers = vec![vec![0u8; 64 << 10]; objects.len()];
-        let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
-        let hits = client.load_into(&ids, &mut targets).await.unwrap();
-        assert!(hits.iter().all(|hit| *hit));
-        for ((_, bytes), loaded) in objects.iter().zip(&buffers) {
-            assert_eq!(bytes, loaded);
+        // Loads are not split for the directory: at most `load_batch` objects a call.
+        for part in objects.chunks(load_batch) {
+            let ids: Vec<_> = part.iter().map(|(id, _)| *id).collect();
+            let mut buffers = vec![vec![0u8; 64 << 10]; part.len()];
+            let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+            let hits = client.load_into(&ids, &mut targets).await.unwrap();
+            assert!(hits.iter().all(|hit| *hit));
+            for ((_, bytes), loaded) in part.iter().zip(&buffers) {
+                assert_eq!(bytes, loaded);
+            }
         }
     });
 }
@@ -99,6 +199,13 @@ fn a_full_pool_skips_the_items_past_it_and_keeps_the_others() {
             .count();
         assert!(stored > 0 && skipped > 0, "{outcomes:?}");
         assert_eq!(stored + skipped, items.len(), "{outcomes:?}");
+        // In order: every item before the pool filled was stored, every one after skipped.
+        assert!(
+            outcomes[..stored]
+                .iter()
+                .all(|outcome| *outcome == StoreOutcome::Stored),
+            "{outcomes:?}"
+        );
         for ((id, bytes), outcome) in objects.iter().zip(&outcomes) {
             let mut buffer = vec![0u8; bytes.len()];
             let hit = client
@@ -117,25 +224,7 @@ fn a_full_pool_skips_the_items_past_it_and_keeps_the_others() {
 fn oversized_and_partly_invalid_batches_get_typed_errors() {
     let cluster = cluster(16 << 20);
     runtime().block_on(async {
-        let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
-        let (reader, writer) = stream.into_split();
-        let config = RpcConfig {
-            inflight_requests_max: 4,
-            request_timeout: Duration::from_secs(30),
-        };
-        let rpc = RpcClient::<ClientRequest, ClientReply>::spawn(reader, writer, config).unwrap();
-        rpc.call(ClientRequest::Hello(Hello::ours())).await.unwrap();
-        let reply = rpc
-            .call(ClientRequest::RegisterNamespace(demo_namespace()))
-            .await
-            .unwrap();
-        let ClientReply::Namespace(namespace) = reply else {
-            panic!("{reply:?}");
-        };
-        let item = |index, namespace| ReserveItem {
-            object: object(namespace, index, 3, 0).0,
-            length_bytes: 4096,
-        };
+        let (rpc, namespace) = raw_client(&cluster).await;
 
         let oversized = (0..=STORE_BATCH_ITEMS_MAX as u32)
             .map(|index| item(index, namespace))

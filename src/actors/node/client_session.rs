@@ -329,7 +329,7 @@ impl ClientSessionActor {
             }
             ClientRequest::BeginStoreMany { items } => self.admit_store_many(items),
             ClientRequest::CommitStoreMany { tickets } => {
-                if let Err(refused) = store_batch_bound(&services, tickets.len()) {
+                if let Err(refused) = store_batch_bound(tickets.len()) {
                     return Admitted::Reply(refused);
                 }
                 let granted = tickets.iter().map(|ticket| self.take_ticket(*ticket));
@@ -355,7 +355,7 @@ impl ClientSessionActor {
     /// Admits each item of a `BeginStoreMany` as a `BeginStore`; the batch reserves in one
     /// round trip.
     fn admit_store_many(&self, items: Vec<ReserveItem>) -> Admitted {
-        if let Err(refused) = store_batch_bound(&self.services, items.len()) {
+        if let Err(refused) = store_batch_bound(items.len()) {
             return Admitted::Reply(refused);
         }
         let now = self.services.clock.now();
@@ -535,10 +535,10 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
     })
 }
 
-/// Refuses a store batch over [`STORE_BATCH_ITEMS_MAX`] items, or over what one directory
-/// request may carry.
-fn store_batch_bound(services: &NodeServices, items: usize) -> Result<(), ClientReply> {
-    let max = STORE_BATCH_ITEMS_MAX.min(services.link.batch_items_max());
+/// Refuses a store batch over [`STORE_BATCH_ITEMS_MAX`] items (the link splits one into
+/// chunks of what one directory request may carry).
+fn store_batch_bound(items: usize) -> Result<(), ClientReply> {
+    let max = STORE_BATCH_ITEMS_MAX;
     if items > max {
         return Err(refused(ClientRefusal::BatchTooLarge { items, max }));
     }

@@ -30,8 +30,7 @@ pub async fn begin_store(
     admitted: AdmittedStore,
     valid: Duration,
 ) -> (ClientReply, Change) {
-    let session = services.link.session();
-    let reserved = services.link.reserve(admitted.item).await;
+    let (session, reserved) = services.link.reserve(admitted.item).await;
     let ticket = admitted.ticket;
     match grant(&services, client, &admitted, valid, session, reserved).await {
         (Ok(grant), Some(granted)) => (ClientReply::Grant(grant), Change::Ticket(ticket, granted)),
@@ -48,12 +47,12 @@ pub async fn begin_store_many(
     admitted: Vec<Result<AdmittedStore, ClientRefusal>>,
     valid: Duration,
 ) -> (ClientReply, Change) {
-    let session = services.link.session();
     let items: Vec<ReserveItem> = admitted
         .iter()
         .filter_map(|entry| entry.as_ref().ok().map(|store| store.item))
         .collect();
-    let mut reserved = services.link.reserve_many(&items).await.into_iter();
+    let (session, reserved) = services.link.reserve_many(&items).await;
+    let mut reserved = reserved.into_iter();
     let mut grants = Vec::with_capacity(admitted.len());
     let mut granted = Vec::new();
     for entry in admitted {

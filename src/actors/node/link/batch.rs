@@ -1,14 +1,22 @@
 //! Batched reserves and commits through the link: one `ReserveMany` or `CommitMany` round
-//! trip for many stores. Every item has its own operation id, so a lost reply is resolved
-//! item by item exactly as a single reserve's or commit's would be, and each item ends as
-//! the single call would have ended.
+//! trip per chunk of at most the session's `batch_items_max` items. Every item has its own
+//! operation id, so a lost reply is resolved item by item as a single reserve's or commit's
+//! would be, but under one deadline for the whole chunk: once an item cannot be resolved
+//! (or the deadline passes) the rest are `Unresolved` without asking.
 
-use super::{DirectoryLink, LinkError, Outstanding};
+use super::{DirectoryLink, LinkError, Outstanding, DIRECTORY_REQUEST_TIMEOUT};
 use crate::directory::{
-    CommitBatchItem, CommitOutcome, ReserveBatchItem, ReserveItem, ReserveOutcome, ResolveOutcome,
+    CommitBatchItem, CommitOutcome, ReserveBatchItem, ReserveItem, ReserveOutcome,
 };
-use crate::model::{Location, ReplicaId, SessionId};
+use crate::model::{Location, OperationId, ReplicaId, SessionId};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use std::future::Future;
+use std::time::Duration;
+
+/// How long resolving every item of a chunk whose reply was lost may take in all. With the
+/// request's own [`DIRECTORY_REQUEST_TIMEOUT`] it stays well inside the client's request
+/// timeout (`CLIENT_REQUEST_TIMEOUT`, 10 s).
+const BATCH_RESOLVE_DEADLINE: Duration = DIRECTORY_REQUEST_TIMEOUT.saturating_mul(2);
 
 /// One commit of [`DirectoryLink::commit_many`]: the session the replica was reserved in,
 /// the replica, and where it was written.
@@ -36,22 +44,29 @@ impl LinkError {
 }
 
 impl DirectoryLink {
-    /// [`DirectoryLink::reserve`] for many items in one round trip (at most the session's
-    /// `batch_items_max`: the directory refuses more whole). One outcome per item, in order.
+    /// [`DirectoryLink::reserve`] for many items, in the session bound now (returned with
+    /// the outcomes: every reservation belongs to it), one round trip per chunk of the
+    /// session's `batch_items_max`. One outcome per item, in order.
     pub async fn reserve_many(
         &self,
         items: &[ReserveItem],
+    ) -> (SessionId, Vec<Result<ReserveOutcome, LinkError>>) {
+        let session = self.session();
+        let mut outcomes = Vec::with_capacity(items.len());
+        for chunk in items.chunks(self.batch_items_max().max(1)) {
+            outcomes.extend(self.reserve_chunk(session, chunk).await);
+        }
+        (session, outcomes)
+    }
+
+    async fn reserve_chunk(
+        &self,
+        session: SessionId,
+        items: &[ReserveItem],
     ) -> Vec<Result<ReserveOutcome, LinkError>> {
-        let guards = match items
-            .iter()
-            .map(|_| self.begin())
-            .collect::<Result<Vec<Outstanding<'_>>, LinkError>>()
-        {
+        let guards = match self.begin_many(items.len()) {
             Ok(guards) => guards,
             Err(error) => return items.iter().map(|_| Err(error.for_item())).collect(),
-        };
-        let Some(session) = guards.first().map(|guard| guard.session) else {
-            return Vec::new();
         };
         let batch = guards
             .iter()
@@ -77,54 +92,55 @@ impl DirectoryLink {
         if !matches!(error, LinkError::Wire(_)) {
             return items.iter().map(|_| Err(error.for_item())).collect();
         }
-        let mut outcomes = Vec::with_capacity(guards.len());
-        for guard in &guards {
-            outcomes.push(match self.resolve(session, guard.operation).await {
-                Ok(ResolveOutcome::Reserved(outcome)) => Ok(outcome),
-                Ok(ResolveOutcome::NotApplied) => Ok(ReserveOutcome::Skip),
-                Ok(_) | Err(_) => Err(LinkError::Unresolved(guard.operation)),
-            });
-        }
-        outcomes
+        resolve_each(&guards, |operation| {
+            self.resolve_reserve(session, operation)
+        })
+        .await
     }
 
-    /// [`DirectoryLink::commit`] for many written replicas in one round trip (at most the
-    /// session's `batch_items_max`). One outcome per item, in order, read as `commit`'s:
+    /// [`DirectoryLink::commit`] for many written replicas, one round trip per chunk of the
+    /// session's `batch_items_max`. One outcome per item, in order, read as `commit`'s:
     /// `Ok(None)` for a commit that was not (and never will be) applied.
     pub async fn commit_many(
         &self,
         items: &[CommitRequest],
     ) -> Vec<Result<Option<CommitOutcome>, LinkError>> {
         let session = self.session();
-        let mut outcomes: Vec<Option<Result<Option<CommitOutcome>, LinkError>>> = items
+        let current: Vec<&CommitRequest> = items
             .iter()
-            .map(|item| (item.session != session).then_some(Ok(None)))
+            .filter(|item| item.session == session)
             .collect();
-        let current: Vec<(usize, &CommitRequest)> = items
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| outcomes[*index].is_none())
-            .collect();
-        let guards = match current
-            .iter()
-            .map(|_| self.begin())
-            .collect::<Result<Vec<Outstanding<'_>>, LinkError>>()
-        {
-            Ok(guards) => guards,
-            Err(error) => {
-                for (index, _) in &current {
-                    outcomes[*index] = Some(Err(error.for_item()));
-                }
-                return finish(outcomes);
-            }
-        };
-        if guards.is_empty() {
-            return finish(outcomes);
+        let mut committed = Vec::with_capacity(current.len());
+        for chunk in current.chunks(self.batch_items_max().max(1)) {
+            committed.extend(self.commit_chunk(session, chunk).await);
         }
+        let mut committed = committed.into_iter();
+        items
+            .iter()
+            .map(|item| {
+                if item.session == session {
+                    committed.next().unwrap_or(Ok(None))
+                } else {
+                    // Reserved in an ended session: never applied, and never will be.
+                    Ok(None)
+                }
+            })
+            .collect()
+    }
+
+    async fn commit_chunk(
+        &self,
+        session: SessionId,
+        items: &[&CommitRequest],
+    ) -> Vec<Result<Option<CommitOutcome>, LinkError>> {
+        let guards = match self.begin_many(items.len()) {
+            Ok(guards) => guards,
+            Err(error) => return items.iter().map(|_| Err(error.for_item())).collect(),
+        };
         let batch = guards
             .iter()
-            .zip(&current)
-            .map(|(guard, (_, item))| CommitBatchItem {
+            .zip(items)
+            .map(|(guard, item)| CommitBatchItem {
                 operation: guard.operation,
                 replica: item.replica,
                 location: item.location,
@@ -132,40 +148,59 @@ impl DirectoryLink {
             .collect();
         let request = DirectoryRequest::CommitMany { items: batch };
         let error = match self.call_in(session, request).await {
-            Ok(DirectoryReply::CommittedMany(committed)) if committed.len() == current.len() => {
-                for ((index, _), outcome) in current.iter().zip(committed) {
-                    outcomes[*index] = Some(
+            Ok(DirectoryReply::CommittedMany(committed)) if committed.len() == items.len() => {
+                return committed
+                    .into_iter()
+                    .map(|outcome| {
                         outcome
                             .map(Some)
-                            .map_err(|error| LinkError::Refused(ProtocolError::Directory(error))),
-                    );
-                }
-                return finish(outcomes);
+                            .map_err(|error| LinkError::Refused(ProtocolError::Directory(error)))
+                    })
+                    .collect()
             }
             Ok(other) => LinkError::Unexpected(format!("{other:?}")),
             Err(error) => error,
         };
-        for ((index, _), guard) in current.iter().zip(&guards) {
-            outcomes[*index] = Some(match &error {
-                LinkError::SessionEnded => Ok(None),
-                LinkError::Wire(_) => match self.resolve(session, guard.operation).await {
-                    Ok(ResolveOutcome::Committed(outcome)) => Ok(Some(outcome)),
-                    Ok(ResolveOutcome::NotApplied) => Ok(None),
-                    Ok(_) | Err(_) => Err(LinkError::Unresolved(guard.operation)),
-                },
-                other => Err(other.for_item()),
-            });
+        match error {
+            LinkError::SessionEnded => items.iter().map(|_| Ok(None)).collect(),
+            LinkError::Wire(_) => {
+                resolve_each(&guards, |operation| self.resolve_commit(session, operation)).await
+            }
+            other => items.iter().map(|_| Err(other.for_item())).collect(),
         }
-        finish(outcomes)
+    }
+
+    /// One operation id per item, or the reason none could be had.
+    fn begin_many(&self, items: usize) -> Result<Vec<Outstanding<'_>>, LinkError> {
+        (0..items).map(|_| self.begin()).collect()
     }
 }
 
-/// Every item's outcome, each of which was set.
-fn finish(
-    outcomes: Vec<Option<Result<Option<CommitOutcome>, LinkError>>>,
-) -> Vec<Result<Option<CommitOutcome>, LinkError>> {
+/// Resolves each operation of a chunk whose reply was lost, in order, under one
+/// [`BATCH_RESOLVE_DEADLINE`]: once one cannot be resolved, the rest are `Unresolved`
+/// without asking (the directory is not answering).
+async fn resolve_each<T, F, R>(
+    guards: &[Outstanding<'_>],
+    mut resolve: F,
+) -> Vec<Result<T, LinkError>>
+where
+    F: FnMut(OperationId) -> R,
+    R: Future<Output = Result<T, LinkError>>,
+{
+    let deadline = tokio::time::Instant::now() + BATCH_RESOLVE_DEADLINE;
+    let mut answering = true;
+    let mut outcomes = Vec::with_capacity(guards.len());
+    for guard in guards {
+        let operation = guard.operation;
+        let outcome = if answering {
+            tokio::time::timeout_at(deadline, resolve(operation))
+                .await
+                .unwrap_or(Err(LinkError::Unresolved(operation)))
+        } else {
+            Err(LinkError::Unresolved(operation))
+        };
+        answering = !matches!(outcome, Err(LinkError::Unresolved(_)));
+        outcomes.push(outcome);
+    }
     outcomes
-        .into_iter()
-        .map(|outcome| outcome.unwrap_or(Ok(None)))
-        .collect()
 }
