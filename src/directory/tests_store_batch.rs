@@ -158,3 +158,74 @@ fn a_batch_over_the_bound_is_refused_whole() {
     );
     fixture.directory.check_invariants();
 }
+
+#[test]
+fn a_partly_applied_batch_replays_the_applied_items_and_refuses_the_rest_on_retry() {
+    let mut fixture = Fixture::with_config(DirectoryConfig {
+        ledger_entries_per_session_max: 2,
+        ..DirectoryConfig::default()
+    });
+    let a = fixture.node("a", 16 * MIB);
+    let items = reserve_items(&mut fixture, &[(1, MIB), (2, MIB), (3, MIB)]);
+    let outcomes = fixture
+        .directory
+        .reserve_many(fixture.now, a.session, &items)
+        .unwrap();
+    assert!(matches!(outcomes[0], Ok(ReserveOutcome::Granted { .. })));
+    assert!(matches!(outcomes[1], Ok(ReserveOutcome::Granted { .. })));
+    assert_eq!(outcomes[2], Err(DirectoryError::Full(Table::Ledger)));
+    // Resolving the refused item must record it as not applied (so a late copy is
+    // refused), which needs a ledger entry too: refused, the node counts it Unresolved.
+    assert_eq!(
+        fixture
+            .directory
+            .resolve(a.session, a.session, items[2].operation),
+        Err(DirectoryError::Full(Table::Ledger))
+    );
+    // The retry (its reply was lost) replays the two applied items, reserves nothing
+    // again, and refuses the third as the single reserve would.
+    let retried = fixture
+        .directory
+        .reserve_many(fixture.now, a.session, &items)
+        .unwrap();
+    assert_eq!(retried[..2], outcomes[..2]);
+    let single =
+        fixture
+            .directory
+            .reserve(fixture.now, a.session, items[2].operation, items[2].item);
+    assert_eq!(retried[2], single);
+    assert_eq!(retried[2], Err(DirectoryError::Full(Table::Ledger)));
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn a_batch_arriving_after_its_first_item_was_resolved_applies_only_the_others() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 16 * MIB);
+    let items = reserve_items(&mut fixture, &[(1, MIB), (2, MIB)]);
+    // The node gave up waiting and resolved item 0 before the batch arrived.
+    assert_eq!(
+        fixture
+            .directory
+            .resolve(a.session, a.session, items[0].operation),
+        Ok(ResolveOutcome::NotApplied)
+    );
+    let outcomes = fixture
+        .directory
+        .reserve_many(fixture.now, a.session, &items)
+        .unwrap();
+    assert_eq!(
+        outcomes[0],
+        Err(DirectoryError::OperationAcknowledged(items[0].operation))
+    );
+    let Ok(granted @ ReserveOutcome::Granted { .. }) = outcomes[1] else {
+        panic!("{outcomes:?}");
+    };
+    assert_eq!(
+        fixture
+            .directory
+            .resolve(a.session, a.session, items[1].operation),
+        Ok(ResolveOutcome::Reserved(granted))
+    );
+    fixture.directory.check_invariants();
+}
