@@ -83,6 +83,31 @@ fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
 }
 
 #[test]
+fn store_many_of_more_items_than_a_node_admits_tickets_stores_them_all() {
+    let cluster = cluster(128 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let objects: Vec<_> = (0..1_100)
+            .map(|index| object(namespace, index, 4, 4096))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes = client.store_many(&items).await;
+        assert_eq!(outcomes.len(), items.len());
+        let stored = outcomes
+            .iter()
+            .filter(|outcome| matches!(outcome, Ok(StoreOutcome::Stored)))
+            .count();
+        let other = outcomes
+            .iter()
+            .find(|outcome| !matches!(outcome, Ok(StoreOutcome::Stored)));
+        assert_eq!(stored, items.len(), "{other:?}");
+    });
+}
+
+#[test]
 fn a_dropped_connection_gives_its_batch_reservations_back() {
     let cluster = cluster(16 << 20);
     runtime().block_on(async {

@@ -30,6 +30,9 @@ use tokio::sync::mpsc;
 pub const CLIENT_INFLIGHT_MAX: usize = 256;
 /// How long one request to the node may take.
 pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Store batches one `store_many` keeps in flight: 4 × 64 = 256 tickets, well under what
+/// a node admits per client (`tickets_max`, 1024).
+pub const STORE_BATCHES_IN_FLIGHT: usize = 4;
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
@@ -188,15 +191,17 @@ impl Client {
 
     /// Stores several objects; one outcome per item, in order. Batches of up to
     /// [`STORE_BATCH_ITEMS_MAX`] items each take one round trip to reserve (the node then one
-    /// to the directory) and one to commit, the batches in flight together.
+    /// to the directory) and one to commit; at most [`STORE_BATCHES_IN_FLIGHT`] batches are
+    /// in flight at once, so the node's ticket bound is never reached by one call.
     pub async fn store_many(
         &self,
         items: &[(ObjectId, &[u8])],
     ) -> Vec<Result<StoreOutcome, ClientError>> {
-        let batches = items
-            .chunks(STORE_BATCH_ITEMS_MAX)
-            .map(|batch| self.store_batch(batch));
-        futures_util::future::join_all(batches)
+        use futures_util::StreamExt;
+        futures_util::stream::iter(items.chunks(STORE_BATCH_ITEMS_MAX))
+            .map(|batch| self.store_batch(batch))
+            .buffered(STORE_BATCHES_IN_FLIGHT)
+            .collect::<Vec<_>>()
             .await
             .into_iter()
             .flatten()
