@@ -162,16 +162,14 @@ impl Client {
             })
             .await?;
         let (ticket, location, valid_until) = match grant {
-            ClientReply::Grant(StoreGrant::Write {
-                ticket,
-                location,
-                valid_ms,
-            }) => (ticket, location, grant_deadline(sent, valid_ms)),
-            ClientReply::Grant(StoreGrant::AlreadyPresent) => {
-                return Ok(StoreOutcome::AlreadyPresent)
-            }
-            ClientReply::Grant(StoreGrant::Pending) => return Ok(StoreOutcome::Pending),
-            ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
+            ClientReply::Grant(grant) => match granted(sent, Ok(grant)) {
+                Granted::Write {
+                    ticket,
+                    location,
+                    valid_until,
+                } => (ticket, location, valid_until),
+                Granted::Done(outcome) => return outcome,
+            },
             other => return Err(unexpected(other)),
         };
         match self.write_granted(location, bytes, valid_until) {
@@ -182,9 +180,8 @@ impl Client {
             }
         }
         match self.call(ClientRequest::CommitStore { ticket }).await? {
-            ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
-            ClientReply::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
-            ClientReply::NotStored => Ok(StoreOutcome::Skipped),
+            ClientReply::Stored(committed) => outcome(StoreCommitted::Stored(committed)),
+            ClientReply::NotStored => outcome(StoreCommitted::NotStored),
             other => Err(unexpected(other)),
         }
     }
@@ -232,16 +229,13 @@ impl Client {
         let mut commits = Vec::new();
         let mut aborts = Vec::new();
         for (index, (grant, (_, bytes))) in grants.into_iter().zip(items).enumerate() {
-            outcomes.push(match grant {
-                Err(refused) => Err(ClientError::Refused(refused)),
-                Ok(StoreGrant::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
-                Ok(StoreGrant::Pending) => Ok(StoreOutcome::Pending),
-                Ok(StoreGrant::Skip) => Ok(StoreOutcome::Skipped),
-                Ok(StoreGrant::Write {
+            outcomes.push(match granted(sent, grant) {
+                Granted::Done(outcome) => outcome,
+                Granted::Write {
                     ticket,
                     location,
-                    valid_ms,
-                }) => match self.write_granted(location, bytes, grant_deadline(sent, valid_ms)) {
+                    valid_until,
+                } => match self.write_granted(location, bytes, valid_until) {
                     Ok(true) => {
                         commits.push((index, ticket));
                         Ok(StoreOutcome::Stored)
@@ -269,16 +263,7 @@ impl Client {
         match committed {
             Ok(ClientReply::StoredMany(committed)) if committed.len() == commits.len() => {
                 for ((index, _), committed) in commits.iter().zip(committed) {
-                    outcomes[*index] = match committed {
-                        StoreCommitted::Stored(CommitOutcome::Committed) => {
-                            Ok(StoreOutcome::Stored)
-                        }
-                        StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => {
-                            Ok(StoreOutcome::AlreadyPresent)
-                        }
-                        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
-                        StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
-                    };
+                    outcomes[*index] = outcome(committed);
                 }
             }
             other => {
@@ -467,6 +452,46 @@ impl Client {
             lease,
             dropped_leases: Some(self.dropped_leases.clone()),
         })
+    }
+}
+
+/// What a store's grant asks of the client: a copy to make, or nothing more (the store's
+/// outcome is known).
+enum Granted {
+    Write {
+        ticket: u64,
+        location: Location,
+        valid_until: Instant,
+    },
+    Done(Result<StoreOutcome, ClientError>),
+}
+
+/// Reads a grant (or its refusal) the node sent in answer to a request sent at `sent`.
+fn granted(sent: Instant, grant: Result<StoreGrant, ProtocolError>) -> Granted {
+    match grant {
+        Ok(StoreGrant::Write {
+            ticket,
+            location,
+            valid_ms,
+        }) => Granted::Write {
+            ticket,
+            location,
+            valid_until: grant_deadline(sent, valid_ms),
+        },
+        Ok(StoreGrant::AlreadyPresent) => Granted::Done(Ok(StoreOutcome::AlreadyPresent)),
+        Ok(StoreGrant::Pending) => Granted::Done(Ok(StoreOutcome::Pending)),
+        Ok(StoreGrant::Skip) => Granted::Done(Ok(StoreOutcome::Skipped)),
+        Err(refused) => Granted::Done(Err(ClientError::Refused(refused))),
+    }
+}
+
+/// The store's outcome for how its commit ended.
+fn outcome(committed: StoreCommitted) -> Result<StoreOutcome, ClientError> {
+    match committed {
+        StoreCommitted::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
+        StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
+        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
+        StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
     }
 }
 
