@@ -5,7 +5,10 @@ For each size (256 KiB and 4 MiB) it stores distinct objects from a set of numpy
 (`store_many`, 8 per call), loads them back into another set (`load_into`, 8 per call), and
 copies the first set into the second with numpy: the same bytes, the same memory, timed in
 turns. The ratios are kvtier's GB/s over the copy's
-(target >= 0.8 at 4 MiB). `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
+(target >= 0.8 at 4 MiB). Beside that limit, `shm_copy_gbps` is the same copy into (and
+out of, for loads) a `/dev/shm` `MAP_SHARED` mapping like the node's pool, and `pool_pages`
+says which pages back the pool: what the kernel's `shmem_enabled` allows and the shared
+memory it backed with huge pages during the run. `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
 4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off);
 `call_p50_us`, `call_p99_us` and `call_max_us` are the calls' own distribution.
 Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
@@ -17,8 +20,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import mmap
+import os
+import tempfile
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 try:
     import numpy as np
@@ -55,6 +62,38 @@ def _best(run, passes: int = PASSES) -> float:
     return min(_timed(run) for _ in range(passes))
 
 
+def shared_mapping(size: int) -> mmap.mmap:
+    """`size` bytes of a `/dev/shm` file mapped `MAP_SHARED` and touched, as the node maps
+    its pool (the file is unlinked at once; the mapping keeps it)."""
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.NamedTemporaryFile(dir=folder, prefix="kvtier-bench-") as file:
+        os.posix_fallocate(file.fileno(), 0, size)
+        mapping = mmap.mmap(file.fileno(), size, flags=mmap.MAP_SHARED)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    np.frombuffer(mapping, dtype=np.uint8).fill(0)
+    return mapping
+
+
+def pool_pages() -> dict:
+    """The pages that can back a shared-memory pool here: the kernel's `shmem_enabled`
+    choice and the bytes of shared memory on huge pages now."""
+    setting = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    try:
+        text = setting.read_text()
+        chosen = text[text.index("[") + 1 : text.index("]")]
+    except (OSError, ValueError):
+        chosen = "unknown"
+    huge = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("ShmemHugePages:"):
+                huge = int(line.split()[1]) * KIB
+    except (OSError, ValueError, IndexError):
+        huge = 0
+    return {"shmem_enabled": chosen, "shmem_huge_bytes": huge}
+
+
 def measure(client: Client, size: int, round_: int) -> dict:
     """Store, load and copy GB/s for objects of `size` bytes, `BATCH` objects per call. The
     three are timed in turns, pass after pass, and each keeps its best pass: a machine busy
@@ -79,6 +118,15 @@ def measure(client: Client, size: int, round_: int) -> dict:
         for source, target in zip(sources, targets):
             np.copyto(target, source)
 
+    mapping = shared_mapping(total)
+    shared = np.frombuffer(mapping, dtype=np.uint8)
+    slots = [shared[index * size : (index + 1) * size] for index in range(count)]
+
+    def shm_copy() -> None:
+        for source, slot, target in zip(sources, slots, targets):
+            np.copyto(slot, source)
+            np.copyto(target, slot)
+
     def store(pass_: int) -> None:
         # Distinct keys each pass, so every store writes (no "already_present").
         for start in batches:
@@ -93,17 +141,23 @@ def measure(client: Client, size: int, round_: int) -> dict:
             if not all(client.load_into(namespace, keys, targets[start : start + BATCH])):
                 raise RuntimeError("a stored object missed")
 
-    copy_s = store_s = load_s = float("inf")
+    copy_s = store_s = load_s = shm_copy_s = float("inf")
     for pass_ in range(PASSES):
         copy_s = min(copy_s, _timed(copy))
+        # Into the mapping and back out: two copies, so half the time is one.
+        shm_copy_s = min(shm_copy_s, _timed(shm_copy) / 2)
         store_s = min(store_s, _timed(functools.partial(store, pass_)))
         for target in targets:
             target.fill(0)
         load_s = min(load_s, _timed(load))
         if not all(np.array_equal(s, t) for s, t in zip(sources, targets)):
             raise RuntimeError("loaded bytes differ from the stored ones")
-    copy_gbps, store_gbps, load_gbps = (
-        total / seconds / 1e9 for seconds in (copy_s, store_s, load_s)
+    # The views go first: a mapping with views over it cannot close.
+    slots.clear()
+    del shared
+    mapping.close()
+    copy_gbps, store_gbps, load_gbps, shm_copy_gbps = (
+        total / seconds / 1e9 for seconds in (copy_s, store_s, load_s, shm_copy_s)
     )
     return {
         "size": size,
@@ -113,6 +167,7 @@ def measure(client: Client, size: int, round_: int) -> dict:
         "copy_gbps": round(copy_gbps, 3),
         "store_ratio": round(store_gbps / copy_gbps, 3),
         "load_ratio": round(load_gbps / copy_gbps, 3),
+        "shm_copy_gbps": round(shm_copy_gbps, 3),
     }
 
 
@@ -164,7 +219,12 @@ def run(socket: str | None) -> dict:
         client = Client.connect(socket)
         round_ = time.time_ns()
         sizes = [measure(client, size, round_) for size in SIZES]
-        return {"benchmark": "python", "sizes": sizes, **call_latency(client)}
+        return {
+            "benchmark": "python",
+            "sizes": sizes,
+            **call_latency(client),
+            "pool_pages": pool_pages(),
+        }
 
 
 def main() -> None:
@@ -180,12 +240,18 @@ def main() -> None:
         print(
             f"{row['size'] // KIB:>6} KiB  store {row['store_gbps']:.2f} GB/s "
             f"({row['store_ratio']:.2f} of copy)  load {row['load_gbps']:.2f} GB/s "
-            f"({row['load_ratio']:.2f} of copy)  copy {row['copy_gbps']:.2f} GB/s"
+            f"({row['load_ratio']:.2f} of copy)  copy {row['copy_gbps']:.2f} GB/s  "
+            f"(through shared memory {row['shm_copy_gbps']:.2f} GB/s)"
         )
     print(
         f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us "
         f"(p50 {report['call_p50_us']:.1f}, p99 {report['call_p99_us']:.1f}, "
         f"max {report['call_max_us']:.1f} us per call)"
+    )
+    pages = report["pool_pages"]
+    print(
+        f"pool pages: shmem_enabled {pages['shmem_enabled']}, "
+        f"{pages['shmem_huge_bytes'] // MIB} MiB of shared memory on huge pages"
     )
 
 

@@ -234,8 +234,9 @@ impl Client {
         outcome.map(store_status).map_err(errors::to_py)
     }
 
-    /// Stores several buffers, pipelined; one status per key, in order. The first error
-    /// (if any) is raised after every store finished.
+    /// Stores several buffers; one status per key, in order. Each batch of up to 64 keys
+    /// takes one round trip to reserve and one to commit, and a full pool skips only the
+    /// keys past its room. The first error (if any) is raised after every store finished.
     fn store_many(
         &self,
         py: Python<'_>,

@@ -114,6 +114,27 @@ def test_a_full_pool_gives_a_skip_not_an_error(client, namespace):
     assert client.load_into(namespace, [b"small"], [bytearray(4096)]) == [True]
 
 
+def test_store_many_batches_and_skips_only_what_does_not_fit(client, namespace):
+    # More keys than one store batch carries: split, every one stored and read back.
+    small = [np.full(4096, index % 251, dtype=np.uint8) for index in range(70)]
+    small_keys = [f"small/{index}".encode() for index in range(70)]
+    assert client.store_many(namespace, small_keys, small) == ["stored"] * 70
+    targets = [np.zeros(4096, dtype=np.uint8) for _ in small]
+    assert client.load_into(namespace, small_keys, targets) == [True] * 70
+    assert all(np.array_equal(s, t) for s, t in zip(small, targets))
+    # 12 x 4 MiB in one call into the 32 MiB pool: those past its room are skipped, not
+    # errors, and those stored read back exactly.
+    large = [np.full(4 * MIB, index, dtype=np.uint8) for index in range(12)]
+    large_keys = [f"large/{index}".encode() for index in range(12)]
+    statuses = client.store_many(namespace, large_keys, large)
+    assert set(statuses) == {"stored", "skipped"}, statuses
+    targets = [np.zeros(4 * MIB, dtype=np.uint8) for _ in large]
+    hits = client.load_into(namespace, large_keys, targets)
+    assert hits == [status == "stored" for status in statuses]
+    for source, target, hit in zip(large, targets, hits):
+        assert not hit or np.array_equal(source, target)
+
+
 def test_a_killed_node_raises_and_a_reconnect_works(cluster, client, namespace):
     client.store(namespace, b"before", b"y" * 4096)
     cluster.kill_node(0)

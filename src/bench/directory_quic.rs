@@ -151,13 +151,13 @@ async fn store_objects(
     let stores = stream::iter(ids.iter().enumerate()).map(|(index, object)| {
         let link = link.clone();
         async move {
-            let ReserveOutcome::Granted { replica, .. } = link
+            let (session, reserved) = link
                 .reserve(ReserveItem {
                     object: *object,
                     length_bytes: OBJECT_BYTES,
                 })
-                .await?
-            else {
+                .await;
+            let ReserveOutcome::Granted { replica, .. } = reserved? else {
                 bail!("reserve not granted");
             };
             let location = Location {
@@ -167,7 +167,7 @@ async fn store_objects(
                 offset_bytes: index as u64 * OBJECT_BYTES,
                 length_bytes: OBJECT_BYTES,
             };
-            match link.commit(link.session(), replica, location).await? {
+            match link.commit(session, replica, location).await? {
                 Some(CommitOutcome::Committed) => Ok(()),
                 other => bail!("commit answered {other:?}"),
             }

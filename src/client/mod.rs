@@ -9,12 +9,15 @@
 
 use crate::backends::{PoolError, SharedMemory};
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, RetireOutcome,
+    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, ReserveItem, RetireOutcome,
 };
 use crate::model::{
-    Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
+    Epoch, LeaseId, Location, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, StoreGrant};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
+    STORE_BATCH_ITEMS_MAX,
+};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,6 +30,9 @@ use tokio::sync::mpsc;
 pub const CLIENT_INFLIGHT_MAX: usize = 256;
 /// How long one request to the node may take.
 pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Store batches one `store_many` keeps in flight: 4 × 64 = 256 tickets, well under what
+/// a node admits per client (`tickets_max`, 1024).
+pub const STORE_BATCHES_IN_FLIGHT: usize = 4;
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
@@ -156,66 +162,143 @@ impl Client {
             })
             .await?;
         let (ticket, location, valid_until) = match grant {
-            ClientReply::Grant(StoreGrant::Write {
-                ticket,
-                location,
-                valid_ms,
-            }) => {
-                // Measured from before the request, so never later than the node's deadline.
-                let valid = Duration::from_millis(valid_ms);
-                (
+            ClientReply::Grant(grant) => match granted(sent, Ok(grant)) {
+                Granted::Write {
                     ticket,
                     location,
-                    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR),
-                )
-            }
-            ClientReply::Grant(StoreGrant::AlreadyPresent) => {
-                return Ok(StoreOutcome::AlreadyPresent)
-            }
-            ClientReply::Grant(StoreGrant::Pending) => return Ok(StoreOutcome::Pending),
-            ClientReply::Grant(StoreGrant::Skip) => return Ok(StoreOutcome::Skipped),
+                    valid_until,
+                } => (ticket, location, valid_until),
+                Granted::Done(outcome) => return outcome,
+            },
             other => return Err(unexpected(other)),
         };
-        if Instant::now() >= valid_until {
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Ok(StoreOutcome::Skipped);
+        match self.write_granted(location, bytes, valid_until) {
+            Ok(true) => {}
+            written => {
+                let _ = self.call(ClientRequest::AbortStore { ticket }).await;
+                return written.map(|_| StoreOutcome::Skipped);
+            }
         }
-        let written = self.memory(location.pool).and_then(|memory| {
+        match self.call(ClientRequest::CommitStore { ticket }).await? {
+            ClientReply::Stored(committed) => outcome(StoreCommitted::Stored(committed)),
+            ClientReply::NotStored => outcome(StoreCommitted::NotStored),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores several objects; one outcome per item, in order. Batches of up to
+    /// [`STORE_BATCH_ITEMS_MAX`] items each take one round trip to reserve (the node then one
+    /// to the directory) and one to commit; at most [`STORE_BATCHES_IN_FLIGHT`] batches are
+    /// in flight at once, so the node's ticket bound is never reached by one call.
+    pub async fn store_many(
+        &self,
+        items: &[(ObjectId, &[u8])],
+    ) -> Vec<Result<StoreOutcome, ClientError>> {
+        use futures_util::StreamExt;
+        futures_util::stream::iter(items.chunks(STORE_BATCH_ITEMS_MAX))
+            .map(|batch| self.store_batch(batch))
+            .buffered(STORE_BATCHES_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`.
+    async fn store_batch(
+        &self,
+        items: &[(ObjectId, &[u8])],
+    ) -> Vec<Result<StoreOutcome, ClientError>> {
+        let sent = Instant::now();
+        let request = ClientRequest::BeginStoreMany {
+            items: items
+                .iter()
+                .map(|(object, bytes)| ReserveItem {
+                    object: *object,
+                    length_bytes: bytes.len() as u64,
+                })
+                .collect(),
+        };
+        let grants = match self.call(request).await {
+            Ok(ClientReply::Grants(grants)) if grants.len() == items.len() => grants,
+            Ok(other) => return every_item(items.len(), &unexpected(other)),
+            Err(error) => return every_item(items.len(), &error),
+        };
+        let mut outcomes: Vec<Result<StoreOutcome, ClientError>> = Vec::with_capacity(items.len());
+        let mut commits = Vec::new();
+        let mut aborts = Vec::new();
+        for (index, (grant, (_, bytes))) in grants.into_iter().zip(items).enumerate() {
+            outcomes.push(match granted(sent, grant) {
+                Granted::Done(outcome) => outcome,
+                Granted::Write {
+                    ticket,
+                    location,
+                    valid_until,
+                } => match self.write_granted(location, bytes, valid_until) {
+                    Ok(true) => {
+                        commits.push((index, ticket));
+                        Ok(StoreOutcome::Stored)
+                    }
+                    written => {
+                        aborts.push(ticket);
+                        written.map(|_| StoreOutcome::Skipped)
+                    }
+                },
+            });
+        }
+        let aborted = futures_util::future::join_all(
+            aborts
+                .into_iter()
+                .map(|ticket| self.call(ClientRequest::AbortStore { ticket })),
+        );
+        let commit = async {
+            if commits.is_empty() {
+                return Ok(ClientReply::StoredMany(Vec::new()));
+            }
+            let tickets = commits.iter().map(|(_, ticket)| *ticket).collect();
+            self.call(ClientRequest::CommitStoreMany { tickets }).await
+        };
+        let (committed, _) = futures_util::join!(commit, aborted);
+        match committed {
+            Ok(ClientReply::StoredMany(committed)) if committed.len() == commits.len() => {
+                for ((index, _), committed) in commits.iter().zip(committed) {
+                    outcomes[*index] = outcome(committed);
+                }
+            }
+            other => {
+                let error = match other {
+                    Ok(reply) => unexpected(reply),
+                    Err(error) => error,
+                };
+                for (index, _) in &commits {
+                    outcomes[*index] = Err(error.for_item());
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Copies `bytes` into a granted `location`; `Ok(false)` when the grant ran out before
+    /// or while writing (the pages may be another store's by then: abort, do not commit).
+    fn write_granted(
+        &self,
+        location: Location,
+        bytes: &[u8],
+        valid_until: Instant,
+    ) -> Result<bool, ClientError> {
+        if Instant::now() >= valid_until {
+            return Ok(false);
+        }
+        self.memory(location.pool).and_then(|memory| {
             memory
                 .write_at(location.offset_bytes, bytes)
                 .map_err(|source| ClientError::Pool {
                     pool: location.pool,
                     source,
                 })
-        });
-        if let Err(error) = written {
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Err(error);
-        }
-        if Instant::now() >= valid_until {
-            // The grant ran out while writing: the pages may be another store's by now.
-            let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-            return Ok(StoreOutcome::Skipped);
-        }
-        match self.call(ClientRequest::CommitStore { ticket }).await? {
-            ClientReply::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
-            ClientReply::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
-            ClientReply::NotStored => Ok(StoreOutcome::Skipped),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Stores several objects, pipelined; one outcome per item, in order.
-    pub async fn store_many(
-        &self,
-        items: &[(ObjectId, &[u8])],
-    ) -> Vec<Result<StoreOutcome, ClientError>> {
-        futures_util::future::join_all(
-            items
-                .iter()
-                .map(|(object, bytes)| self.store(*object, bytes)),
-        )
-        .await
+        })?;
+        Ok(Instant::now() < valid_until)
     }
 
     /// Which objects are cached where this node can read them. Reserves nothing.
@@ -372,6 +455,46 @@ impl Client {
     }
 }
 
+/// What a store's grant asks of the client: a copy to make, or nothing more (the store's
+/// outcome is known).
+enum Granted {
+    Write {
+        ticket: u64,
+        location: Location,
+        valid_until: Instant,
+    },
+    Done(Result<StoreOutcome, ClientError>),
+}
+
+/// Reads a grant (or its refusal) the node sent in answer to a request sent at `sent`.
+fn granted(sent: Instant, grant: Result<StoreGrant, ProtocolError>) -> Granted {
+    match grant {
+        Ok(StoreGrant::Write {
+            ticket,
+            location,
+            valid_ms,
+        }) => Granted::Write {
+            ticket,
+            location,
+            valid_until: grant_deadline(sent, valid_ms),
+        },
+        Ok(StoreGrant::AlreadyPresent) => Granted::Done(Ok(StoreOutcome::AlreadyPresent)),
+        Ok(StoreGrant::Pending) => Granted::Done(Ok(StoreOutcome::Pending)),
+        Ok(StoreGrant::Skip) => Granted::Done(Ok(StoreOutcome::Skipped)),
+        Err(refused) => Granted::Done(Err(ClientError::Refused(refused))),
+    }
+}
+
+/// The store's outcome for how its commit ended.
+fn outcome(committed: StoreCommitted) -> Result<StoreOutcome, ClientError> {
+    match committed {
+        StoreCommitted::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
+        StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
+        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
+        StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
+    }
+}
+
 /// A leased, zero-copy view of one cached object in a mapped pool. The bytes stay valid
 /// and unchanged while the lease lives: until release, drop, or the lease deadline, after
 /// which [`LoadedView::bytes`] refuses (the pages may hold another object by then).
@@ -443,6 +566,36 @@ async fn release_dropped(
                 leases: std::mem::take(&mut batch),
             })
             .await;
+    }
+}
+
+/// The local deadline of a grant valid for `valid_ms` from the request sent at `sent`:
+/// measured from before the request, so never later than the node's deadline.
+fn grant_deadline(sent: Instant, valid_ms: u64) -> Instant {
+    let valid = Duration::from_millis(valid_ms);
+    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR)
+}
+
+/// `error` as the outcome of each of `items` items of a batch that failed whole.
+fn every_item(items: usize, error: &ClientError) -> Vec<Result<StoreOutcome, ClientError>> {
+    (0..items).map(|_| Err(error.for_item())).collect()
+}
+
+impl ClientError {
+    /// The same failure for one item of a batch that failed whole (a wire error keeps its
+    /// kind, node unreachable, and its message).
+    fn for_item(&self) -> ClientError {
+        match self {
+            ClientError::Refused(refused) => ClientError::Refused(refused.clone()),
+            ClientError::Wire(error) => ClientError::Wire(WireError::ConnectionLost {
+                reason: error.to_string(),
+            }),
+            ClientError::Pool { pool, source } => {
+                ClientError::Unexpected(format!("pool {pool}: {source}"))
+            }
+            ClientError::Unexpected(reply) => ClientError::Unexpected(reply.clone()),
+            ClientError::LeaseExpired => ClientError::LeaseExpired,
+        }
     }
 }
 

@@ -36,7 +36,9 @@ pub struct DirectoryConfig {
     /// Unacknowledged operation outcomes kept per session: the node's window of
     /// operations in flight. Full means the node must acknowledge before sending more.
     pub ledger_entries_per_session_max: u32,
-    /// Items in one batched probe, acquire or release.
+    /// Items in one batched request (probe, acquire, release, holdings, `ReserveMany`,
+    /// `CommitMany`). Nodes split larger work, a client's store batch included, into
+    /// chunks of this many, so any value of at least 1 works.
     pub batch_items_max: u32,
     /// Tasks handed out by one `poll_tasks`.
     pub tasks_per_poll_max: u32,

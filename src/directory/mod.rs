@@ -46,6 +46,7 @@ mod sessions;
 mod staged;
 pub mod status;
 mod store;
+mod store_batch;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::DirectoryConfig;
@@ -56,6 +57,7 @@ pub use replicas::ReplicaState;
 pub use replication::{ReplicationCounts, SkipReason};
 pub use sessions::SessionState;
 pub use status::NodeStatus;
+pub use store_batch::{CommitBatchItem, ReserveBatchItem};
 
 use crate::model::{
     NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope,
@@ -219,3 +221,5 @@ mod tests_replication;
 mod tests_replication_bounds;
 #[cfg(test)]
 mod tests_staged;
+#[cfg(test)]
+mod tests_store_batch;

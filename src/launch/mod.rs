@@ -68,6 +68,8 @@ pub struct ClusterSpec {
     pub reservation_duration_ms: u64,
     /// Every node's `socket_group` (the group given its socket and CPU pool file).
     pub socket_group: Option<String>,
+    /// The directory's `batch_items_max` (its default when `None`).
+    pub batch_items_max: Option<u32>,
     /// Text appended to `cluster.toml`: top-level tables such as `[[tenants]]` rules.
     pub extra_toml: String,
     /// Nodes with a certificate but no section yet: [`LocalCluster::add_node`] adds them
@@ -105,6 +107,7 @@ impl Default for ClusterSpec {
             policy_time_scale: 1.0,
             reservation_duration_ms: 30_000,
             socket_group: None,
+            batch_items_max: None,
             extra_toml: String::new(),
             spare_nodes: 0,
             ssd_bytes: 0,
@@ -210,6 +213,9 @@ fn cluster_toml(
         spec.reservation_duration_ms,
         spec.replicate_after_misses,
     );
+    if let Some(max) = spec.batch_items_max {
+        toml.push_str(&format!("batch_items_max = {max}\n"));
+    }
     if spec.cxl_pool_bytes > 0 {
         toml.push_str(&format!(
             "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",

@@ -173,6 +173,12 @@ fn data(
             pool,
             offset_bytes,
         )?),
+        Request::ReserveMany { items } => {
+            Reply::ReservedMany(core.reserve_many(now, session, &items)?)
+        }
+        Request::CommitMany { items } => {
+            Reply::CommittedMany(core.commit_many(now, session, &items)?)
+        }
         request => unreachable!("`bound` answers {request:?}"),
     })
 }

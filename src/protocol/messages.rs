@@ -177,6 +177,17 @@ pub enum DirectoryRequest {
         max: u32,
         wait_ms: u32,
     },
+    /// Reserves for many objects at once, each item with its own operation id (idempotent
+    /// and resolvable one by one, like `Reserve`). Answered with `ReservedMany`; at most
+    /// the session's `batch_items_max` items.
+    ReserveMany {
+        items: Vec<crate::directory::ReserveBatchItem>,
+    },
+    /// Commits many written replicas at once, each item with its own operation id.
+    /// Answered with `CommittedMany`; at most the session's `batch_items_max` items.
+    CommitMany {
+        items: Vec<crate::directory::CommitBatchItem>,
+    },
 }
 
 /// Longest an `AwaitTasks` waits before it is answered: well below a node's request
@@ -237,6 +248,10 @@ pub enum DirectoryReply {
     Error(ProtocolError),
     /// How many replicas a `RetireHeld` retired.
     RetiredHeld(u32),
+    /// Per item of a `ReserveMany`, in order: its outcome or why it was refused.
+    ReservedMany(Vec<Result<crate::directory::ReserveOutcome, DirectoryError>>),
+    /// Per item of a `CommitMany`, in order: its outcome or why it was refused.
+    CommittedMany(Vec<Result<CommitOutcome, DirectoryError>>),
 }
 
 /// A request refused at the protocol layer or by the directory. Typed so the caller can act.
@@ -330,6 +345,31 @@ pub enum ClientRequest {
     Prefetch {
         objects: Vec<ObjectId>,
     },
+    /// `BeginStore` for up to [`STORE_BATCH_ITEMS_MAX`] objects in one round trip; answered
+    /// with `Grants`, one per item in order. More items are refused whole (`BatchTooLarge`).
+    BeginStoreMany {
+        items: Vec<ReserveItem>,
+    },
+    /// `CommitStore` for up to [`STORE_BATCH_ITEMS_MAX`] tickets in one round trip; answered
+    /// with `StoredMany`, one per ticket in order.
+    CommitStoreMany {
+        tickets: Vec<u64>,
+    },
+}
+
+/// Items one `BeginStoreMany` or `CommitStoreMany` may carry: a client splits larger
+/// batches. Bounds the node's work and reply per request (64 grants of a few hundred bytes).
+pub const STORE_BATCH_ITEMS_MAX: usize = 64;
+
+/// What became of one commit of a `CommitStoreMany`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoreCommitted {
+    /// As `Stored` answers a `CommitStore`.
+    Stored(CommitOutcome),
+    /// As `NotStored` answers a `CommitStore`: not published, pages freed.
+    NotStored,
+    /// The commit was refused (an unknown ticket, say).
+    Refused(ProtocolError),
 }
 
 /// A pool the client can map.
@@ -390,6 +430,10 @@ pub enum ClientReply {
     Error(ProtocolError),
     /// Restores a `Prefetch` started.
     Prefetching(u32),
+    /// Per item of a `BeginStoreMany`, in order: its grant or why it was refused.
+    Grants(Vec<Result<StoreGrant, ProtocolError>>),
+    /// Per ticket of a `CommitStoreMany`, in order.
+    StoredMany(Vec<StoreCommitted>),
 }
 
 impl ProtocolError {

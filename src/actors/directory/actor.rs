@@ -392,10 +392,13 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         | Request::AdmitAfter { .. } => Operation::Open,
         Request::Heartbeat { .. } => Operation::Heartbeat,
         Request::Close => Operation::Close,
-        Request::Reserve { .. } | Request::GrantExtent { .. } | Request::ReturnExtent { .. } => {
-            Operation::Reserve
+        Request::Reserve { .. }
+        | Request::ReserveMany { .. }
+        | Request::GrantExtent { .. }
+        | Request::ReturnExtent { .. } => Operation::Reserve,
+        Request::Commit { .. } | Request::CommitMany { .. } | Request::Abort { .. } => {
+            Operation::Commit
         }
-        Request::Commit { .. } | Request::Abort { .. } => Operation::Commit,
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,
         Request::Acquire { .. } => Operation::Acquire,

@@ -9,24 +9,21 @@
 //! gone when it does, the task itself frees what it allocated and releases what it leased.
 //! The actor only counts, checks bounds and applies the finished work to its books.
 
-use super::actor::commit_result;
 use super::link::LinkError;
-use super::services::{AllocationRefused, NodeServices};
+use super::services::NodeServices;
+use super::store::{
+    begin_store, begin_store_many, commit_store, commit_store_many, unknown_ticket, AdmittedStore,
+};
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
-use crate::directory::{
-    AcquireOutcome, CommitOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem,
-    ReserveOutcome,
-};
+use crate::directory::{AcquireOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem};
 use crate::metrics::{Direction, Operation};
-use crate::model::{LeaseId, Location, NamespaceId, Timestamp};
-use crate::node::{
-    after_commit, ClientId, ClientRefusal, PagesAfterCommit, Tenant, TenantRefusal, Ticket,
-};
+use crate::model::{LeaseId, NamespaceId, Timestamp};
+use crate::node::{ClientId, ClientRefusal, Tenant, TenantRefusal, Ticket};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
-    ProtocolError, StoreGrant, SUPPORTED_VERSIONS,
+    ProtocolError, STORE_BATCH_ITEMS_MAX, SUPPORTED_VERSIONS,
 };
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
@@ -41,10 +38,12 @@ use tokio::sync::mpsc;
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a finished request changes the client's books.
-enum Change {
+pub enum Change {
     None,
     /// A store was granted (its ticket number and grant).
     Ticket(u64, Ticket),
+    /// Stores of a batch were granted (their ticket numbers and grants).
+    Tickets(Vec<(u64, Ticket)>),
     /// Leases granted, valid on this node's clock until the given instant.
     Leases(Vec<(LeaseId, Timestamp)>),
     /// A namespace registered for this client.
@@ -52,11 +51,12 @@ enum Change {
 }
 
 /// What a finished request needs from the books: the slots it reserved at dispatch.
-#[derive(Clone, Copy)]
 enum Slots {
     None,
     /// The ticket number admitted.
     Ticket(u64),
+    /// The ticket numbers a batch admitted.
+    Tickets(Vec<u64>),
     Leases(usize),
     Namespace,
 }
@@ -240,7 +240,8 @@ impl ClientSessionActor {
                         object,
                         length_bytes,
                     };
-                    let work = begin_store(services, self.client, ticket, item, valid);
+                    let admitted = AdmittedStore { ticket, item };
+                    let work = begin_store(services, self.client, admitted, valid);
                     Admitted::Work(Box::pin(work), Slots::Ticket(ticket))
                 }
                 Some((Err(refusal), _)) => Admitted::Reply(refused(refusal)),
@@ -326,6 +327,15 @@ impl ClientSessionActor {
                 let request = DirectoryRequest::Drain { node };
                 Admitted::Work(Box::pin(forward(services, request)), Slots::None)
             }
+            ClientRequest::BeginStoreMany { items } => self.admit_store_many(items),
+            ClientRequest::CommitStoreMany { tickets } => {
+                if let Err(refused) = store_batch_bound(tickets.len()) {
+                    return Admitted::Reply(refused);
+                }
+                let granted = tickets.iter().map(|ticket| self.take_ticket(*ticket));
+                let work = commit_store_many(services, granted.collect());
+                Admitted::Work(Box::pin(work), Slots::None)
+            }
             ClientRequest::Prefetch { objects } => {
                 match self.books(|books| books.check_objects(&objects)) {
                     Some(Ok(())) => Admitted::Work(
@@ -340,6 +350,34 @@ impl ClientSessionActor {
                 }
             }
         }
+    }
+
+    /// Admits each item of a `BeginStoreMany` as a `BeginStore`; the batch reserves in one
+    /// round trip.
+    fn admit_store_many(&self, items: Vec<ReserveItem>) -> Admitted {
+        if let Err(refused) = store_batch_bound(items.len()) {
+            return Admitted::Reply(refused);
+        }
+        let now = self.services.clock.now();
+        let admitted = self.books(|books| {
+            let admitted: Vec<_> = items
+                .into_iter()
+                .map(|item| {
+                    let ticket = books.admit_store(&item.object, item.length_bytes, now)?;
+                    Ok(AdmittedStore { ticket, item })
+                })
+                .collect();
+            (admitted, books.ticket_duration())
+        });
+        let Some((admitted, valid)) = admitted else {
+            return Admitted::Reply(error(gone()));
+        };
+        let tickets = admitted
+            .iter()
+            .filter_map(|entry| entry.as_ref().ok().map(|store| store.ticket))
+            .collect();
+        let work = begin_store_many(self.services.clone(), self.client, admitted, valid);
+        Admitted::Work(Box::pin(work), Slots::Tickets(tickets))
     }
 
     fn take_ticket(&self, ticket: u64) -> Option<Ticket> {
@@ -359,6 +397,17 @@ impl Handler<Finished> for ClientSessionActor {
                 books.store_granted(ticket, granted, now)
             }
             (Some(books), Slots::Ticket(ticket), _) => books.store_ended(ticket),
+            (Some(books), Slots::Tickets(admitted), change) => {
+                if let Change::Tickets(granted) = change {
+                    for (ticket, granted) in granted {
+                        books.store_granted(ticket, granted, now);
+                    }
+                }
+                // Those granted just left the pending set; this ends the others.
+                for ticket in admitted {
+                    books.store_ended(ticket);
+                }
+            }
             (Some(books), Slots::Leases(count), Change::Leases(leases)) => {
                 books.leases_granted(count, leases)
             }
@@ -393,6 +442,11 @@ async fn undo(services: &NodeServices, change: Change) {
     match change {
         Change::None | Change::Namespace(_) => {}
         Change::Ticket(_, granted) => give_back(services, granted).await,
+        Change::Tickets(granted) => {
+            for (_, granted) in granted {
+                give_back(services, granted).await;
+            }
+        }
         Change::Leases(leases) => {
             let leases = leases.into_iter().map(|(lease, _)| lease).collect();
             let _ = services
@@ -465,8 +519,12 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
     Some(match request {
         ClientRequest::Hello(_) | ClientRequest::Describe => return None,
         ClientRequest::RegisterNamespace(_) => Operation::Open,
-        ClientRequest::BeginStore { .. } => Operation::Reserve,
-        ClientRequest::CommitStore { .. } | ClientRequest::AbortStore { .. } => Operation::Commit,
+        ClientRequest::BeginStore { .. } | ClientRequest::BeginStoreMany { .. } => {
+            Operation::Reserve
+        }
+        ClientRequest::CommitStore { .. }
+        | ClientRequest::CommitStoreMany { .. }
+        | ClientRequest::AbortStore { .. } => Operation::Commit,
         ClientRequest::Probe { .. } | ClientRequest::Prefetch { .. } => Operation::Probe,
         ClientRequest::Acquire { .. } => Operation::Acquire,
         ClientRequest::Release { .. } => Operation::Release,
@@ -477,12 +535,18 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
     })
 }
 
-fn unknown_ticket() -> ProtocolError {
-    ProtocolError::Sequence("unknown store ticket".into())
+/// Refuses a store batch over [`STORE_BATCH_ITEMS_MAX`] items (the link splits one into
+/// chunks of what one directory request may carry).
+fn store_batch_bound(items: usize) -> Result<(), ClientReply> {
+    let max = STORE_BATCH_ITEMS_MAX;
+    if items > max {
+        return Err(refused(ClientRefusal::BatchTooLarge { items, max }));
+    }
+    Ok(())
 }
 
 /// The protocol error a failed directory call becomes for the client.
-fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
+pub fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
     match result {
         Err(LinkError::Refused(error)) => error,
         Err(error) => ProtocolError::Node(error.to_string()),
@@ -491,123 +555,9 @@ fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
 }
 
 /// Frees an unwritten grant's pages and gives its reservation back to the directory.
-async fn give_back(services: &NodeServices, granted: Ticket) {
+pub async fn give_back(services: &NodeServices, granted: Ticket) {
     services.free(granted.location).await;
     services.link.abort(granted.session, granted.replica).await;
-}
-
-async fn begin_store(
-    services: NodeServices,
-    client: ClientId,
-    ticket: u64,
-    item: ReserveItem,
-    valid: Duration,
-) -> (ClientReply, Change) {
-    let session = services.link.session();
-    let grant = match services.link.reserve(item).await {
-        Ok(grant) => grant,
-        // Out of reach or rejoining: the store is skipped, as when the cluster is full.
-        Err(error) if error.is_unavailable() => {
-            return (ClientReply::Grant(StoreGrant::Skip), Change::None)
-        }
-        Err(error) => return (ClientReply::Error(refusal(Err(error))), Change::None),
-    };
-    let (replica, pool) = match grant {
-        ReserveOutcome::Granted { replica, pool, .. } => (replica, pool),
-        ReserveOutcome::AlreadyPresent => {
-            return (ClientReply::Grant(StoreGrant::AlreadyPresent), Change::None)
-        }
-        ReserveOutcome::Pending => return (ClientReply::Grant(StoreGrant::Pending), Change::None),
-        ReserveOutcome::Skip => return (ClientReply::Grant(StoreGrant::Skip), Change::None),
-    };
-    let allocated = match services.pools.get(&pool) {
-        Some(actor) => {
-            let length_bytes = item.length_bytes;
-            services
-                .allocate_for(actor, pool, length_bytes, Some(client))
-                .await
-        }
-        None => {
-            services.link.abort(session, replica).await;
-            return (
-                ClientReply::Error(ProtocolError::Node(format!(
-                    "pool {pool} is not mapped by this node"
-                ))),
-                Change::None,
-            );
-        }
-    };
-    match allocated {
-        Ok(Ok(allocation)) => {
-            let location = Location {
-                pool,
-                allocation: allocation.id,
-                generation: allocation.generation,
-                offset_bytes: allocation.offset,
-                length_bytes: item.length_bytes,
-            };
-            (
-                ClientReply::Grant(StoreGrant::Write {
-                    ticket,
-                    location,
-                    valid_ms: valid.as_millis() as u64,
-                }),
-                Change::Ticket(
-                    ticket,
-                    Ticket {
-                        session,
-                        replica,
-                        object: item.object,
-                        location,
-                    },
-                ),
-            )
-        }
-        Ok(Err(AllocationRefused::Client(refused))) => {
-            services.link.abort(session, replica).await;
-            (error(ProtocolError::Client(refused)), Change::None)
-        }
-        // The pool's hard limit holds even when the directory's budget lags: skip the store
-        // and give the reservation back.
-        other => {
-            tracing::debug!(
-                ?other,
-                "local pool refused an allocation the directory granted"
-            );
-            services.link.abort(session, replica).await;
-            (ClientReply::Grant(StoreGrant::Skip), Change::None)
-        }
-    }
-}
-
-/// Publishes a written grant; its pages follow the node core's rule for the outcome.
-async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, Change) {
-    let committed = services
-        .link
-        .commit(granted.session, granted.replica, granted.location)
-        .await;
-    let reply = match &committed {
-        Ok(Some(outcome)) => ClientReply::Stored(*outcome),
-        Ok(None) => ClientReply::NotStored,
-        Err(unavailable) if unavailable.is_unavailable() => ClientReply::NotStored,
-        Err(LinkError::Refused(refused)) => error(refused.clone()),
-        Err(other) => error(ProtocolError::Node(other.to_string())),
-    };
-    let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
-    match after_commit(commit_result(committed)) {
-        PagesAfterCommit::Published => {
-            if published {
-                services.published(granted.object, granted.location);
-                services
-                    .metrics
-                    .add_bytes_moved(Direction::Store, granted.location.length_bytes);
-            }
-        }
-        PagesAfterCommit::Keep => {}
-        PagesAfterCommit::Free => services.free(granted.location).await,
-        PagesAfterCommit::FreeAndAbort => give_back(&services, granted).await,
-    }
-    (reply, Change::None)
 }
 
 async fn acquire(

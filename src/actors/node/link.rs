@@ -453,23 +453,55 @@ impl DirectoryLink {
         })
     }
 
-    /// Reserves room for a store. A lost reply is resolved: a reservation that was not
-    /// applied reads as `Skip`.
-    pub async fn reserve(&self, item: ReserveItem) -> Result<ReserveOutcome, LinkError> {
-        let guard = self.begin()?;
-        let operation = guard.operation;
-        match self
-            .call_in(guard.session, DirectoryRequest::Reserve { operation, item })
+    /// Reserves room for a store, in the session bound now, which is returned with the
+    /// outcome (the reservation belongs to it). A lost reply is resolved: a reservation
+    /// that was not applied reads as `Skip`.
+    pub async fn reserve(
+        &self,
+        item: ReserveItem,
+    ) -> (SessionId, Result<ReserveOutcome, LinkError>) {
+        let guard = match self.begin() {
+            Ok(guard) => guard,
+            Err(error) => return (self.session(), Err(error)),
+        };
+        let (operation, session) = (guard.operation, guard.session);
+        let outcome = match self
+            .call_in(session, DirectoryRequest::Reserve { operation, item })
             .await
         {
             Ok(DirectoryReply::Reserved(outcome)) => Ok(outcome),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
-            Err(LinkError::Wire(_)) => match self.resolve(guard.session, operation).await {
-                Ok(ResolveOutcome::Reserved(outcome)) => Ok(outcome),
-                Ok(ResolveOutcome::NotApplied) => Ok(ReserveOutcome::Skip),
-                Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
-            },
+            Err(LinkError::Wire(_)) => self.resolve_reserve(session, operation).await,
             Err(error) => Err(error),
+        };
+        (session, outcome)
+    }
+
+    /// What became of a reserve whose reply was lost: one that was not applied reads as
+    /// `Skip`; `Unresolved` when the directory could not say.
+    async fn resolve_reserve(
+        &self,
+        session: SessionId,
+        operation: OperationId,
+    ) -> Result<ReserveOutcome, LinkError> {
+        match self.resolve(session, operation).await {
+            Ok(ResolveOutcome::Reserved(outcome)) => Ok(outcome),
+            Ok(ResolveOutcome::NotApplied) => Ok(ReserveOutcome::Skip),
+            Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
+        }
+    }
+
+    /// What became of a commit whose reply was lost: `Ok(None)` when it was not applied;
+    /// `Unresolved` when the directory could not say.
+    async fn resolve_commit(
+        &self,
+        session: SessionId,
+        operation: OperationId,
+    ) -> Result<Option<CommitOutcome>, LinkError> {
+        match self.resolve(session, operation).await {
+            Ok(ResolveOutcome::Committed(outcome)) => Ok(Some(outcome)),
+            Ok(ResolveOutcome::NotApplied) => Ok(None),
+            Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
         }
     }
 
@@ -496,11 +528,7 @@ impl DirectoryLink {
             Ok(DirectoryReply::Committed(outcome)) => Ok(Some(outcome)),
             Ok(other) => Err(LinkError::Unexpected(format!("{other:?}"))),
             Err(LinkError::SessionEnded) => Ok(None),
-            Err(LinkError::Wire(_)) => match self.resolve(session, operation).await {
-                Ok(ResolveOutcome::Committed(outcome)) => Ok(Some(outcome)),
-                Ok(ResolveOutcome::NotApplied) => Ok(None),
-                Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
-            },
+            Err(LinkError::Wire(_)) => self.resolve_commit(session, operation).await,
             Err(error) => Err(error),
         }
     }
@@ -637,3 +665,6 @@ async fn open_session(
         other => Err(LinkError::Unexpected(format!("{other:?}"))),
     }
 }
+
+mod batch;
+pub use batch::CommitRequest;

@@ -27,3 +27,4 @@ pub mod replication;
 pub mod services;
 pub mod ssd;
 pub mod ssd_restore;
+pub mod store;

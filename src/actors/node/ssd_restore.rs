@@ -242,16 +242,17 @@ async fn reserve(
     length_bytes: u64,
     deadline: tokio::time::Instant,
 ) -> Option<Restoring> {
-    let session = services.link.session();
     let item = ReserveItem {
         object,
         length_bytes,
     };
     // A full pool skips the reservation and makes room (its owner reclaims): ask again.
-    let (replica, pool) = loop {
+    let (session, replica, pool) = loop {
         match services.link.reserve(item).await {
-            Ok(ReserveOutcome::Granted { replica, pool, .. }) => break (replica, pool),
-            Ok(ReserveOutcome::Skip) if tokio::time::Instant::now() < deadline => {
+            (session, Ok(ReserveOutcome::Granted { replica, pool, .. })) => {
+                break (session, replica, pool)
+            }
+            (_, Ok(ReserveOutcome::Skip)) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(RESTORE_RETRY).await;
             }
             _ => return None,

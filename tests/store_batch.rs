@@ -1,0 +1,323 @@
+//! Batched stores against real processes: `Client::store_many` splits into batches of at
+//! most `STORE_BATCH_ITEMS_MAX` (each one reserve and one commit round trip), gives one
+//! outcome per item (a full pool skips only the items past it), and the node refuses an
+//! oversized or partly invalid batch with typed errors, whole or per item.
+
+mod common;
+
+use common::{connect, object, runtime};
+use kvtier::client::StoreOutcome;
+use kvtier::directory::{CommitOutcome, ReserveItem};
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::NamespaceId;
+use kvtier::node::ClientRefusal;
+use kvtier::protocol::messages::{
+    ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
+    STORE_BATCH_ITEMS_MAX,
+};
+use kvtier::wire::{uds, RpcClient, RpcConfig};
+use kvtier::workload::namespace::demo_namespace;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn cluster(cpu_pool_bytes: u64) -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes,
+        // Eviction off: the tests fill the pool on purpose and read back what they stored.
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+type RawClient = RpcClient<ClientRequest, ClientReply>;
+
+/// A connection that speaks the client protocol itself, with the demo namespace registered.
+async fn raw_client(cluster: &LocalCluster) -> (RawClient, NamespaceId) {
+    let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
+    let (reader, writer) = stream.into_split();
+    let config = RpcConfig {
+        inflight_requests_max: 4,
+        request_timeout: Duration::from_secs(30),
+    };
+    let rpc = RawClient::spawn(reader, writer, config).unwrap();
+    rpc.call(ClientRequest::Hello(Hello::ours())).await.unwrap();
+    let reply = rpc
+        .call(ClientRequest::RegisterNamespace(demo_namespace()))
+        .await
+        .unwrap();
+    let ClientReply::Namespace(namespace) = reply else {
+        panic!("{reply:?}");
+    };
+    (rpc, namespace)
+}
+
+/// A 4 KiB store of object `index` of `namespace`.
+fn item(index: u32, namespace: NamespaceId) -> ReserveItem {
+    ReserveItem {
+        object: object(namespace, index, 3, 0).0,
+        length_bytes: 4096,
+    }
+}
+
+#[test]
+fn store_many_splits_into_batches_and_round_trips_every_item() {
+    let cluster = cluster(64 << 20);
+    store_and_load_every_item(&cluster, usize::MAX);
+}
+
+#[test]
+fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 64 << 20,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        batch_items_max: Some(5),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    store_and_load_every_item(&cluster, 5);
+}
+
+#[test]
+fn store_many_of_more_items_than_a_node_admits_tickets_stores_them_all() {
+    let cluster = cluster(128 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let objects: Vec<_> = (0..1_100)
+            .map(|index| object(namespace, index, 4, 4096))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes = client.store_many(&items).await;
+        assert_eq!(outcomes.len(), items.len());
+        let stored = outcomes
+            .iter()
+            .filter(|outcome| matches!(outcome, Ok(StoreOutcome::Stored)))
+            .count();
+        let other = outcomes
+            .iter()
+            .find(|outcome| !matches!(outcome, Ok(StoreOutcome::Stored)));
+        assert_eq!(stored, items.len(), "{other:?}");
+    });
+}
+
+#[test]
+fn a_dropped_connection_gives_its_batch_reservations_back() {
+    let cluster = cluster(16 << 20);
+    runtime().block_on(async {
+        let (rpc, namespace) = raw_client(&cluster).await;
+        let items = (0..8).map(|index| item(index, namespace)).collect();
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items })
+            .await
+            .unwrap();
+        let ClientReply::Grants(grants) = reply else {
+            panic!("{reply:?}");
+        };
+        assert!(
+            grants
+                .iter()
+                .all(|grant| matches!(grant, Ok(StoreGrant::Write { .. }))),
+            "{grants:?}"
+        );
+        assert!(reserved_bytes(&cluster).await >= 8 * 4096);
+        drop(rpc);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let reserved = reserved_bytes(&cluster).await;
+            if reserved == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// The bytes the directory holds reserved (granted, not committed) over every pool.
+async fn reserved_bytes(cluster: &LocalCluster) -> u64 {
+    let (rpc, _) = raw_client(cluster).await;
+    let reply = rpc.call(ClientRequest::ClusterStatus).await.unwrap();
+    let ClientReply::ClusterStatus(status) = reply else {
+        panic!("{reply:?}");
+    };
+    status
+        .pools
+        .iter()
+        .map(|pool| pool.usage.reserved_bytes)
+        .sum()
+}
+
+/// Stores more than one client batch of objects with `store_many`, stores a few again
+/// (already present) and loads every one back, `load_batch` objects a call.
+fn store_and_load_every_item(cluster: &LocalCluster, load_batch: usize) {
+    runtime().block_on(async {
+        let (client, namespace) = connect(cluster, 0).await;
+        let count = STORE_BATCH_ITEMS_MAX as u32 + 6;
+        let objects: Vec<_> = (0..count)
+            .map(|index| object(namespace, index, 1, 64 << 10))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes = client.store_many(&items).await;
+        assert_eq!(outcomes.len(), items.len());
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
+            "{outcomes:?}"
+        );
+        let again = client.store_many(&items[..3]).await;
+        assert!(
+            again
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(StoreOutcome::AlreadyPresent))),
+            "{again:?}"
+        );
+        // Loads are not split for the directory: at most `load_batch` objects a call.
+        for part in objects.chunks(load_batch) {
+            let ids: Vec<_> = part.iter().map(|(id, _)| *id).collect();
+            let mut buffers = vec![vec![0u8; 64 << 10]; part.len()];
+            let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+            let hits = client.load_into(&ids, &mut targets).await.unwrap();
+            assert!(hits.iter().all(|hit| *hit));
+            for ((_, bytes), loaded) in part.iter().zip(&buffers) {
+                assert_eq!(bytes, loaded);
+            }
+        }
+    });
+}
+
+#[test]
+fn a_full_pool_skips_the_items_past_it_and_keeps_the_others() {
+    let cluster = cluster(16 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let objects: Vec<_> = (0..12)
+            .map(|index| object(namespace, index, 2, 2 << 20))
+            .collect();
+        let items: Vec<_> = objects
+            .iter()
+            .map(|(id, bytes)| (*id, &bytes[..]))
+            .collect();
+        let outcomes: Vec<StoreOutcome> = client
+            .store_many(&items)
+            .await
+            .into_iter()
+            .map(|outcome| outcome.expect("a full pool is a skip, never an error"))
+            .collect();
+        let stored = outcomes
+            .iter()
+            .filter(|outcome| **outcome == StoreOutcome::Stored)
+            .count();
+        let skipped = outcomes
+            .iter()
+            .filter(|outcome| **outcome == StoreOutcome::Skipped)
+            .count();
+        assert!(stored > 0 && skipped > 0, "{outcomes:?}");
+        assert_eq!(stored + skipped, items.len(), "{outcomes:?}");
+        // In order: every item before the pool filled was stored, every one after skipped.
+        assert!(
+            outcomes[..stored]
+                .iter()
+                .all(|outcome| *outcome == StoreOutcome::Stored),
+            "{outcomes:?}"
+        );
+        for ((id, bytes), outcome) in objects.iter().zip(&outcomes) {
+            let mut buffer = vec![0u8; bytes.len()];
+            let hit = client
+                .load_into(&[*id], &mut [&mut buffer[..]])
+                .await
+                .unwrap()[0];
+            assert_eq!(hit, *outcome == StoreOutcome::Stored);
+            if hit {
+                assert_eq!(&buffer, bytes);
+            }
+        }
+    });
+}
+
+#[test]
+fn oversized_and_partly_invalid_batches_get_typed_errors() {
+    let cluster = cluster(16 << 20);
+    runtime().block_on(async {
+        let (rpc, namespace) = raw_client(&cluster).await;
+
+        let oversized = (0..=STORE_BATCH_ITEMS_MAX as u32)
+            .map(|index| item(index, namespace))
+            .collect();
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items: oversized })
+            .await
+            .unwrap();
+        assert_eq!(
+            reply,
+            ClientReply::Error(ProtocolError::Client(ClientRefusal::BatchTooLarge {
+                items: STORE_BATCH_ITEMS_MAX + 1,
+                max: STORE_BATCH_ITEMS_MAX,
+            }))
+        );
+        let reply = rpc
+            .call(ClientRequest::CommitStoreMany {
+                tickets: vec![1; STORE_BATCH_ITEMS_MAX + 1],
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                reply,
+                ClientReply::Error(ProtocolError::Client(ClientRefusal::BatchTooLarge { .. }))
+            ),
+            "{reply:?}"
+        );
+
+        // One item of a namespace this connection did not register: refused alone.
+        let foreign = NamespaceId([7; 16]);
+        let items = vec![item(1, namespace), item(2, foreign)];
+        let reply = rpc
+            .call(ClientRequest::BeginStoreMany { items })
+            .await
+            .unwrap();
+        let ClientReply::Grants(grants) = reply else {
+            panic!("{reply:?}");
+        };
+        let Ok(StoreGrant::Write { ticket, .. }) = grants[0] else {
+            panic!("{grants:?}");
+        };
+        assert_eq!(
+            grants[1],
+            Err(ProtocolError::Client(
+                ClientRefusal::NamespaceNotRegistered(foreign)
+            ))
+        );
+        // A ticket this client does not hold is refused alone; the granted one commits.
+        let reply = rpc
+            .call(ClientRequest::CommitStoreMany {
+                tickets: vec![ticket, ticket + 1_000],
+            })
+            .await
+            .unwrap();
+        let ClientReply::StoredMany(committed) = reply else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(
+            committed[0],
+            StoreCommitted::Stored(CommitOutcome::Committed)
+        );
+        assert!(
+            matches!(
+                committed[1],
+                StoreCommitted::Refused(ProtocolError::Sequence(_))
+            ),
+            "{committed:?}"
+        );
+    });
+}
