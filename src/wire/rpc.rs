@@ -1,7 +1,8 @@
 //! `RpcClient`: pipelined request/reply calls over one byte stream.
 //!
-//! One driver task owns the stream. Its writer half drains a bounded queue of encoded frames;
-//! its reader half decodes replies and hands each to the call waiting on its request id.
+//! A call writes its own frame when the stream takes it at once ([`outgoing`]); one driver
+//! task writes whatever was queued behind, and decodes replies and hands each to the call
+//! waiting on its request id.
 //! Calls are bounded by a semaphore (`inflight_requests_max`), each has a timeout, and when
 //! the stream ends every pending call fails with [`WireError::ConnectionLost`].
 
@@ -13,11 +14,14 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::error::WireError;
 use super::frame::{encode_frame, read_frame};
+use outgoing::Outgoing;
+
+mod outgoing;
 
 /// Upper bound on [`RpcConfig::inflight_requests_max`]: each in-flight call holds a map entry
 /// and a queued frame of up to 4 MiB, so more than this per connection would let one client
@@ -72,7 +76,9 @@ impl RpcConfig {
 /// answer each request frame with exactly one reply frame carrying the same request id, in
 /// any order; a reply for an unknown id (e.g. after a timeout) is dropped and logged.
 pub struct RpcClient<Req, Rep> {
-    outgoing: mpsc::Sender<Vec<u8>>,
+    outgoing: Arc<Outgoing>,
+    /// Held by every clone: the driver shuts the stream down when the last one is dropped.
+    _alive: mpsc::Sender<()>,
     shared: Arc<Shared<Rep>>,
     request_timeout: Duration,
     _request: PhantomData<fn(Req)>,
@@ -81,7 +87,8 @@ pub struct RpcClient<Req, Rep> {
 impl<Req, Rep> Clone for RpcClient<Req, Rep> {
     fn clone(&self) -> Self {
         RpcClient {
-            outgoing: self.outgoing.clone(),
+            outgoing: Arc::clone(&self.outgoing),
+            _alive: self._alive.clone(),
             shared: Arc::clone(&self.shared),
             request_timeout: self.request_timeout,
             _request: PhantomData,
@@ -123,7 +130,8 @@ where
         W: AsyncWrite + Unpin + Send + 'static,
     {
         config.validate()?;
-        let (outgoing, queue) = mpsc::channel(config.inflight_requests_max);
+        let outgoing = Arc::new(Outgoing::new(writer, config.inflight_requests_max));
+        let (alive, closing) = mpsc::channel(1);
         let shared = Arc::new(Shared {
             calls: Mutex::new(Calls {
                 waiting: HashMap::with_capacity(config.inflight_requests_max),
@@ -133,9 +141,15 @@ where
             next_request_id: AtomicU64::new(1),
             inflight_requests_max: config.inflight_requests_max,
         });
-        tokio::spawn(drive(reader, writer, queue, Arc::clone(&shared)));
+        tokio::spawn(drive(
+            reader,
+            Arc::clone(&outgoing),
+            closing,
+            Arc::clone(&shared),
+        ));
         Ok(RpcClient {
             outgoing,
+            _alive: alive,
             shared,
             request_timeout: config.request_timeout,
             _request: PhantomData,
@@ -168,10 +182,7 @@ where
         let frame = encode_frame(request_id, &request)?;
         let (reply_sender, reply) = oneshot::channel();
         let _registration = self.shared.register(request_id, reply_sender)?;
-        self.outgoing
-            .send(frame)
-            .await
-            .map_err(|_closed| self.shared.lost_error())?;
+        self.outgoing.send(frame).await?;
         reply.await.map_err(|_closed| self.shared.lost_error())?
     }
 }
@@ -252,22 +263,23 @@ impl<Rep> Drop for Registration<'_, Rep> {
 }
 
 /// Runs both halves until either ends, then fails whatever is still waiting.
-async fn drive<R, W, Rep>(
+async fn drive<R, Rep>(
     mut reader: R,
-    mut writer: W,
-    mut queue: mpsc::Receiver<Vec<u8>>,
+    outgoing: Arc<Outgoing>,
+    mut closing: mpsc::Receiver<()>,
     shared: Arc<Shared<Rep>>,
 ) where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
     Rep: DeserializeOwned,
 {
+    // `recv` ends only when every client was dropped: nothing is ever sent on it.
+    let every_client_dropped = async move { while closing.recv().await.is_some() {} };
     let reason = tokio::select! {
         reason = read_replies(&mut reader, &shared) => reason,
-        reason = write_requests(&mut writer, &mut queue) => reason,
+        reason = outgoing.drive(every_client_dropped) => reason,
     };
     tracing::debug!(%reason, "rpc connection ended");
-    // The queue is still open here, so a call racing with the end sees `lost_reason`.
+    outgoing.fail(&reason);
     shared.fail_all(reason);
 }
 
@@ -287,28 +299,6 @@ where
             }
             Err(error) => return error.to_string(),
         }
-    }
-}
-
-/// Writes queued frames until the queue closes (every client dropped) or a write fails;
-/// flushes whenever the queue is momentarily empty, so bursts share a flush.
-async fn write_requests<W>(writer: &mut W, queue: &mut mpsc::Receiver<Vec<u8>>) -> String
-where
-    W: AsyncWrite + Unpin,
-{
-    while let Some(frame) = queue.recv().await {
-        if let Err(error) = writer.write_all(&frame).await {
-            return error.to_string();
-        }
-        if queue.is_empty() {
-            if let Err(error) = writer.flush().await {
-                return error.to_string();
-            }
-        }
-    }
-    match writer.shutdown().await {
-        Ok(()) => "every client dropped".to_string(),
-        Err(error) => error.to_string(),
     }
 }
 
@@ -470,6 +460,74 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(second.await.unwrap().unwrap(), 5);
+    }
+
+    /// A request too large for the stream's buffer, so callers leave most of it queued.
+    #[derive(Debug, Clone, Serialize, serde::Deserialize)]
+    struct Padded {
+        value: u64,
+        padding: Vec<u8>,
+    }
+
+    #[tokio::test]
+    async fn frames_the_stream_cannot_take_at_once_go_out_whole_and_in_order() {
+        const CALLS: u64 = 64;
+        // A 512-byte pipe: every 4 KiB frame is written in pieces, by the caller and then
+        // by the driver, while other calls queue behind it and some are dropped.
+        let (client_stream, server_stream) = tokio::io::duplex(512);
+        let (reader, writer) = tokio::io::split(client_stream);
+        let config = RpcConfig {
+            inflight_requests_max: 8,
+            request_timeout: Duration::from_secs(5),
+        };
+        let rpc = RpcClient::<Padded, u64>::spawn(reader, writer, config).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut reader, mut writer) = tokio::io::split(server_stream);
+            let mut served = 0u64;
+            while let Some((request_id, request)) =
+                read_frame::<_, Padded>(&mut reader).await.unwrap()
+            {
+                assert!(request
+                    .padding
+                    .iter()
+                    .all(|byte| *byte == request.value as u8));
+                write_frame(&mut writer, request_id, &(request.value * 10))
+                    .await
+                    .unwrap();
+                served += 1;
+            }
+            served
+        });
+        let calls: Vec<_> = (0..CALLS)
+            .map(|value| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move {
+                    let request = Padded {
+                        value,
+                        padding: vec![value as u8; 4096],
+                    };
+                    (value, rpc.call(request).await)
+                })
+            })
+            .collect();
+        // Dropping calls at any point must never leave half a frame on the stream.
+        for call in calls.iter().skip(1).step_by(3) {
+            call.abort();
+        }
+        let mut answered = 0;
+        for call in calls {
+            if let Ok((value, reply)) = call.await {
+                assert_eq!(reply.unwrap(), value * 10);
+                answered += 1;
+            }
+        }
+        assert!(answered >= CALLS as usize * 2 / 3, "{answered} answered");
+        drop(rpc);
+        let served = server.await.unwrap();
+        assert!(
+            served >= answered as u64,
+            "{served} served, {answered} answered"
+        );
     }
 
     #[tokio::test]
