@@ -20,8 +20,11 @@ use serde::{Deserialize, Serialize};
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the
 /// profile in usage reports; 3 gave extent returns an operation id and a typed outcome; 5
 /// added replication tasks (Replicate, Push, Receive), staged (SSD) pools (admission,
-/// probe's on SSD) and prefetch. An older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[5];
+/// probe's on SSD) and prefetch; 6 added batched stores (BeginStoreMany, CommitStoreMany,
+/// ReserveMany, CommitMany), the directory's task wait (AwaitTasks), RetireHeld and each
+/// node's peer address in the cluster status. An older peer is refused at hello rather
+/// than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[6];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
