@@ -212,4 +212,6 @@ mod tests_peer_path;
 #[cfg(test)]
 mod tests_replication;
 #[cfg(test)]
+mod tests_retire_held;
+#[cfg(test)]
 mod tests_staged;
