@@ -355,8 +355,15 @@ async fn retire_evicted(
         let request = DirectoryRequest::RetireHeld {
             holdings: chunk.to_vec(),
         };
-        if let Err(error) = services.link.call(request).await {
-            tracing::debug!(%error, "retiring replicas the SSD dropped failed");
+        match services.link.call(request).await {
+            Ok(DirectoryReply::Error(error)) => {
+                tracing::warn!(
+                    ?error,
+                    "the directory refused to retire replicas the SSD dropped"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "retiring replicas the SSD dropped failed"),
         }
     }
 }
