@@ -266,11 +266,14 @@ fn chunks_accessed_once_are_not_spilled() {
 
 #[test]
 fn adopted_chunks_dropped_with_their_region_are_no_longer_on_ssd() {
-    // Two regions of fifteen chunks: the (about eight) adopted chunks fill part of one, and
-    // the (about eighteen) spills after the restart fill the other, then reclaim the adopted
-    // one: the store's own reclaim, below the directory's watermark on the pool (90 % of 32
-    // chunks), so only the store's reclaim can take adopted chunks off the SSD.
-    let (mut cluster, _) = start_with_ssd(1, 8 << 20);
+    // Three regions of fifteen chunks. Before the kill, twenty of twenty-four chunks spill:
+    // they fill region 0 and part of region 1. After the restart the store writes into
+    // region 2; twenty-four spills (twenty-eight once loads push the last four out of CPU)
+    // need it to reclaim its oldest region (adopted chunks only) but never region 1, so
+    // some adopted chunks survive. The pool (48 chunks, evicted from 90 %) never holds more
+    // than about 33 live chunks, so only the store's reclaim can take adopted chunks off
+    // the SSD.
+    let (mut cluster, metrics) = start_with_ssd(1, 12 << 20);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -278,10 +281,17 @@ fn adopted_chunks_dropped_with_their_region_are_no_longer_on_ssd() {
     let stored = runtime.block_on(async {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
         let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-        let stored = contents(store_all(&client, namespace).await);
-        probe_until(&client, &stored, "chunks are on SSD", |probed| {
-            on_ssd(probed).len() >= 4
-        })
+        let stored = contents(store_range(&client, namespace, 0..24).await);
+        probe_until(
+            &client,
+            &stored,
+            "every chunk not held in CPU is on SSD",
+            |probed| {
+                probed
+                    .iter()
+                    .all(|outcome| !matches!(outcome, ProbeOutcome::Miss))
+            },
+        )
         .await;
         stored
     });
@@ -291,9 +301,19 @@ fn adopted_chunks_dropped_with_their_region_are_no_longer_on_ssd() {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
         let namespace = client.register_namespace(demo_namespace()).await.unwrap();
         let adopted =
-            on_ssd(&probe_until(&client, &stored, "adopted", |p| !on_ssd(p).is_empty()).await);
-        // New chunks spill into the free region, then into the adopted one, reclaimed whole.
-        store_range(&client, namespace, 100..122).await;
+            on_ssd(&probe_until(&client, &stored, "adopted", |p| on_ssd(p).len() >= 16).await);
+        let fresh = contents(store_range(&client, namespace, 100..128).await);
+        probe_until(
+            &client,
+            &fresh,
+            "every new chunk not held in CPU is on SSD",
+            |probed| {
+                probed
+                    .iter()
+                    .all(|outcome| !matches!(outcome, ProbeOutcome::Miss))
+            },
+        )
+        .await;
         let probed = probe_until(
             &client,
             &stored,
@@ -301,12 +321,24 @@ fn adopted_chunks_dropped_with_their_region_are_no_longer_on_ssd() {
             |probed| on_ssd(probed).len() < adopted.len(),
         )
         .await;
+        let body = scrape_metrics(metrics).expect("the node serves metrics");
+        let reclaimed = metric_value(&body, "kvtier_ssd_regions_reclaimed_total").unwrap_or(0.0);
+        assert!(
+            reclaimed >= 1.0,
+            "the store reclaimed a region: {reclaimed}"
+        );
         // What is still said to be on SSD is there: each loads, byte for byte.
         let still: Vec<(ObjectId, Vec<u8>)> = on_ssd(&probed)
             .into_iter()
             .map(|index| stored[index].clone())
             .collect();
-        assert_eq!(verified_hits(&client, &still).await, still.len());
+        assert!(!still.is_empty(), "adopted chunks of region 1 survive");
+        assert_eq!(
+            verified_hits(&client, &still).await,
+            still.len(),
+            "{}",
+            scrape_metrics(metrics).unwrap_or_default()
+        );
     });
     cluster.shutdown();
 }

@@ -241,7 +241,14 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
             args.spill_queue_depth,
             None,
         )?;
-        let spill = spill_pass(&store, &source, size_index, size, count)?;
+        let spill = spill_pass(
+            &store,
+            &source,
+            size_index,
+            size,
+            count,
+            args.spill_queue_depth,
+        )?;
         report.spills.push(SpillReport {
             object_bytes: size,
             spill_gbps: spill.gbps(),
@@ -348,7 +355,9 @@ fn spill_pass(
     size_index: usize,
     size: usize,
     count: u64,
+    queue_depth: usize,
 ) -> anyhow::Result<Pass> {
+    store.set_queue_depth(queue_depth);
     let objects: Vec<(ObjectId, &[u8])> = (0..count)
         .map(|index| {
             (

@@ -6,7 +6,7 @@ use super::sessions::Session;
 use super::{
     Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
 };
-use crate::model::{NodeId, ObjectId, ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{Medium, NodeId, ObjectId, ReplicaId, Scope, SessionId, TaskId, Timestamp};
 use std::collections::VecDeque;
 
 impl Directory {
@@ -30,8 +30,9 @@ impl Directory {
     /// The node's storage at the locations of `holdings` is gone (its SSD store reclaimed
     /// the region that held them, whether it wrote or adopted what was there): the READY
     /// replica of each holding's object at exactly that location (pool, allocation,
-    /// generation) that the session's node owns retires. Anything else is left alone (a
-    /// replica already retiring, another generation, another node's). Safe to repeat.
+    /// generation) in the node's own SSD pool (medium SSD, scope its host) that the
+    /// session's node owns retires. Anything else is left alone (a replica already
+    /// retiring, another generation, another node's, one in a memory pool). Safe to repeat.
     /// Returns how many retired.
     pub fn retire_held(
         &mut self,
@@ -42,6 +43,15 @@ impl Directory {
         let node = self.open_session(session_id)?.node;
         let mut retired = 0;
         for holding in holdings {
+            let own_ssd = self
+                .pools
+                .get(holding.location.pool.0 as usize)
+                .is_some_and(|pool| {
+                    pool.spec.medium == Medium::Ssd && pool.spec.scope == Scope::Host(node)
+                });
+            if !own_ssd {
+                continue;
+            }
             let held = self
                 .replicas
                 .of_object(&holding.object)

@@ -248,7 +248,7 @@ impl SimulatedCluster {
                 },
             )?;
             let ssd = if config.ssd_blocks > 0 {
-                let store_bytes = ssd::store_bytes(config.ssd_blocks, config.chunk_bytes);
+                let store_bytes = ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)?;
                 let pool = directory.register_pool(
                     Some(opened.session),
                     PoolSpec {

@@ -102,7 +102,7 @@ pub fn run(
         cxl_extent_bytes: cluster::extent_chunks(config.cxl_blocks) * config.chunk_bytes,
         // Each node's SSD store, a folder under the cluster's own.
         ssd_bytes: if config.ssd_blocks > 0 {
-            super::ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)
+            super::ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)?
         } else {
             0
         },

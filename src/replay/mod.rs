@@ -192,6 +192,9 @@ fn directory_replay(
         "--chunk-bytes must be at most {} with an SSD tier",
         crate::launch::SSD_OBJECT_BYTES_MAX
     );
+    if let Some(tier) = ssd {
+        ssd::store_bytes(u64::try_from(tier.blocks)?, args.chunk_bytes)?;
+    }
     let defaults = crate::directory::DirectoryConfig::default();
     Ok(Some(cluster::ClusterSimConfig {
         engines: usize::from(args.engines),

@@ -6,17 +6,26 @@
 
 use crate::backends::ssd::layout::object_footprint_bytes;
 use crate::backends::ssd::region::{Entry, RegionTable};
+use crate::backends::ssd::store::REGION_COUNT_MAX;
 use crate::directory::Holding;
 use crate::launch::SSD_REGION_BYTES;
 use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId};
 
 /// Bytes of an SSD store that holds `blocks` chunks of `chunk_bytes` (each behind its
 /// header block, none crossing a region): whole regions of [`SSD_REGION_BYTES`], enough
-/// for `blocks` chunks. The live replay gives its nodes stores of this size.
-pub fn store_bytes(blocks: u64, chunk_bytes: u64) -> u64 {
+/// for `blocks` chunks. The live replay gives its nodes stores of this size. Refuses more
+/// regions than a store opens ([`REGION_COUNT_MAX`]).
+pub fn store_bytes(blocks: u64, chunk_bytes: u64) -> anyhow::Result<u64> {
     let per_region = (SSD_REGION_BYTES - crate::backends::ssd::layout::BLOCK_BYTES)
         / object_footprint_bytes(chunk_bytes);
-    blocks.div_ceil(per_region.max(1)) * SSD_REGION_BYTES
+    let regions = blocks.div_ceil(per_region.max(1));
+    anyhow::ensure!(
+        regions <= REGION_COUNT_MAX,
+        "{blocks} SSD blocks of {chunk_bytes} bytes need {regions} regions (at most {REGION_COUNT_MAX})"
+    );
+    regions
+        .checked_mul(SSD_REGION_BYTES)
+        .ok_or_else(|| anyhow::anyhow!("{blocks} SSD blocks overflow the store's size"))
 }
 
 /// One node's SSD store in the replay.
@@ -109,7 +118,7 @@ mod tests {
     #[test]
     fn a_store_sized_for_its_blocks_holds_them_and_reclaims_the_oldest_region_after() {
         let chunk = 64 << 10;
-        let bytes = store_bytes(120, chunk);
+        let bytes = store_bytes(120, chunk).unwrap();
         assert_eq!(
             bytes,
             2 * SSD_REGION_BYTES,

@@ -13,7 +13,7 @@ use super::pool::{Check, PoolActor, ReadAt};
 use super::rejoin::paced;
 use super::services::NodeServices;
 use crate::backends::ssd::source::Filled;
-use crate::backends::ssd::{SsdConfig, SsdStore, StoredPlace};
+use crate::backends::ssd::{PinnedObject, SsdConfig, SsdStore, StoredPlace};
 use crate::directory::{AdoptOutcome, CommitOutcome, Holding};
 use crate::metrics::ssd::SsdMetrics;
 use crate::metrics::{Direction, Metrics};
@@ -213,10 +213,10 @@ pub async fn spill(
     let staged = match object {
         Some(object) => stage(services, ssd, object, source)
             .await
-            .map(|place| (object, place)),
+            .map(|pinned| (object, pinned)),
         None => Err("the source is not held here".into()),
     };
-    let (object, place) = match staged {
+    let (object, pinned) = match staged {
         Ok(staged) => staged,
         Err(reason) => {
             tracing::debug!(%reason, ?source, "spill abandoned");
@@ -224,7 +224,7 @@ pub async fn spill(
             return;
         }
     };
-    let location = ssd.location_of(place);
+    let location = ssd.location_of(pinned.place());
     let committed = services.link.commit(session, target, location).await;
     let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
     match after_commit(commit_result(committed)) {
@@ -243,23 +243,27 @@ pub async fn spill(
             services.link.abort(session, target).await;
         }
     }
+    ssd.store.unpin(pinned);
     ssd.publish();
 }
 
 /// Writes the bytes at `source` to the store (unless it holds them already: content is
 /// immutable) and returns where they are. The source is read chunk by chunk straight into
 /// the store's staging slot, then checked still live at its generation (no chunk came from
-/// reused pages). Retires what the store dropped to make room.
+/// reused pages). Retires what the store dropped to make room. The object's region comes
+/// back pinned, so no other spill reclaims it before the commit is handled: the caller
+/// unpins it on every path.
 async fn stage(
     services: &NodeServices,
     ssd: &Arc<NodeSsd>,
     object: ObjectId,
     source: Location,
-) -> Result<StoredPlace, String> {
-    if let Some(place) = ssd.store.place_of(&object) {
-        if place.length_bytes == source.length_bytes {
-            return Ok(place);
+) -> Result<PinnedObject, String> {
+    if let Some(pinned) = ssd.store.pin(&object) {
+        if pinned.length_bytes == source.length_bytes {
+            return Ok(pinned);
         }
+        ssd.store.unpin(pinned);
     }
     let Some(pool) = services.pools.get(&source.pool).cloned() else {
         return Err("the source's pool is not mapped here".into());
@@ -285,18 +289,19 @@ async fn stage(
         Some(Err(error)) => return Err(format!("spill skipped: {error}")),
         None => return Err("the store answered no result".into()),
     }
-    let place = ssd
+    let pinned = ssd
         .store
-        .place_of(&object)
+        .pin(&object)
         .ok_or("the store dropped the object at once")?;
     let checked = pool.send(Check { location: source }).await;
     if !matches!(checked, Ok(Ok(()))) {
-        ssd.store.remove(&object, &place);
+        ssd.store.remove(&object, &pinned.place());
+        ssd.store.unpin(pinned);
         return Err(format!(
             "the source was reused while it was read: {checked:?}"
         ));
     }
-    Ok(place)
+    Ok(pinned)
 }
 
 /// Reads `source` from its pool into `data` (its length), at most [`DEMOTION_CHUNK_BYTES`]
@@ -350,8 +355,15 @@ async fn retire_evicted(
         let request = DirectoryRequest::RetireHeld {
             holdings: chunk.to_vec(),
         };
-        if let Err(error) = services.link.call(request).await {
-            tracing::debug!(%error, "retiring replicas the SSD dropped failed");
+        match services.link.call(request).await {
+            Ok(DirectoryReply::Error(error)) => {
+                tracing::warn!(
+                    ?error,
+                    "the directory refused to retire replicas the SSD dropped"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "retiring replicas the SSD dropped failed"),
         }
     }
 }

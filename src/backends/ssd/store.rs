@@ -213,6 +213,15 @@ pub struct PinnedObject {
     /// crc32c of the data.
     pub data_crc: u32,
     region: u32,
+    place: StoredPlace,
+}
+
+impl PinnedObject {
+    /// Where the pinned object is in the store's address space (as
+    /// [`SsdStore::place_of`] says), valid while the pin is held.
+    pub fn place(&self) -> StoredPlace {
+        self.place
+    }
 }
 
 /// A node's SSD store.
@@ -391,6 +400,7 @@ impl SsdStore {
             length_bytes: entry.length_bytes,
             data_crc: entry.data_crc,
             region: entry.region,
+            place: self.place(&entry),
         })
     }
 

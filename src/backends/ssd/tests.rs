@@ -87,6 +87,7 @@ fn writes_read_back_byte_exact_through_both_io_paths() {
         );
         let pinned = store.pin(&object(4)).unwrap();
         assert_eq!(pinned.offset % BLOCK_BYTES, 0);
+        assert_eq!(Some(pinned.place()), store.place_of(&object(4)));
         let mut direct = vec![0u8; 100_000];
         std::fs::File::open(&pinned.path)
             .unwrap()
