@@ -1,8 +1,9 @@
 //! The cluster's policy, replayed in process: the trace drives the directory core (the
 //! state machine the directory process runs, with its watermarks, victim choice,
 //! demotions and reclaim tasks) through an injected clock, metadata only. It steps the way
-//! the running cluster does: the directory ticks every [`ClusterSimConfig::period`] and the
-//! nodes poll their tasks as often, half a period later; a load is probe, acquire, release; a
+//! the running cluster does: the directory ticks every [`ClusterSimConfig::period`], the
+//! nodes fetch their tasks as soon as they are queued (they wait for them at the
+//! directory) and poll as often as the directory ticks, half a period later; a load is probe, acquire, release; a
 //! store is reserve then commit (in CXL, inside an extent the directory granted). With a
 //! CXL pool the nodes store in the order `[cpu, cxl]` and pressure on a CPU pool demotes
 //! into CXL. With an SSD tier each node has an SSD pool modelled by its store's own core
@@ -187,6 +188,8 @@ struct SimulatedCluster {
     next_allocation: u64,
     next_period: Timestamp,
     next_poll: Timestamp,
+    /// The directory's count of queued tasks when the waiting nodes last fetched theirs.
+    tasks_seen: u64,
     period: Duration,
     demoted: u64,
     replicated: u64,
@@ -282,6 +285,7 @@ impl SimulatedCluster {
             next_allocation: 1,
             next_period: Timestamp::ZERO,
             next_poll: Timestamp::ZERO + config.period / 2,
+            tasks_seen: 0,
             period: config.period,
             demoted: 0,
             replicated: 0,
@@ -299,13 +303,15 @@ impl SimulatedCluster {
     /// Runs every timer due by `now`, in time order: the directory's tick (with every
     /// node's heartbeat, acknowledging every operation) on period boundaries, and the nodes'
     /// task polls, which free what eviction retired and copy what it demotes or
-    /// replicates, half a period later (the processes' timers are not aligned; half a
-    /// period is their mean lag).
+    /// replicates. A live node waits at the directory for its tasks (`AwaitTasks`), so it
+    /// fetches them as soon as a call or a tick queued them: here, after each tick and
+    /// before the next request; the periodic poll, half a period after the tick, is the
+    /// live node's fallback.
     fn advance(&mut self, now: Timestamp) -> anyhow::Result<()> {
         loop {
             let at = self.next_period.min(self.next_poll);
             if at > now {
-                return Ok(());
+                return self.wake_waiting(now, false);
             }
             if self.next_period <= self.next_poll {
                 let acknowledged = OperationId(self.next_operation);
@@ -315,6 +321,8 @@ impl SimulatedCluster {
                 }
                 self.directory.tick(at);
                 self.next_period = at + self.period;
+                // A tick may queue tasks or end a recovery's hold on reclaims.
+                self.wake_waiting(at, true)?;
             } else {
                 for node in 0..self.nodes.len() {
                     self.poll(node, at)?;
@@ -322,6 +330,22 @@ impl SimulatedCluster {
                 self.next_poll = at + self.period;
             }
         }
+    }
+
+    /// The nodes' waits at the directory: each node with tasks to fetch at `at` polls,
+    /// when tasks were queued since the last wake (or always, after a tick).
+    fn wake_waiting(&mut self, at: Timestamp, after_tick: bool) -> anyhow::Result<()> {
+        let queued = self.directory.tasks_queued();
+        if !after_tick && queued == self.tasks_seen {
+            return Ok(());
+        }
+        self.tasks_seen = queued;
+        for node in 0..self.nodes.len() {
+            if self.directory.has_tasks(at, self.nodes[node].session) {
+                self.poll(node, at)?;
+            }
+        }
+        Ok(())
     }
 
     /// Node `node`'s task poll at `at`: reclaims acknowledged; demotions, replications and
