@@ -195,14 +195,23 @@ impl Client {
         items: &[(ObjectId, &[u8])],
     ) -> Vec<Result<StoreOutcome, ClientError>> {
         use futures_util::StreamExt;
-        futures_util::stream::iter(items.chunks(STORE_BATCH_ITEMS_MAX))
-            .map(|batch| self.store_batch(batch))
-            .buffered(STORE_BATCHES_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        // A window of batches kept by hand rather than a stream combinator with a closure:
+        // the future stays `Send` for any lifetime of `items`, so it can be spawned.
+        let mut batches = items.chunks(STORE_BATCH_ITEMS_MAX);
+        let mut in_flight = futures_util::stream::FuturesOrdered::new();
+        let mut outcomes = Vec::with_capacity(items.len());
+        loop {
+            while in_flight.len() < STORE_BATCHES_IN_FLIGHT {
+                let Some(batch) = batches.next() else {
+                    break;
+                };
+                in_flight.push_back(self.store_batch(batch));
+            }
+            match in_flight.next().await {
+                Some(done) => outcomes.extend(done),
+                None => return outcomes,
+            }
+        }
     }
 
     /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`.
