@@ -33,6 +33,9 @@ pub struct SimulatedSsd {
     /// The store's pool at the directory.
     pub pool: PoolId,
     table: RegionTable,
+    /// Regions reclaimed whole to make room (the store's
+    /// `kvtier_ssd_regions_reclaimed_total`).
+    pub regions_reclaimed: u64,
 }
 
 impl SimulatedSsd {
@@ -43,6 +46,7 @@ impl SimulatedSsd {
         Ok(Self {
             pool,
             table: RegionTable::new(regions, SSD_REGION_BYTES),
+            regions_reclaimed: 0,
         })
     }
 
@@ -79,6 +83,7 @@ impl SimulatedSsd {
         let Some((reservation, effects)) = self.table.reserve(length_bytes) else {
             return (None, Vec::new());
         };
+        self.regions_reclaimed += u64::from(effects.reclaimed_region);
         let evicted = effects
             .evicted
             .iter()
@@ -93,6 +98,18 @@ impl SimulatedSsd {
             .get(&object)
             .map(|entry| self.location_of(&entry));
         (location, evicted)
+    }
+
+    /// Every object the store holds, at its location.
+    #[cfg(test)]
+    pub fn holdings(&self) -> Vec<Holding> {
+        self.table
+            .entries()
+            .map(|(object, entry)| Holding {
+                object,
+                location: self.location_of(&entry),
+            })
+            .collect()
     }
 
     /// Drops `object` if the store still holds it at `location` (its replica was reclaimed,
