@@ -295,33 +295,34 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
     }
 }
 
-#[test]
-fn a_live_cluster_with_ssd_stores_agrees_with_its_directory_replayed_in_process() {
-    let _turn = one_at_a_time();
-    let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
-    // The first 1,000 requests at 60×, a CPU pool of 500 chunks spilling into an SSD store
-    // of 3,000 (chunks admitted on their second access): a few seconds, with spills and
-    // with loads that restore chunks only the SSD holds.
+/// The first `requests` requests of the bundled trace at 60×, live against a cluster whose
+/// node has a CPU pool of `dram` chunks spilling into an SSD store of `ssd` (chunks admitted
+/// on their second access), and through its directory core in process: both spill and
+/// restore, and their token hit ratios agree within 0.01.
+fn ssd_replay_agrees(requests: usize, dram: usize, ssd: u64) -> live::LiveOutcome {
+    let trace = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
     let replayed = ClusterSimConfig {
-        ssd_blocks: 3_000,
-        ..directory_replay(500, 0, 60.0)
+        ssd_blocks: ssd,
+        ..directory_replay(dram, 0, 60.0)
     };
     let outcome = live::run(
         std::path::Path::new(env!("CARGO_BIN_EXE_kvtier")),
-        &requests[..1_000],
+        &trace[..requests],
         &replayed,
         true,
     )
     .expect("live replay");
     let (live, simulated) = (&outcome.live, &outcome.simulated);
     eprintln!(
-        "dram=500 ssd=3000: live {:.4}, simulated {:.4}; spilled {}/{}, restored {}/{}",
+        "dram={dram} ssd={ssd}: live {:.4}, simulated {:.4}; spilled {}/{}, restored {}/{}, regions reclaimed {}/{}",
         live.token_hit_ratio(),
         simulated.token_hit_ratio(),
         live.spilled,
         simulated.spilled,
         live.restored,
-        simulated.restored
+        simulated.restored,
+        live.regions_reclaimed,
+        simulated.regions_reclaimed
     );
     for tally in [live, simulated] {
         assert!(
@@ -335,6 +336,29 @@ fn a_live_cluster_with_ssd_stores_agrees_with_its_directory_replayed_in_process(
         live.token_hit_ratio(),
         simulated.token_hit_ratio()
     );
+    outcome
+}
+
+#[test]
+fn a_live_cluster_with_ssd_stores_agrees_with_its_directory_replayed_in_process() {
+    let _turn = one_at_a_time();
+    // 1,000 requests, a CPU pool of 500 chunks and an SSD store of 3,000: a few seconds,
+    // with spills and with loads that restore chunks only the SSD holds.
+    ssd_replay_agrees(1_000, 500, 3_000);
+}
+
+#[test]
+fn a_live_cluster_whose_ssd_stores_reclaim_regions_agrees_with_its_directory_replayed_in_process() {
+    let _turn = one_at_a_time();
+    // An SSD store of 300 chunks (five 4 MiB regions of 60): spills fill it, and each store
+    // reclaims whole regions, oldest first, retiring what they held.
+    let outcome = ssd_replay_agrees(1_000, 500, 300);
+    for (side, tally) in [("live", &outcome.live), ("simulated", &outcome.simulated)] {
+        assert!(
+            tally.regions_reclaimed >= 1,
+            "{side}: no SSD region reclaimed: {outcome:?}"
+        );
+    }
 }
 
 /// DRAM 1k + CXL 3k + SSD 30k blocks, representative profiles, 64 MiB blocks.

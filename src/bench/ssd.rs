@@ -12,6 +12,7 @@
 //! other in the other state would measure the file system, not the store.
 
 use crate::backends::ssd::io::{IoKind, IoOp, IoQueue, IoRequests, Slot};
+use crate::backends::ssd::layout::{objects_per_region, BLOCK_BYTES};
 use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
 use crate::model::{NamespaceId, ObjectId, PrefixDigest};
 use crate::workload::histogram::Histogram;
@@ -24,6 +25,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// The store's block: the smallest object, and the stride of the source pattern.
+const BLOCK: usize = BLOCK_BYTES as usize;
 
 /// Options of `kvtier bench ssd`.
 #[derive(Clone, Debug, clap::Args)]
@@ -128,7 +132,7 @@ fn bench_object(size_index: usize, index: u64) -> ObjectId {
 /// A source buffer whose slice at `(index % 16) × 4 KiB` is object `index`'s bytes.
 fn pattern(size: usize, seed: u64) -> Vec<u8> {
     let mut random = SplitMix64::new(seed);
-    let mut bytes = vec![0u8; size + 16 * 4096];
+    let mut bytes = vec![0u8; size + 16 * BLOCK];
     for word in bytes.chunks_mut(8) {
         let value = random.next_u64().to_le_bytes();
         word.copy_from_slice(&value[..word.len()]);
@@ -137,7 +141,7 @@ fn pattern(size: usize, seed: u64) -> Vec<u8> {
 }
 
 fn object_bytes(pattern: &[u8], size: usize, index: u64) -> &[u8] {
-    let start = (index % 16) as usize * 4096;
+    let start = (index % 16) as usize * BLOCK;
     &pattern[start..start + size]
 }
 
@@ -190,7 +194,7 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
     if args.sizes.is_empty() || args.queue_depths.is_empty() {
         bail!("give at least one object size and one queue depth");
     }
-    let size_max = args.sizes.iter().copied().max().unwrap_or(4096);
+    let size_max = args.sizes.iter().copied().max().unwrap_or(BLOCK);
     let depth_max = args
         .queue_depths
         .iter()
@@ -230,7 +234,7 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
         restores: Vec::new(),
     };
     for (size_index, &size) in args.sizes.iter().enumerate() {
-        let size = size.max(4096);
+        let size = size.max(BLOCK);
         let count = (args.spill_bytes / size as u64).max(1);
         let source = pattern(size, args.seed ^ size as u64);
         let raw_write = raw_pass(
@@ -319,7 +323,7 @@ fn warm_up(
     if args.sizes.len() >= WARM_UP_INDEX {
         bail!("at most {} object sizes", WARM_UP_INDEX - 1);
     }
-    let size_max = size_max.max(4096);
+    let size_max = size_max.max(BLOCK);
     let blocks = args.spill_bytes.div_ceil(size_max as u64);
     raw_pass(
         raw,
@@ -329,10 +333,9 @@ fn warm_up(
         args.spill_queue_depth,
         None,
     )?;
-    let size = args.sizes.iter().copied().min().unwrap_or(4096).max(4096);
+    let size = args.sizes.iter().copied().min().unwrap_or(BLOCK).max(BLOCK);
     let source = pattern(size, args.seed);
-    let footprint = crate::backends::ssd::layout::object_footprint_bytes(size as u64);
-    let count = capacity / args.region_bytes * ((args.region_bytes - 4096) / footprint);
+    let count = capacity / args.region_bytes * objects_per_region(args.region_bytes, size as u64);
     let objects: Vec<(ObjectId, &[u8])> = (0..count)
         .map(|index| {
             (

@@ -4,7 +4,7 @@
 use super::demotion::Departure;
 use super::pools::PoolRecord;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
-use crate::model::{ObjectId, PoolId, ReplicaId, Scope, Timestamp};
+use crate::model::{Medium, ObjectId, PoolId, ReplicaId, Scope, Timestamp};
 use crate::policy::eviction::kvtier::{self, KvtierConfig, VictimCandidate};
 use crate::policy::history::{frequency_class, FREQUENCY_CLASSES};
 use std::time::Duration;
@@ -71,9 +71,19 @@ impl Directory {
                     Departure::Refused => break,
                 }
                 evicted += 1;
+                let medium = self.pools[index].spec.medium;
+                if let Some(position) = Medium::ALL.iter().position(|each| *each == medium) {
+                    self.evictions_by_medium[position] += 1;
+                }
             }
         }
         evicted
+    }
+
+    /// Replicas evicted under pressure so far (retired or demoted), by the medium of the
+    /// pool they left: every medium, in the order of [`Medium::ALL`].
+    pub fn evictions_by_medium(&self) -> [(Medium, u64); Medium::ALL.len()] {
+        std::array::from_fn(|position| (Medium::ALL[position], self.evictions_by_medium[position]))
     }
 
     /// Whether `pool`'s reserved and READY bytes, less the `leaving_bytes` on their way out,

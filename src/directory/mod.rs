@@ -149,6 +149,9 @@ pub struct Directory {
     /// Evictions started outside `tick` (by a reserve that found no room), reported by the
     /// next `tick`.
     evictions_unreported: u32,
+    /// Evictions under pressure so far, by the medium of the victim's pool (in the order of
+    /// [`crate::model::Medium::ALL`]).
+    evictions_by_medium: [u64; crate::model::Medium::ALL.len()],
     /// The `now` of the latest `tick`: the time of operations that take none.
     latest_tick: Timestamp,
     /// Demotions in flight: target reservation → source replica (bounded by the owners'
@@ -185,6 +188,7 @@ impl Directory {
             namespaces: HashMap::new(),
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,
+            evictions_by_medium: [0; crate::model::Medium::ALL.len()],
             latest_tick: Timestamp::ZERO,
             demotions: HashMap::new(),
             demoting: HashSet::new(),
@@ -213,6 +217,8 @@ impl Directory {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_evictions;
 #[cfg(test)]
 mod tests_peer_path;
 #[cfg(test)]

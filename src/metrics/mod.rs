@@ -186,6 +186,7 @@ pub struct Metrics {
     bytes_moved_total: IntCounterVec,
     lookups_total: IntCounterVec,
     evictions_total: IntCounter,
+    directory_evictions_total: IntCounterVec,
     expirations_total: IntCounter,
     medium_bytes: IntGaugeVec,
     drains: IntGaugeVec,
@@ -276,6 +277,13 @@ impl Metrics {
                 "kvtier_evictions_total",
                 "READY replicas retired by the eviction policy under pool pressure.",
             )?,
+            directory_evictions_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_directory_evictions_total",
+                    "READY replicas the directory evicted under pool pressure (retired or demoted), by the medium of their pool.",
+                ),
+                &["medium"],
+            )?,
             expirations_total: IntCounter::new(
                 "kvtier_expirations_total",
                 "READY replicas that outlived their tier's time to live, retired or demoted.",
@@ -355,6 +363,8 @@ impl Metrics {
             .register(Box::new(self.lookups_total.clone()))?;
         self.registry
             .register(Box::new(self.evictions_total.clone()))?;
+        self.registry
+            .register(Box::new(self.directory_evictions_total.clone()))?;
         self.registry
             .register(Box::new(self.expirations_total.clone()))?;
         self.registry
@@ -555,6 +565,15 @@ impl Metrics {
     /// Counts replicas the eviction policy started retiring.
     pub fn add_evictions(&self, evictions: u64) {
         self.evictions_total.inc_by(evictions);
+    }
+
+    /// Raises the directory's evictions from pools of `medium` to `total` (the directory
+    /// core's count, which only grows).
+    pub fn set_directory_evictions(&self, medium: Medium, total: u64) {
+        let counter = self
+            .directory_evictions_total
+            .with_label_values(&[medium.name()]);
+        counter.inc_by(total.saturating_sub(counter.get()));
     }
 
     /// Counts a pause of an accept loop out of descriptors or memory.

@@ -23,6 +23,8 @@ pub struct SsdMetrics {
     restore_bytes_total: IntCounter,
     checksum_failures_total: IntCounter,
     regions_reclaimed_total: IntCounter,
+    retirements_dropped_total: IntCounter,
+    retirements_pending: prometheus::IntGauge,
     skipped_spills_total: IntCounterVec,
     spill_duration_seconds: Histogram,
     restore_duration_seconds: Histogram,
@@ -79,6 +81,14 @@ impl SsdMetrics {
                 "kvtier_ssd_regions_reclaimed_total",
                 "SSD regions reclaimed whole to make room.",
             )?,
+            retirements_dropped_total: counter(
+                "kvtier_ssd_retirements_dropped_total",
+                "Replicas of dropped SSD objects given up before the directory retired them.",
+            )?,
+            retirements_pending: prometheus::IntGauge::new(
+                "kvtier_ssd_retirements_pending",
+                "Replicas of dropped SSD objects still to retire at the directory.",
+            )?,
             skipped_spills_total: IntCounterVec::new(
                 Opts::new(
                     "kvtier_ssd_skipped_spills_total",
@@ -110,9 +120,11 @@ impl SsdMetrics {
             &ssd.restore_bytes_total,
             &ssd.checksum_failures_total,
             &ssd.regions_reclaimed_total,
+            &ssd.retirements_dropped_total,
         ] {
             metrics.register(Box::new(family.clone()))?;
         }
+        metrics.register(Box::new(ssd.retirements_pending.clone()))?;
         metrics.register(Box::new(ssd.skipped_spills_total.clone()))?;
         metrics.register(Box::new(ssd.spill_duration_seconds.clone()))?;
         metrics.register(Box::new(ssd.restore_duration_seconds.clone()))?;
@@ -134,6 +146,13 @@ impl SsdMetrics {
     /// Records one restore's read time.
     pub fn observe_restore(&self, latency: Duration) {
         self.restore_duration_seconds.observe(latency.as_secs_f64());
+    }
+
+    /// Exports the retirements still to send and those given up so far.
+    pub fn retirements(&self, pending: usize, dropped: u64) {
+        self.retirements_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        catch_up(&self.retirements_dropped_total, dropped);
     }
 
     /// Exports the store's usage and counters.
@@ -188,7 +207,14 @@ mod tests {
         };
         ssd.publish(&usage, &counters);
         ssd.publish(&usage, &counters);
+        ssd.retirements(4, 2);
+        ssd.retirements(1, 3);
         let text = metrics.render();
+        assert!(text.contains("kvtier_ssd_retirements_pending 1"), "{text}");
+        assert!(
+            text.contains("kvtier_ssd_retirements_dropped_total 3"),
+            "{text}"
+        );
         assert!(text.contains("kvtier_ssd_spills_total 3"), "{text}");
         assert!(text.contains("kvtier_ssd_skipped_spills_total{reason=\"no_space\"} 2"));
         assert!(text.contains("kvtier_ssd_bytes{state=\"capacity\"} 1048576"));

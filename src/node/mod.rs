@@ -13,6 +13,7 @@
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 //! * `transfers`: the copies a node expects from its peers, and who may send each.
+//! * `retirements`: replicas the SSD store dropped, still to retire at the directory.
 
 pub mod accept;
 pub mod clients;
@@ -20,6 +21,7 @@ pub mod extents;
 pub mod holdings;
 pub mod liveness;
 pub mod operations;
+pub mod retirements;
 pub mod stores;
 pub mod tenants;
 pub mod transfers;

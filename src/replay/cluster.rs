@@ -14,7 +14,6 @@
 //! `kvtier replay --live` runs the same requests against real processes, and the two hit
 //! ratios must agree.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,12 +23,13 @@ use super::ssd::{self, SimulatedSsd};
 use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
-    ExtentGrant, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
+    ExtentGrant, Holding, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
 };
 use crate::model::{
     AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
     PoolId, PoolSpec, ReplicaId, Scope, SessionId, Timestamp,
 };
+use crate::node::holdings::Holdings;
 use crate::policy::cost::CostModel;
 use crate::policy::profiles::TierProfile;
 use crate::workload::namespace::demo_namespace;
@@ -123,6 +123,8 @@ pub struct ClusterTally {
     pub spilled: u64,
     /// Chunks restored from an SSD store by a load.
     pub restored: u64,
+    /// SSD regions the stores reclaimed whole to make room.
+    pub regions_reclaimed: u64,
     /// Estimated time to first token of each request, in microseconds, in trace order.
     pub ttft_us: Vec<f64>,
 }
@@ -196,14 +198,10 @@ struct SimulatedCluster {
     spilled: u64,
     restored: u64,
     /// The object at each location written and not yet reclaimed, as the nodes' holdings
-    /// know it (a spill reads its source's object from them). Bounded by the replicas the
-    /// pools hold.
-    held: HashMap<(PoolId, AllocationId), ObjectId>,
-}
-
-/// The key of `location` in [`SimulatedCluster::held`].
-fn held_key(location: &Location) -> (PoolId, AllocationId) {
-    (location.pool, location.allocation)
+    /// know it (a spill reads its source's object from them), at its generation: an SSD
+    /// offset is reused by a later fill of its region, and a reclaim queued for the old
+    /// object must not forget the new one. Bounded by the replicas the pools hold.
+    held: Holdings,
 }
 
 impl SimulatedCluster {
@@ -291,7 +289,7 @@ impl SimulatedCluster {
             replicated: 0,
             spilled: 0,
             restored: 0,
-            held: HashMap::new(),
+            held: Holdings::default(),
         })
     }
 
@@ -365,7 +363,7 @@ impl SimulatedCluster {
                     target,
                     target_pool,
                 } => {
-                    let object = self.held.get(&held_key(&source)).copied();
+                    let object = self.held.object_at(&source);
                     if self.ssd_pool(node) == Some(target_pool) {
                         self.spill(node, at, object, source.length_bytes, target)?;
                         continue;
@@ -376,12 +374,7 @@ impl SimulatedCluster {
                     source,
                     target,
                     target_pool,
-                } => (
-                    self.held.get(&held_key(&source)).copied(),
-                    target,
-                    target_pool,
-                    true,
-                ),
+                } => (self.held.object_at(&source), target, target_pool, true),
                 TaskKind::Receive {
                     object,
                     target,
@@ -401,7 +394,7 @@ impl SimulatedCluster {
                 .commit(at, session, operation, target, location)?;
             if committed == CommitOutcome::Committed {
                 if let Some(object) = object {
-                    self.held.insert(held_key(&location), object);
+                    self.held.published(Holding { object, location });
                 }
                 let copies = if replication {
                     &mut self.replicated
@@ -412,6 +405,15 @@ impl SimulatedCluster {
             }
         }
         Ok(())
+    }
+
+    /// SSD regions the nodes' stores reclaimed so far.
+    fn regions_reclaimed(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.ssd.as_ref())
+            .map(|ssd| ssd.regions_reclaimed)
+            .sum()
     }
 
     /// The SSD pool of node `node`, when it has one.
@@ -425,7 +427,8 @@ impl SimulatedCluster {
         if self.cxl.is_some_and(|(pool, _)| pool == location.pool) {
             self.nodes[node].cxl_free.push(location.offset_bytes);
         }
-        let object = self.held.remove(&held_key(location));
+        let object = self.held.object_at(location);
+        self.held.freed(location);
         if let (Some(ssd), Some(object)) = (self.nodes[node].ssd.as_mut(), object) {
             if ssd.pool == location.pool {
                 ssd.drop_object(&object, location);
@@ -452,6 +455,9 @@ impl SimulatedCluster {
             return Ok(());
         };
         let (location, evicted) = ssd.write(object, length_bytes);
+        for holding in &evicted {
+            self.held.freed(&holding.location);
+        }
         for batch in evicted.chunks(self.directory.config().batch_items_max.max(1) as usize) {
             self.directory.retire_held(session, batch)?;
         }
@@ -466,7 +472,7 @@ impl SimulatedCluster {
         let ssd = self.nodes[node].ssd.as_mut().context("the SSD went away")?;
         match committed {
             Ok(CommitOutcome::Committed) => {
-                self.held.insert(held_key(&location), object);
+                self.held.published(Holding { object, location });
                 self.spilled += 1;
             }
             Ok(CommitOutcome::AlreadyPresent) => ssd.drop_object(&object, &location),
@@ -629,7 +635,7 @@ impl SimulatedCluster {
                 .commit(now, session, operation, replica, location)?
                 == CommitOutcome::Committed
             {
-                self.held.insert(held_key(&location), object);
+                self.held.published(Holding { object, location });
                 published += 1;
             }
         }
@@ -677,7 +683,10 @@ impl SimulatedCluster {
                         .commit(now, session, operation, replica, location)?
                     {
                         CommitOutcome::Committed => {
-                            self.held.insert(held_key(&location), *object);
+                            self.held.published(Holding {
+                                object: *object,
+                                location,
+                            });
                             tally.stored += 1;
                         }
                         CommitOutcome::AlreadyPresent => {}
@@ -720,5 +729,9 @@ pub fn simulate(
     tally.replicated = cluster.replicated;
     tally.spilled = cluster.spilled;
     tally.restored = cluster.restored;
+    tally.regions_reclaimed = cluster.regions_reclaimed();
     Ok(tally)
 }
+
+#[cfg(test)]
+mod tests;

@@ -121,6 +121,7 @@ pub fn run(
     if config.ssd_blocks > 0 {
         live.spilled = moved_chunks(&cluster, "spill", config.chunk_bytes)?;
         live.restored = moved_chunks(&cluster, "restore", config.chunk_bytes)?;
+        live.regions_reclaimed = nodes_sum(&cluster, "kvtier_ssd_regions_reclaimed_total")? as u64;
     }
     live.replicated = replicated_chunks(&cluster)?;
     drop(cluster);
@@ -138,17 +139,22 @@ pub fn run(
 /// Chunks the cluster's nodes moved in `direction` (demote: one tier colder; spill: to
 /// SSD; restore: back from SSD), from their `kvtier_bytes_moved_total{direction=..}`.
 fn moved_chunks(cluster: &LocalCluster, direction: &str, chunk_bytes: u64) -> anyhow::Result<u64> {
-    let mut bytes = 0.0;
+    let series = format!("kvtier_bytes_moved_total{{direction=\"{direction}\"}}");
+    Ok(nodes_sum(cluster, &series)? as u64 / chunk_bytes.max(1))
+}
+
+/// The sum over the cluster's nodes of the metric `series` each exports.
+fn nodes_sum(cluster: &LocalCluster, series: &str) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
     for (name, address) in cluster.metrics_addresses() {
         if name == "directory" {
             continue;
         }
         let body = crate::launch::scrape_metrics(address)?;
-        let series = format!("kvtier_bytes_moved_total{{direction=\"{direction}\"}}");
-        bytes += crate::launch::metric_value(&body, &series)
-            .with_context(|| format!("node {name} exports no {direction} bytes"))?;
+        sum += crate::launch::metric_value(&body, series)
+            .with_context(|| format!("node {name} exports no {series}"))?;
     }
-    Ok(bytes as u64 / chunk_bytes.max(1))
+    Ok(sum)
 }
 
 /// Replications the directory saw completed, from its `kvtier_replications_total`.

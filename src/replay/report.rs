@@ -182,6 +182,8 @@ impl Report {
                 "simulated_chunks_spilled": live.simulated.spilled,
                 "chunks_restored": live.live.restored,
                 "simulated_chunks_restored": live.simulated.restored,
+                "ssd_regions_reclaimed": live.live.regions_reclaimed,
+                "simulated_ssd_regions_reclaimed": live.simulated.regions_reclaimed,
                 "ttft_p50_ms": ttft_ms(&live.live, 0.5),
                 "ttft_p95_ms": ttft_ms(&live.live, 0.95),
                 "simulated_ttft_p50_ms": ttft_ms(&live.simulated, 0.5),
@@ -258,15 +260,17 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  TTFT p50 {:.1} ms / p95 {:.1} ms (simulated {:.1} / {:.1}); chunks spilled to SSD {} / restored {} (simulated {} / {})",
+                "  TTFT p50 {:.1} ms / p95 {:.1} ms (simulated {:.1} / {:.1}); chunks spilled to SSD {} / restored {}, regions reclaimed {} (simulated {} / {}, {})",
                 ttft_ms(&live.live, 0.5),
                 ttft_ms(&live.live, 0.95),
                 ttft_ms(&live.simulated, 0.5),
                 ttft_ms(&live.simulated, 0.95),
                 live.live.spilled,
                 live.live.restored,
+                live.live.regions_reclaimed,
                 live.simulated.spilled,
-                live.simulated.restored
+                live.simulated.restored,
+                live.simulated.regions_reclaimed
             );
         }
         out

@@ -4,20 +4,19 @@
 //! reclaims whole regions, oldest fill first, when it needs room; the objects a reclaimed
 //! region held are retired at the directory by their locations, as the node does.
 
-use crate::backends::ssd::layout::object_footprint_bytes;
+use crate::backends::ssd::layout::objects_per_region;
 use crate::backends::ssd::region::{Entry, RegionTable};
 use crate::backends::ssd::store::REGION_COUNT_MAX;
 use crate::directory::Holding;
 use crate::launch::SSD_REGION_BYTES;
-use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId};
+use crate::model::{Location, ObjectId, PoolId};
 
 /// Bytes of an SSD store that holds `blocks` chunks of `chunk_bytes` (each behind its
 /// header block, none crossing a region): whole regions of [`SSD_REGION_BYTES`], enough
 /// for `blocks` chunks. The live replay gives its nodes stores of this size. Refuses more
 /// regions than a store opens ([`REGION_COUNT_MAX`]).
 pub fn store_bytes(blocks: u64, chunk_bytes: u64) -> anyhow::Result<u64> {
-    let per_region = (SSD_REGION_BYTES - crate::backends::ssd::layout::BLOCK_BYTES)
-        / object_footprint_bytes(chunk_bytes);
+    let per_region = objects_per_region(SSD_REGION_BYTES, chunk_bytes);
     let regions = blocks.div_ceil(per_region.max(1));
     anyhow::ensure!(
         regions <= REGION_COUNT_MAX,
@@ -33,6 +32,9 @@ pub struct SimulatedSsd {
     /// The store's pool at the directory.
     pub pool: PoolId,
     table: RegionTable,
+    /// Regions reclaimed whole to make room (the store's
+    /// `kvtier_ssd_regions_reclaimed_total`).
+    pub regions_reclaimed: u64,
 }
 
 impl SimulatedSsd {
@@ -43,18 +45,12 @@ impl SimulatedSsd {
         Ok(Self {
             pool,
             table: RegionTable::new(regions, SSD_REGION_BYTES),
+            regions_reclaimed: 0,
         })
     }
 
     fn location_of(&self, entry: &Entry) -> Location {
-        let offset_bytes = u64::from(entry.region) * SSD_REGION_BYTES + entry.data_offset();
-        Location {
-            pool: self.pool,
-            allocation: AllocationId(offset_bytes),
-            generation: Generation(entry.generation),
-            offset_bytes,
-            length_bytes: entry.length_bytes,
-        }
+        entry.place(SSD_REGION_BYTES).location(self.pool)
     }
 
     /// Whether the store holds `object` (a load that misses restores it).
@@ -79,6 +75,7 @@ impl SimulatedSsd {
         let Some((reservation, effects)) = self.table.reserve(length_bytes) else {
             return (None, Vec::new());
         };
+        self.regions_reclaimed += u64::from(effects.reclaimed_region);
         let evicted = effects
             .evicted
             .iter()
@@ -93,6 +90,18 @@ impl SimulatedSsd {
             .get(&object)
             .map(|entry| self.location_of(&entry));
         (location, evicted)
+    }
+
+    /// Every object the store holds, at its location.
+    #[cfg(test)]
+    pub fn holdings(&self) -> Vec<Holding> {
+        self.table
+            .entries()
+            .map(|(object, entry)| Holding {
+                object,
+                location: self.location_of(&entry),
+            })
+            .collect()
     }
 
     /// Drops `object` if the store still holds it at `location` (its replica was reclaimed,

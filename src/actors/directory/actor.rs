@@ -293,6 +293,9 @@ impl Actor for DirectoryActor {
         context.run_interval(self.tick_interval, |actor, _| {
             let report = actor.core.tick(actor.clock.now());
             actor.metrics.add_evictions(u64::from(report.evicted));
+            for (medium, total) in actor.core.evictions_by_medium() {
+                actor.metrics.set_directory_evictions(medium, total);
+            }
             actor.metrics.add_expirations(u64::from(report.expired));
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");

@@ -222,11 +222,15 @@ async fn heartbeat(services: &NodeServices) -> Beat {
 }
 
 /// The periodic clean-up, every task interval: frees the pages whose release is due,
-/// gives back extents that emptied, and publishes the pools' usage.
+/// sends again the SSD's retirements that failed, gives back extents that emptied, and
+/// publishes the pools' usage.
 async fn tidy(services: &NodeServices) {
     let due = services.core().holdings.due_frees(services.clock.now());
     for location in due {
         services.free(location).await;
+    }
+    if let Some(ssd) = &services.ssd {
+        super::ssd::retire_pending(services, ssd).await;
     }
     give_back_empty_extents(services).await;
     publish_usage(services).await;

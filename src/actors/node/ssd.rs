@@ -17,8 +17,9 @@ use crate::backends::ssd::{PinnedObject, SsdConfig, SsdStore, StoredPlace};
 use crate::directory::{AdoptOutcome, CommitOutcome, Holding};
 use crate::metrics::ssd::SsdMetrics;
 use crate::metrics::{Direction, Metrics};
-use crate::model::{AllocationId, Generation, Location, ObjectId, PoolId, PoolSpec};
+use crate::model::{Location, ObjectId, PoolId, PoolSpec};
 use crate::model::{ReplicaId, SessionId};
+use crate::node::retirements::Retirements;
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
 use actix::Addr;
@@ -36,6 +37,9 @@ pub struct NodeSsd {
     /// Restores in flight, joined by later loads and prefetches of the same object. Bounded
     /// by [`super::ssd_restore::RESTORES_IN_FLIGHT_MAX`].
     pub(super) restoring: Mutex<HashMap<ObjectId, tokio::sync::watch::Receiver<Option<bool>>>>,
+    /// Replicas of objects the store dropped, still to retire at the directory (bounded by
+    /// [`crate::node::retirements::RETIREMENTS_PENDING_MAX`]).
+    retirements: Mutex<Retirements>,
 }
 
 /// What a node registers again for its SSD pool in each new session.
@@ -67,28 +71,17 @@ impl NodeSsd {
         self.registration.pool
     }
 
-    /// The location of an object stored at `place`, as the directory records it: the
-    /// allocation is the data's offset in the store (one object per offset), the
-    /// generation the region fill that wrote it.
+    /// The location of an object stored at `place`, as the directory records it
+    /// ([`StoredPlace::location`] in the store's pool).
     pub fn location_of(&self, place: StoredPlace) -> Location {
-        Location {
-            pool: self.pool(),
-            allocation: AllocationId(place.offset_bytes),
-            generation: Generation(place.generation),
-            offset_bytes: place.offset_bytes,
-            length_bytes: place.length_bytes,
-        }
+        place.location(self.pool())
     }
 
     /// Drops `object`, held at `location`, from the store (its replica was reclaimed or
     /// refused): its space comes back with its region.
     pub fn drop_object(&self, object: &ObjectId, location: &Location) {
-        let place = StoredPlace {
-            offset_bytes: location.offset_bytes,
-            length_bytes: location.length_bytes,
-            generation: location.generation.0,
-        };
-        self.store.remove(object, &place);
+        self.store
+            .remove(object, &StoredPlace::of_location(location));
         self.publish();
     }
 }
@@ -135,6 +128,7 @@ pub async fn open(
             admit_after_accesses,
         },
         restoring: Mutex::default(),
+        retirements: Mutex::default(),
     };
     ssd.publish();
     Ok(Some(Arc::new(ssd)))
@@ -333,8 +327,9 @@ async fn read_chunks(
 
 /// Retires at the directory the replicas of the objects the store dropped to free a
 /// region (their bytes are gone), whether this process spilled them or adopted them at a
-/// restart: each is named by its location, in batches of the link's bound, so a probe
-/// stops reporting them as on SSD.
+/// restart: each is named by its location, queued, and sent at once in batches of the
+/// link's bound, so a probe stops reporting them as on SSD. What is not retired now is sent
+/// again from the node's task loop ([`retire_pending`]).
 async fn retire_evicted(
     services: &NodeServices,
     ssd: &NodeSsd,
@@ -350,20 +345,42 @@ async fn retire_evicted(
     for holding in &holdings {
         services.core().holdings.freed(&holding.location);
     }
-    let batch = services.link.binding().batch_items_max.max(1);
-    for chunk in holdings.chunks(batch) {
-        let request = DirectoryRequest::RetireHeld {
-            holdings: chunk.to_vec(),
-        };
-        match services.link.call(request).await {
-            Ok(DirectoryReply::Error(error)) => {
-                tracing::warn!(
-                    ?error,
-                    "the directory refused to retire replicas the SSD dropped"
-                );
-            }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "retiring replicas the SSD dropped failed"),
-        }
+    let dropped = lock(&ssd.retirements).push(holdings);
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "too many SSD replicas waiting to be retired; some given up"
+        );
     }
+    retire_pending(services, ssd).await;
+}
+
+/// Sends the retirements waiting, in batches of the link's bound, until one fails: what
+/// failed waits for the next call (the node's task loop calls this every task interval),
+/// each holding up to [`crate::node::retirements::RETIRE_ATTEMPTS_MAX`] sends.
+pub async fn retire_pending(services: &NodeServices, ssd: &NodeSsd) {
+    let items = services.link.binding().batch_items_max.max(1);
+    loop {
+        let Some(batch) = lock(&ssd.retirements).take(items) else {
+            break;
+        };
+        let request = DirectoryRequest::RetireHeld {
+            holdings: batch.holdings.clone(),
+        };
+        let failure = match services.link.call(request).await {
+            Ok(DirectoryReply::Error(error)) => format!("refused: {error:?}"),
+            Ok(_) => continue,
+            Err(error) => error.to_string(),
+        };
+        let dropped = lock(&ssd.retirements).failed(batch);
+        tracing::warn!(
+            %failure,
+            dropped,
+            "retiring replicas the SSD dropped failed; sent again at the next task interval"
+        );
+        break;
+    }
+    let retirements = lock(&ssd.retirements);
+    ssd.metrics
+        .retirements(retirements.len(), retirements.dropped());
 }

@@ -280,24 +280,52 @@ fn stage<'a>(
     Some((op, buffer))
 }
 
-fn run_uring(
-    ring: &mut io_uring::IoUring,
-    slots: &mut [Option<AlignedBuffer>],
+/// CPU work between submissions longer than this (preparing writes: a copy in and a
+/// checksum; handling reads: a checksum and a copy out) submits what it queued so far at
+/// once, instead of after every free slot is prepared or every reaped completion handled:
+/// the device gets each request while the CPU works on the next. Raw transfers, which do
+/// no such work, never reach it and pay no extra system call.
+const EARLY_SUBMIT_AFTER: Duration = Duration::from_micros(20);
+
+/// One [`IoQueue::run`] through io_uring: which slots are free, which hold a request in
+/// flight, and the next request to prepare.
+struct UringRun<'a> {
+    ring: &'a mut io_uring::IoUring,
+    slots: &'a mut [Option<AlignedBuffer>],
     limit: usize,
+    free: Vec<usize>,
+    in_flight: Vec<Option<InFlight>>,
+    outstanding: usize,
+    next: usize,
     count: usize,
-    requests: &mut impl IoRequests,
-) {
-    let mut free: Vec<usize> = (0..slots.len()).rev().collect();
-    let mut in_flight: Vec<Option<InFlight>> = (0..slots.len()).map(|_| None).collect();
-    let mut next = 0;
-    let mut outstanding = 0usize;
-    let mut completions = Vec::with_capacity(slots.len());
-    loop {
-        while next < count {
-            let Some(&slot) = free.last() else { break };
-            let request = next;
-            next += 1;
-            let Some((op, buffer)) = stage(requests, request, &mut slots[slot], limit) else {
+    /// Entries queued on the ring and not yet submitted.
+    unsubmitted: usize,
+    /// When the ring was last submitted to.
+    submitted_at: Instant,
+}
+
+impl UringRun<'_> {
+    /// Submits the entries queued when the CPU has worked for [`EARLY_SUBMIT_AFTER`] since
+    /// the last submission. A failed submit leaves them queued for the next
+    /// `submit_and_wait`, which reports the error.
+    fn submit_if_late(&mut self) {
+        if self.unsubmitted > 0 && self.submitted_at.elapsed() >= EARLY_SUBMIT_AFTER {
+            if self.ring.submit().is_ok() {
+                self.unsubmitted = 0;
+            }
+            self.submitted_at = Instant::now();
+        }
+    }
+
+    /// Prepares requests into the free slots and queues them on the ring, submitting early
+    /// when preparing them is slow ([`UringRun::submit_if_late`]).
+    fn queue(&mut self, requests: &mut impl IoRequests) {
+        while self.next < self.count {
+            let Some(&slot) = self.free.last() else { break };
+            let request = self.next;
+            self.next += 1;
+            let Some((op, buffer)) = stage(requests, request, &mut self.slots[slot], self.limit)
+            else {
                 continue;
             };
             let length = u32::try_from(op.length).unwrap_or(u32::MAX);
@@ -320,7 +348,7 @@ fn run_uring(
             .user_data(slot as u64);
             // SAFETY: the slot's buffer lives in the queue for its whole lifetime and is
             // not reused before this entry's completion is reaped.
-            if unsafe { ring.submission().push(&entry) }.is_err() {
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
                 requests.complete(
                     request,
                     &[],
@@ -329,18 +357,48 @@ fn run_uring(
                 );
                 continue;
             }
-            free.pop();
-            in_flight[slot] = Some(InFlight {
+            self.free.pop();
+            self.in_flight[slot] = Some(InFlight {
                 request,
                 length: op.length,
                 started: Instant::now(),
             });
-            outstanding += 1;
+            self.outstanding += 1;
+            self.unsubmitted += 1;
+            self.submit_if_late();
         }
-        if outstanding == 0 {
+    }
+}
+
+fn run_uring(
+    ring: &mut io_uring::IoUring,
+    slots: &mut [Option<AlignedBuffer>],
+    limit: usize,
+    count: usize,
+    requests: &mut impl IoRequests,
+) {
+    let depth = slots.len();
+    let mut run = UringRun {
+        ring,
+        slots,
+        limit,
+        free: (0..depth).rev().collect(),
+        in_flight: (0..depth).map(|_| None).collect(),
+        outstanding: 0,
+        next: 0,
+        count,
+        unsubmitted: 0,
+        submitted_at: Instant::now(),
+    };
+    let mut completions = Vec::with_capacity(depth);
+    loop {
+        run.queue(requests);
+        if run.outstanding == 0 {
             return;
         }
-        if let Err(error) = ring.submit_and_wait(1) {
+        let waited = run.ring.submit_and_wait(1);
+        run.submitted_at = Instant::now();
+        if let Err(error) = waited {
             if matches!(
                 error.raw_os_error(),
                 Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
@@ -349,35 +407,43 @@ fn run_uring(
             }
             // The ring is unusable: every request still in flight fails. Their buffers stay
             // in the queue, so a late completion writes only into memory the queue owns.
-            for (slot, state) in in_flight.iter_mut().enumerate() {
+            for (slot, state) in run.in_flight.iter_mut().enumerate() {
                 if let Some(state) = state.take() {
                     let message = io::Error::new(error.kind(), error.to_string());
                     requests.complete(state.request, &[], Err(message), Duration::ZERO);
-                    free.push(slot);
+                    run.free.push(slot);
                 }
             }
             return;
         }
+        run.unsubmitted = 0;
         completions.clear();
         completions.extend(
-            ring.completion()
+            run.ring
+                .completion()
                 .map(|entry| (entry.user_data() as usize, entry.result())),
         );
         for &(slot, result) in &completions {
-            let Some(state) = in_flight.get_mut(slot).and_then(Option::take) else {
+            let Some(state) = run.in_flight.get_mut(slot).and_then(Option::take) else {
                 continue;
             };
-            outstanding -= 1;
+            run.outstanding -= 1;
             let result = if result < 0 {
                 Err(io::Error::from_raw_os_error(-result))
             } else {
                 Ok(result as usize)
             };
-            let bytes = slots[slot]
+            let bytes = run.slots[slot]
                 .as_ref()
                 .map_or(&[][..], |buffer| &buffer.as_slice()[..state.length]);
             requests.complete(state.request, bytes, result, state.started.elapsed());
-            free.push(slot);
+            run.free.push(slot);
+            // Slow completions (a checksum and a copy): the slots they freed get their next
+            // requests now, so the device works while the CPU handles the rest of the reap.
+            if run.submitted_at.elapsed() >= EARLY_SUBMIT_AFTER {
+                run.queue(requests);
+                run.submit_if_late();
+            }
         }
     }
 }

@@ -33,7 +33,8 @@
 //! A header whose checksum fails also ends the scan of its region (its length cannot be
 //! trusted); an object whose header is sound but whose data checksum fails is skipped.
 
-use crate::model::{NamespaceId, ObjectId, PrefixDigest};
+use crate::model::PrefixDigest;
+use crate::model::{AllocationId, Generation, Location, NamespaceId, ObjectId, PoolId};
 
 /// The unit of alignment of every offset and length on disk (and of direct I/O buffers).
 pub const BLOCK_BYTES: u64 = 4096;
@@ -51,6 +52,64 @@ pub const OBJECT_MAGIC: [u8; 8] = *b"KVTSSDOB";
 /// whole blocks.
 pub fn object_footprint_bytes(length_bytes: u64) -> u64 {
     BLOCK_BYTES + length_bytes.next_multiple_of(BLOCK_BYTES)
+}
+
+/// Objects of `length_bytes` one region of `region_bytes` holds: its header block, then
+/// their footprints back to back.
+pub fn objects_per_region(region_bytes: u64, length_bytes: u64) -> u64 {
+    region_bytes.saturating_sub(BLOCK_BYTES) / object_footprint_bytes(length_bytes)
+}
+
+/// Where a stored object's data is in the store's address space: the regions laid end to
+/// end, region `r`'s file at `r × region_bytes`. One offset names one object of one fill;
+/// the directory records it as the object's location in the store's pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredPlace {
+    /// Offset of the data: region index × region size + offset in the region file.
+    pub offset_bytes: u64,
+    /// Length of the data.
+    pub length_bytes: u64,
+    /// The region fill that wrote it.
+    pub generation: u64,
+}
+
+impl StoredPlace {
+    /// The place of an object of `length_bytes` whose data is at `data_offset` in the file
+    /// of region `region` (of `region_bytes`), written by fill `generation`.
+    pub fn new(
+        region_bytes: u64,
+        region: u32,
+        data_offset: u64,
+        length_bytes: u64,
+        generation: u64,
+    ) -> StoredPlace {
+        StoredPlace {
+            offset_bytes: u64::from(region) * region_bytes + data_offset,
+            length_bytes,
+            generation,
+        }
+    }
+
+    /// The location the directory records for it in the store's pool `pool`: the
+    /// allocation is the data's offset (one object per offset), the generation the fill.
+    pub fn location(&self, pool: PoolId) -> Location {
+        Location {
+            pool,
+            allocation: AllocationId(self.offset_bytes),
+            generation: Generation(self.generation),
+            offset_bytes: self.offset_bytes,
+            length_bytes: self.length_bytes,
+        }
+    }
+
+    /// The place a location in the store's pool names ([`StoredPlace::location`] undone).
+    pub fn of_location(location: &Location) -> StoredPlace {
+        StoredPlace {
+            offset_bytes: location.offset_bytes,
+            length_bytes: location.length_bytes,
+            generation: location.generation.0,
+        }
+    }
 }
 
 /// The file name of region `index`.
@@ -235,5 +294,19 @@ mod tests {
         assert_eq!(object_footprint_bytes(4096), 2 * BLOCK_BYTES);
         assert_eq!(object_footprint_bytes(4097), 3 * BLOCK_BYTES);
         assert_eq!(region_file_name(7), "region-00007.kvtier-ssd");
+    }
+
+    #[test]
+    fn a_region_holds_whole_footprints_and_places_name_one_offset_each() {
+        let region_bytes = 4 << 20;
+        assert_eq!(objects_per_region(region_bytes, 64 << 10), 60);
+        assert_eq!(objects_per_region(region_bytes, 4 << 20), 0);
+        assert_eq!(objects_per_region(region_bytes, 1), 511);
+        let place = StoredPlace::new(region_bytes, 2, 5 * BLOCK_BYTES, 100, 9);
+        assert_eq!(place.offset_bytes, 2 * region_bytes + 5 * BLOCK_BYTES);
+        let location = place.location(PoolId(3));
+        assert_eq!(location.allocation, AllocationId(place.offset_bytes));
+        assert_eq!(location.generation, Generation(9));
+        assert_eq!(StoredPlace::of_location(&location), place);
     }
 }

@@ -8,7 +8,7 @@
 //! (an object takes at least a header block and a data block), so the index holds at most
 //! `capacity_bytes / 8 KiB` entries.
 
-use super::layout::{object_footprint_bytes, BLOCK_BYTES};
+use super::layout::{object_footprint_bytes, StoredPlace, BLOCK_BYTES};
 use crate::model::ObjectId;
 use std::collections::HashMap;
 
@@ -37,6 +37,17 @@ impl Entry {
     /// Bytes the object occupies in its region.
     pub fn footprint_bytes(&self) -> u64 {
         object_footprint_bytes(self.length_bytes)
+    }
+
+    /// Where the data is in the address space of a store of regions of `region_bytes`.
+    pub fn place(&self, region_bytes: u64) -> StoredPlace {
+        StoredPlace::new(
+            region_bytes,
+            self.region,
+            self.data_offset(),
+            self.length_bytes,
+            self.generation,
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::error::{SkipReason, SsdError};
 use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
+pub use super::layout::StoredPlace;
 use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
@@ -188,18 +189,6 @@ pub struct WriteBatch {
     pub evicted: Vec<(ObjectId, StoredPlace)>,
 }
 
-/// Where a stored object's data is in the store's address space (see
-/// [`SsdStore::place_of`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoredPlace {
-    /// Offset of the data: region index × region size + offset in the region file.
-    pub offset_bytes: u64,
-    /// Length of the data.
-    pub length_bytes: u64,
-    /// The region fill that wrote it.
-    pub generation: u64,
-}
-
 /// An object's bytes in place, for a reader that reads the file itself (GPUDirect
 /// Storage). The region stays protected from reuse until [`SsdStore::unpin`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -363,11 +352,7 @@ impl SsdStore {
     }
 
     fn place(&self, entry: &Entry) -> StoredPlace {
-        StoredPlace {
-            offset_bytes: u64::from(entry.region) * self.config.region_bytes + entry.data_offset(),
-            length_bytes: entry.length_bytes,
-            generation: entry.generation,
-        }
+        entry.place(self.config.region_bytes)
     }
 
     /// Every object the store holds, with its place (at most the store's index: one entry

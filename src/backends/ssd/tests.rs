@@ -359,3 +359,34 @@ fn a_full_file_system_skips_spills_with_a_counted_reason_and_keeps_what_it_holds
         ReadOutcome::Miss
     ));
 }
+
+/// Keeps the CPU busy for `duration` (a completion's checksum and copy, slowed down).
+fn busy_for(duration: std::time::Duration) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < duration {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn slow_completions_submit_early_and_every_read_still_lands_in_its_own_slot() {
+    let directory = tempfile::tempdir().unwrap();
+    let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
+    let objects: Vec<_> = (0..40)
+        .map(|index| (object(index), bytes(index, 20_000 + index as usize * 512)))
+        .collect();
+    write_all(&store, &objects);
+    let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
+    let mut found = vec![Vec::new(); ids.len()];
+    let outcomes = store.read_batch(&ids, |index, data| {
+        busy_for(std::time::Duration::from_micros(50));
+        found[index] = data.to_vec();
+    });
+    for (index, outcome) in outcomes.iter().enumerate() {
+        assert!(
+            matches!(outcome, ReadOutcome::Hit { .. }),
+            "{index}: {outcome:?}"
+        );
+        assert_eq!(found[index], objects[index].1, "object {index}");
+    }
+}
