@@ -327,9 +327,10 @@ async fn read_chunks(
 
 /// Retires at the directory the replicas of the objects the store dropped to free a
 /// region (their bytes are gone), whether this process spilled them or adopted them at a
-/// restart: each is named by its location, queued, and sent at once in batches of the
-/// link's bound, so a probe stops reporting them as on SSD. What is not retired now is sent
-/// again from the node's task loop ([`retire_pending`]).
+/// restart: each is named by its location and sent at once in batches of the link's bound,
+/// so a probe stops reporting them as on SSD. Only these are sent here (a spill waits on
+/// this call); a batch that fails is queued and sent again from the node's task loop
+/// ([`retire_pending`]).
 async fn retire_evicted(
     services: &NodeServices,
     ssd: &NodeSsd,
@@ -345,14 +346,18 @@ async fn retire_evicted(
     for holding in &holdings {
         services.core().holdings.freed(&holding.location);
     }
-    let dropped = lock(&ssd.retirements).push(holdings);
-    if dropped > 0 {
-        tracing::warn!(
-            dropped,
-            "too many SSD replicas waiting to be retired; some given up"
-        );
+    let items = services.link.binding().batch_items_max.max(1);
+    for batch in holdings.chunks(items) {
+        if let Err(failure) = send_retirements(services, batch.to_vec()).await {
+            let dropped = lock(&ssd.retirements).push(batch.to_vec());
+            tracing::warn!(
+                %failure,
+                dropped,
+                "retiring replicas the SSD dropped failed; sent again at the next task interval"
+            );
+        }
     }
-    retire_pending(services, ssd).await;
+    report_retirements(ssd);
 }
 
 /// Sends the retirements waiting, in batches of the link's bound, until one fails: what
@@ -364,13 +369,8 @@ pub async fn retire_pending(services: &NodeServices, ssd: &NodeSsd) {
         let Some(batch) = lock(&ssd.retirements).take(items) else {
             break;
         };
-        let request = DirectoryRequest::RetireHeld {
-            holdings: batch.holdings.clone(),
-        };
-        let failure = match services.link.call(request).await {
-            Ok(DirectoryReply::Error(error)) => format!("refused: {error:?}"),
-            Ok(_) => continue,
-            Err(error) => error.to_string(),
+        let Err(failure) = send_retirements(services, batch.holdings.clone()).await else {
+            continue;
         };
         let dropped = lock(&ssd.retirements).failed(batch);
         tracing::warn!(
@@ -380,6 +380,25 @@ pub async fn retire_pending(services: &NodeServices, ssd: &NodeSsd) {
         );
         break;
     }
+    report_retirements(ssd);
+}
+
+/// One `RetireHeld` for `holdings`: why it failed, when the directory refused it or the
+/// link failed.
+async fn send_retirements(services: &NodeServices, holdings: Vec<Holding>) -> Result<(), String> {
+    match services
+        .link
+        .call(DirectoryRequest::RetireHeld { holdings })
+        .await
+    {
+        Ok(DirectoryReply::Error(error)) => Err(format!("refused: {error:?}")),
+        Ok(_) => Ok(()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Publishes the retirement queue's length and the holdings it gave up.
+fn report_retirements(ssd: &NodeSsd) {
     let retirements = lock(&ssd.retirements);
     ssd.metrics
         .retirements(retirements.len(), retirements.dropped());

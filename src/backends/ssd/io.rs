@@ -190,18 +190,31 @@ impl IoQueue {
 
     /// Runs requests `0..count` with at most `depth` in flight. If the ring itself fails,
     /// the requests in flight complete with its error and `run` returns early: requests
-    /// never prepared are never completed, and the caller treats them as not done. A request
+    /// never prepared are never completed, and the caller treats them as not done; the queue
+    /// uses pread/pwrite from then on. A request
     /// longer than `slot_bytes`, or a write longer than what it staged, panics (a caller bug).
     pub fn run(&mut self, count: usize, requests: &mut impl IoRequests) {
         let limit = self.slot_bytes;
         match &mut self.backend {
-            Backend::Uring(ring) => run_uring(
-                ring,
-                &mut self.slots[..self.depth_limit],
-                limit,
-                count,
-                requests,
-            ),
+            Backend::Uring(ring) => {
+                let ran = run_uring(
+                    ring,
+                    &mut self.slots[..self.depth_limit],
+                    limit,
+                    count,
+                    requests,
+                );
+                if let Err(stranded) = ran {
+                    // The kernel may still own the ring and the buffers of the requests
+                    // that were in flight: both are leaked, never reused or freed (at most
+                    // `depth` buffers, once per queue), and the queue goes on with
+                    // pread/pwrite.
+                    for slot in stranded {
+                        std::mem::forget(self.slots[slot].take());
+                    }
+                    std::mem::forget(std::mem::replace(&mut self.backend, Backend::Blocking));
+                }
+            }
             Backend::Blocking => {
                 for request in 0..count {
                     let Some((op, buffer)) = stage(requests, request, &mut self.slots[0], limit)
@@ -376,7 +389,7 @@ fn run_uring(
     limit: usize,
     count: usize,
     requests: &mut impl IoRequests,
-) {
+) -> Result<(), Vec<usize>> {
     let depth = slots.len();
     let mut run = UringRun {
         ring,
@@ -394,7 +407,7 @@ fn run_uring(
     loop {
         run.queue(requests);
         if run.outstanding == 0 {
-            return;
+            return Ok(());
         }
         let waited = run.ring.submit_and_wait(1);
         run.submitted_at = Instant::now();
@@ -405,16 +418,17 @@ fn run_uring(
             ) {
                 continue;
             }
-            // The ring is unusable: every request still in flight fails. Their buffers stay
-            // in the queue, so a late completion writes only into memory the queue owns.
+            // The ring is unusable: every request still in flight fails, and its slot is
+            // handed back as stranded (the kernel may still write its buffer).
+            let mut stranded = Vec::new();
             for (slot, state) in run.in_flight.iter_mut().enumerate() {
                 if let Some(state) = state.take() {
                     let message = io::Error::new(error.kind(), error.to_string());
                     requests.complete(state.request, &[], Err(message), Duration::ZERO);
-                    run.free.push(slot);
+                    stranded.push(slot);
                 }
             }
-            return;
+            return Err(stranded);
         }
         run.unsubmitted = 0;
         completions.clear();
@@ -442,7 +456,6 @@ fn run_uring(
             // requests now, so the device works while the CPU handles the rest of the reap.
             if run.submitted_at.elapsed() >= EARLY_SUBMIT_AFTER {
                 run.queue(requests);
-                run.submit_if_late();
             }
         }
     }
