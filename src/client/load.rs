@@ -4,7 +4,7 @@
 use super::batches::batch_lengths;
 use super::{unexpected, Client, ClientError, LoadedView, LEASE_MARGIN_DIVISOR};
 use crate::directory::{AcquireMode, AcquireOutcome, Lease};
-use crate::model::ObjectId;
+use crate::model::{LeaseId, ObjectId};
 use crate::protocol::messages::{ClientReply, ClientRequest};
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,18 @@ impl Client {
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
+        let (hits, leases) = self.copy_views(views, buffers);
+        self.release(&leases).await?;
+        Ok(hits)
+    }
+
+    /// Copies each view into its buffer (in order) and ends the views: whether each was a
+    /// hit, and the leases to release now (those the background releaser had no room for).
+    pub(super) fn copy_views(
+        &self,
+        views: Vec<Option<LoadedView>>,
+        buffers: &mut [&mut [u8]],
+    ) -> (Vec<bool>, Vec<LeaseId>) {
         let mut hits = Vec::with_capacity(views.len());
         let mut leases = Vec::new();
         for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
@@ -123,8 +135,7 @@ impl Client {
                 leases.push(lease);
             }
         }
-        self.release(&leases).await?;
-        Ok(hits)
+        (hits, leases)
     }
 
     fn view(&self, lease: Lease, sent: Instant) -> Result<LoadedView, ClientError> {

@@ -8,9 +8,11 @@
 //! [`StoreOutcome::Skipped`], never an error: the engine simply recomputes later.
 
 mod batches;
+mod blocking;
 mod load;
 mod store;
 
+pub use blocking::STORE_BATCHES_COMMITTING_MAX;
 pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 

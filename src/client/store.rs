@@ -94,26 +94,48 @@ impl Client {
         &self,
         items: &[(ObjectId, &[u8])],
     ) -> Vec<Result<StoreOutcome, ClientError>> {
+        let reserve = items.iter().map(|(object, bytes)| ReserveItem {
+            object: *object,
+            length_bytes: bytes.len() as u64,
+        });
+        match self.begin_batch(reserve.collect()).await {
+            Ok(grants) => {
+                let bytes = items.iter().map(|(_, bytes)| *bytes);
+                let copied = self.copy_batch(grants, bytes);
+                self.finish_batch(copied).await
+            }
+            Err(error) => every_item(items.len(), &error),
+        }
+    }
+
+    /// The `BeginStoreMany` of a batch: one grant (or refusal) per item, in order.
+    pub(super) async fn begin_batch(
+        &self,
+        items: Vec<ReserveItem>,
+    ) -> Result<BatchGrants, ClientError> {
         let sent = Instant::now();
-        let request = ClientRequest::BeginStoreMany {
-            items: items
-                .iter()
-                .map(|(object, bytes)| ReserveItem {
-                    object: *object,
-                    length_bytes: bytes.len() as u64,
-                })
-                .collect(),
+        let count = items.len();
+        match self.call(ClientRequest::BeginStoreMany { items }).await? {
+            ClientReply::Grants(grants) if grants.len() == count => {
+                Ok(BatchGrants { sent, grants })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Copies each granted item's bytes (one slice per grant, in order) into its pages.
+    pub(super) fn copy_batch<'a>(
+        &self,
+        grants: BatchGrants,
+        bytes: impl IntoIterator<Item = &'a [u8]>,
+    ) -> CopiedBatch {
+        let mut copied = CopiedBatch {
+            outcomes: Vec::with_capacity(grants.grants.len()),
+            commits: Vec::new(),
+            aborts: Vec::new(),
         };
-        let grants = match self.call(request).await {
-            Ok(ClientReply::Grants(grants)) if grants.len() == items.len() => grants,
-            Ok(other) => return every_item(items.len(), &unexpected(other)),
-            Err(error) => return every_item(items.len(), &error),
-        };
-        let mut outcomes: Vec<Result<StoreOutcome, ClientError>> = Vec::with_capacity(items.len());
-        let mut commits = Vec::new();
-        let mut aborts = Vec::new();
-        for (index, (grant, (_, bytes))) in grants.into_iter().zip(items).enumerate() {
-            outcomes.push(match granted(sent, grant) {
+        for (index, (grant, bytes)) in grants.grants.into_iter().zip(bytes).enumerate() {
+            copied.outcomes.push(match granted(grants.sent, grant) {
                 Granted::Done(outcome) => outcome,
                 Granted::Write {
                     ticket,
@@ -121,21 +143,31 @@ impl Client {
                     valid_until,
                 } => match self.write_granted(location, bytes, valid_until) {
                     Ok(true) => {
-                        commits.push((index, ticket));
+                        copied.commits.push((index, ticket));
                         Ok(StoreOutcome::Stored)
                     }
                     written => {
-                        aborts.push(ticket);
+                        copied.aborts.push(ticket);
                         written.map(|_| StoreOutcome::Skipped)
                     }
                 },
             });
         }
-        let aborted = futures_util::future::join_all(
-            aborts
-                .into_iter()
-                .map(|ticket| self.call(ClientRequest::AbortStore { ticket })),
-        );
+        copied
+    }
+
+    /// The `CommitStoreMany` of a copied batch (and the aborts of the copies that failed):
+    /// the batch's outcomes, one per item in order.
+    pub(super) async fn finish_batch(
+        &self,
+        copied: CopiedBatch,
+    ) -> Vec<Result<StoreOutcome, ClientError>> {
+        let CopiedBatch {
+            mut outcomes,
+            commits,
+            aborts,
+        } = copied;
+        let aborted = self.abort_tickets(aborts);
         let commit = async {
             if commits.is_empty() {
                 return Ok(ClientReply::StoredMany(Vec::new()));
@@ -143,7 +175,7 @@ impl Client {
             let tickets = commits.iter().map(|(_, ticket)| *ticket).collect();
             self.call(ClientRequest::CommitStoreMany { tickets }).await
         };
-        let (committed, _) = futures_util::join!(commit, aborted);
+        let (committed, ()) = futures_util::join!(commit, aborted);
         match committed {
             Ok(ClientReply::StoredMany(committed)) if committed.len() == commits.len() => {
                 for ((index, _), committed) in commits.iter().zip(committed) {
@@ -161,6 +193,15 @@ impl Client {
             }
         }
         outcomes
+    }
+
+    /// Gives granted tickets back at once (their pages free, their reservations aborted)
+    /// rather than leaving them to expire. Best effort: a ticket not aborted expires.
+    pub(super) async fn abort_tickets(&self, tickets: Vec<u64>) {
+        let aborted = tickets
+            .into_iter()
+            .map(|ticket| self.call(ClientRequest::AbortStore { ticket }));
+        futures_util::future::join_all(aborted).await;
     }
 
     /// Copies `bytes` into a granted `location`; `Ok(false)` when the grant ran out before
@@ -184,6 +225,33 @@ impl Client {
         })?;
         Ok(Instant::now() < valid_until)
     }
+}
+
+/// A batch's grants, one per item, and when their request was sent.
+pub(super) struct BatchGrants {
+    sent: Instant,
+    grants: Vec<Result<StoreGrant, ProtocolError>>,
+}
+
+impl BatchGrants {
+    /// The tickets of the grants that let the client write (to abort when it will not).
+    pub(super) fn tickets(&self) -> Vec<u64> {
+        self.grants
+            .iter()
+            .filter_map(|grant| match grant {
+                Ok(StoreGrant::Write { ticket, .. }) => Some(*ticket),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A batch after its copies: the outcomes known so far, the tickets to commit (with their
+/// items' indexes) and those to abort.
+pub(super) struct CopiedBatch {
+    outcomes: Vec<Result<StoreOutcome, ClientError>>,
+    commits: Vec<(usize, u64)>,
+    aborts: Vec<u64>,
 }
 
 /// What a store's grant asks of the client: a copy to make, or nothing more (the store's
@@ -234,6 +302,9 @@ fn grant_deadline(sent: Instant, valid_ms: u64) -> Instant {
 }
 
 /// `error` as the outcome of each of `items` items of a batch that failed whole.
-fn every_item(items: usize, error: &ClientError) -> Vec<Result<StoreOutcome, ClientError>> {
+pub(super) fn every_item(
+    items: usize,
+    error: &ClientError,
+) -> Vec<Result<StoreOutcome, ClientError>> {
     (0..items).map(|_| Err(error.for_item())).collect()
 }
