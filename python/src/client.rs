@@ -235,7 +235,7 @@ impl Client {
     }
 
     /// Stores several buffers; one status per key, in order. The keys go in batches of up
-    /// to 64 keys and 4 MiB (a larger buffer alone), each one round trip to reserve and one
+    /// to 64 keys and 8 MiB (a larger buffer alone), each one round trip to reserve and one
     /// to commit, pipelined: this thread copies one batch while kvtier's threads reserve
     /// the next ones and commit the previous ones. A full pool skips only the keys past its
     /// room. The first error (if any) is raised after every store finished.
@@ -307,7 +307,7 @@ impl Client {
     /// memoryview, numpy arrays, CPU torch tensors as numpy; each at least the object's
     /// length), straight from the pools, and gives the leases back. Returns one bool per
     /// key: whether it was a hit. Any number of keys: they go in batches of up to 64 keys
-    /// and 4 MiB of buffers, this thread copying one while kvtier's threads lease the next.
+    /// and 8 MiB of buffers, this thread copying one while kvtier's threads lease the next.
     fn load_into(
         &self,
         py: Python<'_>,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub const LOAD_BATCH_ITEMS_MAX: usize = 64;
 /// Buffer bytes one `load_into` batch covers at most (one larger buffer goes alone), as
 /// [`STORE_BATCH_BYTES_MAX`](super::STORE_BATCH_BYTES_MAX) for stores.
-pub const LOAD_BATCH_BYTES_MAX: u64 = 4 << 20;
+pub const LOAD_BATCH_BYTES_MAX: u64 = 8 << 20;
 /// `load_into` batches in flight at once: one call holds at most 4 × 64 leases and
 /// 4 × [`LOAD_BATCH_BYTES_MAX`] of objects (or 4 objects, where they are larger) at a time.
 pub const LOAD_BATCHES_IN_FLIGHT: usize = 4;
