@@ -154,7 +154,8 @@ impl Client {
 
     /// [`Client::load_into`] for a caller outside the runtime: it blocks the calling
     /// thread, which makes the copies, while tasks on `runtime` acquire the next batches
-    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead) and release the leases. Must not be
+    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead) and release the leases (in one request
+    /// per [`LOAD_BATCH_ITEMS_MAX`] leases, the rest after the last copy). Must not be
     /// called from a task of a runtime. Errors with the first batch's error; the batches
     /// already acquired then are released without a copy.
     pub fn load_into_blocking(
@@ -170,6 +171,9 @@ impl Client {
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut acquiring: VecDeque<(usize, oneshot::Receiver<Views>)> = VecDeque::new();
         let mut hits = Vec::with_capacity(count);
+        // Leases copied from and not yet released: one release for up to a batch's worth, so
+        // the node and the directory are not woken per batch while this thread copies.
+        let mut copied: Vec<LeaseId> = Vec::new();
         let mut failed = None;
         loop {
             while failed.is_none() && acquiring.len() < LOAD_BATCHES_IN_FLIGHT {
@@ -195,7 +199,10 @@ impl Client {
                 Ok(Ok(views)) if failed.is_none() => {
                     let (batch, leases) = self.copy_views(views, targets);
                     hits.extend(batch);
-                    self.release_later(runtime, leases);
+                    copied.extend(leases);
+                    if copied.len() >= LOAD_BATCH_ITEMS_MAX {
+                        self.release_later(runtime, std::mem::take(&mut copied));
+                    }
                 }
                 // After a failure the views are dropped uncopied: their leases go back.
                 Ok(Ok(_)) => {}
@@ -207,6 +214,7 @@ impl Client {
                 }
             }
         }
+        self.release_later(runtime, copied);
         failed.map_or(Ok(hits), Err)
     }
 

@@ -102,19 +102,24 @@ impl Client {
     ) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
         let (hits, leases) = self.copy_views(views, buffers);
-        self.release(&leases).await?;
+        // After every copy of the batch, so the releaser wakes once for them all.
+        let overflow: Vec<LeaseId> = leases
+            .into_iter()
+            .filter(|lease| self.dropped_leases.try_send(*lease).is_err())
+            .collect();
+        self.release(&overflow).await?;
         Ok(hits)
     }
 
     /// Copies each view into its buffer (in order) and ends the views: whether each was a
-    /// hit, and the leases to release now (those the background releaser had no room for).
+    /// hit, and the leases to release (every view's, hit or not).
     pub(super) fn copy_views(
         &self,
         views: Vec<Option<LoadedView>>,
         buffers: &mut [&mut [u8]],
     ) -> (Vec<bool>, Vec<LeaseId>) {
         let mut hits = Vec::with_capacity(views.len());
-        let mut leases = Vec::new();
+        let mut leases = Vec::with_capacity(views.len());
         for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
             let Some(view) = view else {
                 hits.push(false);
@@ -130,10 +135,7 @@ impl Client {
                 _ => false,
             };
             hits.push(copied);
-            let lease = view.into_lease();
-            if self.dropped_leases.try_send(lease).is_err() {
-                leases.push(lease);
-            }
+            leases.push(view.into_lease());
         }
         (hits, leases)
     }
