@@ -1,7 +1,8 @@
 //! Batched stores against real processes: `Client::store_many` splits into batches of at
 //! most `STORE_BATCH_ITEMS_MAX` (each one reserve and one commit round trip), gives one
 //! outcome per item (a full pool skips only the items past it), and the node refuses an
-//! oversized or partly invalid batch with typed errors, whole or per item.
+//! oversized or partly invalid batch with typed errors, whole or per item. The blocking
+//! forms (copies on the calling thread, round trips on the runtime) round trip as well.
 
 mod common;
 
@@ -320,4 +321,58 @@ fn oversized_and_partly_invalid_batches_get_typed_errors() {
             "{committed:?}"
         );
     });
+}
+
+#[test]
+fn blocking_store_many_and_load_into_pipeline_batches_from_a_plain_thread() {
+    let cluster = cluster(64 << 20);
+    // The blocking forms copy on the calling thread while the runtime's own threads drive
+    // the round trips: a multi-thread runtime, called from outside it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, namespace) = runtime.block_on(connect(&cluster, 0));
+    // More count-bounded batches than the window, and objects over the byte bound (alone
+    // in their batches) between them.
+    let sizes = (0..150u32).map(|index| match index {
+        40 | 100 => 9 << 20,
+        _ => 64 << 10,
+    });
+    let objects: Vec<_> = sizes
+        .enumerate()
+        .map(|(index, bytes)| object(namespace, index as u32, 5, bytes))
+        .collect();
+    let items: Vec<_> = objects
+        .iter()
+        .map(|(id, bytes)| (*id, &bytes[..]))
+        .collect();
+    let outcomes = client.store_many_blocking(runtime.handle(), &items);
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
+        "{outcomes:?}"
+    );
+    let again = client.store_many_blocking(runtime.handle(), &items[..3]);
+    assert!(
+        again
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(StoreOutcome::AlreadyPresent))),
+        "{again:?}"
+    );
+    let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
+    let mut buffers: Vec<Vec<u8>> = objects.iter().map(|(_, b)| vec![0; b.len()]).collect();
+    let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+    let hits = client
+        .load_into_blocking(runtime.handle(), &ids, &mut targets)
+        .unwrap();
+    assert!(hits.iter().all(|hit| *hit), "{hits:?}");
+    for ((_, bytes), loaded) in objects.iter().zip(&buffers) {
+        assert!(
+            bytes == loaded,
+            "a loaded object differs from the stored one"
+        );
+    }
 }

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ._kvtier import (
     JOBS_INFLIGHT_MAX,
+    BatchTooLarge,
     Busy,
     Client,
     KvtierError,
@@ -41,6 +42,7 @@ from ._kvtier import (
 
 __all__ = [
     "JOBS_INFLIGHT_MAX",
+    "BatchTooLarge",
     "Busy",
     "Client",
     "KvtierError",

@@ -23,6 +23,10 @@ class NodeUnreachable(KvtierError):
 class Refused(KvtierError):
     """The node or the directory refused; `reason`: directory, tenant, client, node, ..."""
 
+class BatchTooLarge(Refused):
+    """A request carried more items than the node or the directory takes in one (reason
+    `batch_too_large`); the message names the limit."""
+
 class PoolError(KvtierError):
     """A pool the node named could not be mapped or verified."""
 

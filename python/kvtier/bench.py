@@ -7,8 +7,9 @@ copies the first set into the second with numpy: the same bytes, the same memory
 turns. The ratios are kvtier's GB/s over the copy's
 (target >= 0.8 at 4 MiB). Beside that limit, `shm_copy_gbps` is the same copy into (and
 out of, for loads) a `/dev/shm` `MAP_SHARED` mapping like the node's pool, and `pool_pages`
-says which pages back the pool: what the kernel's `shmem_enabled` allows and the shared
-memory it backed with huge pages during the run. `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
+says which pages back the pool: what the kernel's `shmem_enabled` allows, the `/dev/shm`
+mount's `huge=` option (which decides for pool files there) and the shared memory the kernel
+backed with huge pages during the run. `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
 4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off);
 `call_p50_us`, `call_p99_us` and `call_max_us` are the calls' own distribution.
 Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
@@ -77,7 +78,8 @@ def shared_mapping(size: int) -> mmap.mmap:
 
 def pool_pages() -> dict:
     """The pages that can back a shared-memory pool here: the kernel's `shmem_enabled`
-    choice and the bytes of shared memory on huge pages now."""
+    choice, the `/dev/shm` mount's `huge=` option (which decides for pool files there;
+    `never` when the mount names none) and the bytes of shared memory on huge pages now."""
     setting = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
     try:
         text = setting.read_text()
@@ -91,7 +93,26 @@ def pool_pages() -> dict:
                 huge = int(line.split()[1]) * KIB
     except (OSError, ValueError, IndexError):
         huge = 0
-    return {"shmem_enabled": chosen, "shmem_huge_bytes": huge}
+    return {"shmem_enabled": chosen, "dev_shm_huge": dev_shm_huge(), "shmem_huge_bytes": huge}
+
+
+def dev_shm_huge() -> str:
+    """The `huge=` option of the `/dev/shm` mount (from `/proc/mounts`): `never` when the
+    mount names none (tmpfs's default), `unknown` when there is no such mount."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    option = "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "/dev/shm":
+            # The last mount of the path is the one in effect.
+            option = "never"
+            for field in fields[3].split(","):
+                if field.startswith("huge="):
+                    option = field.removeprefix("huge=")
+    return option
 
 
 def measure(client: Client, size: int, round_: int) -> dict:
@@ -251,6 +272,7 @@ def main() -> None:
     pages = report["pool_pages"]
     print(
         f"pool pages: shmem_enabled {pages['shmem_enabled']}, "
+        f"/dev/shm huge={pages['dev_shm_huge']}, "
         f"{pages['shmem_huge_bytes'] // MIB} MiB of shared memory on huge pages"
     )
 

@@ -234,9 +234,11 @@ impl Client {
         outcome.map(store_status).map_err(errors::to_py)
     }
 
-    /// Stores several buffers; one status per key, in order. Each batch of up to 64 keys
-    /// takes one round trip to reserve and one to commit, and a full pool skips only the
-    /// keys past its room. The first error (if any) is raised after every store finished.
+    /// Stores several buffers; one status per key, in order. The keys go in batches of up
+    /// to 64 keys and 8 MiB (a larger buffer alone), each one round trip to reserve and one
+    /// to commit, pipelined: this thread copies one batch while kvtier's threads reserve
+    /// the next ones and commit the previous ones. A full pool skips only the keys past its
+    /// room. The first error (if any) is raised after every store finished.
     fn store_many(
         &self,
         py: Python<'_>,
@@ -260,7 +262,7 @@ impl Client {
                 // SAFETY: `buffers` holds every export until after this closure.
                 .map(|(object, span)| (*object, unsafe { span.bytes() }))
                 .collect();
-            runtime.block_on(inner.store_many(&items))
+            inner.store_many_blocking(runtime.handle(), &items)
         });
         drop(buffers);
         outcomes
@@ -304,7 +306,8 @@ impl Client {
     /// Copies the objects of `keys` into `buffers` (writable C-contiguous buffers: bytearray,
     /// memoryview, numpy arrays, CPU torch tensors as numpy; each at least the object's
     /// length), straight from the pools, and gives the leases back. Returns one bool per
-    /// key: whether it was a hit.
+    /// key: whether it was a hit. Any number of keys: they go in batches of up to 64 keys
+    /// and 8 MiB of buffers, this thread copying one while kvtier's threads lease the next.
     fn load_into(
         &self,
         py: Python<'_>,
@@ -328,7 +331,7 @@ impl Client {
                 .iter()
                 .map(|span| unsafe { span.bytes_mut() })
                 .collect();
-            runtime.block_on(inner.load_into(&objects, &mut targets))
+            inner.load_into_blocking(runtime.handle(), &objects, &mut targets)
         });
         drop(buffers);
         hits.map_err(errors::to_py)

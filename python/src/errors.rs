@@ -2,6 +2,8 @@
 //! error: it is a status.
 
 use kvtier::client::ClientError;
+use kvtier::directory::DirectoryError;
+use kvtier::node::ClientRefusal;
 use kvtier::protocol::messages::ProtocolError;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -23,6 +25,14 @@ pyo3::create_exception!(
     Refused,
     KvtierError,
     "The node or the directory refused the request; `reason` says why (directory, tenant, client, node, ...)."
+);
+pyo3::create_exception!(
+    kvtier,
+    BatchTooLarge,
+    Refused,
+    "A request carried more items than the node or the directory takes in one; the message \
+     names the limit. `store_many` and `load_into` split any number of keys; `load`, `probe` \
+     and `prefetch` of more keys than the directory's `batch_items_max` (4096 by default) get it."
 );
 pyo3::create_exception!(
     kvtier,
@@ -49,6 +59,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("KvtierError", py.get_type::<KvtierError>())?;
     module.add("NodeUnreachable", py.get_type::<NodeUnreachable>())?;
     module.add("Refused", py.get_type::<Refused>())?;
+    module.add("BatchTooLarge", py.get_type::<BatchTooLarge>())?;
     module.add("PoolError", py.get_type::<PoolError>())?;
     module.add("LeaseExpired", py.get_type::<LeaseExpired>())?;
     module.add("Busy", py.get_type::<Busy>())?;
@@ -57,6 +68,15 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// The Python exception for a client error, its `reason` attribute set to the typed cause.
 pub(crate) fn to_py(error: ClientError) -> PyErr {
+    if let ClientError::Refused(refusal) = &error {
+        if let Some((items, max)) = batch_bound(refusal) {
+            let message = format!(
+                "refused: a batch of {items} items is over the limit of {max} items a request \
+                 may carry"
+            );
+            return with_reason(BatchTooLarge::new_err(message), "batch_too_large");
+        }
+    }
     let message = error.to_string();
     let (error, reason) = match &error {
         ClientError::Refused(ProtocolError::Busy) => (Busy::new_err(message), "busy"),
@@ -77,6 +97,18 @@ pub(crate) fn with_reason(error: PyErr, reason: &str) -> PyErr {
         let _ = error.value(py).setattr("reason", reason);
     });
     error
+}
+
+/// The items and the limit of a batch refused as too large, whether the node (for the
+/// client) or the directory refused it: one error for Python either way.
+fn batch_bound(refusal: &ProtocolError) -> Option<(usize, usize)> {
+    match refusal {
+        ProtocolError::Client(ClientRefusal::BatchTooLarge { items, max })
+        | ProtocolError::Directory(DirectoryError::BatchTooLarge { items, max }) => {
+            Some((*items, *max))
+        }
+        _ => None,
+    }
 }
 
 fn refusal_reason(refusal: &ProtocolError) -> &'static str {

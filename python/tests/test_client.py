@@ -135,6 +135,43 @@ def test_store_many_batches_and_skips_only_what_does_not_fit(client, namespace):
         assert not hit or np.array_equal(source, target)
 
 
+def test_pipelined_batches_of_mixed_sizes_round_trip_blocking_and_submitted(client, namespace):
+    # Many small keys (several count-bounded batches, more than the window) around buffers
+    # larger than a batch's byte bound (each alone in its batch), in one call each way.
+    # (Well under the 32 MiB pool's eviction watermark: nothing is evicted meanwhile.)
+    sizes = [4096] * 150 + [9 * MIB, 1 * MIB, 4096, 2 * MIB]
+    sources = [
+        np.frombuffer(payload(size, seed), dtype=np.uint8) for seed, size in enumerate(sizes)
+    ]
+    keys = [f"mixed/{index}".encode() for index in range(len(sizes))]
+    assert client.store_many(namespace, keys, sources) == ["stored"] * len(sizes)
+    targets = [np.zeros(size, dtype=np.uint8) for size in sizes]
+    assert client.load_into(namespace, keys, targets) == [True] * len(sizes)
+    assert all(np.array_equal(s, t) for s, t in zip(sources, targets))
+    # The same through the non-blocking form (the batches run on kvtier's threads).
+    again = [np.zeros(size, dtype=np.uint8) for size in sizes]
+    job = client.submit_load_into(namespace, keys, again)
+    assert client.poll(timeout=30.0) == [(job, [True] * len(sizes))]
+    assert all(np.array_equal(s, t) for s, t in zip(sources, again))
+    # (Again well under the watermark: the submitted store takes the small ones.)
+    more = [f"submitted/{index}".encode() for index in range(150)]
+    job = client.submit_store_many(namespace, more, sources[:150])
+    assert client.poll(timeout=30.0) == [(job, ["stored"] * 150)]
+
+
+def test_a_batch_over_the_directory_bound_raises_batch_too_large(client, namespace):
+    # The directory takes at most 4096 items a request (its default batch_items_max).
+    keys = [f"probe/{index}".encode() for index in range(4097)]
+    with pytest.raises(
+        kvtier.BatchTooLarge, match="4097 items is over the limit of 4096"
+    ) as raised:
+        client.probe(namespace, keys)
+    assert isinstance(raised.value, kvtier.Refused)
+    assert raised.value.reason == "batch_too_large"
+    # load_into splits any number of keys instead: misses, not a refusal.
+    assert client.load_into(namespace, keys, [bytearray(1)] * len(keys)) == [False] * len(keys)
+
+
 def test_a_killed_node_raises_and_a_reconnect_works(cluster, client, namespace):
     client.store(namespace, b"before", b"y" * 4096)
     cluster.kill_node(0)

@@ -7,17 +7,21 @@
 //! reads from its mapping → `release`. A full cluster answers a store with
 //! [`StoreOutcome::Skipped`], never an error: the engine simply recomputes later.
 
+mod batches;
+mod blocking;
+mod load;
+mod store;
+
+pub use blocking::STORE_BATCHES_COMMITTING_MAX;
+pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
+pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
+
 use crate::backends::{PoolError, SharedMemory};
-use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, Lease, ProbeOutcome, ReserveItem, RetireOutcome,
-};
+use crate::directory::{Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
-    Epoch, LeaseId, Location, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
+    Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{
-    ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
-    STORE_BATCH_ITEMS_MAX,
-};
+use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -30,9 +34,6 @@ use tokio::sync::mpsc;
 pub const CLIENT_INFLIGHT_MAX: usize = 256;
 /// How long one request to the node may take.
 pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Store batches one `store_many` keeps in flight: 4 × 64 = 256 tickets, well under what
-/// a node admits per client (`tickets_max`, 1024).
-pub const STORE_BATCHES_IN_FLIGHT: usize = 4;
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
@@ -152,164 +153,6 @@ impl Client {
         }
     }
 
-    /// Stores one object's bytes.
-    pub async fn store(&self, object: ObjectId, bytes: &[u8]) -> Result<StoreOutcome, ClientError> {
-        let sent = Instant::now();
-        let grant = self
-            .call(ClientRequest::BeginStore {
-                object,
-                length_bytes: bytes.len() as u64,
-            })
-            .await?;
-        let (ticket, location, valid_until) = match grant {
-            ClientReply::Grant(grant) => match granted(sent, Ok(grant)) {
-                Granted::Write {
-                    ticket,
-                    location,
-                    valid_until,
-                } => (ticket, location, valid_until),
-                Granted::Done(outcome) => return outcome,
-            },
-            other => return Err(unexpected(other)),
-        };
-        match self.write_granted(location, bytes, valid_until) {
-            Ok(true) => {}
-            written => {
-                let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-                return written.map(|_| StoreOutcome::Skipped);
-            }
-        }
-        match self.call(ClientRequest::CommitStore { ticket }).await? {
-            ClientReply::Stored(committed) => outcome(StoreCommitted::Stored(committed)),
-            ClientReply::NotStored => outcome(StoreCommitted::NotStored),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Stores several objects; one outcome per item, in order. Batches of up to
-    /// [`STORE_BATCH_ITEMS_MAX`] items each take one round trip to reserve (the node then one
-    /// to the directory) and one to commit; at most [`STORE_BATCHES_IN_FLIGHT`] batches are
-    /// in flight at once, so the node's ticket bound is never reached by one call.
-    pub async fn store_many(
-        &self,
-        items: &[(ObjectId, &[u8])],
-    ) -> Vec<Result<StoreOutcome, ClientError>> {
-        use futures_util::StreamExt;
-        // A window of batches kept by hand rather than a stream combinator with a closure:
-        // the future stays `Send` for any lifetime of `items`, so it can be spawned.
-        let mut batches = items.chunks(STORE_BATCH_ITEMS_MAX);
-        let mut in_flight = futures_util::stream::FuturesOrdered::new();
-        let mut outcomes = Vec::with_capacity(items.len());
-        loop {
-            while in_flight.len() < STORE_BATCHES_IN_FLIGHT {
-                let Some(batch) = batches.next() else {
-                    break;
-                };
-                in_flight.push_back(self.store_batch(batch));
-            }
-            match in_flight.next().await {
-                Some(done) => outcomes.extend(done),
-                None => return outcomes,
-            }
-        }
-    }
-
-    /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`.
-    async fn store_batch(
-        &self,
-        items: &[(ObjectId, &[u8])],
-    ) -> Vec<Result<StoreOutcome, ClientError>> {
-        let sent = Instant::now();
-        let request = ClientRequest::BeginStoreMany {
-            items: items
-                .iter()
-                .map(|(object, bytes)| ReserveItem {
-                    object: *object,
-                    length_bytes: bytes.len() as u64,
-                })
-                .collect(),
-        };
-        let grants = match self.call(request).await {
-            Ok(ClientReply::Grants(grants)) if grants.len() == items.len() => grants,
-            Ok(other) => return every_item(items.len(), &unexpected(other)),
-            Err(error) => return every_item(items.len(), &error),
-        };
-        let mut outcomes: Vec<Result<StoreOutcome, ClientError>> = Vec::with_capacity(items.len());
-        let mut commits = Vec::new();
-        let mut aborts = Vec::new();
-        for (index, (grant, (_, bytes))) in grants.into_iter().zip(items).enumerate() {
-            outcomes.push(match granted(sent, grant) {
-                Granted::Done(outcome) => outcome,
-                Granted::Write {
-                    ticket,
-                    location,
-                    valid_until,
-                } => match self.write_granted(location, bytes, valid_until) {
-                    Ok(true) => {
-                        commits.push((index, ticket));
-                        Ok(StoreOutcome::Stored)
-                    }
-                    written => {
-                        aborts.push(ticket);
-                        written.map(|_| StoreOutcome::Skipped)
-                    }
-                },
-            });
-        }
-        let aborted = futures_util::future::join_all(
-            aborts
-                .into_iter()
-                .map(|ticket| self.call(ClientRequest::AbortStore { ticket })),
-        );
-        let commit = async {
-            if commits.is_empty() {
-                return Ok(ClientReply::StoredMany(Vec::new()));
-            }
-            let tickets = commits.iter().map(|(_, ticket)| *ticket).collect();
-            self.call(ClientRequest::CommitStoreMany { tickets }).await
-        };
-        let (committed, _) = futures_util::join!(commit, aborted);
-        match committed {
-            Ok(ClientReply::StoredMany(committed)) if committed.len() == commits.len() => {
-                for ((index, _), committed) in commits.iter().zip(committed) {
-                    outcomes[*index] = outcome(committed);
-                }
-            }
-            other => {
-                let error = match other {
-                    Ok(reply) => unexpected(reply),
-                    Err(error) => error,
-                };
-                for (index, _) in &commits {
-                    outcomes[*index] = Err(error.for_item());
-                }
-            }
-        }
-        outcomes
-    }
-
-    /// Copies `bytes` into a granted `location`; `Ok(false)` when the grant ran out before
-    /// or while writing (the pages may be another store's by then: abort, do not commit).
-    fn write_granted(
-        &self,
-        location: Location,
-        bytes: &[u8],
-        valid_until: Instant,
-    ) -> Result<bool, ClientError> {
-        if Instant::now() >= valid_until {
-            return Ok(false);
-        }
-        self.memory(location.pool).and_then(|memory| {
-            memory
-                .write_at(location.offset_bytes, bytes)
-                .map_err(|source| ClientError::Pool {
-                    pool: location.pool,
-                    source,
-                })
-        })?;
-        Ok(Instant::now() < valid_until)
-    }
-
     /// Which objects are cached where this node can read them. Reserves nothing.
     pub async fn probe(&self, objects: &[ObjectId]) -> Result<Vec<ProbeOutcome>, ClientError> {
         match self
@@ -337,71 +180,6 @@ impl Client {
             ClientReply::Prefetching(started) => Ok(started),
             other => Err(unexpected(other)),
         }
-    }
-
-    /// Leases the objects and returns zero-copy views into the mapped pools, one per item
-    /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
-    pub async fn load(
-        &self,
-        objects: &[ObjectId],
-        mode: AcquireMode,
-    ) -> Result<Vec<Option<LoadedView>>, ClientError> {
-        let sent = Instant::now();
-        let outcomes = match self
-            .call(ClientRequest::Acquire {
-                objects: objects.to_vec(),
-                mode,
-            })
-            .await?
-        {
-            ClientReply::Acquired(outcomes) => outcomes,
-            other => return Err(unexpected(other)),
-        };
-        let mut views = Vec::with_capacity(outcomes.len());
-        for outcome in outcomes {
-            views.push(match outcome {
-                AcquireOutcome::Leased(lease) => Some(self.view(lease, sent)?),
-                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
-            });
-        }
-        Ok(views)
-    }
-
-    /// Loads the objects into `buffers` (one per object, each at least the object's length)
-    /// and gives the leases back; returns which were hits (a copy that outlived its lease
-    /// is a miss). The leases are released in the
-    /// background in batches (inline when that queue is full): the copies are done, so
-    /// nothing waits on the release.
-    pub async fn load_into(
-        &self,
-        objects: &[ObjectId],
-        buffers: &mut [&mut [u8]],
-    ) -> Result<Vec<bool>, ClientError> {
-        let views = self.load(objects, AcquireMode::Each).await?;
-        let mut hits = Vec::with_capacity(views.len());
-        let mut leases = Vec::new();
-        for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
-            let Some(view) = view else {
-                hits.push(false);
-                continue;
-            };
-            // A copy that finished after the lease's deadline may have read reused pages:
-            // it counts as a miss.
-            let copied = match view.bytes() {
-                Ok(bytes) if buffer.len() >= bytes.len() => {
-                    buffer[..bytes.len()].copy_from_slice(bytes);
-                    view.is_valid()
-                }
-                _ => false,
-            };
-            hits.push(copied);
-            let lease = view.into_lease();
-            if self.dropped_leases.try_send(lease).is_err() {
-                leases.push(lease);
-            }
-        }
-        self.release(&leases).await?;
-        Ok(hits)
     }
 
     /// Starts retiring `replica` of `object`, a replica this client's node wrote (its id
@@ -440,67 +218,6 @@ impl Client {
                 "the node named pool {pool}, which this client has not mapped"
             ))
         })
-    }
-
-    fn view(&self, lease: Lease, sent: Instant) -> Result<LoadedView, ClientError> {
-        let memory = self.memory(lease.location.pool)?;
-        // Validate the range now; the view re-borrows it from the shared pool map.
-        memory
-            .slice(lease.location.offset_bytes, lease.location.length_bytes)
-            .map_err(|source| ClientError::Pool {
-                pool: lease.location.pool,
-                source,
-            })?;
-        // The directory started the lease after this client sent the acquire, so this local
-        // deadline is never later than the directory's; the margin covers clock-rate drift.
-        let duration = Duration::from_millis(lease.duration_ms);
-        let valid_until = sent + duration.saturating_sub(duration / LEASE_MARGIN_DIVISOR);
-        Ok(LoadedView {
-            pools: self.pools.clone(),
-            valid_until,
-            lease,
-            dropped_leases: Some(self.dropped_leases.clone()),
-        })
-    }
-}
-
-/// What a store's grant asks of the client: a copy to make, or nothing more (the store's
-/// outcome is known).
-enum Granted {
-    Write {
-        ticket: u64,
-        location: Location,
-        valid_until: Instant,
-    },
-    Done(Result<StoreOutcome, ClientError>),
-}
-
-/// Reads a grant (or its refusal) the node sent in answer to a request sent at `sent`.
-fn granted(sent: Instant, grant: Result<StoreGrant, ProtocolError>) -> Granted {
-    match grant {
-        Ok(StoreGrant::Write {
-            ticket,
-            location,
-            valid_ms,
-        }) => Granted::Write {
-            ticket,
-            location,
-            valid_until: grant_deadline(sent, valid_ms),
-        },
-        Ok(StoreGrant::AlreadyPresent) => Granted::Done(Ok(StoreOutcome::AlreadyPresent)),
-        Ok(StoreGrant::Pending) => Granted::Done(Ok(StoreOutcome::Pending)),
-        Ok(StoreGrant::Skip) => Granted::Done(Ok(StoreOutcome::Skipped)),
-        Err(refused) => Granted::Done(Err(ClientError::Refused(refused))),
-    }
-}
-
-/// The store's outcome for how its commit ended.
-fn outcome(committed: StoreCommitted) -> Result<StoreOutcome, ClientError> {
-    match committed {
-        StoreCommitted::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
-        StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
-        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
-        StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
     }
 }
 
@@ -576,18 +293,6 @@ async fn release_dropped(
             })
             .await;
     }
-}
-
-/// The local deadline of a grant valid for `valid_ms` from the request sent at `sent`:
-/// measured from before the request, so never later than the node's deadline.
-fn grant_deadline(sent: Instant, valid_ms: u64) -> Instant {
-    let valid = Duration::from_millis(valid_ms);
-    sent + valid.saturating_sub(valid / LEASE_MARGIN_DIVISOR)
-}
-
-/// `error` as the outcome of each of `items` items of a batch that failed whole.
-fn every_item(items: usize, error: &ClientError) -> Vec<Result<StoreOutcome, ClientError>> {
-    (0..items).map(|_| Err(error.for_item())).collect()
 }
 
 impl ClientError {

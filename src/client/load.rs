@@ -1,0 +1,163 @@
+//! Loads: leases with zero-copy views over the mapped pools (`load`), or copies into the
+//! caller's buffers in pipelined batches (`load_into`).
+
+use super::batches::batch_lengths;
+use super::{unexpected, Client, ClientError, LoadedView, LEASE_MARGIN_DIVISOR};
+use crate::directory::{AcquireMode, AcquireOutcome, Lease};
+use crate::model::{LeaseId, ObjectId};
+use crate::protocol::messages::{ClientReply, ClientRequest};
+use std::time::{Duration, Instant};
+
+/// Objects one acquire of `load_into` asks for at most (and so leases one release gives
+/// back): a directory's `batch_items_max` is 4096 by default.
+pub const LOAD_BATCH_ITEMS_MAX: usize = 64;
+/// Buffer bytes one `load_into` batch covers at most (one larger buffer goes alone), as
+/// [`STORE_BATCH_BYTES_MAX`](super::STORE_BATCH_BYTES_MAX) for stores.
+pub const LOAD_BATCH_BYTES_MAX: u64 = 8 << 20;
+/// `load_into` batches in flight at once: one call holds at most 4 × 64 leases and
+/// 4 × [`LOAD_BATCH_BYTES_MAX`] of objects (or 4 objects, where they are larger) at a time.
+pub const LOAD_BATCHES_IN_FLIGHT: usize = 4;
+
+impl Client {
+    /// Leases the objects and returns zero-copy views into the mapped pools, one per item
+    /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
+    pub async fn load(
+        &self,
+        objects: &[ObjectId],
+        mode: AcquireMode,
+    ) -> Result<Vec<Option<LoadedView>>, ClientError> {
+        let sent = Instant::now();
+        let outcomes = match self
+            .call(ClientRequest::Acquire {
+                objects: objects.to_vec(),
+                mode,
+            })
+            .await?
+        {
+            ClientReply::Acquired(outcomes) => outcomes,
+            other => return Err(unexpected(other)),
+        };
+        let mut views = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            views.push(match outcome {
+                AcquireOutcome::Leased(lease) => Some(self.view(lease, sent)?),
+                AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
+            });
+        }
+        Ok(views)
+    }
+
+    /// Loads the objects into `buffers` (one per object, each at least the object's length)
+    /// and gives the leases back; returns which were hits (a copy that outlived its lease
+    /// is a miss). The objects go in batches of at most [`LOAD_BATCH_ITEMS_MAX`] objects and
+    /// [`LOAD_BATCH_BYTES_MAX`] bytes of buffers (one larger buffer goes alone), at most
+    /// [`LOAD_BATCHES_IN_FLIGHT`] at once: the copy of one batch (on the thread polling this
+    /// future) overlaps the acquires of the next ones, and a call of any length stays
+    /// within the directory's batch bound. The leases are released in the background in
+    /// batches (inline when that queue is full): the copies are done, so nothing waits on
+    /// the release. Errors with the first batch's error, after the batches in flight ended.
+    pub async fn load_into(
+        &self,
+        objects: &[ObjectId],
+        buffers: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, ClientError> {
+        use futures_util::StreamExt;
+        let count = objects.len().min(buffers.len());
+        let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
+        let mut lengths =
+            batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX).into_iter();
+        let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
+        let mut in_flight = futures_util::stream::FuturesOrdered::new();
+        let mut hits = Vec::with_capacity(count);
+        let mut failed = None;
+        loop {
+            while failed.is_none() && in_flight.len() < LOAD_BATCHES_IN_FLIGHT {
+                let Some(length) = lengths.next() else {
+                    break;
+                };
+                let (batch, rest) = objects.split_at(length);
+                let (targets, others) = std::mem::take(&mut buffers).split_at_mut(length);
+                (objects, buffers) = (rest, others);
+                in_flight.push_back(self.load_batch(batch, targets));
+            }
+            match in_flight.next().await {
+                Some(Ok(batch)) => hits.extend(batch),
+                Some(Err(error)) => {
+                    failed.get_or_insert(error);
+                }
+                None => break,
+            }
+        }
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(hits),
+        }
+    }
+
+    /// One acquire of `objects`, the copies into `buffers`, the leases handed back.
+    async fn load_batch(
+        &self,
+        objects: &[ObjectId],
+        buffers: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, ClientError> {
+        let views = self.load(objects, AcquireMode::Each).await?;
+        let (hits, leases) = self.copy_views(views, buffers);
+        // After every copy of the batch, so the releaser wakes once for them all.
+        let overflow: Vec<LeaseId> = leases
+            .into_iter()
+            .filter(|lease| self.dropped_leases.try_send(*lease).is_err())
+            .collect();
+        self.release(&overflow).await?;
+        Ok(hits)
+    }
+
+    /// Copies each view into its buffer (in order) and ends the views: whether each was a
+    /// hit, and the leases to release (every view's, hit or not).
+    pub(super) fn copy_views(
+        &self,
+        views: Vec<Option<LoadedView>>,
+        buffers: &mut [&mut [u8]],
+    ) -> (Vec<bool>, Vec<LeaseId>) {
+        let mut hits = Vec::with_capacity(views.len());
+        let mut leases = Vec::with_capacity(views.len());
+        for (view, buffer) in views.into_iter().zip(buffers.iter_mut()) {
+            let Some(view) = view else {
+                hits.push(false);
+                continue;
+            };
+            // A copy that finished after the lease's deadline may have read reused pages:
+            // it counts as a miss.
+            let copied = match view.bytes() {
+                Ok(bytes) if buffer.len() >= bytes.len() => {
+                    buffer[..bytes.len()].copy_from_slice(bytes);
+                    view.is_valid()
+                }
+                _ => false,
+            };
+            hits.push(copied);
+            leases.push(view.into_lease());
+        }
+        (hits, leases)
+    }
+
+    fn view(&self, lease: Lease, sent: Instant) -> Result<LoadedView, ClientError> {
+        let memory = self.memory(lease.location.pool)?;
+        // Validate the range now; the view re-borrows it from the shared pool map.
+        memory
+            .slice(lease.location.offset_bytes, lease.location.length_bytes)
+            .map_err(|source| ClientError::Pool {
+                pool: lease.location.pool,
+                source,
+            })?;
+        // The directory started the lease after this client sent the acquire, so this local
+        // deadline is never later than the directory's; the margin covers clock-rate drift.
+        let duration = Duration::from_millis(lease.duration_ms);
+        let valid_until = sent + duration.saturating_sub(duration / LEASE_MARGIN_DIVISOR);
+        Ok(LoadedView {
+            pools: self.pools.clone(),
+            valid_until,
+            lease,
+            dropped_leases: Some(self.dropped_leases.clone()),
+        })
+    }
+}
