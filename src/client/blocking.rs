@@ -133,9 +133,10 @@ impl Client {
                     };
                     match copied {
                         Some(copied) => client.finish_batch(copied).await,
+                        // The caller unwound: nobody waits for outcomes.
                         None => {
                             client.abort_tickets(tickets).await;
-                            every_item(length, &abandoned())
+                            return;
                         }
                     }
                 }
@@ -154,8 +155,8 @@ impl Client {
 
     /// [`Client::load_into`] for a caller outside the runtime: it blocks the calling
     /// thread, which makes the copies, while tasks on `runtime` acquire the next batches
-    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead) and release the leases (in one request
-    /// per [`LOAD_BATCH_ITEMS_MAX`] leases, the rest after the last copy). Must not be
+    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead) and release the leases (handed to the
+    /// background releaser every [`LOAD_BATCH_ITEMS_MAX`] leases and after the last copy). Must not be
     /// called from a task of a runtime. Errors with the first batch's error; the batches
     /// already acquired then are released without a copy.
     pub fn load_into_blocking(
@@ -201,7 +202,7 @@ impl Client {
                     hits.extend(batch);
                     copied.extend(leases);
                     if copied.len() >= LOAD_BATCH_ITEMS_MAX {
-                        self.release_later(runtime, std::mem::take(&mut copied));
+                        self.release_soon(runtime, std::mem::take(&mut copied));
                     }
                 }
                 // After a failure the views are dropped uncopied: their leases go back.
@@ -214,28 +215,23 @@ impl Client {
                 }
             }
         }
-        self.release_later(runtime, copied);
+        self.release_soon(runtime, copied);
         failed.map_or(Ok(hits), Err)
     }
 
-    /// Releases `leases` in a task on `runtime` (best effort: a lease not released expires).
-    fn release_later(&self, runtime: &Handle, leases: Vec<LeaseId>) {
-        if leases.is_empty() {
-            return;
+    /// Hands `leases` to the background releaser (bounded: its queue holds
+    /// [`DROPPED_LEASES_QUEUED_MAX`](super::DROPPED_LEASES_QUEUED_MAX)); what its full queue
+    /// does not take is released here, waiting for the reply. Best effort: a lease not
+    /// released expires.
+    fn release_soon(&self, runtime: &Handle, leases: Vec<LeaseId>) {
+        let overflow = self.queue_releases(leases);
+        if !overflow.is_empty() {
+            let _ = runtime.block_on(self.release(&overflow));
         }
-        let client = self.clone();
-        runtime.spawn(async move {
-            let _ = client.release(&leases).await;
-        });
     }
 }
 
 /// The error of a batch whose task ended without an answer: the runtime stopped.
 fn stopped() -> ClientError {
     ClientError::Unexpected("the runtime stopped before the batch ended".into())
-}
-
-/// The outcome of a granted store whose caller went away before copying it.
-fn abandoned() -> ClientError {
-    ClientError::Unexpected("the store was abandoned before its copy; its grant was aborted".into())
 }

@@ -34,7 +34,24 @@ impl Client {
             })
             .await?
         {
-            ClientReply::Acquired(outcomes) => outcomes,
+            ClientReply::Acquired(outcomes) if outcomes.len() == objects.len() => outcomes,
+            ClientReply::Acquired(outcomes) => {
+                // One outcome per object or none: a reply of another length would pair hits
+                // with the wrong objects. Its leases go back.
+                let leases: Vec<LeaseId> = outcomes
+                    .iter()
+                    .filter_map(|outcome| match outcome {
+                        AcquireOutcome::Leased(lease) => Some(lease.lease),
+                        AcquireOutcome::Miss | AcquireOutcome::Withheld => None,
+                    })
+                    .collect();
+                let _ = self.release(&leases).await;
+                return Err(ClientError::Unexpected(format!(
+                    "the node answered {} outcomes for {} objects",
+                    outcomes.len(),
+                    objects.len()
+                )));
+            }
             other => return Err(unexpected(other)),
         };
         let mut views = Vec::with_capacity(outcomes.len());
@@ -102,13 +119,21 @@ impl Client {
     ) -> Result<Vec<bool>, ClientError> {
         let views = self.load(objects, AcquireMode::Each).await?;
         let (hits, leases) = self.copy_views(views, buffers);
-        // After every copy of the batch, so the releaser wakes once for them all.
-        let overflow: Vec<LeaseId> = leases
+        // After every copy of the batch, so the releaser wakes once for them all. Best
+        // effort, as every release: the copies are done, and a lease not released expires.
+        let overflow = self.queue_releases(leases);
+        let _ = self.release(&overflow).await;
+        Ok(hits)
+    }
+
+    /// Queues `leases` for the background releaser; returns those its full queue
+    /// ([`DROPPED_LEASES_QUEUED_MAX`](super::DROPPED_LEASES_QUEUED_MAX)) did not take, for
+    /// the caller to release itself.
+    pub(super) fn queue_releases(&self, leases: Vec<LeaseId>) -> Vec<LeaseId> {
+        leases
             .into_iter()
             .filter(|lease| self.dropped_leases.try_send(*lease).is_err())
-            .collect();
-        self.release(&overflow).await?;
-        Ok(hits)
+            .collect()
     }
 
     /// Copies each view into its buffer (in order) and ends the views: whether each was a
