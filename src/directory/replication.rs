@@ -24,7 +24,7 @@ use crate::model::{
     Timestamp,
 };
 use crate::policy::cost::CostModel;
-use crate::policy::profiles::{TierKind, TierProfile};
+use crate::policy::replication::{most_demanded_first, ReplicationCost, Route};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
@@ -233,17 +233,17 @@ impl Directory {
             self.replication.demands.clear();
             return;
         }
-        let mut waiting: Vec<(u32, ObjectId, NodeId)> = self
+        let mut waiting: Vec<(u32, (ObjectId, NodeId))> = self
             .replication
             .demands
             .iter()
             .filter(|((object, _), demand)| {
                 demand.misses >= threshold && !self.replication.objects.contains(object)
             })
-            .map(|(&(object, node), demand)| (demand.misses, object, node))
+            .map(|(&key, demand)| (demand.misses, key))
             .collect();
-        waiting.sort_unstable_by(|left, right| right.cmp(left));
-        for (_, object, node) in waiting {
+        most_demanded_first(&mut waiting);
+        for (_, (object, node)) in waiting {
             if self.replication.in_flight.len() >= REPLICATIONS_IN_FLIGHT_MAX {
                 break;
             }
@@ -291,9 +291,10 @@ impl Directory {
 
     /// The replication decision for `object` towards `node`: a READY source whose owner is
     /// live and maps it; a shared pool both map with room below its high watermark when
-    /// keeping the bytes there pays, else (with `replicate_over_network` and a peer
-    /// endpoint on both nodes) the requester's CPU pool when the transfer plus keeping
-    /// pays. A skip names the reason of the candidate nearest to a copy ([`nearest`]).
+    /// the copy pays there ([`ReplicationCost::pays`]), else (with `replicate_over_network`
+    /// and a peer endpoint on both nodes) the requester's CPU pool when the copy over the
+    /// network pays. A skip names the reason of the candidate nearest to a copy
+    /// ([`nearest`]).
     fn replication_decision(&self, object: &ObjectId, node: NodeId) -> Decision {
         let Some(requester) = self.live_session_of(node) else {
             return Decision::Drop;
@@ -311,10 +312,12 @@ impl Directory {
         let Some(descriptor) = self.namespaces.get(&object.namespace) else {
             return Decision::Drop;
         };
-        let cost = CostModel {
-            prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+        let cost = ReplicationCost {
+            cost: CostModel {
+                prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+            },
+            tokens: descriptor.chunk_tokens,
         };
-        let recompute_us = cost.recompute_us(descriptor.chunk_tokens);
         // The reason of the candidate that came closest to being chosen.
         let mut refusal = SkipReason::NoPath;
         let shared = self.pools.iter().enumerate().filter(|(_, record)| {
@@ -330,9 +333,7 @@ impl Directory {
                 continue;
             }
             let bytes = record.spec.rounded_bytes(source.length_bytes);
-            let pays = cost
-                .keep_in(&record.profile, bytes, descriptor.chunk_tokens)
-                .keep_pays();
+            let pays = cost.pays(&record.profile, bytes, Route::Shared);
             let room = self.room_below_high_watermark(record, bytes);
             match candidate_refusal(pays, room) {
                 None => {
@@ -361,9 +362,7 @@ impl Directory {
             return Decision::Skip(refusal);
         };
         let bytes = record.spec.rounded_bytes(source.length_bytes);
-        let transfer_us = TierProfile::representative(TierKind::Remote).read_time_us(bytes);
-        let keep = cost.keep_in(&record.profile, bytes, descriptor.chunk_tokens);
-        let pays = keep.keep_cost_us + transfer_us < recompute_us;
+        let pays = cost.pays(&record.profile, bytes, Route::Network);
         match candidate_refusal(pays, self.room_below_high_watermark(record, bytes)) {
             None => Decision::Start(Plan {
                 source: source_id,
