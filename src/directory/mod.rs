@@ -226,6 +226,8 @@ mod tests_replication;
 #[cfg(test)]
 mod tests_replication_bounds;
 #[cfg(test)]
+mod tests_replication_skips;
+#[cfg(test)]
 mod tests_retire_held;
 #[cfg(test)]
 mod tests_staged;

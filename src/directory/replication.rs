@@ -24,7 +24,7 @@ use crate::model::{
     Timestamp,
 };
 use crate::policy::cost::CostModel;
-use crate::policy::profiles::{TierKind, TierProfile};
+use crate::policy::replication::{most_demanded_first, ReplicationCost, Route};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
@@ -233,17 +233,17 @@ impl Directory {
             self.replication.demands.clear();
             return;
         }
-        let mut waiting: Vec<(u32, ObjectId, NodeId)> = self
+        let mut waiting: Vec<(u32, (ObjectId, NodeId))> = self
             .replication
             .demands
             .iter()
             .filter(|((object, _), demand)| {
                 demand.misses >= threshold && !self.replication.objects.contains(object)
             })
-            .map(|(&(object, node), demand)| (demand.misses, object, node))
+            .map(|(&key, demand)| (demand.misses, key))
             .collect();
-        waiting.sort_unstable_by(|left, right| right.cmp(left));
-        for (_, object, node) in waiting {
+        most_demanded_first(&mut waiting);
+        for (_, (object, node)) in waiting {
             if self.replication.in_flight.len() >= REPLICATIONS_IN_FLIGHT_MAX {
                 break;
             }
@@ -289,10 +289,12 @@ impl Directory {
         self.replication.counts.skipped[reason.index()] += 1;
     }
 
-    /// The replication policy for `object` towards `node`: a READY source whose owner is
+    /// The replication decision for `object` towards `node`: a READY source whose owner is
     /// live and maps it; a shared pool both map with room below its high watermark when
-    /// keeping the bytes there pays, else (with `replicate_over_network`) the requester's
-    /// CPU pool when the transfer plus keeping pays.
+    /// the copy pays there ([`ReplicationCost::pays`]), else (with `replicate_over_network`
+    /// and a peer endpoint on both nodes) the requester's CPU pool when the copy over the
+    /// network pays. A skip names the reason of the candidate nearest to a copy
+    /// ([`nearest`]).
     fn replication_decision(&self, object: &ObjectId, node: NodeId) -> Decision {
         let Some(requester) = self.live_session_of(node) else {
             return Decision::Drop;
@@ -310,10 +312,13 @@ impl Directory {
         let Some(descriptor) = self.namespaces.get(&object.namespace) else {
             return Decision::Drop;
         };
-        let cost = CostModel {
-            prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+        let cost = ReplicationCost {
+            cost: CostModel {
+                prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+            },
+            tokens: descriptor.chunk_tokens,
         };
-        let recompute_us = cost.recompute_us(descriptor.chunk_tokens);
+        // The reason of the candidate that came closest to being chosen.
         let mut refusal = SkipReason::NoPath;
         let shared = self.pools.iter().enumerate().filter(|(_, record)| {
             matches!(record.spec.scope, Scope::Domain(domain)
@@ -328,14 +333,10 @@ impl Directory {
                 continue;
             }
             let bytes = record.spec.rounded_bytes(source.length_bytes);
-            let keep = cost.keep_in(&record.profile, bytes, descriptor.chunk_tokens);
-            refusal = match (
-                self.room_below_high_watermark(record, bytes),
-                keep.keep_pays(),
-            ) {
-                (false, _) => SkipReason::NoRoom,
-                (true, false) => SkipReason::NotWorth,
-                (true, true) => {
+            let pays = cost.pays(&record.profile, bytes, Route::Shared);
+            let room = self.room_below_high_watermark(record, bytes);
+            match candidate_refusal(pays, room) {
+                None => {
                     return Decision::Start(Plan {
                         source: source_id,
                         target_pool: pool,
@@ -343,15 +344,14 @@ impl Directory {
                         path: Path::Shared,
                     })
                 }
-            };
+                Some(reason) => refusal = nearest(refusal, reason),
+            }
         }
-        if !self.config.replicate_over_network {
+        let network = self.config.replicate_over_network
+            && self.nodes[node.0 as usize].peer_endpoint
+            && self.nodes[source.owner.0 as usize].peer_endpoint;
+        if !network {
             return Decision::Skip(refusal);
-        }
-        if !(self.nodes[node.0 as usize].peer_endpoint
-            && self.nodes[source.owner.0 as usize].peer_endpoint)
-        {
-            return Decision::Skip(SkipReason::NoPath);
         }
         let own_cpu = self.pools.iter().enumerate().find(|(_, record)| {
             record.spec.scope == Scope::Host(node)
@@ -362,21 +362,16 @@ impl Directory {
             return Decision::Skip(refusal);
         };
         let bytes = record.spec.rounded_bytes(source.length_bytes);
-        let transfer_us = TierProfile::representative(TierKind::Remote).read_time_us(bytes);
-        let keep = cost.keep_in(&record.profile, bytes, descriptor.chunk_tokens);
-        let reason = if !self.room_below_high_watermark(record, bytes) {
-            SkipReason::NoRoom
-        } else if keep.keep_cost_us + transfer_us >= recompute_us {
-            SkipReason::NotWorth
-        } else {
-            return Decision::Start(Plan {
+        let pays = cost.pays(&record.profile, bytes, Route::Network);
+        match candidate_refusal(pays, self.room_below_high_watermark(record, bytes)) {
+            None => Decision::Start(Plan {
                 source: source_id,
                 target_pool: PoolId(index as u32),
                 allocated_bytes: bytes,
                 path: Path::Network,
-            });
-        };
-        Decision::Skip(reason)
+            }),
+            Some(reason) => Decision::Skip(nearest(refusal, reason)),
+        }
     }
 
     /// The open, live session of `node`.
@@ -691,6 +686,33 @@ impl Directory {
                 in_flight.object
             );
         }
+    }
+}
+
+/// Why one candidate target pool does not take a copy (`None`: it does): a copy that does
+/// not pay is `NotWorth` whatever the room, one that pays but does not fit is `NoRoom`.
+fn candidate_refusal(pays: bool, room: bool) -> Option<SkipReason> {
+    match (pays, room) {
+        (false, _) => Some(SkipReason::NotWorth),
+        (true, false) => Some(SkipReason::NoRoom),
+        (true, true) => None,
+    }
+}
+
+/// Of two candidates' refusals, the one nearer to a copy: `NoRoom` (it would pay, but
+/// does not fit) before `NotWorth` (a candidate exists, but the copy does not pay) before
+/// `NoPath` (no candidate at all).
+fn nearest(left: SkipReason, right: SkipReason) -> SkipReason {
+    let rank = |reason: SkipReason| match reason {
+        SkipReason::NoPath => 0,
+        SkipReason::NotWorth => 1,
+        SkipReason::NoRoom => 2,
+        SkipReason::Busy => 3,
+    };
+    if rank(right) > rank(left) {
+        right
+    } else {
+        left
     }
 }
 

@@ -115,7 +115,7 @@ mod tests {
         let counts = ReplicationCounts {
             planned: 3,
             completed: 2,
-            skipped: [0, 0, 4, 0],
+            skipped: [1, 2, 4, 8],
             completed_bytes: 1 << 20,
             in_flight: 1,
             ..ReplicationCounts::default()
@@ -128,8 +128,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("kvtier_replications_total{result=\"cancelled\"} 0"));
-        assert!(text.contains("kvtier_replications_skipped_total{reason=\"no_path\"} 4"));
-        assert!(text.contains("kvtier_replications_skipped_total{reason=\"busy\"} 0"));
+        // Each reason counts apart.
+        for (reason, count) in [
+            ("no_room", 1),
+            ("not_worth", 2),
+            ("no_path", 4),
+            ("busy", 8),
+        ] {
+            let line = format!("kvtier_replications_skipped_total{{reason=\"{reason}\"}} {count}");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
         assert!(text.contains("kvtier_replication_bytes_total 1048576"));
         assert!(text.contains("kvtier_replications_in_flight 1"));
         assert!(text.contains("kvtier_replication_miss_to_ready_seconds_count 1"));

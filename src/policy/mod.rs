@@ -1,6 +1,6 @@
 //! Pure placement policy (DESIGN.md section 6): tier profiles, the cost model, the
-//! per-tier lifecycle, access history, eviction orders and placement decisions. Nothing
-//! here does I/O or reads a clock; time arrives as arguments.
+//! per-tier lifecycle, access history, eviction orders, placement decisions and whether a
+//! replication pays. Nothing here does I/O or reads a clock; time arrives as arguments.
 //!
 //! kvtier's own policy is written once: its eviction order in [`eviction::kvtier`] and its
 //! placement (write order with admission, read selection, demote or evict) in
@@ -13,6 +13,7 @@ pub mod history;
 pub mod lifecycle;
 pub mod placement;
 pub mod profiles;
+pub mod replication;
 
 /// The identity of a cached block as policies see it (a trace's hash id, or a digest of an
 /// object id). Policies only compare and hash it.
