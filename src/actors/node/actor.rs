@@ -3,21 +3,20 @@
 //! as there is one; a wait that ends empty is armed again at the next task interval).
 //! Heartbeats (which also acknowledge finished operations) run on their own timer so that
 //! slow task work never delays them. Reclaim tasks free the pages, then acknowledge;
-//! demote and replicate tasks copy a replica into another pool and commit the copy, through
-//! the copy pipeline ([`super::copies`]), or spill it to the node's SSD ([`super::ssd`]). A node whose session is lost (a directory restart,
+//! demote tasks copy a replica one tier colder (or spill it to the node's SSD,
+//! [`super::ssd`]) and commit the copy. A node whose session is lost (a directory restart,
 //! a fence, the fence window without an answer) rejoins with its cache
 //! ([`super::rejoin`]); it stops only when that fails.
 
-use super::copies::{self, PoolCopy};
 use super::link::{LinkError, DIRECTORY_REQUEST_TIMEOUT};
-use super::pool::{Free, TakeEmptyExtent, Usage};
+use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
 use super::rejoin::{rejoin, Registration};
 use super::replication;
 use super::services::NodeServices;
-use crate::directory::{DirectoryError, Task, TaskKind};
+use crate::directory::{CommitOutcome, DirectoryError, Task, TaskKind};
 use crate::metrics::{Direction, PoolByteState};
-use crate::model::{Location, ReplicaId, SessionId};
-use crate::node::{reclaim_done, CommitResult, ExtentAction};
+use crate::model::{Location, PoolId, ReplicaId, SessionId};
+use crate::node::{after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit};
 use crate::protocol::messages::{
     DirectoryReply, DirectoryRequest, ProtocolError, AWAIT_TASKS_WAIT_MS_MAX,
 };
@@ -33,10 +32,9 @@ pub const TASKS_PER_POLL: u32 = 256;
 /// which is below the link's request timeout (a wait is never taken for a lost reply).
 const TASK_WAIT_MS: u32 = AWAIT_TASKS_WAIT_MS_MAX;
 const _: () = assert!((TASK_WAIT_MS as u128) < DIRECTORY_REQUEST_TIMEOUT.as_millis());
-/// Tasks of one batch run at once, besides its copies between pools (which the copy
-/// pipeline runs): each waits on a round trip to the directory (an acknowledgement, a
-/// commit), so running them one after another would make reclaim lag behind eviction
-/// under load. Within the link's bound of requests in flight.
+/// Tasks of one batch run at once: each waits on a round trip to the directory (an
+/// acknowledgement, a commit), so running them one after another would make reclaim lag
+/// behind eviction under load. Within the link's bound of requests in flight.
 pub const TASKS_IN_FLIGHT_MAX: usize = 32;
 
 /// Why the node stopped on its own.
@@ -238,119 +236,74 @@ async fn tidy(services: &NodeServices) {
     publish_usage(services).await;
 }
 
-/// Runs one batch of handed-out tasks: the copies between pools through the copy pipeline
-/// ([`super::copies`]), the other tasks [`TASKS_IN_FLIGHT_MAX`] at once beside it.
+/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once.
 async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>) {
-    let mut copies = Vec::new();
-    let mut others = Vec::new();
-    for task in tasks {
-        match classify(services, task) {
-            Work::Copy(copy) => copies.push(copy),
-            Work::Other(other) => others.push(other),
-        }
-    }
-    let others = futures_util::stream::iter(others)
+    futures_util::stream::iter(tasks)
         .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| {
             run_task(services, session, task)
-        });
-    futures_util::future::join(others, copies::run(services, session, copies)).await;
-}
-
-/// A handed-out task, as the node runs it.
-enum Work {
-    /// A copy between two pools this node maps.
-    Copy(PoolCopy),
-    Other(OtherTask),
-}
-
-/// The tasks that do not copy between pools.
-enum OtherTask {
-    Reclaim {
-        replica: ReplicaId,
-        location: Location,
-    },
-    /// A demotion into this node's SSD pool.
-    Spill {
-        ssd: std::sync::Arc<super::ssd::NodeSsd>,
-        source: Location,
-        target: ReplicaId,
-    },
-    Push(replication::PushTask),
-    Receive(replication::ReceiveTask),
-}
-
-fn classify(services: &NodeServices, task: Task) -> Work {
-    let pool_copy = |source, target, target_pool, direction| {
-        Work::Copy(PoolCopy {
-            source,
-            target,
-            target_pool,
-            direction,
         })
-    };
+        .await;
+}
+
+/// Carries out one task of `session`.
+async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
     match task.kind {
         TaskKind::Reclaim { replica, location } => {
-            Work::Other(OtherTask::Reclaim { replica, location })
+            reclaim(services, session, replica, location).await
         }
         TaskKind::Demote {
             source,
             target,
             target_pool,
         } => match &services.ssd {
-            Some(ssd) if ssd.pool() == target_pool => Work::Other(OtherTask::Spill {
-                ssd: ssd.clone(),
-                source,
-                target,
-            }),
-            _ => pool_copy(source, target, target_pool, Direction::Demote),
+            Some(ssd) if ssd.pool() == target_pool => {
+                super::ssd::spill(services, ssd, session, source, target).await
+            }
+            _ => {
+                let copy = PoolCopy::demotion(source, target, target_pool);
+                copy_and_commit(services, session, copy).await
+            }
         },
         TaskKind::Replicate {
             source,
             target,
             target_pool,
-        } => pool_copy(source, target, target_pool, Direction::Replicate),
+        } => {
+            let copy = PoolCopy::replication(source, target, target_pool);
+            copy_and_commit(services, session, copy).await
+        }
         TaskKind::Push {
             source,
             target,
             length_bytes,
             to,
-        } => Work::Other(OtherTask::Push(replication::PushTask {
-            task: task.id,
-            source,
-            target,
-            length_bytes,
-            to,
-        })),
+        } => replication::push(
+            services,
+            replication::PushTask {
+                task: task.id,
+                source,
+                target,
+                length_bytes,
+                to,
+            },
+        ),
         TaskKind::Receive {
             object,
             target,
             target_pool,
             length_bytes,
             from,
-        } => Work::Other(OtherTask::Receive(replication::ReceiveTask {
-            task: task.id,
-            object,
-            target,
-            target_pool,
-            length_bytes,
-            from,
-        })),
-    }
-}
-
-/// Carries out one task of `session` that does not copy between pools.
-async fn run_task(services: &NodeServices, session: SessionId, task: OtherTask) {
-    match task {
-        OtherTask::Reclaim { replica, location } => {
-            reclaim(services, session, replica, location).await
+        } => {
+            let receive = replication::ReceiveTask {
+                task: task.id,
+                object,
+                target,
+                target_pool,
+                length_bytes,
+                from,
+            };
+            replication::receive(services, session, receive).await
         }
-        OtherTask::Spill {
-            ssd,
-            source,
-            target,
-        } => super::ssd::spill(services, &ssd, session, source, target).await,
-        OtherTask::Push(push) => replication::push(services, push),
-        OtherTask::Receive(receive) => replication::receive(services, session, receive).await,
     }
 }
 
@@ -406,6 +359,79 @@ async fn reclaim(
     }
 }
 
+/// A copy between two pools this node maps, which the directory asked for: a demotion
+/// (the directory retires the source once the copy commits) or a replication (the source
+/// stays). The node does the same for both; only the bytes-moved label differs.
+#[derive(Clone, Copy, Debug)]
+struct PoolCopy {
+    source: Location,
+    target: ReplicaId,
+    target_pool: PoolId,
+    direction: Direction,
+}
+
+impl PoolCopy {
+    fn demotion(source: Location, target: ReplicaId, target_pool: PoolId) -> PoolCopy {
+        let direction = Direction::Demote;
+        PoolCopy {
+            source,
+            target,
+            target_pool,
+            direction,
+        }
+    }
+
+    fn replication(source: Location, target: ReplicaId, target_pool: PoolId) -> PoolCopy {
+        let direction = Direction::Replicate;
+        PoolCopy {
+            source,
+            target,
+            target_pool,
+            direction,
+        }
+    }
+}
+
+/// Copies a replica into another pool and commits the copy. The source is read, then
+/// checked still live at its generation, so a copy of pages reused meanwhile is never
+/// committed. On any failure the target is aborted.
+async fn copy_and_commit(services: &NodeServices, session: SessionId, copy_task: PoolCopy) {
+    let PoolCopy {
+        source,
+        target,
+        target_pool,
+        direction,
+    } = copy_task;
+    let object = services.core().holdings.object_at(&source);
+    let copied = copy(services, source, target_pool).await;
+    let location = match copied {
+        Ok(location) => location,
+        Err(reason) => {
+            tracing::debug!(%reason, ?source, ?direction, "copy abandoned");
+            services.link.abort(session, target).await;
+            return;
+        }
+    };
+    let committed = services.link.commit(session, target, location).await;
+    let published = matches!(committed, Ok(Some(CommitOutcome::Committed)));
+    match after_commit(commit_result(committed)) {
+        PagesAfterCommit::Published => {
+            if let (true, Some(object)) = (published, object) {
+                services.published(object, location);
+            }
+            services
+                .metrics
+                .add_bytes_moved(direction, location.length_bytes)
+        }
+        PagesAfterCommit::Keep => {}
+        PagesAfterCommit::Free => services.free(location).await,
+        PagesAfterCommit::FreeAndAbort => {
+            services.free(location).await;
+            services.link.abort(session, target).await;
+        }
+    }
+}
+
 /// How a commit through the link ended, for the node core's rule on its pages.
 pub fn commit_result(
     committed: Result<Option<crate::directory::CommitOutcome>, LinkError>,
@@ -418,10 +444,81 @@ pub fn commit_result(
     }
 }
 
-/// Bytes a copy between two pools (a demotion or a replication, [`super::copies`]) or an
-/// SSD spill's read moves before it lets the node's other work run: none holds the node's
-/// thread for longer than one 256 KiB memcpy (tens of microseconds).
+/// Bytes a copy between two pools (a demotion or a replication) moves before it lets the
+/// node's other work run: with at most [`TASKS_IN_FLIGHT_MAX`] copies at once, none holds
+/// the node's thread for longer than one 256 KiB memcpy (tens of microseconds).
 pub const DEMOTION_CHUNK_BYTES: u64 = 256 << 10;
+
+/// The copy step of a demotion or a replication: allocate the target, copy the source
+/// chunk by chunk of [`DEMOTION_CHUNK_BYTES`] straight from one mapping into the other,
+/// then check the source was not reclaimed meanwhile (its generation is unchanged, so no
+/// chunk came from reused pages). Returns the target's location; on failure the target's
+/// pages are freed.
+async fn copy(
+    services: &NodeServices,
+    source: Location,
+    target_pool: PoolId,
+) -> Result<Location, String> {
+    let (Some(from), Some(to)) = (
+        services.pools.get(&source.pool),
+        services.pools.get(&target_pool),
+    ) else {
+        return Err("a pool of the copy is not mapped here".into());
+    };
+    let allocation = services
+        .allocate(to, target_pool, source.length_bytes)
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
+    let location = Location {
+        pool: target_pool,
+        allocation: allocation.id,
+        generation: allocation.generation,
+        offset_bytes: allocation.offset,
+        length_bytes: source.length_bytes,
+    };
+    if let Err(reason) = copy_chunks(from, to, source, location).await {
+        services.free(location).await;
+        return Err(reason);
+    }
+    Ok(location)
+}
+
+/// Copies `source` to `target` (same length) chunk by chunk, yielding between chunks, then
+/// checks the source: a source freed and reused meanwhile (a concurrent reclaim) fails the
+/// check, and the caller frees the copy instead of committing it.
+async fn copy_chunks(
+    from: &Addr<PoolActor>,
+    to: &Addr<PoolActor>,
+    source: Location,
+    target: Location,
+) -> Result<(), String> {
+    let failed = |what: &str, error: &dyn std::fmt::Display| format!("{what} failed: {error}");
+    let reader = from
+        .send(Bytes)
+        .await
+        .map_err(|error| failed("reaching the source pool", &error))?;
+    let writer = to
+        .send(Bytes)
+        .await
+        .map_err(|error| failed("reaching the target pool", &error))?;
+    let mut done = 0;
+    while done < source.length_bytes {
+        let chunk = (source.length_bytes - done).min(DEMOTION_CHUNK_BYTES);
+        let bytes = reader
+            .slice(source.offset_bytes + done, chunk)
+            .map_err(|error| failed("reading the source", &error))?;
+        writer
+            .stream_at(target.offset_bytes + done, bytes)
+            .map_err(|error| failed("writing the copy", &error))?;
+        done += chunk;
+        tokio::task::yield_now().await;
+    }
+    from.send(Check { location: source })
+        .await
+        .map_err(|error| failed("checking the source", &error))?
+        .map_err(|error| failed("checking the source", &error))
+}
 
 /// Resolves earlier returns whose replies were lost, then gives back every extent of a
 /// shared pool that holds no allocation any more, so other nodes can write there. Stops at

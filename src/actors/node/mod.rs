@@ -2,7 +2,6 @@
 //!
 //! * `process`: `kvtier node` — creates the pools, opens the session, serves clients.
 //! * `actor`: the `NodeActor` (heartbeats, the directory's tasks, extents given back).
-//! * `copies`: the pipeline of copies between pools (demotions, replications into CXL).
 //! * `services`: what every node actor shares (link, pools, core, metrics) and the pool
 //!   allocation path that asks the directory for shared-pool extents.
 //! * `client_session`: a `ClientSessionActor` per local engine connection (Unix socket).
@@ -18,7 +17,6 @@
 
 pub mod actor;
 pub mod client_session;
-pub mod copies;
 pub mod host_files;
 pub mod link;
 pub mod peer;
