@@ -1,7 +1,8 @@
 //! The SSD tier with real processes. A node whose CPU pool holds four chunks stores more;
 //! the directory evicts the oldest and, as they were accessed often enough, demotes them to
 //! the node's SSD pool (the node spills their bytes, then commits): `probe` says they are on
-//! SSD, a prefetch restores them and a load reads them byte for byte. After the node is
+//! SSD, a pin gives where their bytes are in the store's files (read there byte-exact), a
+//! prefetch restores them and a load reads them byte for byte. After the node is
 //! killed (SIGKILL) and started again, it reports its SSD contents to the directory, which
 //! probes them on SSD before any load. Objects accessed only once are never spilled (the
 //! default admission). When the store later reclaims the region of objects it adopted, the
@@ -141,6 +142,34 @@ fn on_ssd(outcomes: &[ProbeOutcome]) -> Vec<usize> {
         .collect()
 }
 
+/// Pins `wanted` (all on SSD) and one object never stored, and reads each pinned object
+/// from the store's file itself, as a GPUDirect Storage reader would: byte-exact, its
+/// checksum as the extent says; the unstored one gets no extent; the pins end once.
+async fn read_pinned_in_place(
+    client: &Client,
+    wanted: &[(ObjectId, Vec<u8>)],
+    namespace: NamespaceId,
+) {
+    use std::os::unix::fs::FileExt;
+    let mut ids: Vec<ObjectId> = wanted.iter().map(|(id, _)| *id).collect();
+    ids.push(object(namespace, OBJECTS + 1).0);
+    let extents = client.pin_on_ssd(&ids).await.unwrap();
+    assert!(extents[wanted.len()].is_none(), "an object never stored has no extent");
+    let mut pins = Vec::new();
+    for ((id, bytes), extent) in wanted.iter().zip(&extents) {
+        let extent = extent.as_ref().expect("an object on SSD has an extent");
+        assert_eq!(extent.offset % 4096, 0, "the bytes start block-aligned");
+        let file = std::fs::File::open(&extent.path).unwrap();
+        let mut read = vec![0u8; extent.length_bytes as usize];
+        file.read_exact_at(&mut read, extent.offset).unwrap();
+        assert_eq!(read, *bytes, "wrong bytes in place for {id:?}");
+        assert_eq!(crc32c::crc32c(&read), extent.data_crc);
+        pins.push(extent.pin);
+    }
+    assert_eq!(client.unpin_on_ssd(&pins).await.unwrap(), pins.len() as u32);
+    assert_eq!(client.unpin_on_ssd(&pins).await.unwrap(), 0, "a pin ends once");
+}
+
 #[test]
 fn spilled_chunks_probe_on_ssd_prefetch_and_load_byte_exact_across_a_node_kill() {
     let (mut cluster, metrics) = start(1);
@@ -164,6 +193,7 @@ fn spilled_chunks_probe_on_ssd_prefetch_and_load_byte_exact_across_a_node_kill()
             .map(|index| stored[index].clone())
             .collect();
         let ids: Vec<ObjectId> = wanted.iter().map(|(id, _)| *id).collect();
+        read_pinned_in_place(&client, &wanted, namespace).await;
         assert_eq!(
             client.prefetch(&ids).await.unwrap(),
             2,

@@ -21,7 +21,7 @@ use crate::directory::{Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
     Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError};
+use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, SsdExtent};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -178,6 +178,41 @@ impl Client {
             .await?
         {
             ClientReply::Prefetching(started) => Ok(started),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Where each object's bytes are in the node's SSD files (`None` for one its SSD store
+    /// does not hold), for a reader that reads them itself, as GPUDirect Storage does: open
+    /// the file read-only and read `length_bytes` at `offset`, then check `data_crc`. Each
+    /// region stays protected from reuse until [`Client::unpin_on_ssd`], the pin's
+    /// `lasts_ms` or this connection's end. At most
+    /// [`STORE_BATCH_ITEMS_MAX`](crate::protocol::messages::STORE_BATCH_ITEMS_MAX) objects
+    /// per call, of namespaces this client registered.
+    pub async fn pin_on_ssd(
+        &self,
+        objects: &[ObjectId],
+    ) -> Result<Vec<Option<SsdExtent>>, ClientError> {
+        match self
+            .call(ClientRequest::PinOnSsd {
+                objects: objects.to_vec(),
+            })
+            .await?
+        {
+            ClientReply::PinnedOnSsd(extents) if extents.len() == objects.len() => Ok(extents),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Ends pins [`Client::pin_on_ssd`] gave; how many it ended.
+    pub async fn unpin_on_ssd(&self, pins: &[u64]) -> Result<u32, ClientError> {
+        match self
+            .call(ClientRequest::UnpinOnSsd {
+                pins: pins.to_vec(),
+            })
+            .await?
+        {
+            ClientReply::Unpinned(ended) => Ok(ended),
             other => Err(unexpected(other)),
         }
     }

@@ -82,6 +82,12 @@ pub enum ClientRefusal {
     /// within [`ClientLimits::extent_window`].
     #[error("this client's stores asked for {max} shared-pool extents within {window_ms} ms")]
     TooManyExtents { max: usize, window_ms: u64 },
+    /// The request would take the connection past its bound of SSD pins.
+    #[error("this client would hold more than {max} SSD pins")]
+    TooManySsdPins { max: usize },
+    /// The node has no SSD store.
+    #[error("this node has no SSD store")]
+    NoSsd,
 }
 
 impl ClientRefusal {
@@ -95,6 +101,8 @@ impl ClientRefusal {
             ClientRefusal::TooManyNamespaces { .. } => "too_many_namespaces",
             ClientRefusal::NamespaceNotRegistered(_) => "namespace_not_registered",
             ClientRefusal::TooManyExtents { .. } => "too_many_extents",
+            ClientRefusal::TooManySsdPins { .. } => "too_many_ssd_pins",
+            ClientRefusal::NoSsd => "no_ssd",
         }
     }
 }

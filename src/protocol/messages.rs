@@ -22,9 +22,10 @@ use serde::{Deserialize, Serialize};
 /// added replication tasks (Replicate, Push, Receive), staged (SSD) pools (admission,
 /// probe's on SSD) and prefetch; 6 added batched stores (BeginStoreMany, CommitStoreMany,
 /// ReserveMany, CommitMany), the directory's task wait (AwaitTasks), RetireHeld and each
-/// node's peer address in the cluster status. An older peer is refused at hello rather
-/// than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[6];
+/// node's peer address in the cluster status; 7 added SSD pins (PinOnSsd, UnpinOnSsd:
+/// where an object's bytes are in the node's SSD files, for a reader such as GPUDirect
+/// Storage). An older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[7];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -358,6 +359,36 @@ pub enum ClientRequest {
     CommitStoreMany {
         tickets: Vec<u64>,
     },
+    /// Where each object's bytes are in the node's SSD store, for a reader that reads the
+    /// file itself (GPUDirect Storage): up to [`STORE_BATCH_ITEMS_MAX`] objects, answered
+    /// with `PinnedOnSsd`. Each region named stays protected from reuse until `UnpinOnSsd`,
+    /// the pin's time is up or the connection ends.
+    PinOnSsd {
+        objects: Vec<ObjectId>,
+    },
+    /// Ends pins `PinOnSsd` gave this connection (others are ignored); answered with
+    /// `Unpinned` and how many it ended.
+    UnpinOnSsd {
+        pins: Vec<u64>,
+    },
+}
+
+/// An object's bytes in place in a node's SSD store, protected from reuse while its pin
+/// lasts. The file is the node's (private to its user and group): open it read-only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SsdExtent {
+    /// The pin to end with `UnpinOnSsd`.
+    pub pin: u64,
+    /// The region file.
+    pub path: String,
+    /// Offset of the object's bytes in the file (4 KiB-aligned).
+    pub offset: u64,
+    /// The object's length.
+    pub length_bytes: u64,
+    /// crc32c of the object's bytes, for the reader to check.
+    pub data_crc: u32,
+    /// How long the pin lasts from its grant, unless ended earlier.
+    pub lasts_ms: u64,
 }
 
 /// Items one `BeginStoreMany` or `CommitStoreMany` may carry: a client splits larger
@@ -437,6 +468,11 @@ pub enum ClientReply {
     Grants(Vec<Result<StoreGrant, ProtocolError>>),
     /// Per ticket of a `CommitStoreMany`, in order.
     StoredMany(Vec<StoreCommitted>),
+    /// Per object of a `PinOnSsd`, in order: where its bytes are, or `None` when the node's
+    /// SSD store does not hold it.
+    PinnedOnSsd(Vec<Option<SsdExtent>>),
+    /// Pins an `UnpinOnSsd` ended.
+    Unpinned(u32),
 }
 
 impl ProtocolError {

@@ -11,6 +11,7 @@
 
 use super::link::LinkError;
 use super::services::NodeServices;
+use super::ssd_pins::SsdPins;
 use super::store::{
     begin_store, begin_store_many, commit_store, commit_store_many, unknown_ticket, AdmittedStore,
 };
@@ -19,7 +20,7 @@ use crate::actors::frames::{
 };
 use crate::directory::{AcquireOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem};
 use crate::metrics::{Direction, Operation};
-use crate::model::{LeaseId, NamespaceId, Timestamp};
+use crate::model::{LeaseId, NamespaceId, ObjectId, Timestamp};
 use crate::node::{ClientId, ClientRefusal, Tenant, TenantRefusal, Ticket};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
@@ -91,6 +92,8 @@ pub struct ClientSessionActor {
     /// Whether this client may make administrative requests (reload, drain): see
     /// [`may_administer`].
     admin: bool,
+    /// Where objects' bytes are in the node's SSD files, handed to this client.
+    ssd_pins: SsdPins,
 }
 
 /// Whether the peer of `stream` may make administrative requests: only a process of the
@@ -129,6 +132,7 @@ impl ClientSessionActor {
             greeted: false,
             inflight: 0,
             admin,
+            ssd_pins: SsdPins::default(),
         }
     }
 
@@ -157,6 +161,9 @@ impl ClientSessionActor {
         let now = self.services.clock.now();
         self.books(|books| books.prune(now));
         self.send_aborts();
+        if let Some(ssd) = &self.services.ssd {
+            self.ssd_pins.expire(ssd, Instant::now());
+        }
     }
 
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
@@ -336,6 +343,14 @@ impl ClientSessionActor {
                 let work = commit_store_many(services, granted.collect());
                 Admitted::Work(Box::pin(work), Slots::None)
             }
+            ClientRequest::PinOnSsd { objects } => self.admit_pin_on_ssd(&objects),
+            ClientRequest::UnpinOnSsd { pins } => {
+                let ended = match &services.ssd {
+                    Some(ssd) => self.ssd_pins.unpin(ssd, &pins),
+                    None => 0,
+                };
+                Admitted::Reply(ClientReply::Unpinned(ended))
+            }
             ClientRequest::Prefetch { objects } => {
                 match self.books(|books| books.check_objects(&objects)) {
                     Some(Ok(())) => Admitted::Work(
@@ -349,6 +364,26 @@ impl ClientSessionActor {
                     None => Admitted::Reply(error(gone())),
                 }
             }
+        }
+    }
+
+    /// Pins where the objects' bytes are in the node's SSD store, for this client to read
+    /// the files itself: answered at once (the store's index is in memory).
+    fn admit_pin_on_ssd(&mut self, objects: &[ObjectId]) -> Admitted {
+        if let Err(refused) = store_batch_bound(objects.len()) {
+            return Admitted::Reply(refused);
+        }
+        match self.books(|books| books.check_objects(objects)) {
+            Some(Ok(())) => {}
+            Some(Err(refusal)) => return Admitted::Reply(refused(refusal)),
+            None => return Admitted::Reply(error(gone())),
+        }
+        let Some(ssd) = self.services.ssd.clone() else {
+            return Admitted::Reply(refused(ClientRefusal::NoSsd));
+        };
+        match self.ssd_pins.pin(&ssd, objects, Instant::now()) {
+            Ok(extents) => Admitted::Reply(ClientReply::PinnedOnSsd(extents)),
+            Err(refusal) => Admitted::Reply(refused(refusal)),
         }
     }
 
@@ -526,8 +561,8 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         | ClientRequest::CommitStoreMany { .. }
         | ClientRequest::AbortStore { .. } => Operation::Commit,
         ClientRequest::Probe { .. } | ClientRequest::Prefetch { .. } => Operation::Probe,
-        ClientRequest::Acquire { .. } => Operation::Acquire,
-        ClientRequest::Release { .. } => Operation::Release,
+        ClientRequest::Acquire { .. } | ClientRequest::PinOnSsd { .. } => Operation::Acquire,
+        ClientRequest::Release { .. } | ClientRequest::UnpinOnSsd { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
         ClientRequest::ClusterStatus | ClientRequest::Reload | ClientRequest::Drain { .. } => {
             Operation::Admin
@@ -662,6 +697,9 @@ impl Actor for ClientSessionActor {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(ssd) = &self.services.ssd {
+            self.ssd_pins.end_all(ssd);
+        }
         let services = self.services.clone();
         let cleanup = services.core().disconnect_client(self.client);
         actix_rt::spawn(async move {

@@ -26,5 +26,6 @@ pub mod rejoin;
 pub mod replication;
 pub mod services;
 pub mod ssd;
+pub mod ssd_pins;
 pub mod ssd_restore;
 pub mod store;
