@@ -154,12 +154,21 @@ async fn read_pinned_in_place(
     let mut ids: Vec<ObjectId> = wanted.iter().map(|(id, _)| *id).collect();
     ids.push(object(namespace, OBJECTS + 1).0);
     let extents = client.pin_on_ssd(&ids).await.unwrap();
-    assert!(extents[wanted.len()].is_none(), "an object never stored has no extent");
+    assert!(
+        extents[wanted.len()].is_none(),
+        "an object never stored has no extent"
+    );
     let mut pins = Vec::new();
     for ((id, bytes), extent) in wanted.iter().zip(&extents) {
         let extent = extent.as_ref().expect("an object on SSD has an extent");
         assert_eq!(extent.offset % 4096, 0, "the bytes start block-aligned");
         let file = std::fs::File::open(&extent.path).unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata().unwrap().permissions());
+        assert_eq!(
+            mode & 0o007,
+            0,
+            "a region file is private to the node's user and group"
+        );
         let mut read = vec![0u8; extent.length_bytes as usize];
         file.read_exact_at(&mut read, extent.offset).unwrap();
         assert_eq!(read, *bytes, "wrong bytes in place for {id:?}");
@@ -167,7 +176,11 @@ async fn read_pinned_in_place(
         pins.push(extent.pin);
     }
     assert_eq!(client.unpin_on_ssd(&pins).await.unwrap(), pins.len() as u32);
-    assert_eq!(client.unpin_on_ssd(&pins).await.unwrap(), 0, "a pin ends once");
+    assert_eq!(
+        client.unpin_on_ssd(&pins).await.unwrap(),
+        0,
+        "a pin ends once"
+    );
 }
 
 #[test]

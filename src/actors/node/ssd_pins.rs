@@ -91,5 +91,4 @@ impl SsdPins {
             ssd.store.unpin(pinned);
         }
     }
-
 }

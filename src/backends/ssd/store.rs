@@ -231,9 +231,17 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// A region file's mode when created: the node's user writes, its group (the engines that
+/// read pinned objects in place) reads, nobody else (the umask may narrow it further).
+const REGION_FILE_MODE: u32 = 0o640;
+
 fn open_region_file(path: &Path, region_bytes: u64, direct: bool) -> Result<File, SsdError> {
     let mut options = OpenOptions::new();
-    options.read(true).write(true).create(true);
+    options
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(REGION_FILE_MODE);
     if direct {
         options.custom_flags(libc::O_DIRECT);
     }
