@@ -2,7 +2,8 @@
 //! restores of each object size at queue depth 1 and 32 (GB/s, p50/p99) — each beside its
 //! limit measured in the same run: raw direct-I/O reads and writes of the same sizes at the
 //! same depth, through the same io_uring queue, on the same file system. A restore reads,
-//! verifies the checksum and copies the object into a client buffer.
+//! verifies the checksum and copies the object into a client buffer. Restores and raw reads
+//! run in [`RESTORE_ROUNDS`] rounds of alternating order, each side's best pass kept.
 //!
 //! Both sides write where data was written before, as a store does once it is in service
 //! (its regions are reused after reclaim): the raw file is written whole and the store
@@ -28,6 +29,9 @@ use std::time::{Duration, Instant};
 
 /// The store's block: the smallest object, and the stride of the source pattern.
 const BLOCK: usize = BLOCK_BYTES as usize;
+/// Rounds of raw reads and restores per size and depth, in alternating order; each side
+/// keeps its best pass.
+const RESTORE_ROUNDS: usize = 3;
 
 /// Options of `kvtier bench ssd`.
 #[derive(Clone, Debug, clap::Args)]
@@ -110,6 +114,14 @@ struct Pass {
 impl Pass {
     fn gbps(&self) -> f64 {
         self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
+    }
+}
+
+/// The faster of the best pass so far and `pass`.
+fn faster(best: Option<Pass>, pass: Pass) -> Pass {
+    match best {
+        Some(best) if best.gbps() >= pass.gbps() => best,
+        _ => pass,
     }
 }
 
@@ -263,8 +275,24 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
         for &depth in &args.queue_depths {
             let mut order = SplitMix64::new(args.seed ^ (depth as u64) << 32 ^ size as u64);
             let picks: Vec<u64> = (0..reads).map(|_| order.below(count)).collect();
-            let raw_read = raw_pass(&raw, IoKind::Read, size, count, depth, Some(&picks))?;
-            let restore = restore_pass(&store, &source, size_index, size, depth, &picks)?;
+            // Rounds in alternating order, the best pass of each side kept: a disk whose
+            // speed drifts during the run (a cloud volume's burst budget, another
+            // process's I/O) slows neither side alone.
+            let (mut raw_read, mut restore): (Option<Pass>, Option<Pass>) = (None, None);
+            for round in 0..RESTORE_ROUNDS {
+                for side in [round % 2, 1 - round % 2] {
+                    if side == 0 {
+                        let pass = raw_pass(&raw, IoKind::Read, size, count, depth, Some(&picks))?;
+                        raw_read = Some(faster(raw_read, pass));
+                    } else {
+                        let pass = restore_pass(&store, &source, size_index, size, depth, &picks)?;
+                        restore = Some(faster(restore, pass));
+                    }
+                }
+            }
+            let (Some(raw_read), Some(restore)) = (raw_read, restore) else {
+                bail!("no restore round ran");
+            };
             report.restores.push(RestoreReport {
                 object_bytes: size,
                 queue_depth: depth,
