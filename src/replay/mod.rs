@@ -414,7 +414,8 @@ mod tests {
         assert!(sim_config(&missing).is_err());
     }
 
-    fn sample_args() -> ReplayArgs {
+    /// Arguments of a small in-process replay (no trace file, JSON), for tests to vary.
+    pub(crate) fn sample_args() -> ReplayArgs {
         ReplayArgs {
             trace: None,
             capacity: 1_000,

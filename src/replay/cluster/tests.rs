@@ -7,21 +7,10 @@ use crate::replay::{directory_replay, sim_config, ReplayArgs};
 /// chunks of 64 KiB each), so spills soon reclaim a region and refill its offsets.
 fn small_ssd_cluster() -> ClusterSimConfig {
     let args = ReplayArgs {
-        trace: None,
         capacity: 20,
         tiers: Some("dram=20,ssd=120".into()),
-        bytes_per_token: 131_072,
-        prefill_us_per_token: 100.0,
-        wear_admit_frequency_min: 1,
-        policy: Vec::new(),
-        json: true,
-        config: None,
-        live: false,
-        requests: None,
         speedup: 1.0,
-        chunk_bytes: 64 << 10,
-        engines: 1,
-        replicate_after_misses: None,
+        ..crate::replay::tests::sample_args()
     };
     let config = sim_config(&args).unwrap();
     directory_replay(&args, &config, 1.0).unwrap().unwrap()
