@@ -183,7 +183,8 @@ fn default_peer_datagram_bytes() -> u16 {
 fn default_page_bytes() -> u64 {
     64 << 10
 }
-fn default_extent_bytes() -> u64 {
+/// The extent a node asks a shared pool for when its configuration names none.
+pub(crate) fn default_extent_bytes() -> u64 {
     64 << 20
 }
 

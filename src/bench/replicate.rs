@@ -100,12 +100,14 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
     let size = args.object_bytes.max(4096);
     let count = (args.replicate_bytes / size).max(1);
     let total = (count + args.latency_objects) * size;
-    let pool_bytes = (total as u64 * 5 / 4).next_multiple_of(16 << 20);
+    // Extents as a node asks for them by default (one directory round trip each).
+    let extent_bytes = (size as u64).next_multiple_of(crate::config::default_extent_bytes());
+    let pool_bytes = (total as u64 * 5 / 4).next_multiple_of(extent_bytes);
     let spec = ClusterSpec {
         nodes: 2,
         cpu_pool_bytes: pool_bytes,
         cxl_pool_bytes: pool_bytes,
-        cxl_extent_bytes: (size as u64).next_multiple_of(16 << 20),
+        cxl_extent_bytes: extent_bytes,
         write_order: vec![Medium::Cpu],
         // Eviction off: only replication moves bytes.
         high_watermark_percent: 100,
