@@ -6,7 +6,7 @@
 //! overlap the copy of the current batch.
 
 use super::batches::batch_lengths;
-use super::load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
+use super::load::{load_batches, LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_ITEMS_MAX};
 use super::store::{
     every_item, BatchGrants, CopiedBatch, STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX,
 };
@@ -165,10 +165,7 @@ impl Client {
         objects: &[ObjectId],
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
-        let count = objects.len().min(buffers.len());
-        let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
-        let mut lengths =
-            batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX).into_iter();
+        let (count, mut lengths) = load_batches(objects, buffers);
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut acquiring: VecDeque<(usize, oneshot::Receiver<Views>)> = VecDeque::new();
         let mut hits = Vec::with_capacity(count);

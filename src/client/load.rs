@@ -18,6 +18,18 @@ pub const LOAD_BATCH_BYTES_MAX: u64 = 8 << 20;
 /// 4 × [`LOAD_BATCH_BYTES_MAX`] of objects (or 4 objects, where they are larger) at a time.
 pub const LOAD_BATCHES_IN_FLIGHT: usize = 4;
 
+/// How many objects a `load_into` of `objects` into `buffers` loads (one per buffer, the
+/// shorter list decides) and the lengths of its batches, in order.
+pub(super) fn load_batches(
+    objects: &[ObjectId],
+    buffers: &[&mut [u8]],
+) -> (usize, std::vec::IntoIter<usize>) {
+    let count = objects.len().min(buffers.len());
+    let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
+    let lengths = batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX);
+    (count, lengths.into_iter())
+}
+
 impl Client {
     /// Leases the objects and returns zero-copy views into the mapped pools, one per item
     /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
@@ -79,10 +91,7 @@ impl Client {
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
         use futures_util::StreamExt;
-        let count = objects.len().min(buffers.len());
-        let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
-        let mut lengths =
-            batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX).into_iter();
+        let (count, mut lengths) = load_batches(objects, buffers);
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut in_flight = futures_util::stream::FuturesOrdered::new();
         let mut hits = Vec::with_capacity(count);
