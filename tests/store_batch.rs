@@ -115,8 +115,10 @@ fn load_into_and_release_split_by_the_bound_the_directory_names() {
         "{outcomes:?}"
     );
     let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
-    // Both forms, more objects than the directory takes in one acquire.
+    // Both forms, more objects than the directory takes in one acquire; each on a client of
+    // its own, so each learns the bound from its own refusal.
     for blocking in [false, true] {
+        let (client, _) = runtime.block_on(connect(&cluster, 0));
         let mut buffers = vec![vec![0u8; 4096]; ids.len()];
         let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
         let hits = if blocking {
@@ -129,8 +131,10 @@ fn load_into_and_release_split_by_the_bound_the_directory_names() {
             assert_eq!(bytes, loaded);
         }
     }
-    // A release of more leases than the bound goes through in parts.
+    // A release of more leases than the bound goes through in parts, on a client that has
+    // not learned the bound yet (its loads stay within it).
     runtime.block_on(async {
+        let (client, _) = connect(&cluster, 0).await;
         let mut leases = Vec::new();
         for part in ids.chunks(5) {
             let views = client.load(part, AcquireMode::Each).await.unwrap();

@@ -32,6 +32,11 @@ pub const STORE_RESERVES_HELD_MAX: usize = 3;
 /// Groups reserved ahead of the copy (within [`STORE_RESERVES_HELD_MAX`]): the next
 /// group's grants arrive while this one is copied.
 const STORE_RESERVES_AHEAD: usize = 2;
+const _: () = assert!(STORE_RESERVES_AHEAD < STORE_RESERVES_HELD_MAX);
+const _: () = assert!(STORE_BATCH_BYTES_MAX <= STORE_RESERVE_BYTES_MAX);
+const _: () = assert!(
+    STORE_RESERVES_HELD_MAX * STORE_BATCH_ITEMS_MAX <= crate::node::CLIENT_LIMITS.tickets_max
+);
 
 type Outcomes = Vec<Result<StoreOutcome, ClientError>>;
 type Views = Result<Vec<Option<LoadedView>>, ClientError>;

@@ -30,7 +30,7 @@ impl Client {
     ) -> (usize, std::vec::IntoIter<usize>) {
         let count = objects.len().min(buffers.len());
         let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
-        let items_max = LOAD_BATCH_ITEMS_MAX.min(self.batch_bound());
+        let items_max = LOAD_BATCH_ITEMS_MAX.min(self.batch_items_max());
         let lengths = batch_lengths(sizes, items_max, LOAD_BATCH_BYTES_MAX);
         (count, lengths.into_iter())
     }
@@ -46,7 +46,7 @@ impl Client {
             Err(error) => error,
             loaded => return loaded,
         };
-        match self.learn_batch_bound(&error) {
+        match self.learn_batch_items_max(&error) {
             Some(max) if max < objects.len() => {
                 let mut views = Vec::with_capacity(objects.len());
                 for part in objects.chunks(max) {

@@ -88,7 +88,7 @@ pub struct Client {
     dropped_tickets: mpsc::Sender<u64>,
     /// The directory's `batch_items_max` once a refusal named it (`usize::MAX` before):
     /// acquires of `load_into` and releases split by it.
-    batch_bound: Arc<AtomicUsize>,
+    batch_items_max: Arc<AtomicUsize>,
     node: NodeId,
     epoch: Epoch,
 }
@@ -125,8 +125,8 @@ impl Client {
             pools.insert(mapping.pool, memory);
         }
         let (dropped_leases, queue) = mpsc::channel(DROPPED_LEASES_QUEUED_MAX);
-        let batch_bound = Arc::new(AtomicUsize::new(usize::MAX));
-        tokio::spawn(release_dropped(rpc.clone(), batch_bound.clone(), queue));
+        let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));
+        tokio::spawn(release_dropped(rpc.clone(), batch_items_max.clone(), queue));
         let (dropped_tickets, queue) = mpsc::channel(DROPPED_TICKETS_QUEUED_MAX);
         tokio::spawn(store::abort_dropped(rpc.clone(), queue));
         Ok(Client {
@@ -134,7 +134,7 @@ impl Client {
             pools: Arc::new(pools),
             dropped_leases,
             dropped_tickets,
-            batch_bound,
+            batch_items_max,
             node: description.node,
             epoch: description.epoch,
         })
@@ -151,14 +151,14 @@ impl Client {
 
     /// The directory's batch bound, as far as this client learned it (`usize::MAX` until a
     /// refusal named it).
-    fn batch_bound(&self) -> usize {
-        self.batch_bound.load(Ordering::Relaxed)
+    fn batch_items_max(&self) -> usize {
+        self.batch_items_max.load(Ordering::Relaxed)
     }
 
     /// The bound `error` names when it is the directory's refusal of a batch too large
     /// (remembered for the later calls), else `None`.
-    fn learn_batch_bound(&self, error: &ClientError) -> Option<usize> {
-        learn_batch_bound(&self.batch_bound, error)
+    fn learn_batch_items_max(&self, error: &ClientError) -> Option<usize> {
+        learn_batch_items_max(&self.batch_items_max, error)
     }
 
     /// Registers (or looks up) a namespace; objects carry the returned id.
@@ -256,7 +256,7 @@ impl Client {
     /// Releases leases explicitly (views released this way are not released again on drop),
     /// in parts within the directory's batch bound.
     pub async fn release(&self, leases: &[LeaseId]) -> Result<(), ClientError> {
-        release(&self.rpc, &self.batch_bound, leases).await
+        release(&self.rpc, &self.batch_items_max, leases).await
     }
 
     fn memory(&self, pool: PoolId) -> Result<&SharedMemory, ClientError> {
@@ -327,16 +327,25 @@ impl Drop for LoadedView {
     }
 }
 
-/// Releases leases of dropped views (and of finished copies) in batches of up to 256.
+/// Leases the background releaser sends in one call at most (split further by the
+/// directory's `batch_items_max`).
+const DROPPED_LEASES_RELEASED_AT_ONCE: usize = 256;
+
+/// Releases leases of dropped views (and of finished copies) in batches of up to
+/// [`DROPPED_LEASES_RELEASED_AT_ONCE`].
 async fn release_dropped(
     rpc: RpcClient<ClientRequest, ClientReply>,
-    batch_bound: Arc<AtomicUsize>,
+    batch_items_max: Arc<AtomicUsize>,
     mut queue: mpsc::Receiver<LeaseId>,
 ) {
     let mut batch = Vec::new();
-    while queue.recv_many(&mut batch, 256).await > 0 {
+    while queue
+        .recv_many(&mut batch, DROPPED_LEASES_RELEASED_AT_ONCE)
+        .await
+        > 0
+    {
         // Best effort: a lease not released expires.
-        let _ = release(&rpc, &batch_bound, &batch).await;
+        let _ = release(&rpc, &batch_items_max, &batch).await;
         batch.clear();
     }
 }
@@ -352,21 +361,21 @@ pub(super) async fn call(
     }
 }
 
-/// Releases `leases` in parts of at most `batch_bound` (learning a smaller bound from a
+/// Releases `leases` in parts of at most `batch_items_max` (learning a smaller bound from a
 /// refusal, then sending that part again in smaller ones).
 async fn release(
     rpc: &RpcClient<ClientRequest, ClientReply>,
-    batch_bound: &AtomicUsize,
+    batch_items_max: &AtomicUsize,
     leases: &[LeaseId],
 ) -> Result<(), ClientError> {
     let mut left = leases;
     while !left.is_empty() {
-        let (part, rest) = left.split_at(left.len().min(batch_bound.load(Ordering::Relaxed)));
+        let (part, rest) = left.split_at(left.len().min(batch_items_max.load(Ordering::Relaxed)));
         let leases = part.to_vec();
         match call(rpc, ClientRequest::Release { leases }).await {
             Ok(ClientReply::Released(_)) => left = rest,
             Ok(other) => return Err(unexpected(other)),
-            Err(error) => match learn_batch_bound(batch_bound, &error) {
+            Err(error) => match learn_batch_items_max(batch_items_max, &error) {
                 Some(max) if max < part.len() => {}
                 _ => return Err(error),
             },
@@ -376,14 +385,14 @@ async fn release(
 }
 
 /// The bound `error` names when it is the directory's refusal of a batch too large (kept
-/// in `batch_bound`, never raised), else `None`.
-fn learn_batch_bound(batch_bound: &AtomicUsize, error: &ClientError) -> Option<usize> {
+/// in `batch_items_max`, never raised), else `None`.
+fn learn_batch_items_max(batch_items_max: &AtomicUsize, error: &ClientError) -> Option<usize> {
     match error {
         ClientError::Refused(ProtocolError::Directory(DirectoryError::BatchTooLarge {
             max,
             ..
         })) if *max > 0 => {
-            batch_bound.fetch_min(*max, Ordering::Relaxed);
+            batch_items_max.fetch_min(*max, Ordering::Relaxed);
             Some(*max)
         }
         _ => None,

@@ -105,11 +105,7 @@ impl Client {
             length_bytes: bytes.len() as u64,
         });
         match self.begin_batch_detached(reserve.collect()).await {
-            Ok(grants) => {
-                let mut unsettled = AbortOnDrop {
-                    tickets: grants.tickets(),
-                    queue: self.dropped_tickets.clone(),
-                };
+            Ok((mut unsettled, grants)) => {
                 let bytes = items.iter().map(|(_, bytes)| *bytes);
                 let copied = self.copy_batch(grants, bytes);
                 let outcomes = self.finish_batch(copied).await;
@@ -120,19 +116,25 @@ impl Client {
         }
     }
 
-    /// [`Client::begin_batch`] on a task of its own: grants that arrive after the caller
-    /// stopped waiting are aborted by that task.
+    /// [`Client::begin_batch`] on a task of its own. The grants travel with their
+    /// [`AbortOnDrop`] guard, made before they are sent: grants nobody takes (the caller
+    /// stopped waiting, or was dropped after the send but before it read them) are aborted.
     async fn begin_batch_detached(
         &self,
         items: Vec<ReserveItem>,
-    ) -> Result<BatchGrants, ClientError> {
+    ) -> Result<(AbortOnDrop, BatchGrants), ClientError> {
         let (sender, receiver) = oneshot::channel();
         let client = self.clone();
         tokio::spawn(async move {
-            let reserved = client.begin_batch(items).await;
-            if let Err(Ok(grants)) = sender.send(reserved) {
-                client.abort_tickets(grants.tickets()).await;
-            }
+            let reserved = client.begin_batch(items).await.map(|grants| {
+                let guard = AbortOnDrop {
+                    tickets: grants.tickets(),
+                    queue: client.dropped_tickets.clone(),
+                };
+                (guard, grants)
+            });
+            // A send refused (or a value never read) drops the guard, which queues the aborts.
+            let _ = sender.send(reserved);
         });
         receiver.await.unwrap_or_else(|_| {
             Err(ClientError::Unexpected(
