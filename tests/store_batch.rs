@@ -8,7 +8,7 @@ mod common;
 
 use common::{connect, object, runtime};
 use kvtier::client::StoreOutcome;
-use kvtier::directory::{CommitOutcome, ReserveItem};
+use kvtier::directory::{AcquireMode, CommitOutcome, ReserveItem};
 use kvtier::launch::{ClusterSpec, LocalCluster};
 use kvtier::model::NamespaceId;
 use kvtier::node::ClientRefusal;
@@ -81,6 +81,99 @@ fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
     };
     let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     store_and_load_every_item(&cluster, 5);
+}
+
+#[test]
+fn load_into_and_release_split_by_the_bound_the_directory_names() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 64 << 20,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        batch_items_max: Some(5),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, namespace) = runtime.block_on(connect(&cluster, 0));
+    let objects: Vec<_> = (0..23)
+        .map(|index| object(namespace, index, 6, 4096))
+        .collect();
+    let items: Vec<_> = objects
+        .iter()
+        .map(|(id, bytes)| (*id, &bytes[..]))
+        .collect();
+    let outcomes = client.store_many_blocking(runtime.handle(), &items);
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
+        "{outcomes:?}"
+    );
+    let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
+    // Both forms, more objects than the directory takes in one acquire; each on a client of
+    // its own, so each learns the bound from its own refusal.
+    for blocking in [false, true] {
+        let (client, _) = runtime.block_on(connect(&cluster, 0));
+        let mut buffers = vec![vec![0u8; 4096]; ids.len()];
+        let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        let hits = if blocking {
+            client.load_into_blocking(runtime.handle(), &ids, &mut targets)
+        } else {
+            runtime.block_on(client.load_into(&ids, &mut targets))
+        };
+        assert_eq!(hits.unwrap(), vec![true; ids.len()]);
+        for ((_, bytes), loaded) in objects.iter().zip(&buffers) {
+            assert_eq!(bytes, loaded);
+        }
+    }
+    // A release of more leases than the bound goes through in parts, on a client that has
+    // not learned the bound yet (its loads stay within it).
+    runtime.block_on(async {
+        let (client, _) = connect(&cluster, 0).await;
+        let mut leases = Vec::new();
+        for part in ids.chunks(5) {
+            let views = client.load(part, AcquireMode::Each).await.unwrap();
+            leases.extend(views.into_iter().map(|view| view.unwrap().into_lease()));
+        }
+        client.release(&leases).await.unwrap();
+    });
+}
+
+#[test]
+fn a_dropped_store_many_future_aborts_its_reservations_at_once() {
+    let cluster = cluster(64 << 20);
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        // Dropped after its first poll (the reserve sent, its reply not yet in) and at
+        // later points; a call that finished in time leaves nothing reserved either.
+        for (round, after_ms) in [0u64, 0, 1, 3].into_iter().enumerate() {
+            // 12 MiB a call, two batches: 48 MiB in all fit the pool.
+            let objects: Vec<_> = (0..24)
+                .map(|index| object(namespace, index, 10 + round as u32, 512 << 10))
+                .collect();
+            let items: Vec<_> = objects
+                .iter()
+                .map(|(id, bytes)| (*id, &bytes[..]))
+                .collect();
+            let store = client.store_many(&items);
+            let _ = tokio::time::timeout(Duration::from_millis(after_ms), store).await;
+        }
+        // Well before a ticket's 30 s lifetime ends.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let reserved = reserved_bytes(&cluster).await;
+            if reserved == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
 }
 
 #[test]
@@ -183,7 +276,7 @@ fn store_and_load_every_item(cluster: &LocalCluster, load_batch: usize) {
                 .all(|outcome| matches!(outcome, Ok(StoreOutcome::AlreadyPresent))),
             "{again:?}"
         );
-        // Loads are not split for the directory: at most `load_batch` objects a call.
+        // At most `load_batch` objects a call.
         for part in objects.chunks(load_batch) {
             let ids: Vec<_> = part.iter().map(|(id, _)| *id).collect();
             let mut buffers = vec![vec![0u8; 64 << 10]; part.len()];

@@ -37,6 +37,7 @@ from ._kvtier import (
     PoolError,
     Probe,
     Refused,
+    SsdPin,
     prefix_digest,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "PoolError",
     "Probe",
     "Refused",
+    "SsdPin",
     "as_buffer",
     "find_executable",
     "prefix_digest",

@@ -49,6 +49,16 @@ class Probe:
     medium: Literal["cpu", "cxl", "ssd"] | None
     length: int | None
 
+class SsdPin:
+    """Where one object's bytes lie on the node's SSD, pinned in place (GPUDirect Storage)."""
+
+    pin: int
+    path: str
+    offset: int
+    length: int
+    crc32c: int
+    lasts_ms: int
+
 class Loaded:
     """Leased read-only memoryviews over pool memory; released on exit, release() or GC."""
 
@@ -92,6 +102,8 @@ class Client:
         self, namespace: Namespace, keys: Sequence[bytes], buffers: Sequence[_Buffer | Any]
     ) -> list[bool]: ...
     def load(self, namespace: Namespace, keys: Sequence[bytes]) -> Loaded: ...
+    def pin_on_ssd(self, namespace: Namespace, keys: Sequence[bytes]) -> list[SsdPin | None]: ...
+    def unpin_on_ssd(self, pins: Sequence[int]) -> int: ...
     def submit_store(self, namespace: Namespace, key: bytes, buffer: _Buffer | Any) -> int: ...
     def submit_store_many(
         self, namespace: Namespace, keys: Sequence[bytes], buffers: Sequence[_Buffer | Any]

@@ -5,6 +5,7 @@ use crate::errors::{self, KvtierError, LeaseExpired};
 use crate::jobs::{JobKind, Jobs};
 use crate::keys;
 use crate::runtime;
+use crate::ssd::SsdPin;
 use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId};
@@ -234,10 +235,10 @@ impl Client {
         outcome.map(store_status).map_err(errors::to_py)
     }
 
-    /// Stores several buffers; one status per key, in order. The keys go in batches of up
-    /// to 64 keys and 8 MiB (a larger buffer alone), each one round trip to reserve and one
-    /// to commit, pipelined: this thread copies one batch while kvtier's threads reserve
-    /// the next ones and commit the previous ones. A full pool skips only the keys past its
+    /// Stores several buffers; one status per key, in order. The keys are reserved in
+    /// groups of up to 64 keys and 32 MiB (a larger buffer alone), one round trip each, and
+    /// committed per 8 MiB as their copies finish, pipelined: this thread copies while
+    /// kvtier's threads reserve the next group and commit what was copied. A full pool skips only the keys past its
     /// room. The first error (if any) is raised after every store finished.
     fn store_many(
         &self,
@@ -303,11 +304,41 @@ impl Client {
             .map_err(errors::to_py)
     }
 
+    /// Pins the objects of `keys` in place on the node's SSD and says where their bytes
+    /// lie (an `SsdPin` per key, None for one its SSD store does not hold), for a reader that
+    /// reads the files itself (GPUDirect Storage). At most 64 keys a call. End the pins with
+    /// `unpin_on_ssd`.
+    fn pin_on_ssd(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<Vec<Option<SsdPin>>> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let extents = py
+            .allow_threads(|| runtime.block_on(inner.pin_on_ssd(&objects)))
+            .map_err(errors::to_py)?;
+        Ok(extents
+            .into_iter()
+            .map(|extent| extent.map(SsdPin::from))
+            .collect())
+    }
+
+    /// Ends pins `pin_on_ssd` gave (their `pin` ids); returns how many it ended.
+    fn unpin_on_ssd(&self, py: Python<'_>, pins: Vec<u64>) -> PyResult<u32> {
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        py.allow_threads(|| runtime.block_on(inner.unpin_on_ssd(&pins)))
+            .map_err(errors::to_py)
+    }
+
     /// Copies the objects of `keys` into `buffers` (writable C-contiguous buffers: bytearray,
     /// memoryview, numpy arrays, CPU torch tensors as numpy; each at least the object's
     /// length), straight from the pools, and gives the leases back. Returns one bool per
     /// key: whether it was a hit. Any number of keys: they go in batches of up to 64 keys
-    /// and 8 MiB of buffers, this thread copying one while kvtier's threads lease the next.
+    /// and 32 MiB of buffers, this thread copying one while kvtier's threads lease the next.
     fn load_into(
         &self,
         py: Python<'_>,

@@ -10,6 +10,7 @@ mod cluster;
 mod errors;
 mod jobs;
 mod keys;
+mod ssd;
 
 use pyo3::prelude::*;
 use std::sync::OnceLock;
@@ -43,6 +44,7 @@ fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<client::ProbeResult>()?;
     module.add_class::<client::Loaded>()?;
     module.add_class::<cluster::LocalCluster>()?;
+    module.add_class::<ssd::SsdPin>()?;
     module.add_function(wrap_pyfunction!(keys::prefix_digest, module)?)?;
     module.add("JOBS_INFLIGHT_MAX", jobs::JOBS_INFLIGHT_MAX)?;
     Ok(())

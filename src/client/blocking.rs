@@ -1,44 +1,60 @@
 //! `store_many` and `load_into` for a caller on its own thread (the Python binding): the
 //! copies run on the calling thread while tasks on the runtime drive the round trips. The
 //! copying thread never sends a request (so a node woken by it does not land on the core
-//! that copies), and a reply that lands during a copy is acted on at once by the runtime:
-//! the reserves and acquires of the next batches and the commits of the previous ones all
-//! overlap the copy of the current batch.
+//! that copies), and a reply that lands during a copy is acted on at once by the runtime.
+//!
+//! A store reserves a whole group of items in one round trip (up to
+//! [`STORE_RESERVE_BYTES_MAX`] and the protocol's
+//! [`STORE_BATCH_ITEMS_MAX`]: a whole call, for calls that size), so no copy waits for a
+//! grant after the group's first; it commits the group in parts of at most
+//! [`STORE_BATCH_BYTES_MAX`], each sent as soon as its copies are done, so the commit of one
+//! part overlaps the copy of the next. The next group's reserve overlaps this group's copy.
 
 use super::batches::batch_lengths;
-use super::load::{load_batches, LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_ITEMS_MAX};
-use super::store::{
-    every_item, BatchGrants, CopiedBatch, STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX,
-};
+use super::load::LOAD_BATCHES_IN_FLIGHT;
+use super::store::{every_item, BatchGrants, CopiedBatch, STORE_BATCH_BYTES_MAX};
 use super::{Client, ClientError, LoadedView, StoreOutcome};
-use crate::directory::{AcquireMode, ReserveItem};
+use crate::directory::ReserveItem;
 use crate::model::{LeaseId, ObjectId};
 use crate::protocol::messages::STORE_BATCH_ITEMS_MAX;
 use std::collections::VecDeque;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-/// Store batches copied and waiting for their commit, beyond the
-/// [`STORE_BATCHES_IN_FLIGHT`] reserved and not yet copied: one call holds at most
-/// (4 + 4) × 64 = 512 tickets (under a node's 1024 per client) and 8 ×
-/// [`STORE_BATCH_BYTES_MAX`] of granted pages.
-pub const STORE_BATCHES_COMMITTING_MAX: usize = 4;
+/// Bytes one reserve of [`Client::store_many_blocking`] covers at most (one larger object
+/// goes alone): a 32 MiB call is reserved in one round trip.
+pub const STORE_RESERVE_BYTES_MAX: u64 = 32 << 20;
+/// Reserved groups of one blocking `store_many` not yet fully committed, at most 2 of them
+/// reserved ahead of the copy: one call holds at most 3 × [`STORE_BATCH_ITEMS_MAX`] = 192
+/// tickets (under a node's 1024 per client) and 3 × [`STORE_RESERVE_BYTES_MAX`] = 96 MiB of
+/// granted pages (or 3 objects, where they are larger).
+pub const STORE_RESERVES_HELD_MAX: usize = 3;
+/// Groups reserved ahead of the copy (within [`STORE_RESERVES_HELD_MAX`]): the next
+/// group's grants arrive while this one is copied.
+const STORE_RESERVES_AHEAD: usize = 2;
+const _: () = assert!(STORE_RESERVES_AHEAD < STORE_RESERVES_HELD_MAX);
+const _: () = assert!(STORE_BATCH_BYTES_MAX <= STORE_RESERVE_BYTES_MAX);
+const _: () = assert!(
+    STORE_RESERVES_HELD_MAX * STORE_BATCH_ITEMS_MAX <= crate::node::CLIENT_LIMITS.tickets_max
+);
 
 type Outcomes = Vec<Result<StoreOutcome, ClientError>>;
 type Views = Result<Vec<Option<LoadedView>>, ClientError>;
 
-/// A store batch whose reserve is under way on the runtime.
+/// A group of stores whose reserve is under way on the runtime.
 struct Reserving {
     start: usize,
     items: usize,
-    /// The grants, once the reserve is answered (dropped unsent when it failed).
-    grants: oneshot::Receiver<BatchGrants>,
-    /// The copied batch, for the task to commit (dropped unsent: abort every grant).
-    copied: oneshot::Sender<CopiedBatch>,
+    /// The grants, cut into the group's commit parts, once the reserve is answered
+    /// (dropped unsent when it failed).
+    grants: oneshot::Receiver<Vec<BatchGrants>>,
+    /// One per commit part: its copied batch, for the task to commit (dropped unsent: the
+    /// task aborts that part's grants).
+    copied: Vec<oneshot::Sender<CopiedBatch>>,
     done: oneshot::Receiver<Outcomes>,
 }
 
-/// A copied store batch whose commit is under way on the runtime.
+/// A copied group whose commits are under way on the runtime.
 struct Committing {
     items: usize,
     done: oneshot::Receiver<Outcomes>,
@@ -46,17 +62,18 @@ struct Committing {
 
 impl Client {
     /// [`Client::store_many`] for a caller outside the runtime: it blocks the calling
-    /// thread, which makes the copies, while tasks on `runtime` reserve and commit (the
-    /// same batches, at most [`STORE_BATCHES_IN_FLIGHT`] reserved ahead of the copy and
-    /// [`STORE_BATCHES_COMMITTING_MAX`] committing behind it). Must not be called from a
-    /// task of a runtime. Grants of a batch that is never copied (the caller unwound) are
-    /// aborted at once.
+    /// thread, which makes the copies, while tasks on `runtime` reserve and commit: one
+    /// reserve round trip per group of at most [`STORE_BATCH_ITEMS_MAX`] items and
+    /// [`STORE_RESERVE_BYTES_MAX`] bytes (at most [`STORE_RESERVES_HELD_MAX`] groups held),
+    /// one commit per [`STORE_BATCH_BYTES_MAX`] of it, sent as its copies finish. Must not
+    /// be called from a task of a runtime. Grants that are never copied (the caller
+    /// unwound) are aborted at once.
     pub fn store_many_blocking(&self, runtime: &Handle, items: &[(ObjectId, &[u8])]) -> Outcomes {
         let sizes = items.iter().map(|(_, bytes)| bytes.len() as u64);
-        let mut lengths =
-            batch_lengths(sizes, STORE_BATCH_ITEMS_MAX, STORE_BATCH_BYTES_MAX).into_iter();
+        let mut groups =
+            batch_lengths(sizes, STORE_BATCH_ITEMS_MAX, STORE_RESERVE_BYTES_MAX).into_iter();
         let mut start = 0;
-        let mut reserving = VecDeque::new();
+        let mut reserving: VecDeque<Reserving> = VecDeque::new();
         let mut committing: VecDeque<Committing> = VecDeque::new();
         let mut outcomes = Vec::with_capacity(items.len());
         loop {
@@ -70,27 +87,30 @@ impl Client {
                 }
                 committing.pop_front();
             }
-            while reserving.len() < STORE_BATCHES_IN_FLIGHT
-                && reserving.len() + committing.len()
-                    < STORE_BATCHES_IN_FLIGHT + STORE_BATCHES_COMMITTING_MAX
+            while reserving.len() < STORE_RESERVES_AHEAD
+                && reserving.len() + committing.len() < STORE_RESERVES_HELD_MAX
             {
-                let Some(length) = lengths.next() else {
+                let Some(length) = groups.next() else {
                     break;
                 };
                 reserving.push_back(self.spawn_reserve(runtime, items, start, length));
                 start += length;
             }
-            if let Some(batch) = reserving.pop_front() {
+            if let Some(group) = reserving.pop_front() {
                 // A reserve that failed sends no grants: its task reports the error.
-                if let Ok(grants) = batch.grants.blocking_recv() {
-                    let batch_items = &items[batch.start..batch.start + batch.items];
-                    let copied = self.copy_batch(grants, batch_items.iter().map(|(_, b)| *b));
-                    // The task has gone only with the runtime: the grants expire.
-                    let _ = batch.copied.send(copied);
+                if let Ok(parts) = group.grants.blocking_recv() {
+                    let mut at = group.start;
+                    for (grants, copied) in parts.into_iter().zip(group.copied) {
+                        let part = &items[at..at + grants.len()];
+                        at += part.len();
+                        let copy = self.copy_batch(grants, part.iter().map(|(_, b)| *b));
+                        // The task has gone only with the runtime: the grants expire.
+                        let _ = copied.send(copy);
+                    }
                 }
                 committing.push_back(Committing {
-                    items: batch.items,
-                    done: batch.done,
+                    items: group.items,
+                    done: group.done,
                 });
                 continue;
             }
@@ -102,8 +122,9 @@ impl Client {
         }
     }
 
-    /// Starts the task of the store batch `items[start..start + length]`: reserve, hand the
-    /// grants to the caller, commit what it copied (or abort every grant).
+    /// Starts the task of one group of stores: one reserve, the grants handed to the caller
+    /// in commit parts of at most [`STORE_BATCH_BYTES_MAX`], each part committed as soon as
+    /// the caller copied it (or its grants aborted, when the caller dropped it).
     fn spawn_reserve(
         &self,
         runtime: &Handle,
@@ -111,33 +132,50 @@ impl Client {
         start: usize,
         length: usize,
     ) -> Reserving {
-        let reserve: Vec<ReserveItem> = items[start..start + length]
+        let group = &items[start..start + length];
+        let reserve: Vec<ReserveItem> = group
             .iter()
             .map(|(object, bytes)| ReserveItem {
                 object: *object,
                 length_bytes: bytes.len() as u64,
             })
             .collect();
+        let sizes = group.iter().map(|(_, bytes)| bytes.len() as u64);
+        let parts = batch_lengths(sizes, usize::MAX, STORE_BATCH_BYTES_MAX);
+        let (copied, copied_receivers): (Vec<_>, Vec<_>) =
+            parts.iter().map(|_| oneshot::channel()).unzip();
         let (grants_sender, grants) = oneshot::channel();
-        let (copied, copied_receiver) = oneshot::channel();
         let (done_sender, done) = oneshot::channel();
         let client = self.clone();
         runtime.spawn(async move {
             let outcomes = match client.begin_batch(reserve).await {
                 Err(error) => every_item(length, &error),
                 Ok(grants) => {
-                    let tickets = grants.tickets();
-                    let copied = match grants_sender.send(grants) {
-                        Ok(()) => copied_receiver.await.ok(),
-                        Err(_) => None,
-                    };
-                    match copied {
-                        Some(copied) => client.finish_batch(copied).await,
-                        // The caller unwound: nobody waits for outcomes.
-                        None => {
-                            client.abort_tickets(tickets).await;
-                            return;
-                        }
+                    let parts = grants.split(&parts);
+                    let tickets: Vec<Vec<u64>> = parts.iter().map(BatchGrants::tickets).collect();
+                    if grants_sender.send(parts).is_err() {
+                        // The caller unwound: nobody copies, nobody waits for outcomes.
+                        client.abort_tickets(tickets.concat()).await;
+                        return;
+                    }
+                    let client = &client;
+                    let commits = copied_receivers.into_iter().zip(tickets).map(
+                        |(copied, tickets)| async move {
+                            match copied.await {
+                                Ok(copied) => Some(client.finish_batch(copied).await),
+                                Err(_) => {
+                                    client.abort_tickets(tickets).await;
+                                    None
+                                }
+                            }
+                        },
+                    );
+                    // Every part's commit starts as soon as its copy arrives.
+                    let committed = futures_util::future::join_all(commits).await;
+                    match committed.into_iter().collect::<Option<Vec<_>>>() {
+                        Some(parts) => parts.into_iter().flatten().collect(),
+                        // A part never copied: the caller unwound, nobody waits.
+                        None => return,
                     }
                 }
             };
@@ -155,9 +193,10 @@ impl Client {
 
     /// [`Client::load_into`] for a caller outside the runtime: it blocks the calling
     /// thread, which makes the copies, while tasks on `runtime` acquire the next batches
-    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead) and release the leases (handed to the
-    /// background releaser every [`LOAD_BATCH_ITEMS_MAX`] leases and after the last copy). Must not be
-    /// called from a task of a runtime. Errors with the first batch's error; the batches
+    /// (at most [`LOAD_BATCHES_IN_FLIGHT`] ahead: a call of up to
+    /// [`LOAD_BATCH_BYTES_MAX`](super::LOAD_BATCH_BYTES_MAX) is one acquire round trip) and
+    /// release the leases (handed to the background releaser after each batch's copies).
+    /// Must not be called from a task of a runtime. Errors with the first batch's error; the batches
     /// already acquired then are released without a copy.
     pub fn load_into_blocking(
         &self,
@@ -165,13 +204,10 @@ impl Client {
         objects: &[ObjectId],
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
-        let (count, mut lengths) = load_batches(objects, buffers);
+        let (count, mut lengths) = self.load_batches(objects, buffers);
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut acquiring: VecDeque<(usize, oneshot::Receiver<Views>)> = VecDeque::new();
         let mut hits = Vec::with_capacity(count);
-        // Leases copied from and not yet released: one release for up to a batch's worth, so
-        // the node and the directory are not woken per batch while this thread copies.
-        let mut copied: Vec<LeaseId> = Vec::new();
         let mut failed = None;
         loop {
             while failed.is_none() && acquiring.len() < LOAD_BATCHES_IN_FLIGHT {
@@ -184,7 +220,7 @@ impl Client {
                 let (client, batch) = (self.clone(), batch.to_vec());
                 runtime.spawn(async move {
                     // Views nobody takes (the caller unwound) release their leases on drop.
-                    let _ = views.send(client.load(&batch, AcquireMode::Each).await);
+                    let _ = views.send(client.load_each(&batch).await);
                 });
                 acquiring.push_back((length, receiver));
             }
@@ -197,10 +233,7 @@ impl Client {
                 Ok(Ok(views)) if failed.is_none() => {
                     let (batch, leases) = self.copy_views(views, targets);
                     hits.extend(batch);
-                    copied.extend(leases);
-                    if copied.len() >= LOAD_BATCH_ITEMS_MAX {
-                        self.release_soon(runtime, std::mem::take(&mut copied));
-                    }
+                    self.release_soon(runtime, leases);
                 }
                 // After a failure the views are dropped uncopied: their leases go back.
                 Ok(Ok(_)) => {}
@@ -212,7 +245,6 @@ impl Client {
                 }
             }
         }
-        self.release_soon(runtime, copied);
         failed.map_or(Ok(hits), Err)
     }
 

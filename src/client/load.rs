@@ -9,28 +9,55 @@ use crate::protocol::messages::{ClientReply, ClientRequest};
 use std::time::{Duration, Instant};
 
 /// Objects one acquire of `load_into` asks for at most (and so leases one release gives
-/// back): a directory's `batch_items_max` is 4096 by default.
+/// back), or the directory's `batch_items_max` where a refusal named a smaller one (it is
+/// 4096 by default).
 pub const LOAD_BATCH_ITEMS_MAX: usize = 64;
-/// Buffer bytes one `load_into` batch covers at most (one larger buffer goes alone), as
-/// [`STORE_BATCH_BYTES_MAX`](super::STORE_BATCH_BYTES_MAX) for stores.
-pub const LOAD_BATCH_BYTES_MAX: u64 = 8 << 20;
-/// `load_into` batches in flight at once: one call holds at most 4 × 64 leases and
-/// 4 × [`LOAD_BATCH_BYTES_MAX`] of objects (or 4 objects, where they are larger) at a time.
-pub const LOAD_BATCHES_IN_FLIGHT: usize = 4;
-
-/// How many objects a `load_into` of `objects` into `buffers` loads (one per buffer, the
-/// shorter list decides) and the lengths of its batches, in order.
-pub(super) fn load_batches(
-    objects: &[ObjectId],
-    buffers: &[&mut [u8]],
-) -> (usize, std::vec::IntoIter<usize>) {
-    let count = objects.len().min(buffers.len());
-    let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
-    let lengths = batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX);
-    (count, lengths.into_iter())
-}
+/// Buffer bytes one `load_into` batch covers at most (one larger buffer goes alone): a
+/// 32 MiB call is acquired in one round trip, so no copy waits for a lease after the first.
+pub const LOAD_BATCH_BYTES_MAX: u64 = 32 << 20;
+/// `load_into` batches in flight at once (the next one's acquire overlaps this one's copy):
+/// one call holds at most 2 × 64 leases and 2 × [`LOAD_BATCH_BYTES_MAX`] of objects (or 2
+/// objects, where they are larger) at a time.
+pub const LOAD_BATCHES_IN_FLIGHT: usize = 2;
 
 impl Client {
+    /// How many objects a `load_into` of `objects` into `buffers` loads (one per buffer, the
+    /// shorter list decides) and the lengths of its batches, in order.
+    pub(super) fn load_batches(
+        &self,
+        objects: &[ObjectId],
+        buffers: &[&mut [u8]],
+    ) -> (usize, std::vec::IntoIter<usize>) {
+        let count = objects.len().min(buffers.len());
+        let sizes = buffers[..count].iter().map(|buffer| buffer.len() as u64);
+        let items_max = LOAD_BATCH_ITEMS_MAX.min(self.batch_items_max());
+        let lengths = batch_lengths(sizes, items_max, LOAD_BATCH_BYTES_MAX);
+        (count, lengths.into_iter())
+    }
+
+    /// [`Client::load`] of `objects` with [`AcquireMode::Each`], within the directory's
+    /// batch bound: a refusal that names the bound (`BatchTooLarge`) is remembered (later
+    /// calls split up front) and the objects are acquired again in parts of that size.
+    pub(super) async fn load_each(
+        &self,
+        objects: &[ObjectId],
+    ) -> Result<Vec<Option<LoadedView>>, ClientError> {
+        let error = match self.load(objects, AcquireMode::Each).await {
+            Err(error) => error,
+            loaded => return loaded,
+        };
+        match self.learn_batch_items_max(&error) {
+            Some(max) if max < objects.len() => {
+                let mut views = Vec::with_capacity(objects.len());
+                for part in objects.chunks(max) {
+                    views.extend(self.load(part, AcquireMode::Each).await?);
+                }
+                Ok(views)
+            }
+            _ => Err(error),
+        }
+    }
+
     /// Leases the objects and returns zero-copy views into the mapped pools, one per item
     /// (`None` for a miss). Each view holds its lease until [`LoadedView::release`] or drop.
     pub async fn load(
@@ -91,7 +118,7 @@ impl Client {
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
         use futures_util::StreamExt;
-        let (count, mut lengths) = load_batches(objects, buffers);
+        let (count, mut lengths) = self.load_batches(objects, buffers);
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut in_flight = futures_util::stream::FuturesOrdered::new();
         let mut hits = Vec::with_capacity(count);
@@ -126,7 +153,7 @@ impl Client {
         objects: &[ObjectId],
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
-        let views = self.load(objects, AcquireMode::Each).await?;
+        let views = self.load_each(objects).await?;
         let (hits, leases) = self.copy_views(views, buffers);
         // After every copy of the batch, so the releaser wakes once for them all. Best
         // effort, as every release: the copies are done, and a lease not released expires.

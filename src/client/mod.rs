@@ -12,12 +12,12 @@ mod blocking;
 mod load;
 mod store;
 
-pub use blocking::STORE_BATCHES_COMMITTING_MAX;
+pub use blocking::{STORE_RESERVES_HELD_MAX, STORE_RESERVE_BYTES_MAX};
 pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 
 use crate::backends::{PoolError, SharedMemory};
-use crate::directory::{Lease, ProbeOutcome, RetireOutcome};
+use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
     Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
@@ -25,6 +25,7 @@ use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -37,6 +38,9 @@ pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Leases queued for the background releaser (dropped views, finished copies); past this
 /// a dropped view's lease expires at the directory and a copy releases inline.
 pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
+/// Store tickets queued for the background aborter (grants of a `store_many` future
+/// dropped before it committed them); past this a ticket expires at the node.
+pub const DROPPED_TICKETS_QUEUED_MAX: usize = 1024;
 /// A view (or a store grant) stops one `LEASE_MARGIN_DIVISOR`th of its lifetime early
 /// (clock-rate drift).
 const LEASE_MARGIN_DIVISOR: u32 = 50;
@@ -81,6 +85,10 @@ pub struct Client {
     rpc: RpcClient<ClientRequest, ClientReply>,
     pools: Arc<HashMap<PoolId, SharedMemory>>,
     dropped_leases: mpsc::Sender<LeaseId>,
+    dropped_tickets: mpsc::Sender<u64>,
+    /// The directory's `batch_items_max` once a refusal named it (`usize::MAX` before):
+    /// acquires of `load_into` and releases split by it.
+    batch_items_max: Arc<AtomicUsize>,
     node: NodeId,
     epoch: Epoch,
 }
@@ -117,11 +125,16 @@ impl Client {
             pools.insert(mapping.pool, memory);
         }
         let (dropped_leases, queue) = mpsc::channel(DROPPED_LEASES_QUEUED_MAX);
-        tokio::spawn(release_dropped(rpc.clone(), queue));
+        let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));
+        tokio::spawn(release_dropped(rpc.clone(), batch_items_max.clone(), queue));
+        let (dropped_tickets, queue) = mpsc::channel(DROPPED_TICKETS_QUEUED_MAX);
+        tokio::spawn(store::abort_dropped(rpc.clone(), queue));
         Ok(Client {
             rpc,
             pools: Arc::new(pools),
             dropped_leases,
+            dropped_tickets,
+            batch_items_max,
             node: description.node,
             epoch: description.epoch,
         })
@@ -133,10 +146,19 @@ impl Client {
     }
 
     async fn call(&self, request: ClientRequest) -> Result<ClientReply, ClientError> {
-        match self.rpc.call(request).await? {
-            ClientReply::Error(error) => Err(ClientError::Refused(error)),
-            reply => Ok(reply),
-        }
+        call(&self.rpc, request).await
+    }
+
+    /// The directory's batch bound, as far as this client learned it (`usize::MAX` until a
+    /// refusal named it).
+    fn batch_items_max(&self) -> usize {
+        self.batch_items_max.load(Ordering::Relaxed)
+    }
+
+    /// The bound `error` names when it is the directory's refusal of a batch too large
+    /// (remembered for the later calls), else `None`.
+    fn learn_batch_items_max(&self, error: &ClientError) -> Option<usize> {
+        learn_batch_items_max(&self.batch_items_max, error)
     }
 
     /// Registers (or looks up) a namespace; objects carry the returned id.
@@ -231,20 +253,10 @@ impl Client {
         }
     }
 
-    /// Releases leases explicitly (views released this way are not released again on drop).
+    /// Releases leases explicitly (views released this way are not released again on drop),
+    /// in parts within the directory's batch bound.
     pub async fn release(&self, leases: &[LeaseId]) -> Result<(), ClientError> {
-        if leases.is_empty() {
-            return Ok(());
-        }
-        match self
-            .call(ClientRequest::Release {
-                leases: leases.to_vec(),
-            })
-            .await?
-        {
-            ClientReply::Released(_) => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        release(&self.rpc, &self.batch_items_max, leases).await
     }
 
     fn memory(&self, pool: PoolId) -> Result<&SharedMemory, ClientError> {
@@ -315,18 +327,75 @@ impl Drop for LoadedView {
     }
 }
 
-/// Releases leases of dropped views in batches.
+/// Leases the background releaser sends in one call at most (split further by the
+/// directory's `batch_items_max`).
+const DROPPED_LEASES_RELEASED_AT_ONCE: usize = 256;
+
+/// Releases leases of dropped views (and of finished copies) in batches of up to
+/// [`DROPPED_LEASES_RELEASED_AT_ONCE`].
 async fn release_dropped(
     rpc: RpcClient<ClientRequest, ClientReply>,
+    batch_items_max: Arc<AtomicUsize>,
     mut queue: mpsc::Receiver<LeaseId>,
 ) {
     let mut batch = Vec::new();
-    while queue.recv_many(&mut batch, 256).await > 0 {
-        let _ = rpc
-            .call(ClientRequest::Release {
-                leases: std::mem::take(&mut batch),
-            })
-            .await;
+    while queue
+        .recv_many(&mut batch, DROPPED_LEASES_RELEASED_AT_ONCE)
+        .await
+        > 0
+    {
+        // Best effort: a lease not released expires.
+        let _ = release(&rpc, &batch_items_max, &batch).await;
+        batch.clear();
+    }
+}
+
+/// Sends `request`; a refusal is an error.
+pub(super) async fn call(
+    rpc: &RpcClient<ClientRequest, ClientReply>,
+    request: ClientRequest,
+) -> Result<ClientReply, ClientError> {
+    match rpc.call(request).await? {
+        ClientReply::Error(error) => Err(ClientError::Refused(error)),
+        reply => Ok(reply),
+    }
+}
+
+/// Releases `leases` in parts of at most `batch_items_max` (learning a smaller bound from a
+/// refusal, then sending that part again in smaller ones).
+async fn release(
+    rpc: &RpcClient<ClientRequest, ClientReply>,
+    batch_items_max: &AtomicUsize,
+    leases: &[LeaseId],
+) -> Result<(), ClientError> {
+    let mut left = leases;
+    while !left.is_empty() {
+        let (part, rest) = left.split_at(left.len().min(batch_items_max.load(Ordering::Relaxed)));
+        let leases = part.to_vec();
+        match call(rpc, ClientRequest::Release { leases }).await {
+            Ok(ClientReply::Released(_)) => left = rest,
+            Ok(other) => return Err(unexpected(other)),
+            Err(error) => match learn_batch_items_max(batch_items_max, &error) {
+                Some(max) if max < part.len() => {}
+                _ => return Err(error),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// The bound `error` names when it is the directory's refusal of a batch too large (kept
+/// in `batch_items_max`, never raised), else `None`.
+fn learn_batch_items_max(batch_items_max: &AtomicUsize, error: &ClientError) -> Option<usize> {
+    match error {
+        ClientError::Refused(ProtocolError::Directory(DirectoryError::BatchTooLarge {
+            max,
+            ..
+        })) if *max > 0 => {
+            batch_items_max.fetch_min(*max, Ordering::Relaxed);
+            Some(*max)
+        }
+        _ => None,
     }
 }
 

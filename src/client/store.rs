@@ -2,13 +2,15 @@
 //! batches (`BeginStoreMany`, the copies, `CommitStoreMany`).
 
 use super::batches::batch_lengths;
-use super::{unexpected, Client, ClientError, StoreOutcome, LEASE_MARGIN_DIVISOR};
+use super::{call, unexpected, Client, ClientError, StoreOutcome, LEASE_MARGIN_DIVISOR};
 use crate::directory::{CommitOutcome, ReserveItem};
 use crate::model::{Location, ObjectId};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, ProtocolError, StoreCommitted, StoreGrant, STORE_BATCH_ITEMS_MAX,
 };
+use crate::wire::RpcClient;
 use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
 
 /// Store batches one `store_many` keeps in flight: at most 4 × 64 = 256 tickets, well under
 /// what a node admits per client (`tickets_max`, 1024), and 4 × [`STORE_BATCH_BYTES_MAX`]
@@ -90,7 +92,10 @@ impl Client {
         }
     }
 
-    /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`.
+    /// One `BeginStoreMany`, the copies of the granted items, one `CommitStoreMany`. A
+    /// batch dropped half way (its `store_many` future dropped) aborts its grants at once:
+    /// the reserve runs on its own task, which aborts the grants nobody took, and the
+    /// grants taken go to the background aborter unless their commit was answered.
     async fn store_batch(
         &self,
         items: &[(ObjectId, &[u8])],
@@ -99,14 +104,43 @@ impl Client {
             object: *object,
             length_bytes: bytes.len() as u64,
         });
-        match self.begin_batch(reserve.collect()).await {
-            Ok(grants) => {
+        match self.begin_batch_detached(reserve.collect()).await {
+            Ok((mut unsettled, grants)) => {
                 let bytes = items.iter().map(|(_, bytes)| *bytes);
                 let copied = self.copy_batch(grants, bytes);
-                self.finish_batch(copied).await
+                let outcomes = self.finish_batch(copied).await;
+                unsettled.tickets.clear();
+                outcomes
             }
             Err(error) => every_item(items.len(), &error),
         }
+    }
+
+    /// [`Client::begin_batch`] on a task of its own. The grants travel with their
+    /// [`AbortOnDrop`] guard, made before they are sent: grants nobody takes (the caller
+    /// stopped waiting, or was dropped after the send but before it read them) are aborted.
+    async fn begin_batch_detached(
+        &self,
+        items: Vec<ReserveItem>,
+    ) -> Result<(AbortOnDrop, BatchGrants), ClientError> {
+        let (sender, receiver) = oneshot::channel();
+        let client = self.clone();
+        tokio::spawn(async move {
+            let reserved = client.begin_batch(items).await.map(|grants| {
+                let guard = AbortOnDrop {
+                    tickets: grants.tickets(),
+                    queue: client.dropped_tickets.clone(),
+                };
+                (guard, grants)
+            });
+            // A send refused (or a value never read) drops the guard, which queues the aborts.
+            let _ = sender.send(reserved);
+        });
+        receiver.await.unwrap_or_else(|_| {
+            Err(ClientError::Unexpected(
+                "the runtime stopped before the reserve ended".into(),
+            ))
+        })
     }
 
     /// The `BeginStoreMany` of a batch: one grant (or refusal) per item, in order.
@@ -235,6 +269,24 @@ pub(super) struct BatchGrants {
 }
 
 impl BatchGrants {
+    /// How many grants (or refusals): one per item of the batch.
+    pub(super) fn len(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// The grants cut into consecutive parts of `lengths` items (past the grants, empty
+    /// parts), each with when the request was sent.
+    pub(super) fn split(self, lengths: &[usize]) -> Vec<BatchGrants> {
+        let mut grants = self.grants.into_iter();
+        lengths
+            .iter()
+            .map(|length| BatchGrants {
+                sent: self.sent,
+                grants: grants.by_ref().take(*length).collect(),
+            })
+            .collect()
+    }
+
     /// The tickets of the grants that let the client write (to abort when it will not).
     pub(super) fn tickets(&self) -> Vec<u64> {
         self.grants
@@ -244,6 +296,38 @@ impl BatchGrants {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// Store tickets granted to a future that may be dropped before their commit is answered:
+/// on drop, those left go to the client's background aborter (bounded: past
+/// [`DROPPED_TICKETS_QUEUED_MAX`](super::DROPPED_TICKETS_QUEUED_MAX) they expire). An abort
+/// of a ticket whose commit the node did take is refused, harmlessly.
+struct AbortOnDrop {
+    tickets: Vec<u64>,
+    queue: mpsc::Sender<u64>,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for ticket in self.tickets.drain(..) {
+            let _ = self.queue.try_send(ticket);
+        }
+    }
+}
+
+/// Aborts the tickets of dropped store futures, up to 64 at once.
+pub(super) async fn abort_dropped(
+    rpc: RpcClient<ClientRequest, ClientReply>,
+    mut queue: mpsc::Receiver<u64>,
+) {
+    let mut tickets = Vec::new();
+    while queue.recv_many(&mut tickets, STORE_BATCH_ITEMS_MAX).await > 0 {
+        let aborts = tickets
+            .drain(..)
+            .map(|ticket| call(&rpc, ClientRequest::AbortStore { ticket }));
+        // Best effort: a ticket not aborted expires.
+        futures_util::future::join_all(aborts).await;
     }
 }
 
