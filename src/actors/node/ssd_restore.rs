@@ -192,11 +192,23 @@ async fn restore_claimed(
     }
     let reader = ssd.clone();
     let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
+    let lengths: Vec<usize> = restoring
+        .iter()
+        .map(|item| item.location.length_bytes as usize)
+        .collect();
     let read = tokio::task::spawn_blocking(move || {
         let mut found: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
-        let outcomes = reader
-            .store
-            .read_batch(&ids, |index, bytes| found[index] = Some(bytes.to_vec()));
+        let outcomes = reader.store.read_batch(&ids, |index, _, chunk| {
+            found[index]
+                .get_or_insert_with(|| Vec::with_capacity(lengths[index]))
+                .extend_from_slice(chunk)
+        });
+        // Only a verified object's bytes are kept.
+        for (bytes, outcome) in found.iter_mut().zip(&outcomes) {
+            if !matches!(outcome, ReadOutcome::Hit { .. }) {
+                *bytes = None;
+            }
+        }
         (outcomes, found)
     })
     .await;

@@ -35,9 +35,17 @@ fn config(directory: &Path, io_uring: bool) -> SsdConfig {
 }
 
 fn read_one(store: &SsdStore, id: ObjectId) -> (Option<Vec<u8>>, ReadOutcome) {
-    let mut found = None;
-    let mut outcomes = store.read_batch(&[id], |_, data| found = Some(data.to_vec()));
-    (found, outcomes.remove(0))
+    let mut found: Option<Vec<u8>> = None;
+    let mut outcomes = store.read_batch(&[id], |_, offset, chunk| {
+        let bytes = found.get_or_insert_with(Vec::new);
+        assert_eq!(bytes.len(), offset, "chunks in order");
+        bytes.extend_from_slice(chunk);
+    });
+    let outcome = outcomes.remove(0);
+    if !matches!(outcome, ReadOutcome::Hit { .. }) {
+        found = None;
+    }
+    (found, outcome)
 }
 
 fn write_all(store: &SsdStore, objects: &[(ObjectId, Vec<u8>)]) -> WriteBatch {
@@ -67,7 +75,10 @@ fn writes_read_back_byte_exact_through_both_io_paths() {
         write_all(&store, &objects);
         let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
         let mut found = vec![Vec::new(); ids.len()];
-        let outcomes = store.read_batch(&ids, |index, data| found[index] = data.to_vec());
+        let outcomes = store.read_batch(&ids, |index, offset, chunk| {
+            assert_eq!(found[index].len(), offset, "chunks in order");
+            found[index].extend_from_slice(chunk);
+        });
         for (index, outcome) in outcomes.iter().enumerate() {
             assert!(
                 matches!(outcome, ReadOutcome::Hit { .. }),
@@ -378,9 +389,9 @@ fn slow_completions_submit_early_and_every_read_still_lands_in_its_own_slot() {
     write_all(&store, &objects);
     let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
     let mut found = vec![Vec::new(); ids.len()];
-    let outcomes = store.read_batch(&ids, |index, data| {
+    let outcomes = store.read_batch(&ids, |index, _, chunk| {
         busy_for(std::time::Duration::from_micros(50));
-        found[index] = data.to_vec();
+        found[index].extend_from_slice(chunk);
     });
     for (index, outcome) in outcomes.iter().enumerate() {
         assert!(
