@@ -3,6 +3,7 @@
 //! chunk by chunk there, never through a whole-object buffer of its own).
 
 use super::error::SsdError;
+use super::store::VERIFY_CHUNK_BYTES;
 use crate::model::ObjectId;
 
 /// The objects of a write batch and their bytes.
@@ -13,6 +14,14 @@ pub trait WriteSource {
     fn object(&self, request: usize) -> (ObjectId, u64);
     /// Fills `data` (exactly the object's length) with the bytes of request `request`.
     fn fill(&mut self, request: usize, data: &mut [u8]) -> Result<(), SsdError>;
+
+    /// Fills `data` as [`WriteSource::fill`] does and returns the crc32c of the bytes. By
+    /// default it fills, then checksums the whole object; a source that can copy in chunks
+    /// checksums each chunk right after copying it, reading the bytes from memory once.
+    fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
+        self.fill(request, data)?;
+        Ok(crc32c::crc32c(data))
+    }
 }
 
 /// Objects whose bytes are in memory.
@@ -31,6 +40,16 @@ impl WriteSource for Slices<'_> {
     fn fill(&mut self, request: usize, data: &mut [u8]) -> Result<(), SsdError> {
         data.copy_from_slice(self.0[request].1);
         Ok(())
+    }
+
+    fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
+        let mut crc = 0;
+        let chunks = self.0[request].1.chunks(VERIFY_CHUNK_BYTES);
+        for (source, copy) in chunks.zip(data.chunks_mut(VERIFY_CHUNK_BYTES)) {
+            copy.copy_from_slice(source);
+            crc = crc32c::crc32c_append(crc, copy);
+        }
+        Ok(crc)
     }
 }
 

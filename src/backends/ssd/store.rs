@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Bytes a restore hands to its sink and checksums at a time: the copy reads them from
-/// memory, the checksum right after from the cache (well under a core's L2).
+/// Bytes a restore hands to its sink, or a spill of bytes in memory copies into its slot, and
+/// checksums at a time: the copy reads them from memory, the checksum right after from the
+/// cache (well under a core's L2).
 pub const VERIFY_CHUNK_BYTES: usize = 64 << 10;
 
 /// Region files at most: the five digits of their names.
@@ -612,13 +613,15 @@ impl IoRequests for WriteRequests<'_> {
         let slot = slot.bytes(footprint);
         let length = length_bytes as usize;
         let data = &mut slot[BLOCK_BYTES as usize..footprint];
-        if let Err(error) = self.source.fill(request, &mut data[..length]) {
-            lock(&self.store.table).abort(reservation);
-            self.results[request] = Err(error);
-            return None;
-        }
+        let data_crc = match self.source.fill_checked(request, &mut data[..length]) {
+            Ok(crc) => crc,
+            Err(error) => {
+                lock(&self.store.table).abort(reservation);
+                self.results[request] = Err(error);
+                return None;
+            }
+        };
         data[length..].fill(0);
-        let data_crc = crc32c::crc32c(&data[..length]);
         ObjectHeader {
             object,
             length_bytes,
