@@ -401,3 +401,23 @@ fn slow_completions_submit_early_and_every_read_still_lands_in_its_own_slot() {
         assert_eq!(found[index], objects[index].1, "object {index}");
     }
 }
+
+#[test]
+fn staging_buffers_from_a_huge_page_up_are_aligned_to_it_and_zeroed() {
+    use super::io::{AlignedBuffer, HUGE_PAGE_BYTES};
+    for round in 0..3 {
+        let mut large = AlignedBuffer::new(2 * HUGE_PAGE_BYTES + 1);
+        assert_eq!(large.len(), 2 * HUGE_PAGE_BYTES + BLOCK_BYTES as usize);
+        assert_eq!(large.as_slice().as_ptr() as usize % HUGE_PAGE_BYTES, 0);
+        assert!(
+            large.as_slice().iter().all(|byte| *byte == 0),
+            "round {round}"
+        );
+        large.as_mut_slice().fill(0xa5);
+        assert!(large.as_slice().iter().all(|byte| *byte == 0xa5));
+        let small = AlignedBuffer::new(5000);
+        assert_eq!(small.len(), 2 * BLOCK_BYTES as usize);
+        assert_eq!(small.as_slice().as_ptr() as usize % BLOCK_BYTES as usize, 0);
+        assert!(small.as_slice().iter().all(|byte| *byte == 0));
+    }
+}
