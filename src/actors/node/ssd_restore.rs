@@ -203,12 +203,6 @@ async fn restore_claimed(
                 .get_or_insert_with(|| Vec::with_capacity(lengths[index]))
                 .extend_from_slice(chunk)
         });
-        // Only a verified object's bytes are kept.
-        for (bytes, outcome) in found.iter_mut().zip(&outcomes) {
-            if !matches!(outcome, ReadOutcome::Hit { .. }) {
-                *bytes = None;
-            }
-        }
         (outcomes, found)
     })
     .await;
@@ -218,9 +212,17 @@ async fn restore_claimed(
     };
     let mut published = Vec::new();
     for (index, (item, bytes)) in restoring.into_iter().zip(found).enumerate() {
-        if let Some(ReadOutcome::Hit { latency }) = outcomes.get(index) {
-            ssd.metrics.observe_restore(*latency);
-        }
+        // The sink got the bytes before the checksum's verdict: only a verified object of
+        // the length the directory reserved is written, here where it is published.
+        let verified = match outcomes.get(index) {
+            Some(ReadOutcome::Hit { latency }) => {
+                ssd.metrics.observe_restore(*latency);
+                true
+            }
+            _ => false,
+        };
+        let bytes =
+            bytes.filter(|bytes| verified && bytes.len() as u64 == item.location.length_bytes);
         let written = match (bytes, services.pools.get(&item.location.pool)) {
             (Some(bytes), Some(pool)) => matches!(
                 pool.send(WriteAt {

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 /// slots), into two huge pages as one. Where huge pages are not to be had the kernel backs
 /// the mapping with small ones and nothing else changes.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+const _: () = assert!(HUGE_PAGE_BYTES % BLOCK_BYTES as usize == 0);
 
-/// A zeroed heap buffer aligned to [`BLOCK_BYTES`] (to [`HUGE_PAGE_BYTES`] from that size
-/// on), its pages touched when it is made.
+/// A zeroed buffer aligned to [`BLOCK_BYTES`], from the heap; from [`HUGE_PAGE_BYTES`] on a
+/// mapping of its own aligned to that size; its pages touched when it is made.
 pub struct AlignedBuffer {
     pointer: NonNull<u8>,
     length: usize,
@@ -58,6 +59,7 @@ impl AlignedBuffer {
             mapped: false,
         }
     }
+
     fn layout(length: usize) -> Layout {
         match Layout::from_size_align(length, BLOCK_BYTES as usize) {
             Ok(layout) => layout,
@@ -100,10 +102,16 @@ impl Drop for AlignedBuffer {
     }
 }
 
-/// Maps `length` bytes (a multiple of the page size) at an address aligned to
-/// [`HUGE_PAGE_BYTES`], advises huge pages and touches every page (zeroing them); `None`
-/// when the mapping fails.
+/// Maps `length` bytes at an address aligned to [`HUGE_PAGE_BYTES`], advises huge pages and
+/// touches every page (zeroing them); `None` when the mapping fails or `length` is not a
+/// multiple of the system's page size (a 16 or 64 KiB page kernel), so that only whole pages
+/// are ever unmapped.
 fn map_huge(length: usize) -> Option<NonNull<u8>> {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if page <= 0 || length % page as usize != 0 {
+        return None;
+    }
     let span = length.checked_add(HUGE_PAGE_BYTES)?;
     // SAFETY: a new private anonymous mapping at an address the kernel picks.
     let raw = unsafe {
@@ -251,10 +259,14 @@ impl IoQueue {
 
     /// Grows every slot to the queue's `slot_bytes` now, staging memory at its bound, so
     /// that no later request pays for fresh pages (a huge page's first touch can cost the
-    /// kernel a compaction).
+    /// kernel a compaction). The blocking fallback uses one slot; it grows only that one.
     pub fn grow_slots(&mut self) {
         let limit = self.slot_bytes;
-        for buffer in &mut self.slots {
+        let used = match self.backend {
+            Backend::Blocking => 1,
+            Backend::Uring(_) => self.slots.len(),
+        };
+        for buffer in self.slots.iter_mut().take(used) {
             Slot { buffer, limit }.bytes(limit);
         }
     }

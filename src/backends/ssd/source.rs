@@ -43,8 +43,14 @@ impl WriteSource for Slices<'_> {
     }
 
     fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
+        let source = self.0[request].1;
+        assert_eq!(
+            source.len(),
+            data.len(),
+            "a staging slice of the object's length"
+        );
         let mut crc = 0;
-        let chunks = self.0[request].1.chunks(VERIFY_CHUNK_BYTES);
+        let chunks = source.chunks(VERIFY_CHUNK_BYTES);
         for (source, copy) in chunks.zip(data.chunks_mut(VERIFY_CHUNK_BYTES)) {
             copy.copy_from_slice(source);
             crc = crc32c::crc32c_append(crc, copy);
@@ -75,5 +81,29 @@ impl<F: FnMut(&mut [u8]) -> Result<(), String>> WriteSource for Filled<F> {
 
     fn fill(&mut self, _: usize, data: &mut [u8]) -> Result<(), SsdError> {
         (self.fill)(data).map_err(|reason| SsdError::Source { reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NamespaceId, PrefixDigest};
+
+    #[test]
+    fn a_chunked_fill_checksums_the_whole_object() {
+        let object = ObjectId {
+            namespace: NamespaceId([1; 16]),
+            prefix: PrefixDigest([3; 16]),
+            shard: 0,
+            part: 0,
+        };
+        for length in [1, 65_535, 65_536, 65_537, 256 << 10, (256 << 10) + 13] {
+            let bytes: Vec<u8> = (0..length).map(|at| (at * 7 + at / 251) as u8).collect();
+            let items = [(object, &bytes[..])];
+            let mut data = vec![0u8; length];
+            let crc = Slices(&items).fill_checked(0, &mut data).unwrap();
+            assert_eq!(data, bytes);
+            assert_eq!(crc, crc32c::crc32c(&bytes), "{length} bytes");
+        }
     }
 }
