@@ -192,11 +192,17 @@ async fn restore_claimed(
     }
     let reader = ssd.clone();
     let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
+    let lengths: Vec<usize> = restoring
+        .iter()
+        .map(|item| item.location.length_bytes as usize)
+        .collect();
     let read = tokio::task::spawn_blocking(move || {
         let mut found: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
-        let outcomes = reader
-            .store
-            .read_batch(&ids, |index, bytes| found[index] = Some(bytes.to_vec()));
+        let outcomes = reader.store.read_batch(&ids, |index, _, chunk| {
+            found[index]
+                .get_or_insert_with(|| Vec::with_capacity(lengths[index]))
+                .extend_from_slice(chunk)
+        });
         (outcomes, found)
     })
     .await;
@@ -206,9 +212,17 @@ async fn restore_claimed(
     };
     let mut published = Vec::new();
     for (index, (item, bytes)) in restoring.into_iter().zip(found).enumerate() {
-        if let Some(ReadOutcome::Hit { latency }) = outcomes.get(index) {
-            ssd.metrics.observe_restore(*latency);
-        }
+        // The sink got the bytes before the checksum's verdict: only a verified object of
+        // the length the directory reserved is written, here where it is published.
+        let verified = match outcomes.get(index) {
+            Some(ReadOutcome::Hit { latency }) => {
+                ssd.metrics.observe_restore(*latency);
+                true
+            }
+            _ => false,
+        };
+        let bytes =
+            bytes.filter(|bytes| verified && bytes.len() as u64 == item.location.length_bytes);
         let written = match (bytes, services.pools.get(&item.location.pool)) {
             (Some(bytes), Some(pool)) => matches!(
                 pool.send(WriteAt {

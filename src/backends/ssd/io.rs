@@ -9,12 +9,26 @@ use super::layout::BLOCK_BYTES;
 use std::alloc::{self, Layout};
 use std::io;
 use std::os::fd::RawFd;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-/// A zeroed heap buffer aligned to [`BLOCK_BYTES`].
+/// Buffers of at least this many bytes are mapped on their own, aligned to it, and advised
+/// as transparent huge pages. A direct transfer gives the device one segment per run of
+/// physically adjacent pages, and a device takes a bounded number of segments in one
+/// request (a virtio disk 254: `max_segments` in sysfs): a 4 MiB read into scattered
+/// 4 KiB pages goes out as five to eight requests (6.3 on average measured for the store's
+/// slots), into two huge pages as one. Where huge pages are not to be had the kernel backs
+/// the mapping with small ones and nothing else changes.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+const _: () = assert!(HUGE_PAGE_BYTES % BLOCK_BYTES as usize == 0);
+
+/// A zeroed buffer aligned to [`BLOCK_BYTES`], from the heap; from [`HUGE_PAGE_BYTES`] on a
+/// mapping of its own aligned to that size; its pages touched when it is made.
 pub struct AlignedBuffer {
-    pointer: std::ptr::NonNull<u8>,
+    pointer: NonNull<u8>,
     length: usize,
+    /// Mapped by [`map_huge`], unmapped on drop; else from the global allocator.
+    mapped: bool,
 }
 
 // SAFETY: the buffer is plain owned memory with no thread affinity.
@@ -24,13 +38,26 @@ impl AlignedBuffer {
     /// A buffer of `length` bytes (rounded up to a whole block, at least one).
     pub fn new(length: usize) -> AlignedBuffer {
         let length = length.max(1).next_multiple_of(BLOCK_BYTES as usize);
+        if length >= HUGE_PAGE_BYTES {
+            if let Some(pointer) = map_huge(length) {
+                return AlignedBuffer {
+                    pointer,
+                    length,
+                    mapped: true,
+                };
+            }
+        }
         let layout = Self::layout(length);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(pointer) = std::ptr::NonNull::new(raw) else {
+        let Some(pointer) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        AlignedBuffer { pointer, length }
+        AlignedBuffer {
+            pointer,
+            length,
+            mapped: false,
+        }
     }
 
     fn layout(length: usize) -> Layout {
@@ -65,8 +92,56 @@ impl AlignedBuffer {
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
+        if self.mapped {
+            // SAFETY: mapped by `map_huge` with this address and length, and no longer used.
+            unsafe { libc::munmap(self.pointer.as_ptr().cast(), self.length) };
+        } else {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
+        }
+    }
+}
+
+/// Maps `length` bytes at an address aligned to [`HUGE_PAGE_BYTES`], advises huge pages and
+/// touches every page (zeroing them); `None` when the mapping fails or `length` is not a
+/// multiple of the system's page size (a 16 or 64 KiB page kernel), so that only whole pages
+/// are ever unmapped.
+fn map_huge(length: usize) -> Option<NonNull<u8>> {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if page <= 0 || length % page as usize != 0 {
+        return None;
+    }
+    let span = length.checked_add(HUGE_PAGE_BYTES)?;
+    // SAFETY: a new private anonymous mapping at an address the kernel picks.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    let head = (raw as usize).next_multiple_of(HUGE_PAGE_BYTES) - raw as usize;
+    let tail = span - head - length;
+    // SAFETY: the head and the tail are page-aligned parts of the mapping just made, outside
+    // the aligned `length` bytes kept; the kept part is advised, then written whole.
+    unsafe {
+        let aligned = raw.cast::<u8>().add(head);
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        if tail > 0 {
+            libc::munmap(aligned.add(length).cast(), tail);
+        }
+        libc::madvise(aligned.cast(), length, libc::MADV_HUGEPAGE);
+        std::ptr::write_bytes(aligned, 0, length);
+        NonNull::new(aligned)
     }
 }
 
@@ -180,6 +255,20 @@ impl IoQueue {
             slots: (0..depth).map(|_| None).collect(),
         };
         (queue, fallback)
+    }
+
+    /// Grows every slot to the queue's `slot_bytes` now, staging memory at its bound, so
+    /// that no later request pays for fresh pages (a huge page's first touch can cost the
+    /// kernel a compaction). The blocking fallback uses one slot; it grows only that one.
+    pub fn grow_slots(&mut self) {
+        let limit = self.slot_bytes;
+        let used = match self.backend {
+            Backend::Blocking => 1,
+            Backend::Uring(_) => self.slots.len(),
+        };
+        for buffer in self.slots.iter_mut().take(used) {
+            Slot { buffer, limit }.bytes(limit);
+        }
     }
 
     /// Runs at most `depth` requests at once from now on (at least one, at most the depth

@@ -3,6 +3,7 @@
 //! chunk by chunk there, never through a whole-object buffer of its own).
 
 use super::error::SsdError;
+use super::store::VERIFY_CHUNK_BYTES;
 use crate::model::ObjectId;
 
 /// The objects of a write batch and their bytes.
@@ -13,6 +14,14 @@ pub trait WriteSource {
     fn object(&self, request: usize) -> (ObjectId, u64);
     /// Fills `data` (exactly the object's length) with the bytes of request `request`.
     fn fill(&mut self, request: usize, data: &mut [u8]) -> Result<(), SsdError>;
+
+    /// Fills `data` as [`WriteSource::fill`] does and returns the crc32c of the bytes. By
+    /// default it fills, then checksums the whole object; a source that can copy in chunks
+    /// checksums each chunk right after copying it, reading the bytes from memory once.
+    fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
+        self.fill(request, data)?;
+        Ok(crc32c::crc32c(data))
+    }
 }
 
 /// Objects whose bytes are in memory.
@@ -31,6 +40,22 @@ impl WriteSource for Slices<'_> {
     fn fill(&mut self, request: usize, data: &mut [u8]) -> Result<(), SsdError> {
         data.copy_from_slice(self.0[request].1);
         Ok(())
+    }
+
+    fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
+        let source = self.0[request].1;
+        assert_eq!(
+            source.len(),
+            data.len(),
+            "a staging slice of the object's length"
+        );
+        let mut crc = 0;
+        let chunks = source.chunks(VERIFY_CHUNK_BYTES);
+        for (source, copy) in chunks.zip(data.chunks_mut(VERIFY_CHUNK_BYTES)) {
+            copy.copy_from_slice(source);
+            crc = crc32c::crc32c_append(crc, copy);
+        }
+        Ok(crc)
     }
 }
 
@@ -56,5 +81,29 @@ impl<F: FnMut(&mut [u8]) -> Result<(), String>> WriteSource for Filled<F> {
 
     fn fill(&mut self, _: usize, data: &mut [u8]) -> Result<(), SsdError> {
         (self.fill)(data).map_err(|reason| SsdError::Source { reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NamespaceId, PrefixDigest};
+
+    #[test]
+    fn a_chunked_fill_checksums_the_whole_object() {
+        let object = ObjectId {
+            namespace: NamespaceId([1; 16]),
+            prefix: PrefixDigest([3; 16]),
+            shard: 0,
+            part: 0,
+        };
+        for length in [1, 65_535, 65_536, 65_537, 256 << 10, (256 << 10) + 13] {
+            let bytes: Vec<u8> = (0..length).map(|at| (at * 7 + at / 251) as u8).collect();
+            let items = [(object, &bytes[..])];
+            let mut data = vec![0u8; length];
+            let crc = Slices(&items).fill_checked(0, &mut data).unwrap();
+            assert_eq!(data, bytes);
+            assert_eq!(crc, crc32c::crc32c(&bytes), "{length} bytes");
+        }
     }
 }

@@ -22,6 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+/// Bytes a restore hands to its sink, or a spill of bytes in memory copies into its slot, and
+/// checksums at a time: the copy reads them from memory, the checksum right after from the
+/// cache (well under a core's L2).
+pub const VERIFY_CHUNK_BYTES: usize = 64 << 10;
+
 /// Region files at most: the five digits of their names.
 pub const REGION_COUNT_MAX: u64 = 99_999;
 
@@ -333,6 +338,12 @@ impl SsdStore {
         lock(&self.queue).set_depth_limit(depth);
     }
 
+    /// Allocates every staging slot at its full size now (`queue_depth × (object_bytes_max +
+    /// 4 KiB)`), so that no later spill or restore pays for fresh pages.
+    pub fn grow_staging(&self) {
+        lock(&self.queue).grow_slots();
+    }
+
     /// The store's counters.
     pub fn counters(&self) -> &SsdCounters {
         &self.counters
@@ -477,13 +488,17 @@ impl SsdStore {
         }
     }
 
-    /// Reads `objects`, at most `queue_depth` at a time, and hands each verified object's
-    /// bytes to `sink(index, bytes)` as its read completes. One outcome per object, in
-    /// request order.
+    /// Reads `objects`, at most `queue_depth` at a time, and hands each object's bytes to
+    /// `sink(index, offset, chunk)` as its read completes, in order, [`VERIFY_CHUNK_BYTES`]
+    /// at a time, checksumming each chunk right after the sink took it: the bytes come from
+    /// memory once, and the checksum reads them from the cache. The bytes are the object's
+    /// only when its outcome is [`ReadOutcome::Hit`]: a caller drops what it got for any
+    /// other outcome (a corrupt object's bytes reach the sink before the checksum fails).
+    /// One outcome per object, in request order.
     pub fn read_batch(
         &self,
         objects: &[ObjectId],
-        sink: impl FnMut(usize, &[u8]),
+        sink: impl FnMut(usize, usize, &[u8]),
     ) -> Vec<ReadOutcome> {
         let mut requests = ReadRequests {
             store: self,
@@ -598,13 +613,15 @@ impl IoRequests for WriteRequests<'_> {
         let slot = slot.bytes(footprint);
         let length = length_bytes as usize;
         let data = &mut slot[BLOCK_BYTES as usize..footprint];
-        if let Err(error) = self.source.fill(request, &mut data[..length]) {
-            lock(&self.store.table).abort(reservation);
-            self.results[request] = Err(error);
-            return None;
-        }
+        let data_crc = match self.source.fill_checked(request, &mut data[..length]) {
+            Ok(crc) => crc,
+            Err(error) => {
+                lock(&self.store.table).abort(reservation);
+                self.results[request] = Err(error);
+                return None;
+            }
+        };
         data[length..].fill(0);
-        let data_crc = crc32c::crc32c(&data[..length]);
         ObjectHeader {
             object,
             length_bytes,
@@ -652,7 +669,7 @@ struct ReadRequests<'a, S> {
     sink: S,
 }
 
-impl<S: FnMut(usize, &[u8])> IoRequests for ReadRequests<'_, S> {
+impl<S: FnMut(usize, usize, &[u8])> IoRequests for ReadRequests<'_, S> {
     fn prepare(&mut self, request: usize, _slot: Slot<'_>) -> Option<IoOp> {
         let entry = lock(&self.store.table).pin(&self.objects[request])?;
         self.entries[request] = Some(entry);
@@ -675,11 +692,16 @@ impl<S: FnMut(usize, &[u8])> IoRequests for ReadRequests<'_, S> {
             return;
         };
         let length = entry.length_bytes as usize;
-        let sound = matches!(result, Ok(read) if read >= length)
-            && crc32c::crc32c(&bytes[..length]) == entry.data_crc;
+        let sound = matches!(result, Ok(read) if read >= length) && {
+            let mut crc = 0;
+            for (index, chunk) in bytes[..length].chunks(VERIFY_CHUNK_BYTES).enumerate() {
+                (self.sink)(request, index * VERIFY_CHUNK_BYTES, chunk);
+                crc = crc32c::crc32c_append(crc, chunk);
+            }
+            crc == entry.data_crc
+        };
         let counters = &self.store.counters;
         self.outcomes[request] = if sound {
-            (self.sink)(request, &bytes[..length]);
             counters.restores.fetch_add(1, Ordering::Relaxed);
             counters
                 .restore_bytes
