@@ -23,10 +23,18 @@ use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// How often B probes for the copies (a hang guard ends a run that never completes): the
-/// runtime's timer resolution, so a copy's end is seen within about a millisecond (5 ms
-/// made the end of a 1 GiB run, ~150 ms, uncertain by 3%, and a latency of ~1 ms read 6).
+/// How often B probes for the copies of the throughput phase (a hang guard ends a run that
+/// never completes): the runtime's timer resolution, so the end of a run is seen within
+/// about two milliseconds (5 ms made the end of a 1 GiB run, ~150 ms, uncertain by 3%).
 const PROBE_INTERVAL: Duration = Duration::from_millis(1);
+/// How often B probes for the one copy of the latency phase: 200 us. The runtime's timer
+/// rounds a sleep up to its next millisecond tick (a 1 ms sleep lasted about 2 ms), which
+/// made a copy READY 0.8 ms after the miss read 2.8 ms whenever the first probe came just
+/// before it; a pause this short sleeps a blocking thread instead, at a probe of one object
+/// per 200 us plus its round trip.
+const LATENCY_PROBE_INTERVAL: Duration = Duration::from_micros(200);
+/// Pauses shorter than this sleep a blocking thread rather than wait for the runtime's timer.
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 /// Longest a phase may wait for its copies before the run fails.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 /// Timed passes of each copy the limit is measured with; the median is reported.
@@ -205,7 +213,7 @@ async fn replicate(
     let (bulk, single) = ids.split_at(count);
     let started = Instant::now();
     miss_all(&b, bulk).await?;
-    wait_ready(&b, bulk).await?;
+    wait_ready(&b, bulk, PROBE_INTERVAL).await?;
     let seconds = started.elapsed().as_secs_f64();
     let mut destination = chunk::poisoned(bulk, size);
     for (id, buffer) in bulk.iter().zip(destination.chunks_mut(size)) {
@@ -220,7 +228,7 @@ async fn replicate(
     for id in single {
         let started = Instant::now();
         miss_all(&b, std::slice::from_ref(id)).await?;
-        wait_ready(&b, std::slice::from_ref(id)).await?;
+        wait_ready(&b, std::slice::from_ref(id), LATENCY_PROBE_INTERVAL).await?;
         latencies.record(started.elapsed());
     }
     Ok(((size * count) as f64 / seconds / 1e9, latencies))
@@ -257,11 +265,12 @@ async fn miss_all(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Probes until every object of `ids` is a hit in CXL for B. Each interval only the first
-/// object still waiting is probed (the copies end about in the order they were asked
-/// for), and all of them once it is READY: B's own probing, which runs on the CPUs the
-/// copies need, stays a single-object probe per millisecond however many are waiting.
-async fn wait_ready(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
+/// Probes every `interval` until every object of `ids` is a hit in CXL for B. Each
+/// interval only the first object still waiting is probed (the copies end about in the
+/// order they were asked for), and all of them once it is READY: B's own probing, which
+/// runs on the CPUs the copies need, stays a single-object probe per interval however
+/// many are waiting.
+async fn wait_ready(b: &Client, ids: &[ObjectId], interval: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + HANG_GUARD;
     let mut waiting: Vec<ObjectId> = ids.to_vec();
     while let Some(first) = waiting.first() {
@@ -279,9 +288,21 @@ async fn wait_ready(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
         if Instant::now() > deadline {
             bail!("{} objects were never replicated", waiting.len());
         }
-        tokio::time::sleep(PROBE_INTERVAL).await;
+        pause(interval).await;
     }
     Ok(())
+}
+
+/// Waits `interval`: on the runtime's timer, or for a pause below its resolution
+/// ([`TIMER_RESOLUTION`]) by sleeping a blocking thread (the runtime's own thread keeps
+/// serving the clients' connections meanwhile).
+async fn pause(interval: Duration) {
+    if interval < TIMER_RESOLUTION {
+        // A sleep that cannot fail; a join error would only mean the runtime is stopping.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(interval)).await;
+    } else {
+        tokio::time::sleep(interval).await;
+    }
 }
 
 /// Whether a probe found the copy READY in the shared pool (`Err`: found elsewhere).
