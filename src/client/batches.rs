@@ -5,7 +5,7 @@
 /// The lengths of the consecutive sub-batches of `sizes` (the byte size of each item, in
 /// order): each holds at most `items_max` items and at most `bytes_max` bytes, or a single
 /// item larger than that. The lengths sum to `sizes.len()`; none is zero.
-pub(super) fn batch_lengths(
+pub fn batch_lengths(
     sizes: impl IntoIterator<Item = u64>,
     items_max: usize,
     bytes_max: u64,

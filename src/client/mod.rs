@@ -12,6 +12,7 @@ mod blocking;
 mod load;
 mod store;
 
+pub use batches::batch_lengths;
 pub use blocking::{STORE_RESERVES_HELD_MAX, STORE_RESERVE_BYTES_MAX};
 pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};

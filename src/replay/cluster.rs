@@ -21,6 +21,7 @@ use anyhow::Context;
 use super::sim::Outcome;
 use super::ssd::{self, SimulatedSsd};
 use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
+use crate::client::{batch_lengths, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
     ExtentGrant, Holding, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
@@ -550,10 +551,20 @@ impl SimulatedCluster {
                 )
             })
             .count();
-        let mut acquired =
-            self.directory
-                .acquire(now, session, &objects[..run], AcquireMode::Each)?;
-        self.restore_misses(node, now, &objects[..run], &mut acquired)?;
+        // As the client's `load_into` does: one acquire per batch, each restoring its own
+        // misses the SSD holds.
+        let sizes = std::iter::repeat_n(self.chunk_bytes, run);
+        let mut acquired = Vec::with_capacity(run);
+        let mut start = 0;
+        for length in batch_lengths(sizes, LOAD_BATCH_ITEMS_MAX, LOAD_BATCH_BYTES_MAX) {
+            let batch = &objects[start..start + length];
+            let mut outcomes = self
+                .directory
+                .acquire(now, session, batch, AcquireMode::Each)?;
+            self.restore_misses(node, now, batch, &mut outcomes)?;
+            acquired.extend(outcomes);
+            start += length;
+        }
         let leases: Vec<_> = acquired
             .iter()
             .filter_map(|outcome| match outcome {
