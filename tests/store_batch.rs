@@ -7,10 +7,10 @@
 mod common;
 
 use common::{connect, object, runtime};
-use kvtier::client::StoreOutcome;
+use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, CommitOutcome, ReserveItem};
 use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::NamespaceId;
+use kvtier::model::{NamespaceId, ObjectId};
 use kvtier::node::ClientRefusal;
 use kvtier::protocol::messages::{
     ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
@@ -103,17 +103,7 @@ fn load_into_and_release_split_by_the_bound_the_directory_names() {
     let objects: Vec<_> = (0..23)
         .map(|index| object(namespace, index, 6, 4096))
         .collect();
-    let items: Vec<_> = objects
-        .iter()
-        .map(|(id, bytes)| (*id, &bytes[..]))
-        .collect();
-    let outcomes = client.store_many_blocking(runtime.handle(), &items);
-    assert!(
-        outcomes
-            .iter()
-            .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
-        "{outcomes:?}"
-    );
+    store_all_blocking(&client, runtime.handle(), &objects);
     let ids: Vec<_> = objects.iter().map(|(id, _)| *id).collect();
     // Both forms, more objects than the directory takes in one acquire; each on a client of
     // its own, so each learns the bound from its own refusal.
@@ -235,6 +225,27 @@ fn a_dropped_connection_gives_its_batch_reservations_back() {
 }
 
 /// The bytes the directory holds reserved (granted, not committed) over every pool.
+/// Stores `objects` through the blocking `store_many` and asserts each was stored; returns
+/// the items, for another call.
+fn store_all_blocking<'a>(
+    client: &Client,
+    runtime: &tokio::runtime::Handle,
+    objects: &'a [(ObjectId, Vec<u8>)],
+) -> Vec<(ObjectId, &'a [u8])> {
+    let items: Vec<_> = objects
+        .iter()
+        .map(|(id, bytes)| (*id, &bytes[..]))
+        .collect();
+    let outcomes = client.store_many_blocking(runtime, &items);
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
+        "{outcomes:?}"
+    );
+    items
+}
+
 async fn reserved_bytes(cluster: &LocalCluster) -> u64 {
     let (rpc, _) = raw_client(cluster).await;
     let reply = rpc.call(ClientRequest::ClusterStatus).await.unwrap();
@@ -437,17 +448,7 @@ fn blocking_store_many_and_load_into_pipeline_batches_from_a_plain_thread() {
         .enumerate()
         .map(|(index, bytes)| object(namespace, index as u32, 5, bytes))
         .collect();
-    let items: Vec<_> = objects
-        .iter()
-        .map(|(id, bytes)| (*id, &bytes[..]))
-        .collect();
-    let outcomes = client.store_many_blocking(runtime.handle(), &items);
-    assert!(
-        outcomes
-            .iter()
-            .all(|outcome| matches!(outcome, Ok(StoreOutcome::Stored))),
-        "{outcomes:?}"
-    );
+    let items = store_all_blocking(&client, runtime.handle(), &objects);
     let again = client.store_many_blocking(runtime.handle(), &items[..3]);
     assert!(
         again
