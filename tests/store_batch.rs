@@ -69,31 +69,29 @@ fn store_many_splits_into_batches_and_round_trips_every_item() {
     store_and_load_every_item(&cluster, usize::MAX);
 }
 
-#[test]
-fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
+/// One node of a 64 MiB pool under a directory that takes at most `batch_items_max` items a
+/// request.
+fn cluster_with_directory_batch(batch_items_max: u32) -> LocalCluster {
     let spec = ClusterSpec {
         nodes: 1,
         cpu_pool_bytes: 64 << 20,
         high_watermark_percent: 100,
         low_watermark_percent: 100,
-        batch_items_max: Some(5),
+        batch_items_max: Some(batch_items_max),
         ..ClusterSpec::default()
     };
-    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap()
+}
+
+#[test]
+fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
+    let cluster = cluster_with_directory_batch(5);
     store_and_load_every_item(&cluster, 5);
 }
 
 #[test]
 fn load_into_and_release_split_by_the_bound_the_directory_names() {
-    let spec = ClusterSpec {
-        nodes: 1,
-        cpu_pool_bytes: 64 << 20,
-        high_watermark_percent: 100,
-        low_watermark_percent: 100,
-        batch_items_max: Some(5),
-        ..ClusterSpec::default()
-    };
-    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let cluster = cluster_with_directory_batch(5);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
