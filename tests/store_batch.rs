@@ -152,15 +152,7 @@ fn a_dropped_store_many_future_aborts_its_reservations_at_once() {
             let _ = tokio::time::timeout(Duration::from_millis(after_ms), store).await;
         }
         // Well before a ticket's 30 s lifetime ends.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let reserved = reserved_bytes(&cluster).await;
-            if reserved == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        nothing_reserved_within(&cluster, Duration::from_secs(10)).await;
     });
 }
 
@@ -210,15 +202,7 @@ fn a_dropped_connection_gives_its_batch_reservations_back() {
         );
         assert!(reserved_bytes(&cluster).await >= 8 * 4096);
         drop(rpc);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let reserved = reserved_bytes(&cluster).await;
-            if reserved == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        nothing_reserved_within(&cluster, Duration::from_secs(10)).await;
     });
 }
 
@@ -242,6 +226,19 @@ fn store_all_blocking<'a>(
         "{outcomes:?}"
     );
     items
+}
+
+/// Waits until the directory holds no reserved bytes, failing past `within`.
+async fn nothing_reserved_within(cluster: &LocalCluster, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let reserved = reserved_bytes(cluster).await;
+        if reserved == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{reserved} bytes still reserved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn reserved_bytes(cluster: &LocalCluster) -> u64 {
