@@ -92,11 +92,7 @@ fn a_directory_batch_smaller_than_the_client_batch_is_split_by_the_node() {
 #[test]
 fn load_into_and_release_split_by_the_bound_the_directory_names() {
     let cluster = cluster_with_directory_batch(5);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = multi_thread_runtime();
     let (client, namespace) = runtime.block_on(connect(&cluster, 0));
     let objects: Vec<_> = (0..23)
         .map(|index| object(namespace, index, 6, 4096))
@@ -226,6 +222,16 @@ fn store_all_blocking<'a>(
         "{outcomes:?}"
     );
     items
+}
+
+/// A runtime of two worker threads, for the blocking forms called from outside it (the test's
+/// own thread copies while the workers drive the round trips).
+fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Waits until the directory holds no reserved bytes, failing past `within`.
@@ -427,11 +433,7 @@ fn blocking_store_many_and_load_into_pipeline_batches_from_a_plain_thread() {
     let cluster = cluster(64 << 20);
     // The blocking forms copy on the calling thread while the runtime's own threads drive
     // the round trips: a multi-thread runtime, called from outside it.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = multi_thread_runtime();
     let (client, namespace) = runtime.block_on(connect(&cluster, 0));
     // More count-bounded batches than the window, and objects over the byte bound (alone
     // in their batches) between them.
