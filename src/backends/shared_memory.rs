@@ -180,6 +180,17 @@ unsafe fn stream_copy(source: *const u8, destination: *mut u8, length: usize) {
     }
 }
 
+/// Copies `source` into the start of `destination` (as many bytes as the shorter holds) with
+/// the stores of [`SharedMemory::stream_at`]: non-temporal where the CPU has them, then a
+/// store fence, so every byte is visible to other threads and processes before this returns.
+/// For bulk copies out of a pool whose destination is not read back at once.
+pub fn copy_streaming(source: &[u8], destination: &mut [u8]) {
+    let length = source.len().min(destination.len());
+    // SAFETY: both ranges are valid for `length` bytes, and a shared and a mutable borrow
+    // never overlap.
+    unsafe { stream_copy(source.as_ptr(), destination.as_mut_ptr(), length) };
+}
+
 /// A plain copy where the CPU has no non-temporal stores this code uses.
 ///
 /// # Safety
