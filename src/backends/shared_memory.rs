@@ -649,6 +649,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_streaming_copy_between_slices_copies_what_the_shorter_holds() {
+        let source: Vec<u8> = (0..300u32).map(|index| (index * 7 + 3) as u8).collect();
+        for (from, length, room) in [(0, 0, 8), (1, 63, 63), (3, 200, 250), (5, 290, 100)] {
+            let mut destination = vec![0xee; room + 1];
+            let data = &source[from..from + length];
+            // Start one byte in, so the destination's body is unaligned.
+            super::copy_streaming(data, &mut destination[1..]);
+            let copied = length.min(room);
+            assert_eq!(destination[0], 0xee);
+            assert_eq!(
+                &destination[1..=copied],
+                &data[..copied],
+                "{length} into {room}"
+            );
+            assert!(destination[copied + 1..].iter().all(|byte| *byte == 0xee));
+        }
+    }
+
+    #[test]
     fn create_then_open_shares_bytes() {
         let path = ShmPath::new("share");
         let creator = SharedMemory::create(&path.0, 16 * PAGE, UUID, PAGE).unwrap();
