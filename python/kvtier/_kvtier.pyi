@@ -150,3 +150,7 @@ class LocalCluster:
     def __exit__(self, *args: object) -> bool: ...
 
 def prefix_digest(tokens: Sequence[int], parent: bytes | None = None) -> bytes: ...
+def copy_streaming(source: _Buffer, target: _Buffer) -> None:
+    """Copies `source` into the start of `target` (writable, at least as long, not
+    overlapping it) with the non-temporal stores kvtier's stores and loads use: the
+    streaming-copy limit of `python -m kvtier.bench`."""

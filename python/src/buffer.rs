@@ -139,6 +139,13 @@ unsafe impl Send for Span {}
 unsafe impl Sync for Span {}
 
 impl Span {
+    /// Whether the two spans share a byte.
+    pub(crate) fn overlaps(self, other: Span) -> bool {
+        let (start, end) = (self.pointer as usize, self.pointer as usize + self.len);
+        let (other_start, other_end) = (other.pointer as usize, other.pointer as usize + other.len);
+        start < other_end && other_start < end
+    }
+
     /// The bytes.
     ///
     /// # Safety

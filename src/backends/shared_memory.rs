@@ -180,6 +180,17 @@ unsafe fn stream_copy(source: *const u8, destination: *mut u8, length: usize) {
     }
 }
 
+/// Copies `source` into the start of `destination` (as many bytes as the shorter holds) with
+/// the stores of [`SharedMemory::stream_at`]: non-temporal where the CPU has them, then a
+/// store fence, so every byte is visible to other threads and processes before this returns.
+/// For bulk copies out of a pool whose destination is not read back at once.
+pub fn copy_streaming(source: &[u8], destination: &mut [u8]) {
+    let length = source.len().min(destination.len());
+    // SAFETY: both ranges are valid for `length` bytes, and a shared and a mutable borrow
+    // never overlap.
+    unsafe { stream_copy(source.as_ptr(), destination.as_mut_ptr(), length) };
+}
+
 /// A plain copy where the CPU has no non-temporal stores this code uses.
 ///
 /// # Safety
@@ -635,6 +646,25 @@ pub(crate) mod tests {
             memory.stream_at(16 * PAGE - 1, &[1, 2]),
             Err(PoolError::OutOfBounds { .. })
         ));
+    }
+
+    #[test]
+    fn a_streaming_copy_between_slices_copies_what_the_shorter_holds() {
+        let source: Vec<u8> = (0..300u32).map(|index| (index * 7 + 3) as u8).collect();
+        for (from, length, room) in [(0, 0, 8), (1, 63, 63), (3, 200, 250), (5, 290, 100)] {
+            let mut destination = vec![0xee; room + 1];
+            let data = &source[from..from + length];
+            // Start one byte in, so the destination's body is unaligned.
+            super::copy_streaming(data, &mut destination[1..]);
+            let copied = length.min(room);
+            assert_eq!(destination[0], 0xee);
+            assert_eq!(
+                &destination[1..=copied],
+                &data[..copied],
+                "{length} into {room}"
+            );
+            assert!(destination[copied + 1..].iter().all(|byte| *byte == 0xee));
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use super::batches::batch_lengths;
 use super::{unexpected, Client, ClientError, LoadedView, LEASE_MARGIN_DIVISOR};
+use crate::backends::shared_memory::copy_streaming;
 use crate::directory::{AcquireMode, AcquireOutcome, Lease};
 use crate::model::{LeaseId, ObjectId};
 use crate::protocol::messages::{ClientReply, ClientRequest};
@@ -173,7 +174,10 @@ impl Client {
     }
 
     /// Copies each view into its buffer (in order) and ends the views: whether each was a
-    /// hit, and the leases to release (every view's, hit or not).
+    /// hit, and the leases to release (every view's, hit or not). The copies use
+    /// non-temporal stores ([`copy_streaming`]): a buffer filled from the pool is staging for
+    /// the caller (an engine's next copy to the GPU), and a plain copy would first read each
+    /// of its lines into the cache.
     pub(super) fn copy_views(
         &self,
         views: Vec<Option<LoadedView>>,
@@ -190,7 +194,7 @@ impl Client {
             // it counts as a miss.
             let copied = match view.bytes() {
                 Ok(bytes) if buffer.len() >= bytes.len() => {
-                    buffer[..bytes.len()].copy_from_slice(bytes);
+                    copy_streaming(bytes, buffer);
                     view.is_valid()
                 }
                 _ => false,

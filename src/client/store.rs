@@ -239,8 +239,12 @@ impl Client {
         futures_util::future::join_all(aborted).await;
     }
 
-    /// Copies `bytes` into a granted `location`; `Ok(false)` when the grant ran out before
-    /// or while writing (the pages may be another store's by then: abort, do not commit).
+    /// Copies `bytes` into a granted `location` with non-temporal stores
+    /// ([`SharedMemory::stream_at`](crate::backends::shared_memory::SharedMemory::stream_at):
+    /// this process never reads the pages back, and a plain copy would first read each
+    /// destination line into the cache), fenced, so the bytes are visible before the commit
+    /// is sent; `Ok(false)` when the grant ran out before or while writing (the pages may be
+    /// another store's by then: abort, do not commit).
     fn write_granted(
         &self,
         location: Location,
@@ -252,7 +256,7 @@ impl Client {
         }
         self.memory(location.pool).and_then(|memory| {
             memory
-                .write_at(location.offset_bytes, bytes)
+                .stream_at(location.offset_bytes, bytes)
                 .map_err(|source| ClientError::Pool {
                     pool: location.pool,
                     source,
