@@ -7,12 +7,11 @@
 //! the directory, by its location. Disk I/O runs on blocking
 //! threads; the store bounds what is in flight. Restores are in [`super::ssd_restore`].
 
-use super::actor::{commit_result, DEMOTION_CHUNK_BYTES};
+use super::actor::commit_result;
 use super::link::DirectoryLink;
-use super::pool::{Check, PoolActor, ReadAt};
+use super::pool::{Bytes, Check};
 use super::rejoin::paced;
 use super::services::NodeServices;
-use crate::backends::ssd::source::Filled;
 use crate::backends::ssd::{PinnedObject, SsdConfig, SsdStore, StoredPlace};
 use crate::directory::{AdoptOutcome, CommitOutcome, Holding};
 use crate::metrics::ssd::SsdMetrics;
@@ -22,7 +21,6 @@ use crate::model::{ReplicaId, SessionId};
 use crate::node::retirements::Retirements;
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
-use actix::Addr;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -193,9 +191,9 @@ pub async fn report_stored(services: &NodeServices, ssd: &NodeSsd) -> usize {
     adopted
 }
 
-/// Carries out a demotion into the SSD pool: writes the source replica to the store (read
-/// chunk by chunk, see [`stage`]) and commits the target at the object's place there. On any
-/// failure the target is aborted and the spill counted as skipped.
+/// Carries out a demotion into the SSD pool: writes the source replica to the store (copied
+/// straight from the pool's mapping, see [`stage`]) and commits the target at the object's
+/// place there. On any failure the target is aborted and the spill counted as skipped.
 pub async fn spill(
     services: &NodeServices,
     ssd: &Arc<NodeSsd>,
@@ -242,11 +240,11 @@ pub async fn spill(
 }
 
 /// Writes the bytes at `source` to the store (unless it holds them already: content is
-/// immutable) and returns where they are. The source is read chunk by chunk straight into
-/// the store's staging slot, then checked still live at its generation (no chunk came from
-/// reused pages). Retires what the store dropped to make room. The object's region comes
-/// back pinned, so no other spill reclaims it before the commit is handled: the caller
-/// unpins it on every path.
+/// immutable) and returns where they are. The store copies the source straight from the
+/// pool's mapping into its staging slot (one copy, checksummed as it goes), then the source
+/// is checked still live at its generation (no byte came from reused pages). Retires what
+/// the store dropped to make room. The object's region comes back pinned, so no other spill
+/// reclaims it before the commit is handled: the caller unpins it on every path.
 async fn stage(
     services: &NodeServices,
     ssd: &Arc<NodeSsd>,
@@ -262,20 +260,20 @@ async fn stage(
     let Some(pool) = services.pools.get(&source.pool).cloned() else {
         return Err("the source's pool is not mapped here".into());
     };
+    let bytes = pool
+        .send(Bytes)
+        .await
+        .map_err(|error| format!("reaching the source's pool failed: {error}"))?;
     let writer = ssd.clone();
-    let reader = pool.clone();
-    let runtime = tokio::runtime::Handle::current();
     let written = tokio::task::spawn_blocking(move || {
-        let mut filled = Filled {
-            object,
-            length_bytes: source.length_bytes,
-            fill: |data: &mut [u8]| runtime.block_on(read_chunks(&reader, source, data)),
-        };
-        let mut batch = writer.store.write_from(&mut filled);
-        (batch.results.pop(), batch.evicted)
+        let data = bytes
+            .slice(source.offset_bytes, source.length_bytes)
+            .map_err(|error| format!("reading the source failed: {error}"))?;
+        let mut batch = writer.store.write_batch(&[(object, data)]);
+        Ok::<_, String>((batch.results.pop(), batch.evicted))
     })
     .await
-    .map_err(|error| format!("the spill's I/O thread failed: {error}"))?;
+    .map_err(|error| format!("the spill's I/O thread failed: {error}"))??;
     let (result, evicted) = written;
     retire_evicted(services, ssd, evicted).await;
     match result {
@@ -296,33 +294,6 @@ async fn stage(
         ));
     }
     Ok(pinned)
-}
-
-/// Reads `source` from its pool into `data` (its length), at most [`DEMOTION_CHUNK_BYTES`]
-/// per pool message through one reused chunk buffer, so the pool actor is never held for
-/// longer than one chunk's copy.
-async fn read_chunks(
-    pool: &Addr<PoolActor>,
-    source: Location,
-    data: &mut [u8],
-) -> Result<(), String> {
-    let mut chunk = Vec::new();
-    let mut done = 0;
-    while done < data.len() {
-        let size = (data.len() - done).min(DEMOTION_CHUNK_BYTES as usize);
-        chunk.resize(size, 0);
-        chunk = pool
-            .send(ReadAt {
-                offset_bytes: source.offset_bytes + done as u64,
-                buffer: chunk,
-            })
-            .await
-            .map_err(|error| error.to_string())?
-            .map_err(|error| error.to_string())?;
-        data[done..done + size].copy_from_slice(&chunk);
-        done += size;
-    }
-    Ok(())
 }
 
 /// Retires at the directory the replicas of the objects the store dropped to free a

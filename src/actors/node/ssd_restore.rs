@@ -7,10 +7,11 @@
 //! store's blocking threads, so they never block other clients' loads.
 
 use super::actor::commit_result;
-use super::pool::WriteAt;
+use super::pool::Bytes;
 use super::services::NodeServices;
 use super::ssd::NodeSsd;
 use crate::backends::ssd::ReadOutcome;
+use crate::backends::PoolBackend;
 use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, ProbeOutcome};
 use crate::directory::{ReserveItem, ReserveOutcome};
 use crate::metrics::Direction;
@@ -190,30 +191,44 @@ async fn restore_claimed(
     if restoring.is_empty() {
         return Vec::new();
     }
+    // Each object's bytes go straight from the store's staging slot into its reserved,
+    // unpublished allocation; `None` where its pool is not mapped here.
+    let mut targets = Vec::with_capacity(restoring.len());
+    for item in &restoring {
+        let target = match services.pools.get(&item.location.pool) {
+            Some(pool) => pool.send(Bytes).await.ok(),
+            None => None,
+        };
+        targets.push(target.map(|bytes| Target {
+            bytes,
+            offset_bytes: item.location.offset_bytes,
+            length_bytes: item.location.length_bytes,
+            written_bytes: Some(0),
+        }));
+    }
     let reader = ssd.clone();
     let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
-    let lengths: Vec<usize> = restoring
-        .iter()
-        .map(|item| item.location.length_bytes as usize)
-        .collect();
     let read = tokio::task::spawn_blocking(move || {
-        let mut found: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
-        let outcomes = reader.store.read_batch(&ids, |index, _, chunk| {
-            found[index]
-                .get_or_insert_with(|| Vec::with_capacity(lengths[index]))
-                .extend_from_slice(chunk)
+        let outcomes = reader.store.read_batch(&ids, |index, offset, chunk| {
+            if let Some(Some(target)) = targets.get_mut(index) {
+                target.write(offset, chunk);
+            }
         });
-        (outcomes, found)
+        let written: Vec<bool> = targets
+            .iter()
+            .map(|target| target.as_ref().is_some_and(Target::whole))
+            .collect();
+        (outcomes, written)
     })
     .await;
-    let (outcomes, found) = match read {
+    let (outcomes, written) = match read {
         Ok(read) => read,
-        Err(_) => (Vec::new(), vec![None; restoring.len()]),
+        Err(_) => (Vec::new(), vec![false; restoring.len()]),
     };
     let mut published = Vec::new();
-    for (index, (item, bytes)) in restoring.into_iter().zip(found).enumerate() {
-        // The sink got the bytes before the checksum's verdict: only a verified object of
-        // the length the directory reserved is written, here where it is published.
+    for (index, (item, whole)) in restoring.into_iter().zip(written).enumerate() {
+        // The sink wrote the bytes before the checksum's verdict: only a verified object
+        // written whole at the length the directory reserved is published.
         let verified = match outcomes.get(index) {
             Some(ReadOutcome::Hit { latency }) => {
                 ssd.metrics.observe_restore(*latency);
@@ -221,19 +236,7 @@ async fn restore_claimed(
             }
             _ => false,
         };
-        let bytes =
-            bytes.filter(|bytes| verified && bytes.len() as u64 == item.location.length_bytes);
-        let written = match (bytes, services.pools.get(&item.location.pool)) {
-            (Some(bytes), Some(pool)) => matches!(
-                pool.send(WriteAt {
-                    offset_bytes: item.location.offset_bytes,
-                    bytes,
-                })
-                .await,
-                Ok(Ok(_))
-            ),
-            _ => false,
-        };
+        let written = verified && whole;
         if !written {
             services.free(item.location).await;
             services.link.abort(session, item.replica).await;
@@ -246,6 +249,35 @@ async fn restore_claimed(
     }
     ssd.publish();
     published
+}
+
+/// Where a restore writes one object: its reserved allocation in a pool's mapping.
+struct Target {
+    bytes: Arc<dyn PoolBackend>,
+    offset_bytes: u64,
+    length_bytes: u64,
+    /// Bytes written in order so far; `None` once a chunk came out of order, past the
+    /// allocation's length or was refused by the pool.
+    written_bytes: Option<u64>,
+}
+
+impl Target {
+    /// Writes the chunk at `offset` of the object, when it follows what was written and
+    /// fits the allocation.
+    fn write(&mut self, offset: usize, chunk: &[u8]) {
+        let Some(done) = self.written_bytes else {
+            return;
+        };
+        let end = done + chunk.len() as u64;
+        let fits = offset as u64 == done && end <= self.length_bytes;
+        self.written_bytes =
+            (fits && self.bytes.write_at(self.offset_bytes + done, chunk).is_ok()).then_some(end);
+    }
+
+    /// Whether the whole allocation was written.
+    fn whole(&self) -> bool {
+        self.written_bytes == Some(self.length_bytes)
+    }
 }
 
 /// Reserves a replica of `object` and allocates its pages in the granted pool, asking

@@ -1,6 +1,6 @@
-//! Where a write batch's bytes come from: slices in memory, or a filler that copies an
-//! object straight into the store's aligned staging slot (a spill reads its source replica
-//! chunk by chunk there, never through a whole-object buffer of its own).
+//! Where a write batch's bytes come from: slices in memory (a node's spill passes its
+//! source replica's bytes in the pool's mapping), copied into the store's aligned staging
+//! slot and checksummed chunk by chunk, never through a whole-object buffer of their own.
 
 use super::error::SsdError;
 use super::store::VERIFY_CHUNK_BYTES;
@@ -56,31 +56,6 @@ impl WriteSource for Slices<'_> {
             crc = crc32c::crc32c_append(crc, copy);
         }
         Ok(crc)
-    }
-}
-
-/// One object whose bytes a function writes into the staging slot; it fails with the
-/// reason the source could not be read.
-pub struct Filled<F> {
-    /// The object.
-    pub object: ObjectId,
-    /// Its length.
-    pub length_bytes: u64,
-    /// Fills the slice it is given (the object's length) with the object's bytes.
-    pub fill: F,
-}
-
-impl<F: FnMut(&mut [u8]) -> Result<(), String>> WriteSource for Filled<F> {
-    fn count(&self) -> usize {
-        1
-    }
-
-    fn object(&self, _: usize) -> (ObjectId, u64) {
-        (self.object, self.length_bytes)
-    }
-
-    fn fill(&mut self, _: usize, data: &mut [u8]) -> Result<(), SsdError> {
-        (self.fill)(data).map_err(|reason| SsdError::Source { reason })
     }
 }
 
