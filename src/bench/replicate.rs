@@ -23,9 +23,10 @@ use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// How often B probes for the copies of the throughput phase (a hang guard ends a run that
-/// never completes): the runtime's timer resolution, so the end of a run is seen within
-/// about two milliseconds (5 ms made the end of a 1 GiB run, ~150 ms, uncertain by 3%).
+/// The shortest pause between B's probes for the copies of the throughput phase (a hang
+/// guard ends a run that never completes): the runtime's timer resolution, so the end of a
+/// run is seen within about two milliseconds (5 ms made the end of a 1 GiB run, ~150 ms,
+/// uncertain by 3%). Longer pauses come from the copies' progress ([`wait_ready`]).
 const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 /// How often B probes for the one copy of the latency phase: 200 us. The runtime's timer
 /// rounds a sleep up to its next millisecond tick (a 1 ms sleep lasted about 2 ms), which
@@ -213,7 +214,7 @@ async fn replicate(
     let (bulk, single) = ids.split_at(count);
     let started = Instant::now();
     miss_all(&b, bulk).await?;
-    wait_ready(&b, bulk, PROBE_INTERVAL).await?;
+    wait_ready(&b, bulk, PROBE_INTERVAL, Pauses::BackOff).await?;
     let seconds = started.elapsed().as_secs_f64();
     let mut destination = chunk::poisoned(bulk, size);
     for (id, buffer) in bulk.iter().zip(destination.chunks_mut(size)) {
@@ -228,7 +229,8 @@ async fn replicate(
     for id in single {
         let started = Instant::now();
         miss_all(&b, std::slice::from_ref(id)).await?;
-        wait_ready(&b, std::slice::from_ref(id), LATENCY_PROBE_INTERVAL).await?;
+        let one = std::slice::from_ref(id);
+        wait_ready(&b, one, LATENCY_PROBE_INTERVAL, Pauses::Fixed).await?;
         latencies.record(started.elapsed());
     }
     Ok(((size * count) as f64 / seconds / 1e9, latencies))
@@ -265,14 +267,38 @@ async fn miss_all(b: &Client, ids: &[ObjectId]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Probes every `interval` until every object of `ids` is a hit in CXL for B. Each
-/// interval only the first object still waiting is probed (the copies end about in the
-/// order they were asked for), and all of them once it is READY: B's own probing, which
-/// runs on the CPUs the copies need, stays a single-object probe per interval however
-/// many are waiting.
-async fn wait_ready(b: &Client, ids: &[ObjectId], interval: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + HANG_GUARD;
+/// How [`wait_ready`] paces its probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pauses {
+    /// Every `interval` (the latency phase: one copy of about a millisecond).
+    Fixed,
+    /// Half the shorter of the time waited so far and the time the rest still needs
+    /// ([`remaining`]), never less than `interval` (the throughput phase).
+    BackOff,
+}
+
+/// Probes until every object of `ids` is a hit in CXL for B. Each probe asks only for the
+/// first object still waiting (the copies end about in the order they were asked for),
+/// and for all of them once it is READY. With [`Pauses::BackOff`] it pauses half the
+/// shorter of the time waited so far and the time the rest still needs between probes,
+/// never less than `interval`: B's probing runs on the CPUs the copies need. Each probe
+/// wakes the bench, node B and the directory, and on a busy machine the kernel shares the
+/// CPU between sessions (autogroups), so the CPU those three spend comes out of node A's
+/// copies: probing every `interval` through a 1 GiB run cost them 30-50 ms of CPU, a
+/// fifth to a quarter of what the whole cluster got (13-16 ms backing off). The pauses
+/// shrink to `interval` again as the predicted end nears, so the end is seen about as
+/// soon as before; the time waited bounds a pause while the prediction is poor (the
+/// first sighting may see one copy of the first few dozen that end together).
+async fn wait_ready(
+    b: &Client,
+    ids: &[ObjectId],
+    interval: Duration,
+    pauses: Pauses,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let deadline = started + HANG_GUARD;
     let mut waiting: Vec<ObjectId> = ids.to_vec();
+    let (mut previous, mut last) = (None, None);
     while let Some(first) = waiting.first() {
         if ready_in_cxl(b.probe(std::slice::from_ref(first)).await?[0])? {
             let probed = b.probe(&waiting).await?;
@@ -283,14 +309,62 @@ async fn wait_ready(b: &Client, ids: &[ObjectId], interval: Duration) -> anyhow:
                 }
             }
             waiting = still;
+            previous = last;
+            last = Some(Seen {
+                at: started.elapsed(),
+                ready: ids.len() - waiting.len(),
+            });
             continue;
         }
-        if Instant::now() > deadline {
+        let now = Instant::now();
+        if now > deadline {
             bail!("{} objects were never replicated", waiting.len());
         }
-        pause(interval).await;
+        let wait = match pauses {
+            Pauses::Fixed => interval,
+            Pauses::BackOff => {
+                let waited = now - started;
+                let left = remaining(ids.len(), waited, previous, last).unwrap_or(waited);
+                (waited.min(left) / 2).max(interval)
+            }
+        };
+        pause(wait.min(deadline - now)).await;
     }
     Ok(())
+}
+
+/// The copies' progress as a probe of every waiting object saw it: when (since the wait
+/// began) and how many were READY.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Seen {
+    at: Duration,
+    ready: usize,
+}
+
+/// The time the copies still need, `now` into a wait for `total` of them, at the fastest
+/// rate seen (since the wait began, or between the `previous` and the `last` sighting);
+/// `None` until a copy was seen READY (or past any time a `Duration` holds), zero past
+/// the predicted end. The caller pauses half
+/// of it: the copies may speed up to twice that rate and still not end before its probe.
+fn remaining(
+    total: usize,
+    now: Duration,
+    previous: Option<Seen>,
+    last: Option<Seen>,
+) -> Option<Duration> {
+    let last = last.filter(|seen| seen.ready > 0 && !seen.at.is_zero())?;
+    let since_start = last.ready as f64 / last.at.as_secs_f64();
+    let recent = previous
+        .and_then(|previous| {
+            let seconds = last.at.checked_sub(previous.at)?.as_secs_f64();
+            let ready = last.ready.saturating_sub(previous.ready) as f64;
+            (seconds > 0.0).then_some(ready / seconds)
+        })
+        .unwrap_or(0.0);
+    let rate = since_start.max(recent);
+    let end = last.at.as_secs_f64() + total.saturating_sub(last.ready) as f64 / rate;
+    let remaining = end - now.as_secs_f64();
+    Duration::try_from_secs_f64(remaining.max(0.0)).ok()
 }
 
 /// Waits `interval`: on the runtime's timer, or for a pause below its resolution
@@ -349,4 +423,64 @@ fn copy_limits(cluster: &LocalCluster, bytes: usize) -> anyhow::Result<(f64, f64
     let memcpy = median(&|| Ok(cxl.write_at(0, source)?))?;
     let streaming = median(&|| Ok(cxl.stream_at(0, source)?))?;
     Ok((memcpy, streaming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{remaining, Seen};
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// `pause` is `micros` to the microsecond (the rates are floating point).
+    fn about(pause: Option<Duration>, micros: u128) -> bool {
+        pause.is_some_and(|pause| pause.as_micros().abs_diff(micros) <= 1)
+    }
+
+    #[test]
+    fn no_prediction_until_a_copy_is_ready() {
+        assert_eq!(remaining(256, 50 * MS, None, None), None);
+        let none_ready = Seen {
+            at: 40 * MS,
+            ready: 0,
+        };
+        assert_eq!(remaining(256, 50 * MS, None, Some(none_ready)), None);
+    }
+
+    #[test]
+    fn the_time_the_rest_needs() {
+        // 64 of 256 in 40 ms: the rest needs 120 ms more, 110 ms from now.
+        let seen = Seen {
+            at: 40 * MS,
+            ready: 64,
+        };
+        assert!(about(remaining(256, 50 * MS, None, Some(seen)), 110_000));
+    }
+
+    #[test]
+    fn takes_the_faster_recent_rate() {
+        // 32 in the first 40 ms, then 96 more in 40 ms: 2.4 per ms, 128 left, 53.3 ms.
+        let previous = Seen {
+            at: 40 * MS,
+            ready: 32,
+        };
+        let last = Seen {
+            at: 80 * MS,
+            ready: 128,
+        };
+        let left = remaining(256, 80 * MS, Some(previous), Some(last));
+        assert!(about(left, 53_333));
+    }
+
+    #[test]
+    fn zero_past_the_predicted_end() {
+        let seen = Seen {
+            at: 100 * MS,
+            ready: 128,
+        };
+        assert_eq!(
+            remaining(256, 500 * MS, None, Some(seen)),
+            Some(Duration::ZERO)
+        );
+    }
 }
