@@ -103,9 +103,6 @@ pub enum SsdError {
     /// reader); the spill is skipped and tried again later.
     #[error("every SSD region is busy")]
     Full,
-    /// The bytes to write could not be read from their source (a spilled replica).
-    #[error("the object's source could not be read: {reason}")]
-    Source { reason: String },
     /// Any other I/O error, or a short transfer.
     #[error("SSD I/O on {path}: {source}")]
     Io {
@@ -137,9 +134,7 @@ impl SsdError {
             SsdError::Full => SkipReason::Full,
             SsdError::TooLarge { .. } => SkipReason::TooLarge,
             SsdError::Unaligned { .. } => SkipReason::Unaligned,
-            SsdError::InvalidConfig { .. } | SsdError::Io { .. } | SsdError::Source { .. } => {
-                SkipReason::Io
-            }
+            SsdError::InvalidConfig { .. } | SsdError::Io { .. } => SkipReason::Io,
         }
     }
 }
