@@ -58,7 +58,7 @@ fn copy_streaming(
         // SAFETY: both exports live until after this closure, the target's is writable,
         // and the two ranges do not overlap (checked above).
         let (from, to) = unsafe { (from.bytes(), to.bytes_mut()) };
-        kvtier::backends::shared_memory::copy_streaming(from, to);
+        kvtier::backends::stream_copy::copy_streaming(from, to);
     });
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! * `error`: `PoolError`, the one error type of this boundary.
 //! * `probe`: the start-up measurement of a node's tiers.
 //! * `ssd`: the node's SSD store (L2): region files, direct I/O, checksummed headers.
+//! * `stream_copy`: copies with non-temporal stores (into and out of pools).
 
 pub mod allocator;
 pub mod cpu;
@@ -18,6 +19,7 @@ pub mod extent_allocator;
 pub mod probe;
 pub mod shared_memory;
 pub mod ssd;
+pub mod stream_copy;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use cpu::{CpuPool, CpuPoolConfig};

@@ -3,7 +3,7 @@
 
 use super::batches::batch_lengths;
 use super::{unexpected, Client, ClientError, LoadedView, LEASE_MARGIN_DIVISOR};
-use crate::backends::shared_memory::copy_streaming;
+use crate::backends::stream_copy::copy_streaming;
 use crate::directory::{AcquireMode, AcquireOutcome, Lease};
 use crate::model::{LeaseId, ObjectId};
 use crate::protocol::messages::{ClientReply, ClientRequest};
