@@ -203,7 +203,8 @@ impl Handler<Usage> for PoolActor {
 }
 
 /// The pool's bytes, for the node's own copies between two pools it maps (a demotion or
-/// a replication): one memcpy from one mapping into the other, with no buffer between.
+/// a replication) and between a pool and its SSD store (a spill or a restore): one copy
+/// from one side into the other, with no buffer between.
 /// The backend's byte methods are safe from any thread; allocation stays with the actor.
 pub struct Bytes;
 

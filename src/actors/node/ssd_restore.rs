@@ -15,9 +15,10 @@ use crate::backends::PoolBackend;
 use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, ProbeOutcome};
 use crate::directory::{ReserveItem, ReserveOutcome};
 use crate::metrics::Direction;
-use crate::model::{Location, ObjectId, ReplicaId, SessionId};
+use crate::model::{Location, ObjectId, PoolId, ReplicaId, SessionId};
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -192,17 +193,26 @@ async fn restore_claimed(
         return Vec::new();
     }
     // Each object's bytes go straight from the store's staging slot into its reserved,
-    // unpublished allocation; `None` where its pool is not mapped here.
+    // unpublished allocation; `None` where its pool is not mapped here. One message per
+    // pool the batch writes into, not per object.
+    let mut mappings: HashMap<PoolId, Option<Arc<dyn PoolBackend>>> = HashMap::new();
     let mut targets = Vec::with_capacity(restoring.len());
     for item in &restoring {
-        let target = match services.pools.get(&item.location.pool) {
-            Some(pool) => pool.send(Bytes).await.ok(),
-            None => None,
+        let pool = item.location.pool;
+        let mapping = match mappings.get(&pool) {
+            Some(mapping) => mapping.clone(),
+            None => {
+                let mapping = match services.pools.get(&pool) {
+                    Some(actor) => actor.send(Bytes).await.ok(),
+                    None => None,
+                };
+                mappings.insert(pool, mapping.clone());
+                mapping
+            }
         };
-        targets.push(target.map(|bytes| Target {
+        targets.push(mapping.map(|bytes| Target {
             bytes,
-            offset_bytes: item.location.offset_bytes,
-            length_bytes: item.location.length_bytes,
+            location: item.location,
             written_bytes: Some(0),
         }));
     }
@@ -254,8 +264,7 @@ async fn restore_claimed(
 /// Where a restore writes one object: its reserved allocation in a pool's mapping.
 struct Target {
     bytes: Arc<dyn PoolBackend>,
-    offset_bytes: u64,
-    length_bytes: u64,
+    location: Location,
     /// Bytes written in order so far; `None` once a chunk came out of order, past the
     /// allocation's length or was refused by the pool.
     written_bytes: Option<u64>,
@@ -269,14 +278,14 @@ impl Target {
             return;
         };
         let end = done + chunk.len() as u64;
-        let fits = offset as u64 == done && end <= self.length_bytes;
-        self.written_bytes =
-            (fits && self.bytes.write_at(self.offset_bytes + done, chunk).is_ok()).then_some(end);
+        let fits = offset as u64 == done && end <= self.location.length_bytes;
+        let at = self.location.offset_bytes + done;
+        self.written_bytes = (fits && self.bytes.write_at(at, chunk).is_ok()).then_some(end);
     }
 
     /// Whether the whole allocation was written.
     fn whole(&self) -> bool {
-        self.written_bytes == Some(self.length_bytes)
+        self.written_bytes == Some(self.location.length_bytes)
     }
 }
 
