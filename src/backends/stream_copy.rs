@@ -4,7 +4,7 @@
 //! visible to other threads and processes (a commit sent after it) before it returns.
 
 /// Copies `length` bytes from `source` to `destination` with non-temporal stores, 32 bytes
-/// wide where the CPU has AVX2 (on this project's EPYC host 15-20 % less CPU per byte than
+/// wide where the CPU has AVX2 (on this project's EPYC host 10-18 % less CPU per byte than
 /// 16-byte stores, about glibc's non-temporal memcpy of a whole GiB), else 16 bytes wide;
 /// a store fence orders them before any later store.
 ///
