@@ -364,10 +364,11 @@ impl SharedMemory {
     }
 
     /// [`SharedMemory::write_at`] with stores that bypass the caches where the CPU has them
-    /// (x86-64: 16-byte non-temporal stores, then a store fence, so every byte is visible
-    /// to other processes and hosts before this returns); elsewhere a plain copy. For bulk
-    /// copies this process does not read back: a plain copy first reads each destination
-    /// line into the cache, a third stream of memory traffic.
+    /// (x86-64: 32-byte non-temporal stores with AVX2, else 16-byte ones, then a store
+    /// fence, so every byte is visible to other processes and hosts before this returns);
+    /// elsewhere a plain copy. For bulk copies this process does not read back: a plain
+    /// copy first reads each destination line into the cache, a third stream of memory
+    /// traffic.
     pub fn stream_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let start = self.data_pointer(offset, data.len() as u64)?;
         // SAFETY: as in `write_at`: the range lies inside the mapping and cannot overlap
