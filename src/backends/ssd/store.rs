@@ -11,9 +11,6 @@ use super::layout::{region_file_name, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
 use super::source::{Slices, WriteSource};
-use write::WriteRequests;
-
-mod write;
 use crate::model::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -24,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use write::WriteRequests;
+
+mod write;
 
 /// Bytes a restore hands to its sink, or a spill of bytes in memory copies into its slot, and
 /// checksums at a time: the copy reads them from memory, the checksum right after from the
