@@ -4,9 +4,9 @@
 //! same depth, through the same io_uring queue, on the same file system. A restore reads,
 //! verifies the checksum and copies the object as the node does into a pool: into a place
 //! of its own in a destination area of 4 KiB pages written before timing, with non-temporal
-//! stores. Restores and raw reads run in [`RESTORE_ROUNDS`] rounds, the two passes of a
-//! round back to back in alternating order; the ratio is the median over the rounds of each
-//! round's restore over its raw pass ([`paired_median`]).
+//! stores. Restores and raw reads run in [`RESTORE_ROUNDS`] rounds, spills and raw writes in
+//! [`SPILL_ROUNDS`], the two passes of a round back to back in alternating order; each ratio
+//! is the median over the rounds of each round's pass over its raw pass ([`paired_median`]).
 //!
 //! Both sides write where data was written before, as a store does once it is in service
 //! (its regions are reused after reclaim): the raw file is written whole and the store
@@ -38,6 +38,9 @@ const BLOCK: usize = BLOCK_BYTES as usize;
 /// Rounds of raw reads and restores per size and depth, the two passes of a round back to
 /// back in alternating order. Odd, so that the median is one round's.
 const RESTORE_ROUNDS: usize = 7;
+/// Rounds of raw writes and spills per size, as [`RESTORE_ROUNDS`] (fewer: a spill pass
+/// writes 8 × `--restore-bytes` by default). Odd, so that the median is one round's.
+const SPILL_ROUNDS: usize = 3;
 
 /// Options of `kvtier bench ssd`.
 #[derive(Clone, Debug, clap::Args)]
@@ -78,7 +81,10 @@ pub struct SpillReport {
     pub object_bytes: usize,
     pub spill_gbps: f64,
     pub raw_write_gbps: f64,
+    /// The median over the rounds of spill over raw write of the round's two passes.
     pub ratio: f64,
+    /// Each round's spill over raw write, in order.
+    pub round_ratios: Vec<f64>,
 }
 
 /// Restores of one object size at one queue depth against raw reads.
@@ -141,16 +147,17 @@ fn median_pass(mut passes: Vec<Pass>) -> Option<Pass> {
     passes.into_iter().nth(middle)
 }
 
-/// The median over rounds of `restores[i] / raws[i]`, each round's passes run back to back:
-/// a disk whose speed drifts during the run (a cloud volume's burst budget, another
-/// process's I/O) moves both passes of a round alike, and the median drops a round one
-/// side's outlier pass decided, whichever side it fell on. (Each side's best pass, the
-/// method before, took the luckier side's luck: the raw reads swing more than restores.)
-fn paired_median(restores: &[Pass], raws: &[Pass]) -> (f64, Vec<f64>) {
-    let ratios: Vec<f64> = restores
+/// The median over rounds of `passes[i] / raws[i]` (restores over raw reads, spills over
+/// raw writes), each round's passes run back to back: a disk whose speed drifts during the
+/// run (a cloud volume's burst budget, another process's I/O) moves both passes of a round
+/// alike, and the median drops a round one side's outlier pass decided, whichever side it
+/// fell on. (Each side's best pass, the method before, took the luckier side's luck: the
+/// raw reads swing more than restores.)
+fn paired_median(passes: &[Pass], raws: &[Pass]) -> (f64, Vec<f64>) {
+    let ratios: Vec<f64> = passes
         .iter()
         .zip(raws)
-        .map(|(restore, raw)| restore.gbps() / raw.gbps())
+        .map(|(pass, raw)| pass.gbps() / raw.gbps())
         .collect();
     (median(&ratios), ratios)
 }
@@ -226,8 +233,9 @@ pub fn run(args: &SsdBenchArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "restores: GB/s and latencies of each side's median pass; ratio: the median over \
-         {RESTORE_ROUNDS} rounds of restore over raw read of the round's back-to-back passes"
+        "GB/s and latencies: each side's median pass; ratio: the median over {SPILL_ROUNDS} \
+         (spills) or {RESTORE_ROUNDS} (restores) rounds of the pass over the raw one run back \
+         to back with it"
     );
     println!(
         "restore_ratio {:.2} spill_ratio {:.2} restore_p99_us_qd1 {:.0}",
@@ -248,7 +256,9 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
         .max()
         .unwrap_or(1)
         .max(args.spill_queue_depth);
-    let capacity = (args.spill_bytes * args.sizes.len() as u64 * 5 / 4)
+    // Room for two sizes' objects, or for one size's twice: a spill round commits its
+    // objects when it ends, so it must not reclaim the regions of the round before.
+    let capacity = (args.spill_bytes * args.sizes.len().max(2) as u64 * 5 / 4)
         .next_multiple_of(args.region_bytes)
         + 2 * args.region_bytes;
     let config = SsdConfig {
@@ -288,28 +298,46 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
         let size = size.max(BLOCK);
         let count = (args.spill_bytes / size as u64).max(1);
         let source = pattern(size, args.seed ^ size as u64);
-        let raw_write = raw_pass(
-            &mut raw_queue,
-            &raw,
-            IoKind::Write,
-            size,
-            count,
-            args.spill_queue_depth,
-            None,
-        )?;
-        let spill = spill_pass(
-            &store,
-            &source,
-            size_index,
-            size,
-            count,
-            args.spill_queue_depth,
-        )?;
+        // Spills and raw writes alternate in rounds too, compared round by round
+        // (`paired_median`): a virtual disk absorbs writes in the host's cache and flushes
+        // them afterwards, so the side that writes second can pay for the first's flush.
+        // Every spill round rewrites the same objects (the store replaces the older
+        // copies), so the last round's objects are what the restore passes read.
+        let (mut raw_writes, mut spills) = (Vec::new(), Vec::new());
+        for round in 0..SPILL_ROUNDS {
+            for side in [round % 2, 1 - round % 2] {
+                if side == 0 {
+                    raw_writes.push(raw_pass(
+                        &mut raw_queue,
+                        &raw,
+                        IoKind::Write,
+                        size,
+                        count,
+                        args.spill_queue_depth,
+                        None,
+                    )?);
+                } else {
+                    spills.push(spill_pass(
+                        &store,
+                        &source,
+                        size_index,
+                        size,
+                        count,
+                        args.spill_queue_depth,
+                    )?);
+                }
+            }
+        }
+        let (ratio, round_ratios) = paired_median(&spills, &raw_writes);
+        let (Some(raw_write), Some(spill)) = (median_pass(raw_writes), median_pass(spills)) else {
+            bail!("no spill round ran");
+        };
         report.spills.push(SpillReport {
             object_bytes: size,
             spill_gbps: spill.gbps(),
             raw_write_gbps: raw_write.gbps(),
-            ratio: spill.gbps() / raw_write.gbps(),
+            ratio,
+            round_ratios,
         });
         let reads = (args.restore_bytes / size as u64).max(1);
         // The restores' destination, as a pool is to the node: every object of a pass in
@@ -468,13 +496,14 @@ fn spill_pass(
             Err(error) => bail!("a spill of the benchmark failed: {error}"),
         }
     }
+    // Objects of other sizes, measured already, may go; this size's are read back later.
     let measured = written
         .evicted
         .iter()
-        .filter(|(object, _)| object.prefix.0[8] != WARM_UP_INDEX as u8)
+        .filter(|(object, _)| object.prefix.0[8] == size_index as u8)
         .count();
     if measured > 0 {
-        bail!("the benchmark's store evicted {measured} measured objects: it is too small");
+        bail!("the benchmark's store evicted {measured} objects it reads back: it is too small");
     }
     Ok(Pass {
         bytes: size as u64 * count,

@@ -68,7 +68,8 @@ pub struct Reservation {
 /// What [`RegionTable::reserve`] decided besides the reservation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReserveEffects {
-    /// A region just opened for writing: the store writes its header with this sequence.
+    /// A region just opened for writing, and the sequence its header gets: the store writes
+    /// the header with the fill's first object (the reservation at the region's first block).
     pub opened: Option<(u32, u64)>,
     /// Objects dropped from the index because their region was reclaimed, with the entry
     /// each had (its owner retires the copy recorded there).

@@ -7,7 +7,7 @@
 use super::error::{SkipReason, SsdError};
 use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
 pub use super::layout::StoredPlace;
-use super::layout::{region_file_name, ObjectHeader, RegionHeader, BLOCK_BYTES};
+use super::layout::{region_file_name, BLOCK_BYTES};
 use super::recovery::scan_region;
 use super::region::{Entry, RegionTable, Reservation, SsdUsage};
 use super::source::{Slices, WriteSource};
@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use write::WriteRequests;
+
+mod write;
 
 /// Bytes a restore hands to its sink, or a spill of bytes in memory copies into its slot, and
 /// checksums at a time: the copy reads them from memory, the checksum right after from the
@@ -45,7 +48,8 @@ pub struct SsdConfig {
     #[serde(default = "default_true")]
     pub keep_on_restart: bool,
     /// Requests in flight at most; with `object_bytes_max` it bounds staging memory and
-    /// in-flight bytes to `queue_depth × (object_bytes_max + 4 KiB)`.
+    /// in-flight bytes to `queue_depth × (object_bytes_max + 8 KiB)` (an object's header
+    /// block, and a region's header block with the first object of each region fill).
     #[serde(default = "default_queue_depth")]
     pub queue_depth: usize,
     /// The largest object the store takes.
@@ -312,7 +316,7 @@ impl SsdStore {
                 table.adopt(index, sequence, scan.cursor, scan.objects);
             }
         }
-        let slot_bytes = (config.object_bytes_max + BLOCK_BYTES) as usize;
+        let slot_bytes = (config.object_bytes_max + 2 * BLOCK_BYTES) as usize;
         let (queue, fallback) = IoQueue::new(config.queue_depth, slot_bytes, config.io_uring);
         report.io_uring_fallback = fallback;
         let store = SsdStore {
@@ -339,7 +343,7 @@ impl SsdStore {
     }
 
     /// Allocates every staging slot at its full size now (`queue_depth × (object_bytes_max +
-    /// 4 KiB)`), so that no later spill or restore pays for fresh pages.
+    /// 8 KiB)`), so that no later spill or restore pays for fresh pages.
     pub fn grow_staging(&self) {
         lock(&self.queue).grow_slots();
     }
@@ -520,24 +524,6 @@ impl SsdStore {
         }
         requests.outcomes
     }
-
-    /// Writes region `region`'s header for fill `sequence`. No sync is needed for safety:
-    /// if the header is lost, the fill's objects carry a generation the old header does not
-    /// name and are absent after a restart; if it lands without them, the old fill's headers
-    /// carry an older generation and end the scan. (Buffered stores sync each batch's files.)
-    fn write_region_header(&self, region: u32, sequence: u64) -> Result<(), SsdError> {
-        let mut block = AlignedBuffer::new(BLOCK_BYTES as usize);
-        RegionHeader {
-            region_bytes: self.config.region_bytes,
-            index: region,
-            sequence,
-        }
-        .encode(block.as_mut_slice());
-        let path = &self.paths[region as usize];
-        let file = &self.files[region as usize];
-        file.write_all_at(block.as_slice(), 0)
-            .map_err(|error| SsdError::from_io(path.clone(), error))
-    }
 }
 
 /// Removes every region file in `directory` (and nothing else).
@@ -554,111 +540,6 @@ fn wipe(directory: &Path) -> Result<(), SsdError> {
         }
     }
     Ok(())
-}
-
-struct WriteRequests<'a> {
-    store: &'a SsdStore,
-    source: &'a mut dyn WriteSource,
-    reservations: Vec<Option<(Reservation, u32)>>,
-    results: Vec<Result<Duration, SsdError>>,
-    evicted: Vec<(ObjectId, StoredPlace)>,
-}
-
-impl WriteRequests<'_> {
-    fn reserve(&mut self, length_bytes: u64) -> Result<Reservation, SsdError> {
-        let limit = self.store.config.object_bytes_max;
-        if length_bytes > limit {
-            return Err(SsdError::TooLarge {
-                length_bytes,
-                limit_bytes: limit,
-            });
-        }
-        let (reservation, effects) = lock(&self.store.table)
-            .reserve(length_bytes)
-            .ok_or(SsdError::Full)?;
-        if effects.reclaimed_region {
-            self.store
-                .counters
-                .regions_reclaimed
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        let store = self.store;
-        self.evicted.extend(
-            effects
-                .evicted
-                .iter()
-                .map(|(object, entry)| (*object, store.place(entry))),
-        );
-        if let Some((region, sequence)) = effects.opened {
-            if let Err(error) = self.store.write_region_header(region, sequence) {
-                lock(&self.store.table).abort(reservation);
-                return Err(error);
-            }
-        }
-        Ok(reservation)
-    }
-}
-
-impl IoRequests for WriteRequests<'_> {
-    fn prepare(&mut self, request: usize, mut slot: Slot<'_>) -> Option<IoOp> {
-        let (object, length_bytes) = self.source.object(request);
-        let reservation = match self.reserve(length_bytes) {
-            Ok(reservation) => reservation,
-            Err(error) => {
-                self.results[request] = Err(error);
-                return None;
-            }
-        };
-        let footprint = reservation.footprint_bytes as usize;
-        let slot = slot.bytes(footprint);
-        let length = length_bytes as usize;
-        let data = &mut slot[BLOCK_BYTES as usize..footprint];
-        let data_crc = match self.source.fill_checked(request, &mut data[..length]) {
-            Ok(crc) => crc,
-            Err(error) => {
-                lock(&self.store.table).abort(reservation);
-                self.results[request] = Err(error);
-                return None;
-            }
-        };
-        data[length..].fill(0);
-        ObjectHeader {
-            object,
-            length_bytes,
-            generation: reservation.generation,
-            data_crc,
-        }
-        .encode(&mut slot[..BLOCK_BYTES as usize]);
-        self.reservations[request] = Some((reservation, data_crc));
-        Some(IoOp {
-            kind: IoKind::Write,
-            file: self.store.files[reservation.region as usize].as_raw_fd(),
-            offset: reservation.header_offset,
-            length: footprint,
-        })
-    }
-
-    fn complete(
-        &mut self,
-        request: usize,
-        _bytes: &[u8],
-        result: io::Result<usize>,
-        latency: Duration,
-    ) {
-        let Some((reservation, _)) = self.reservations[request] else {
-            return;
-        };
-        let path = || self.store.paths[reservation.region as usize].clone();
-        self.results[request] = match result {
-            Ok(written) if written as u64 == reservation.footprint_bytes => Ok(latency),
-            // A regular file's write is cut short only when the file system ran out of room.
-            Ok(_) => Err(SsdError::NoSpace { path: path() }),
-            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
-                Err(SsdError::Unaligned { path: path() })
-            }
-            Err(error) => Err(SsdError::from_io(path(), error)),
-        };
-    }
 }
 
 struct ReadRequests<'a, S> {
