@@ -21,73 +21,73 @@ pub(crate) unsafe fn stream_copy(source: *const u8, destination: *mut u8, length
     }
 }
 
-/// [`stream_copy`] with 32-byte stores: the unaligned head and the tail (under 128 bytes)
-/// with a plain copy, the 32-byte-aligned body 128 bytes at a time (four loads, then four
-/// stores), then `sfence`.
+/// The body both widths share: the unaligned head and the tail (under four lanes) with a
+/// plain copy, the lane-aligned body four lanes at a time (four loads, then four
+/// non-temporal stores), then `sfence`. Expands inside an `unsafe fn` whose caller
+/// guarantees both ranges valid for `$length` bytes and not overlapping.
+#[cfg(target_arch = "x86_64")]
+macro_rules! stream_lanes {
+    ($source:expr, $destination:expr, $length:expr, $lane_bytes:expr, $zero:ident, $load:ident, $store:ident) => {{
+        const LANES: usize = 4;
+        let (source, destination, length): (*const u8, *mut u8, usize) =
+            ($source, $destination, $length);
+        let head = destination.align_offset($lane_bytes).min(length);
+        // SAFETY: the caller's contract covers every access below: each stays within
+        // `0..length` of both ranges, and the body's destinations are lane-aligned.
+        unsafe {
+            std::ptr::copy_nonoverlapping(source, destination, head);
+            let mut done = head;
+            while length - done >= LANES * $lane_bytes {
+                let mut values = [$zero(); LANES];
+                for (lane, value) in values.iter_mut().enumerate() {
+                    *value = $load(source.add(done + lane * $lane_bytes).cast());
+                }
+                for (lane, value) in values.into_iter().enumerate() {
+                    $store(destination.add(done + lane * $lane_bytes).cast(), value);
+                }
+                done += LANES * $lane_bytes;
+            }
+            std::ptr::copy_nonoverlapping(source.add(done), destination.add(done), length - done);
+            std::arch::x86_64::_mm_sfence();
+        }
+    }};
+}
+
+/// [`stream_copy`] with 32-byte stores ([`stream_lanes`]: 128 bytes a step).
 ///
 /// # Safety
 /// Both ranges are valid for `length` bytes and do not overlap; the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn stream_copy_avx2(source: *const u8, destination: *mut u8, length: usize) {
-    use std::arch::x86_64::{
-        _mm256_loadu_si256, _mm256_setzero_si256, _mm256_stream_si256, _mm_sfence,
-    };
-    const LANE_BYTES: usize = 32;
-    const LANES: usize = 4;
-    const STEP_BYTES: usize = LANES * LANE_BYTES;
-    let head = destination.align_offset(LANE_BYTES).min(length);
-    // SAFETY: the caller's contract covers every access below: each stays within
-    // `0..length` of both ranges, and the body's destinations are 32-byte aligned.
-    unsafe {
-        std::ptr::copy_nonoverlapping(source, destination, head);
-        let mut done = head;
-        while length - done >= STEP_BYTES {
-            let mut values = [_mm256_setzero_si256(); LANES];
-            for (lane, value) in values.iter_mut().enumerate() {
-                *value = _mm256_loadu_si256(source.add(done + lane * LANE_BYTES).cast());
-            }
-            for (lane, value) in values.into_iter().enumerate() {
-                _mm256_stream_si256(destination.add(done + lane * LANE_BYTES).cast(), value);
-            }
-            done += STEP_BYTES;
-        }
-        std::ptr::copy_nonoverlapping(source.add(done), destination.add(done), length - done);
-        _mm_sfence();
-    }
+    use std::arch::x86_64::{_mm256_loadu_si256, _mm256_setzero_si256, _mm256_stream_si256};
+    stream_lanes!(
+        source,
+        destination,
+        length,
+        32,
+        _mm256_setzero_si256,
+        _mm256_loadu_si256,
+        _mm256_stream_si256
+    );
 }
 
-/// [`stream_copy`] with 16-byte stores: the unaligned head and the tail (under 64 bytes)
-/// with a plain copy, the 16-byte-aligned body 64 bytes at a time (four loads, then four
-/// stores), then `sfence`.
+/// [`stream_copy`] with 16-byte stores ([`stream_lanes`]: 64 bytes a step).
 ///
 /// # Safety
 /// Both ranges are valid for `length` bytes and do not overlap.
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_copy_sse2(source: *const u8, destination: *mut u8, length: usize) {
-    use std::arch::x86_64::{_mm_loadu_si128, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
-    const LANE_BYTES: usize = 16;
-    const LANES: usize = 4;
-    const STEP_BYTES: usize = LANES * LANE_BYTES;
-    let head = destination.align_offset(LANE_BYTES).min(length);
-    // SAFETY: the caller's contract covers every access below: each stays within
-    // `0..length` of both ranges, and the body's destinations are 16-byte aligned.
-    unsafe {
-        std::ptr::copy_nonoverlapping(source, destination, head);
-        let mut done = head;
-        while length - done >= STEP_BYTES {
-            let mut values = [_mm_setzero_si128(); LANES];
-            for (lane, value) in values.iter_mut().enumerate() {
-                *value = _mm_loadu_si128(source.add(done + lane * LANE_BYTES).cast());
-            }
-            for (lane, value) in values.into_iter().enumerate() {
-                _mm_stream_si128(destination.add(done + lane * LANE_BYTES).cast(), value);
-            }
-            done += STEP_BYTES;
-        }
-        std::ptr::copy_nonoverlapping(source.add(done), destination.add(done), length - done);
-        _mm_sfence();
-    }
+    use std::arch::x86_64::{_mm_loadu_si128, _mm_setzero_si128, _mm_stream_si128};
+    stream_lanes!(
+        source,
+        destination,
+        length,
+        16,
+        _mm_setzero_si128,
+        _mm_loadu_si128,
+        _mm_stream_si128
+    );
 }
 
 /// Copies `source` into the start of `destination` (as many bytes as the shorter holds) with
