@@ -24,7 +24,10 @@ pub(crate) unsafe fn stream_copy(source: *const u8, destination: *mut u8, length
 /// The body both widths share: the unaligned head and the tail (under four lanes) with a
 /// plain copy, the lane-aligned body four lanes at a time (four loads, then four
 /// non-temporal stores), then `sfence`. Expands inside an `unsafe fn` whose caller
-/// guarantees both ranges valid for `$length` bytes and not overlapping.
+/// guarantees both ranges valid for `$length` bytes and not overlapping. The loop waits on
+/// memory, not on its instructions: on the EPYC host, in 256 KiB steps between pre-faulted
+/// shared mappings, eight lanes, aligned or non-temporal loads and the same loop in C cost
+/// the same CPU per byte within noise, and a software prefetch 4-16 KiB ahead up to 10 % more.
 #[cfg(target_arch = "x86_64")]
 macro_rules! stream_lanes {
     ($source:expr, $destination:expr, $length:expr, $lane_bytes:expr, $zero:ident, $load:ident, $store:ident) => {{
