@@ -147,6 +147,26 @@ fn median_pass(mut passes: Vec<Pass>) -> Option<Pass> {
     passes.into_iter().nth(middle)
 }
 
+/// `rounds` rounds of a raw pass and a measured pass run back to back, which goes first
+/// alternating from round to round: the raw passes and the measured ones, in round order.
+fn paired_rounds(
+    rounds: usize,
+    mut raw: impl FnMut() -> anyhow::Result<Pass>,
+    mut measured: impl FnMut() -> anyhow::Result<Pass>,
+) -> anyhow::Result<(Vec<Pass>, Vec<Pass>)> {
+    let (mut raws, mut passes) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            raws.push(raw()?);
+            passes.push(measured()?);
+        } else {
+            passes.push(measured()?);
+            raws.push(raw()?);
+        }
+    }
+    Ok((raws, passes))
+}
+
 /// The median over rounds of `passes[i] / raws[i]` (restores over raw reads, spills over
 /// raw writes), each round's passes run back to back: a disk whose speed drifts during the
 /// run (a cloud volume's burst budget, another process's I/O) moves both passes of a round
@@ -303,31 +323,30 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
         // them afterwards, so the side that writes second can pay for the first's flush.
         // Every spill round rewrites the same objects (the store replaces the older
         // copies), so the last round's objects are what the restore passes read.
-        let (mut raw_writes, mut spills) = (Vec::new(), Vec::new());
-        for round in 0..SPILL_ROUNDS {
-            for side in [round % 2, 1 - round % 2] {
-                if side == 0 {
-                    raw_writes.push(raw_pass(
-                        &mut raw_queue,
-                        &raw,
-                        IoKind::Write,
-                        size,
-                        count,
-                        args.spill_queue_depth,
-                        None,
-                    )?);
-                } else {
-                    spills.push(spill_pass(
-                        &store,
-                        &source,
-                        size_index,
-                        size,
-                        count,
-                        args.spill_queue_depth,
-                    )?);
-                }
-            }
-        }
+        let (raw_writes, spills) = paired_rounds(
+            SPILL_ROUNDS,
+            || {
+                raw_pass(
+                    &mut raw_queue,
+                    &raw,
+                    IoKind::Write,
+                    size,
+                    count,
+                    args.spill_queue_depth,
+                    None,
+                )
+            },
+            || {
+                spill_pass(
+                    &store,
+                    &source,
+                    size_index,
+                    size,
+                    count,
+                    args.spill_queue_depth,
+                )
+            },
+        )?;
         let (ratio, round_ratios) = paired_median(&spills, &raw_writes);
         let (Some(raw_write), Some(spill)) = (median_pass(raw_writes), median_pass(spills)) else {
             bail!("no spill round ran");
@@ -348,32 +367,31 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
             let picks: Vec<u64> = (0..reads).map(|_| order.below(count)).collect();
             // Rounds of two back-to-back passes in alternating order, compared round by
             // round (`paired_median`).
-            let (mut raw_reads, mut restores) = (Vec::new(), Vec::new());
-            for round in 0..RESTORE_ROUNDS {
-                for side in [round % 2, 1 - round % 2] {
-                    if side == 0 {
-                        raw_reads.push(raw_pass(
-                            &mut raw_queue,
-                            &raw,
-                            IoKind::Read,
-                            size,
-                            count,
-                            depth,
-                            Some(&picks),
-                        )?);
-                    } else {
-                        restores.push(restore_pass(
-                            &store,
-                            &source,
-                            &mut destination,
-                            size_index,
-                            size,
-                            depth,
-                            &picks,
-                        )?);
-                    }
-                }
-            }
+            let (raw_reads, restores) = paired_rounds(
+                RESTORE_ROUNDS,
+                || {
+                    raw_pass(
+                        &mut raw_queue,
+                        &raw,
+                        IoKind::Read,
+                        size,
+                        count,
+                        depth,
+                        Some(&picks),
+                    )
+                },
+                || {
+                    restore_pass(
+                        &store,
+                        &source,
+                        &mut destination,
+                        size_index,
+                        size,
+                        depth,
+                        &picks,
+                    )
+                },
+            )?;
             let (ratio, round_ratios) = paired_median(&restores, &raw_reads);
             let (Some(raw_read), Some(restore)) = (median_pass(raw_reads), median_pass(restores))
             else {
