@@ -65,6 +65,14 @@ pub struct Reservation {
     pub footprint_bytes: u64,
 }
 
+impl Reservation {
+    /// Whether this is the first object of its region's fill (its header right after the
+    /// region header): [`RegionTable::reserve`] opened the region for it.
+    pub fn starts_fill(&self) -> bool {
+        self.header_offset == BLOCK_BYTES
+    }
+}
+
 /// What [`RegionTable::reserve`] decided besides the reservation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReserveEffects {
@@ -414,6 +422,7 @@ mod tests {
             let (reservation, effects) = last.unwrap();
             assert_eq!(reservation.region, *region_of_last, "row {row}");
             assert_eq!(effects.opened.is_some(), *opened, "row {row}");
+            assert_eq!(reservation.starts_fill(), *opened, "row {row}");
             assert_eq!(reservation.header_offset % BLOCK_BYTES, 0, "row {row}");
             let usage = table.usage();
             assert_eq!(

@@ -13,20 +13,15 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Whether `reservation` is the first object of its region's fill, whose write carries the
-/// region header (block 0, right before the object's header). No ordering is needed: if the
-/// header is lost, the fill's objects carry a generation the old header does not name and
-/// are absent after a restart; if it lands without them, the old fill's headers carry an
-/// older generation and end the scan. (Buffered stores sync each batch's files.)
-fn starts_fill(reservation: &Reservation) -> bool {
-    reservation.header_offset == BLOCK_BYTES
-}
-
 /// Bytes the write of `reservation` transfers: its footprint, and the region header's block
-/// for the first object of a fill.
+/// for the first object of a fill ([`Reservation::starts_fill`]). No ordering is needed
+/// between the two: if the region header is lost, the fill's objects carry a generation the
+/// old header does not name and are absent after a restart; if it lands without them, the
+/// old fill's headers carry an older generation and end the scan. (Buffered stores sync
+/// each batch's files.)
 fn write_bytes(reservation: &Reservation) -> u64 {
     reservation.footprint_bytes
-        + if starts_fill(reservation) {
+        + if reservation.starts_fill() {
             BLOCK_BYTES
         } else {
             0
@@ -59,7 +54,7 @@ impl WriteRequests<'_> {
                 .regions_reclaimed
                 .fetch_add(1, Ordering::Relaxed);
         }
-        debug_assert_eq!(effects.opened.is_some(), starts_fill(&reservation));
+        debug_assert_eq!(effects.opened.is_some(), reservation.starts_fill());
         let store = self.store;
         self.evicted.extend(
             effects
@@ -84,7 +79,7 @@ impl IoRequests for WriteRequests<'_> {
         let block = BLOCK_BYTES as usize;
         // The first object of a region fill carries the region's header block in its write:
         // no write of its own, waited for while the queue is full of objects.
-        let head = if starts_fill(&reservation) { block } else { 0 };
+        let head = if reservation.starts_fill() { block } else { 0 };
         let footprint = reservation.footprint_bytes as usize;
         let length = length_bytes as usize;
         let file = self.store.files[reservation.region as usize].as_raw_fd();
