@@ -9,6 +9,7 @@
 //! directory stops reporting them on SSD. Waits on conditions; deadlines are hang guards
 //! only.
 
+use kvtier::backends::checksum;
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
 use kvtier::launch::{node_name, ClusterSpec, LocalCluster};
@@ -172,7 +173,7 @@ async fn read_pinned_in_place(
         let mut read = vec![0u8; extent.length_bytes as usize];
         file.read_exact_at(&mut read, extent.offset).unwrap();
         assert_eq!(read, *bytes, "wrong bytes in place for {id:?}");
-        assert_eq!(crc32c::crc32c(&read), extent.data_crc);
+        assert_eq!(checksum::crc32c(&read), extent.data_crc);
         pins.push(extent.pin);
     }
     assert_eq!(client.unpin_on_ssd(&pins).await.unwrap(), pins.len() as u32);

@@ -4,6 +4,7 @@
 //! generations.
 //!
 //! * `allocator`: the sans-I/O page allocator shared by byte-addressable pools.
+//! * `checksum`: CRC-32C, for every header and every SSD object.
 //! * `shared_memory`: the `MAP_SHARED` mapping and on-media header (CPU and CXL pools).
 //! * `cpu`: the host's CPU DRAM pool, a shared mapping plus an allocator.
 //! * `error`: `PoolError`, the one error type of this boundary.
@@ -12,6 +13,7 @@
 //! * `stream_copy`: copies with non-temporal stores (into and out of pools).
 
 pub mod allocator;
+pub mod checksum;
 pub mod cpu;
 pub mod cxl;
 pub mod error;

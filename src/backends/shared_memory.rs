@@ -26,6 +26,7 @@
 //! content is immutable (DESIGN invariants 1, 2, 4). Other processes follow the same
 //! protocol. Breaking it yields torn bytes, never an invalid Rust value (`u8` has none).
 
+use super::checksum;
 use super::error::PoolError;
 use super::stream_copy::stream_copy;
 use memmap2::{MmapOptions, MmapRaw};
@@ -79,7 +80,7 @@ impl Header {
         bytes[32..40].copy_from_slice(&self.data_offset_bytes().to_le_bytes());
         bytes[40..48].copy_from_slice(&self.data_bytes.to_le_bytes());
         bytes[48..56].copy_from_slice(&self.page_bytes.to_le_bytes());
-        let checksum = crc32c::crc32c(&bytes[CHECKSUMMED_RANGE]);
+        let checksum = checksum::crc32c(&bytes[CHECKSUMMED_RANGE]);
         bytes[56..60].copy_from_slice(&checksum.to_le_bytes());
         bytes
     }
@@ -106,7 +107,7 @@ impl Header {
             reason,
         };
         let checksum = u32::from_le_bytes(field(bytes, 56));
-        if checksum != crc32c::crc32c(&bytes[CHECKSUMMED_RANGE]) {
+        if checksum != checksum::crc32c(&bytes[CHECKSUMMED_RANGE]) {
             return Err(corrupt("checksum mismatch"));
         }
         let header = Header {

@@ -301,7 +301,8 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
     raw.set_len(args.spill_bytes)?;
     // One queue for every raw pass, as the store keeps one: its slots are allocated before
     // anything is timed, on both sides.
-    let (mut raw_queue, _) = IoQueue::new(depth_max, size_max, true);
+    // The limit: the device at the asked depth, with no bound on the bytes in flight.
+    let (mut raw_queue, _) = IoQueue::new(depth_max, size_max, usize::MAX, true);
     raw_queue.grow_slots();
     warm_up(&store, &raw, &mut raw_queue, args, size_max, capacity)?;
     store.grow_staging();

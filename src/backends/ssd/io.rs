@@ -1,7 +1,8 @@
 //! Block I/O for the SSD store: a bounded queue of reads and writes through io_uring, with
 //! a pread/pwrite fallback where io_uring cannot be set up (seccomp, old kernels, some
 //! containers). Each in-flight request owns one of `depth` staging buffers, aligned to
-//! 4 KiB as direct I/O requires and kept for the queue's lifetime. A slot grows to the
+//! 4 KiB as direct I/O requires and kept for the queue's lifetime; the bytes in flight
+//! have a bound of their own, below what `depth` full slots would hold. A slot grows to the
 //! largest request it served, so staging memory follows the objects actually moved and is
 //! bounded by `depth × slot_bytes`; once grown, no request touches fresh pages.
 
@@ -218,20 +219,29 @@ enum Backend {
     Blocking,
 }
 
-/// A bounded queue of block I/O.
+/// A bounded queue of block I/O: at most `depth` requests in flight, and no request started
+/// while `in_flight_bytes_max` bytes or more are (one always may start when none is).
 pub struct IoQueue {
     backend: Backend,
     depth: usize,
     depth_limit: usize,
+    in_flight_bytes_max: usize,
     slot_bytes: usize,
     slots: Vec<Option<AlignedBuffer>>,
 }
 
 impl IoQueue {
-    /// A queue of at most `depth` requests in flight, each of at most `slot_bytes` bytes.
-    /// With `prefer_uring` it sets up io_uring and falls back to pread/pwrite (returning
-    /// why) when that fails; without, it uses pread/pwrite.
-    pub fn new(depth: usize, slot_bytes: usize, prefer_uring: bool) -> (IoQueue, Option<String>) {
+    /// A queue of at most `depth` requests in flight, each of at most `slot_bytes` bytes,
+    /// starting none while `in_flight_bytes_max` bytes or more are in flight: in-flight bytes
+    /// stay under `in_flight_bytes_max + slot_bytes`. With `prefer_uring` it sets up io_uring
+    /// and falls back to pread/pwrite (returning why) when that fails; without, it uses
+    /// pread/pwrite.
+    pub fn new(
+        depth: usize,
+        slot_bytes: usize,
+        in_flight_bytes_max: usize,
+        prefer_uring: bool,
+    ) -> (IoQueue, Option<String>) {
         let depth = depth.max(1);
         let (backend, fallback) = if prefer_uring {
             match io_uring::IoUring::new(depth.next_power_of_two() as u32) {
@@ -251,6 +261,7 @@ impl IoQueue {
             backend,
             depth,
             depth_limit: depth,
+            in_flight_bytes_max,
             slot_bytes: slot_bytes.next_multiple_of(BLOCK_BYTES as usize),
             slots: (0..depth).map(|_| None).collect(),
         };
@@ -290,6 +301,7 @@ impl IoQueue {
                     ring,
                     &mut self.slots[..self.depth_limit],
                     limit,
+                    self.in_flight_bytes_max,
                     count,
                     requests,
                 );
@@ -398,6 +410,9 @@ struct UringRun<'a> {
     free: Vec<usize>,
     in_flight: Vec<Option<InFlight>>,
     outstanding: usize,
+    /// Bytes of the requests in flight, and the bound past which none is started.
+    bytes_in_flight: usize,
+    in_flight_bytes_max: usize,
     next: usize,
     count: usize,
     /// Entries queued on the ring and not yet submitted.
@@ -419,10 +434,13 @@ impl UringRun<'_> {
         }
     }
 
-    /// Prepares requests into the free slots and queues them on the ring, submitting early
-    /// when preparing them is slow ([`UringRun::submit_if_late`]).
+    /// Prepares requests into the free slots while the bytes in flight are under their
+    /// bound, and queues them on the ring, submitting early when preparing them is slow
+    /// ([`UringRun::submit_if_late`]).
     fn queue(&mut self, requests: &mut impl IoRequests) {
-        while self.next < self.count {
+        while self.next < self.count
+            && (self.outstanding == 0 || self.bytes_in_flight < self.in_flight_bytes_max)
+        {
             let Some(&slot) = self.free.last() else { break };
             let request = self.next;
             self.next += 1;
@@ -466,6 +484,7 @@ impl UringRun<'_> {
                 started: Instant::now(),
             });
             self.outstanding += 1;
+            self.bytes_in_flight += op.length;
             self.unsubmitted += 1;
             self.submit_if_late();
         }
@@ -476,6 +495,7 @@ fn run_uring(
     ring: &mut io_uring::IoUring,
     slots: &mut [Option<AlignedBuffer>],
     limit: usize,
+    in_flight_bytes_max: usize,
     count: usize,
     requests: &mut impl IoRequests,
 ) -> Result<(), Vec<usize>> {
@@ -487,6 +507,8 @@ fn run_uring(
         free: (0..depth).rev().collect(),
         in_flight: (0..depth).map(|_| None).collect(),
         outstanding: 0,
+        bytes_in_flight: 0,
+        in_flight_bytes_max,
         next: 0,
         count,
         unsubmitted: 0,
@@ -531,6 +553,7 @@ fn run_uring(
                 continue;
             };
             run.outstanding -= 1;
+            run.bytes_in_flight -= state.length;
             let result = if result < 0 {
                 Err(io::Error::from_raw_os_error(-result))
             } else {

@@ -33,6 +33,7 @@
 //! A header whose checksum fails also ends the scan of its region (its length cannot be
 //! trusted); an object whose header is sound but whose data checksum fails is skipped.
 
+use crate::backends::checksum;
 use crate::model::PrefixDigest;
 use crate::model::{AllocationId, Generation, Location, NamespaceId, ObjectId, PoolId};
 
@@ -178,7 +179,7 @@ impl RegionHeader {
         put_u64(block, 16, self.region_bytes);
         put_u64(block, 24, u64::from(self.index));
         put_u64(block, 32, self.sequence);
-        let crc = crc32c::crc32c(&block[0..40]);
+        let crc = checksum::crc32c(&block[0..40]);
         put_u32(block, 40, crc);
     }
 
@@ -189,7 +190,7 @@ impl RegionHeader {
             return None;
         }
         if get_u32(block, 8) != LAYOUT_VERSION
-            || get_u32(block, 40) != crc32c::crc32c(&block[0..40])
+            || get_u32(block, 40) != checksum::crc32c(&block[0..40])
         {
             return None;
         }
@@ -216,7 +217,7 @@ impl ObjectHeader {
         put_u64(block, 56, self.length_bytes);
         put_u64(block, 64, self.generation);
         put_u32(block, 72, self.data_crc);
-        let crc = crc32c::crc32c(&block[0..76]);
+        let crc = checksum::crc32c(&block[0..76]);
         put_u32(block, 76, crc);
     }
 
@@ -226,7 +227,7 @@ impl ObjectHeader {
             return None;
         }
         if get_u32(block, 8) != LAYOUT_VERSION
-            || get_u32(block, 76) != crc32c::crc32c(&block[0..76])
+            || get_u32(block, 76) != checksum::crc32c(&block[0..76])
         {
             return None;
         }

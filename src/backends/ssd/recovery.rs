@@ -6,6 +6,7 @@
 use super::io::AlignedBuffer;
 use super::layout::{object_footprint_bytes, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::region::Entry;
+use crate::backends::checksum;
 use crate::model::ObjectId;
 use std::fs::File;
 use std::io;
@@ -79,7 +80,8 @@ pub fn scan_region(
                 header_offset + BLOCK_BYTES,
             )
             .is_ok()
-            && crc32c::crc32c(&data.as_slice()[..object.length_bytes as usize]) == object.data_crc;
+            && checksum::crc32c(&data.as_slice()[..object.length_bytes as usize])
+                == object.data_crc;
         if sound {
             let entry = Entry {
                 region: index,

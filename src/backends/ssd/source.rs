@@ -4,6 +4,7 @@
 
 use super::error::SsdError;
 use super::store::VERIFY_CHUNK_BYTES;
+use crate::backends::checksum;
 use crate::model::ObjectId;
 
 /// The objects of a write batch and their bytes.
@@ -20,7 +21,7 @@ pub trait WriteSource {
     /// checksums each chunk right after copying it, reading the bytes from memory once.
     fn fill_checked(&mut self, request: usize, data: &mut [u8]) -> Result<u32, SsdError> {
         self.fill(request, data)?;
-        Ok(crc32c::crc32c(data))
+        Ok(checksum::crc32c(data))
     }
 }
 
@@ -53,7 +54,7 @@ impl WriteSource for Slices<'_> {
         let chunks = source.chunks(VERIFY_CHUNK_BYTES);
         for (source, copy) in chunks.zip(data.chunks_mut(VERIFY_CHUNK_BYTES)) {
             copy.copy_from_slice(source);
-            crc = crc32c::crc32c_append(crc, copy);
+            crc = checksum::crc32c_append(crc, copy);
         }
         Ok(crc)
     }
@@ -78,7 +79,7 @@ mod tests {
             let mut data = vec![0u8; length];
             let crc = Slices(&items).fill_checked(0, &mut data).unwrap();
             assert_eq!(data, bytes);
-            assert_eq!(crc, crc32c::crc32c(&bytes), "{length} bytes");
+            assert_eq!(crc, checksum::crc32c(&bytes), "{length} bytes");
         }
     }
 }

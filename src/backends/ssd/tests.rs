@@ -417,3 +417,73 @@ fn staging_buffers_from_a_huge_page_up_are_aligned_to_it_and_zeroed() {
         assert!(small.as_slice().iter().all(|byte| *byte == 0));
     }
 }
+
+/// Reads of `length`-byte blocks that note the bytes in flight when each starts.
+struct CountedReads {
+    file: std::fs::File,
+    length: usize,
+    in_flight: usize,
+    peak: usize,
+    done: usize,
+}
+
+impl super::io::IoRequests for CountedReads {
+    fn prepare(&mut self, request: usize, _slot: super::io::Slot<'_>) -> Option<super::io::IoOp> {
+        use std::os::fd::AsRawFd;
+        self.in_flight += self.length;
+        self.peak = self.peak.max(self.in_flight);
+        Some(super::io::IoOp {
+            kind: super::io::IoKind::Read,
+            file: self.file.as_raw_fd(),
+            offset: (request * self.length) as u64,
+            length: self.length,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        _request: usize,
+        _bytes: &[u8],
+        result: std::io::Result<usize>,
+        _latency: std::time::Duration,
+    ) {
+        assert_eq!(result.unwrap(), self.length);
+        self.in_flight -= self.length;
+        self.done += 1;
+    }
+}
+
+#[test]
+fn the_queue_starts_no_request_past_its_in_flight_byte_bound_and_always_one() {
+    use super::io::IoQueue;
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("blocks");
+    let length = 64 << 10;
+    std::fs::write(&path, vec![7u8; 40 * length]).unwrap();
+    // Bound, and the most bytes in flight it allows: while under the bound one more starts.
+    for (bound, most) in [
+        (200 << 10, 256 << 10),
+        (1, length),
+        (usize::MAX, 16 * length),
+    ] {
+        let (mut queue, fallback) = IoQueue::new(16, length, bound, true);
+        let mut reads = CountedReads {
+            file: std::fs::File::open(&path).unwrap(),
+            length,
+            in_flight: 0,
+            peak: 0,
+            done: 0,
+        };
+        queue.run(40, &mut reads);
+        assert_eq!(reads.done, 40, "bound {bound}");
+        assert!(
+            reads.peak <= most,
+            "bound {bound}: {} in flight",
+            reads.peak
+        );
+        if fallback.is_none() {
+            // io_uring reaps only once the refill stops: the bound is what stopped it.
+            assert_eq!(reads.peak, most, "bound {bound}");
+        }
+    }
+}
