@@ -27,8 +27,16 @@ fn exe() -> &'static Path {
 }
 
 /// The uid and gid of `kvtier-other`, created if absent; `None` (with the reason printed)
-/// when this process is not root.
+/// when this process is not root. The tests of this file run as threads of one process: the
+/// first to ask creates the user and the others wait until `useradd` has finished (on a
+/// fresh machine, one test was refused the node's socket as that user while the other test
+/// was creating it; the rerun passed).
 fn other_user() -> Option<(u32, u32)> {
+    static OTHER_USER: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
+    *OTHER_USER.get_or_init(find_or_create_other_user)
+}
+
+fn find_or_create_other_user() -> Option<(u32, u32)> {
     if std::fs::metadata("/proc/self").map(|meta| meta.uid()).ok() != Some(0) {
         eprintln!("skipped: tests as a second local user need root");
         return None;

@@ -2,7 +2,7 @@
 //! a pread/pwrite fallback where io_uring cannot be set up (seccomp, old kernels, some
 //! containers). Each in-flight request owns one of `depth` staging buffers, aligned to
 //! 4 KiB as direct I/O requires and kept for the queue's lifetime; the bytes in flight
-//! have a bound of their own, below what `depth` full slots would hold. A slot grows to the
+//! have a bound of their own (`in_flight_bytes_max`), whatever the depth. A slot grows to the
 //! largest request it served, so staging memory follows the objects actually moved and is
 //! bounded by `depth × slot_bytes`; once grown, no request touches fresh pages.
 
