@@ -89,9 +89,9 @@ fn default_queue_depth() -> usize {
 }
 
 /// Past bandwidth × latency, bytes in flight only wait in a queue: 16 MiB is 2.3 ms of a
-/// 7 GB/s NVMe device's work (a 4 MiB read there takes about 0.6 ms), and on this project's
-/// virtual disk reads got slower past it (raw 4 MiB reads at queue depth 32, 128 MiB in
-/// flight, ran at 0.65–0.75 of 256 KiB reads at depth 32, 8 MiB in flight).
+/// 7 GB/s NVMe device's work, and this project's virtual disk, while it was fast, read
+/// slower past it (raw 4 MiB reads at queue depth 32, 128 MiB in flight, at 0.66–0.70 of
+/// the speed of 256 KiB reads at depth 32, 8 MiB in flight; at 0.8–1.2 once it was slow).
 fn default_in_flight_bytes_max() -> u64 {
     16 << 20
 }
