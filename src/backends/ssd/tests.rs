@@ -286,6 +286,14 @@ fn bad_input_is_refused_with_a_typed_error() {
         SsdStore::open(odd),
         Err(SsdError::InvalidConfig { .. })
     ));
+    let nothing_in_flight = SsdConfig {
+        in_flight_bytes_max: 0,
+        ..config(directory.path(), true)
+    };
+    assert!(matches!(
+        SsdStore::open(nothing_in_flight),
+        Err(SsdError::InvalidConfig { .. })
+    ));
     assert!(directory.path().join(region_file_name(0)).exists());
 }
 
