@@ -278,22 +278,20 @@ fn bad_input_is_refused_with_a_typed_error() {
         .err()
         .unwrap();
     assert_eq!(error.skip_reason(), SkipReason::MissingDirectory, "{error}");
-    let odd = SsdConfig {
+    let odd_region = SsdConfig {
         region_bytes: 5000,
         ..config(directory.path(), true)
     };
-    assert!(matches!(
-        SsdStore::open(odd),
-        Err(SsdError::InvalidConfig { .. })
-    ));
     let nothing_in_flight = SsdConfig {
         in_flight_bytes_max: 0,
         ..config(directory.path(), true)
     };
-    assert!(matches!(
-        SsdStore::open(nothing_in_flight),
-        Err(SsdError::InvalidConfig { .. })
-    ));
+    for invalid in [odd_region, nothing_in_flight] {
+        assert!(matches!(
+            SsdStore::open(invalid),
+            Err(SsdError::InvalidConfig { .. })
+        ));
+    }
     assert!(directory.path().join(region_file_name(0)).exists());
 }
 
