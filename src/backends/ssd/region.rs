@@ -76,9 +76,6 @@ impl Reservation {
 /// What [`RegionTable::reserve`] decided besides the reservation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReserveEffects {
-    /// A region just opened for writing, and the sequence its header gets: the store writes
-    /// the header with the fill's first object (the reservation at the region's first block).
-    pub opened: Option<(u32, u64)>,
     /// Objects dropped from the index because their region was reclaimed, with the entry
     /// each had (its owner retires the copy recorded there).
     pub evicted: Vec<(ObjectId, Entry)>,
@@ -204,8 +201,9 @@ impl RegionTable {
             self.regions[index as usize].cursor + footprint <= self.region_bytes
         });
         if !fits {
-            let next = self.open_region(&mut effects)?;
-            effects.opened = Some((next, self.regions[next as usize].sequence));
+            // The fill's first reservation says so itself (`Reservation::starts_fill`), and its
+            // generation is the sequence the region's header gets.
+            self.open_region(&mut effects)?;
         }
         let index = self.active?;
         let region = &mut self.regions[index as usize];
@@ -419,9 +417,8 @@ mod tests {
             for (index, length) in lengths.iter().enumerate() {
                 last = Some(put(&mut table, index as u8, *length));
             }
-            let (reservation, effects) = last.unwrap();
+            let (reservation, _) = last.unwrap();
             assert_eq!(reservation.region, *region_of_last, "row {row}");
-            assert_eq!(effects.opened.is_some(), *opened, "row {row}");
             assert_eq!(reservation.starts_fill(), *opened, "row {row}");
             assert_eq!(reservation.header_offset % BLOCK_BYTES, 0, "row {row}");
             let usage = table.usage();

@@ -54,7 +54,6 @@ impl WriteRequests<'_> {
                 .regions_reclaimed
                 .fetch_add(1, Ordering::Relaxed);
         }
-        debug_assert_eq!(effects.opened.is_some(), reservation.starts_fill());
         let store = self.store;
         self.evicted.extend(
             effects
@@ -118,7 +117,7 @@ impl IoRequests for WriteRequests<'_> {
             kind: IoKind::Write,
             file,
             offset: reservation.header_offset - head as u64,
-            length: head + footprint,
+            length: write_bytes(&reservation) as usize,
         })
     }
 
