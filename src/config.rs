@@ -153,6 +153,11 @@ pub struct NodeSection {
     /// path; loopback and jumbo-frame networks may raise it (up to 65527) for bulk speed.
     #[serde(default = "default_peer_datagram_bytes")]
     pub peer_datagram_bytes: u16,
+    /// Threads that copy between the node's pools (demotions, and replications into a
+    /// shared pool), 1 to 16: the CPU a burst of copies may take from the host's other
+    /// work, engines included. Default 2.
+    #[serde(default = "default_copy_threads")]
+    pub copy_threads: usize,
 }
 
 /// The node's CPU DRAM pool.
@@ -176,6 +181,9 @@ fn default_bind() -> SocketAddr {
 }
 fn default_order() -> Vec<Medium> {
     vec![Medium::Cpu, Medium::Cxl]
+}
+fn default_copy_threads() -> usize {
+    2
 }
 fn default_peer_datagram_bytes() -> u16 {
     crate::wire::peer::DATAGRAM_BYTES_SAFE
@@ -256,6 +264,13 @@ impl ClusterConfig {
             if !(1200..=crate::wire::peer::DATAGRAM_BYTES_MAX).contains(&node.peer_datagram_bytes) {
                 bail!(
                     "node `{}`: peer_datagram_bytes must be 1200 to 65527",
+                    node.name
+                );
+            }
+            let copy_threads_max = crate::actors::node::copy_engine::COPY_THREADS_MAX;
+            if !(1..=copy_threads_max).contains(&node.copy_threads) {
+                bail!(
+                    "node `{}`: copy_threads must be 1 to {copy_threads_max}",
                     node.name
                 );
             }
@@ -510,6 +525,32 @@ mod tests {
             format!("{error:#}").contains("peer_datagram_bytes"),
             "{error:#}"
         );
+    }
+
+    #[test]
+    fn copy_threads_default_to_two_and_are_bounded() {
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let base = Path::new("/");
+        assert_eq!(
+            ClusterConfig::parse(node, base).unwrap().nodes[0].copy_threads,
+            2
+        );
+        for (threads, valid) in [(0, false), (1, true), (16, true), (17, false)] {
+            let text = node.replace(
+                "socket = \"s\"\n",
+                &format!("socket = \"s\"\ncopy_threads = {threads}\n"),
+            );
+            match ClusterConfig::parse(&text, base) {
+                Ok(config) => {
+                    assert!(valid, "{threads} accepted");
+                    assert_eq!(config.nodes[0].copy_threads, threads);
+                }
+                Err(error) => {
+                    assert!(!valid, "{threads} refused: {error:#}");
+                    assert!(format!("{error:#}").contains("copy_threads"), "{error:#}");
+                }
+            }
+        }
     }
 
     #[test]

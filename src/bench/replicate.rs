@@ -1,7 +1,8 @@
 //! `kvtier bench replicate`: replication on demand from node A's private CPU pool into the
 //! shared CXL pool both nodes map (an emulated device: one file), against the faster of a
-//! memcpy and a streaming copy between the same two mappings measured in the same run; and the time from node B's first miss
-//! of an object to the moment B finds it READY.
+//! memcpy and a streaming copy between the same two mappings measured in the same run, and
+//! against the streaming copy on as many threads as node A copies with; and the time from
+//! node B's first miss of an object to the moment B finds it READY.
 //!
 //! Throughput phase: A stores the objects, B misses them all in one load, and the run ends
 //! when B finds every one READY in CXL (B then reads them all back byte-exact). Latency
@@ -84,8 +85,17 @@ pub struct ReplicateReport {
     /// copy uses (non-temporal on x86-64), in this run (the median of three passes).
     pub streaming_copy_gbps: f64,
     /// `cxl_gbps` over the faster of `memcpy_gbps` and `streaming_copy_gbps` (target
-    /// ≥ 0.8): the node's copy is held to the best copy this machine makes.
+    /// ≥ 0.8): the node's copy is held to the best copy one thread makes.
     pub cxl_ratio: f64,
+    /// Node A's copy threads (`copy_threads` of its section).
+    pub copy_threads: usize,
+    /// The streaming copy of the same bytes between the same mappings, cut in as many
+    /// contiguous shares as node A has copy threads, one thread each, in this run (the
+    /// median of three passes).
+    pub parallel_copy_gbps: f64,
+    /// `cxl_gbps` over `parallel_copy_gbps`: the node's copy held to the same number of
+    /// threads copying without a cluster around them.
+    pub cxl_parallel_ratio: f64,
     /// From B's first miss of an object to B finding its copy READY, one object at a time.
     pub miss_to_ready_p50_us: u64,
     pub miss_to_ready_p99_us: u64,
@@ -130,7 +140,8 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
     let phase = Progress::phase("replicate: cpu -> cxl", args.json);
     let (cxl_gbps, latencies) = runtime.block_on(replicate(&cluster, args, size, count))?;
     drop(phase);
-    let (memcpy_gbps, streaming_copy_gbps) = copy_limits(&cluster, size * count)?;
+    let copy_threads = cluster.config.node(&node_name(0))?.copy_threads;
+    let limits = copy_limits(&cluster, size * count, copy_threads)?;
     drop(cluster);
     let phase = Progress::phase("replicate: node to node, QUIC and TLS over TCP", args.json);
     let network = super::peer::measure(&super::peer::PeerBenchArgs {
@@ -147,9 +158,12 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         object_bytes: size,
         cxl_bytes: (size * count) as u64,
         cxl_gbps,
-        memcpy_gbps,
-        streaming_copy_gbps,
-        cxl_ratio: cxl_gbps / memcpy_gbps.max(streaming_copy_gbps),
+        memcpy_gbps: limits.memcpy_gbps,
+        streaming_copy_gbps: limits.streaming_gbps,
+        cxl_ratio: cxl_gbps / limits.memcpy_gbps.max(limits.streaming_gbps),
+        copy_threads,
+        parallel_copy_gbps: limits.parallel_gbps,
+        cxl_parallel_ratio: cxl_gbps / limits.parallel_gbps,
         miss_to_ready_p50_us: micros(0.5),
         miss_to_ready_p99_us: micros(0.99),
         miss_to_ready_max_us: latencies.max().as_micros() as u64,
@@ -171,6 +185,10 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
             report.memcpy_gbps,
             report.streaming_copy_gbps,
             report.cxl_ratio
+        );
+        println!(
+            "the streaming copy on node A's {} copy threads {:.2} GB/s, replication's ratio to it {:.2}",
+            report.copy_threads, report.parallel_copy_gbps, report.cxl_parallel_ratio
         );
         println!(
             "first remote miss -> READY, one object at a time: p50 {} us, p99 {} us, max {} us",
@@ -393,11 +411,19 @@ fn ready_in_cxl(outcome: ProbeOutcome) -> anyhow::Result<bool> {
     }
 }
 
-/// A memcpy, then a streaming copy ([`SharedMemory::stream_at`], the node's), of `bytes`
-/// from the start of node A's CPU pool into the start of the CXL pool, both mapped here as
-/// the nodes map them: the median GB/s of each. Runs after the replicas were verified (it
+/// What a copy between the two mappings reaches without a cluster around it, GB/s.
+struct CopyLimits {
+    memcpy_gbps: f64,
+    streaming_gbps: f64,
+    parallel_gbps: f64,
+}
+
+/// A memcpy, a streaming copy ([`SharedMemory::stream_at`], the node's), and the streaming
+/// copy cut in `threads` contiguous shares copied at once, one thread each, of `bytes` from
+/// the start of node A's CPU pool into the start of the CXL pool, both mapped here as the
+/// nodes map them: the median GB/s of each. Runs after the replicas were verified (it
 /// overwrites them).
-fn copy_limits(cluster: &LocalCluster, bytes: usize) -> anyhow::Result<(f64, f64)> {
+fn copy_limits(cluster: &LocalCluster, bytes: usize, threads: usize) -> anyhow::Result<CopyLimits> {
     let cpu_path = &cluster.config.node(&node_name(0))?.cpu_pool.path;
     let cpu = SharedMemory::open(cpu_path, None)?;
     let pool = cluster
@@ -420,9 +446,29 @@ fn copy_limits(cluster: &LocalCluster, bytes: usize) -> anyhow::Result<(f64, f64
         rates.sort_by(f64::total_cmp);
         Ok(rates[COPY_PASSES / 2])
     };
-    let memcpy = median(&|| Ok(cxl.write_at(0, source)?))?;
-    let streaming = median(&|| Ok(cxl.stream_at(0, source)?))?;
-    Ok((memcpy, streaming))
+    let share = bytes.div_ceil(threads.max(1));
+    let parallel = || -> anyhow::Result<()> {
+        std::thread::scope(|scope| {
+            let copies: Vec<_> = source
+                .chunks(share)
+                .enumerate()
+                .map(|(index, part)| {
+                    let cxl = &cxl;
+                    scope.spawn(move || cxl.stream_at((index * share) as u64, part))
+                })
+                .collect();
+            for copy in copies {
+                copy.join()
+                    .map_err(|_| anyhow::anyhow!("a copy thread panicked"))??;
+            }
+            Ok(())
+        })
+    };
+    Ok(CopyLimits {
+        memcpy_gbps: median(&|| Ok(cxl.write_at(0, source)?))?,
+        streaming_gbps: median(&|| Ok(cxl.stream_at(0, source)?))?,
+        parallel_gbps: median(&parallel)?,
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! a fence, the fence window without an answer) rejoins with its cache
 //! ([`super::rejoin`]); it stops only when that fails.
 
+use super::copy_engine::CopyRequest;
 use super::link::{LinkError, DIRECTORY_REQUEST_TIMEOUT};
 use super::pool::{Bytes, Check, Free, PoolActor, TakeEmptyExtent, Usage};
 use super::rejoin::{rejoin, Registration};
@@ -444,16 +445,11 @@ pub fn commit_result(
     }
 }
 
-/// Bytes a copy between two pools (a demotion or a replication) moves before it lets the
-/// node's other work run: with at most [`TASKS_IN_FLIGHT_MAX`] copies at once, none holds
-/// the node's thread for longer than one 256 KiB memcpy (tens of microseconds).
-pub const DEMOTION_CHUNK_BYTES: u64 = 256 << 10;
-
 /// The copy step of a demotion or a replication: allocate the target, copy the source
-/// chunk by chunk of [`DEMOTION_CHUNK_BYTES`] straight from one mapping into the other,
-/// then check the source was not reclaimed meanwhile (its generation is unchanged, so no
-/// chunk came from reused pages). Returns the target's location; on failure the target's
-/// pages are freed.
+/// straight from one mapping into the other on the node's copy engine
+/// ([`super::copy_engine`]), then check the source was not reclaimed meanwhile (its
+/// generation is unchanged, so no byte came from reused pages). Returns the target's
+/// location; on failure the target's pages are freed.
 async fn copy(
     services: &NodeServices,
     source: Location,
@@ -477,17 +473,18 @@ async fn copy(
         offset_bytes: allocation.offset,
         length_bytes: source.length_bytes,
     };
-    if let Err(reason) = copy_chunks(from, to, source, location).await {
+    if let Err(reason) = copy_pages(services, from, to, source, location).await {
         services.free(location).await;
         return Err(reason);
     }
     Ok(location)
 }
 
-/// Copies `source` to `target` (same length) chunk by chunk, yielding between chunks, then
-/// checks the source: a source freed and reused meanwhile (a concurrent reclaim) fails the
-/// check, and the caller frees the copy instead of committing it.
-async fn copy_chunks(
+/// Copies `source` to `target` (same length) on the copy engine, then checks the source: a
+/// source freed and reused meanwhile (a concurrent reclaim) fails the check, and the caller
+/// frees the copy instead of committing it.
+async fn copy_pages(
+    services: &NodeServices,
     from: &Addr<PoolActor>,
     to: &Addr<PoolActor>,
     source: Location,
@@ -502,18 +499,16 @@ async fn copy_chunks(
         .send(Bytes)
         .await
         .map_err(|error| failed("reaching the target pool", &error))?;
-    let mut done = 0;
-    while done < source.length_bytes {
-        let chunk = (source.length_bytes - done).min(DEMOTION_CHUNK_BYTES);
-        let bytes = reader
-            .slice(source.offset_bytes + done, chunk)
-            .map_err(|error| failed("reading the source", &error))?;
-        writer
-            .stream_at(target.offset_bytes + done, bytes)
-            .map_err(|error| failed("writing the copy", &error))?;
-        done += chunk;
-        tokio::task::yield_now().await;
-    }
+    services
+        .copier
+        .copy(CopyRequest {
+            from: reader,
+            to: writer,
+            source_offset: source.offset_bytes,
+            target_offset: target.offset_bytes,
+            length_bytes: source.length_bytes,
+        })
+        .await?;
     from.send(Check { location: source })
         .await
         .map_err(|error| failed("checking the source", &error))?

@@ -5,6 +5,7 @@
 //! * `services`: what every node actor shares (link, pools, core, metrics) and the pool
 //!   allocation path that asks the directory for shared-pool extents.
 //! * `client_session`: a `ClientSessionActor` per local engine connection (Unix socket).
+//! * `copy_engine`: the worker threads that copy between pools from a bounded queue.
 //! * `pool`: a `PoolActor` per pool (allocation and reclaim of pages).
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
@@ -17,6 +18,7 @@
 
 pub mod actor;
 pub mod client_session;
+pub mod copy_engine;
 pub mod host_files;
 pub mod link;
 pub mod peer;

@@ -170,6 +170,8 @@ async fn start(
         clock,
         ssd,
         peer: peer.clone(),
+        copier: super::copy_engine::CopyEngine::start(section.copy_threads)
+            .context("starting the node's copy threads")?,
     };
     if let Some(peer) = &peer {
         peer.serve(services.clone());

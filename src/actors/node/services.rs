@@ -44,6 +44,9 @@ pub struct NodeServices {
     pub ssd: Option<Arc<super::ssd::NodeSsd>>,
     /// The node's peer endpoint (copies between nodes), when configured.
     pub peer: Option<Arc<super::peer::PeerTransport>>,
+    /// The worker threads that copy between pools (demotions, replications into shared
+    /// pools).
+    pub copier: super::copy_engine::CopyEngine,
 }
 
 impl NodeServices {

@@ -1,0 +1,285 @@
+//! The node's copy engine: worker threads that copy between pool mappings (demotions, and
+//! replications into a shared pool) from a bounded queue, as a DMA engine would, so no copy
+//! runs on the node's actor thread.
+//!
+//! The node's actors run on one thread. A copy done there in steps interleaves with the
+//! node's other work (directory round trips, commits, clients) and pays for both one after
+//! the other, on one core. On the engine, copies are cut into pieces of [`PIECE_BYTES`]
+//! that every worker takes in queue order: one long copy uses every worker, and a run of
+//! copies ends about in the order they were asked for. The engine's CPU is its workers'
+//! (`copy_threads` in the node's section), whatever the number of copies asked for.
+
+use crate::backends::PoolBackend;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// Copies queued or under way at most (a caller waits for room beyond): the node's tasks
+/// in flight ([`super::actor::TASKS_IN_FLIGHT_MAX`]), so a task never waits on another's.
+pub const COPY_QUEUE_MAX: usize = super::actor::TASKS_IN_FLIGHT_MAX;
+/// Bytes a worker copies at once: 1 MiB (about 0.1 ms at memory speed), so a 4 MiB object
+/// is shared between up to four workers and a worker is never held by one copy for longer.
+pub const PIECE_BYTES: u64 = 1 << 20;
+/// Most worker threads a node may ask for: 16.
+pub const COPY_THREADS_MAX: usize = 16;
+
+/// `length_bytes` at `source_offset` of `from` to `target_offset` of `to`.
+pub struct CopyRequest {
+    /// The source pool's bytes.
+    pub from: Arc<dyn PoolBackend>,
+    /// The target pool's bytes.
+    pub to: Arc<dyn PoolBackend>,
+    /// Offset of the source in `from`'s data area.
+    pub source_offset: u64,
+    /// Offset of the target in `to`'s data area.
+    pub target_offset: u64,
+    /// Bytes to copy.
+    pub length_bytes: u64,
+}
+
+/// One queued copy and what its pieces report.
+struct Job {
+    request: CopyRequest,
+    pieces: u64,
+    /// The next piece a worker takes (changed only under the queue's lock).
+    next_piece: AtomicU64,
+    /// Pieces not yet copied: the worker that copies the last one answers.
+    pieces_left: AtomicU64,
+    /// The first piece's failure, if any: the rest are skipped.
+    failure: Mutex<Option<String>>,
+    done: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
+    /// The copy's place among [`COPY_QUEUE_MAX`], given back when its last piece ends.
+    _room: OwnedSemaphorePermit,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Arc<Job>>,
+    closed: bool,
+}
+
+/// What the workers and the handles share.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    work: Condvar,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Closes the queue when the last handle goes: the workers finish what is queued and end.
+struct Owner {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.shared.queue().closed = true;
+        self.shared.work.notify_all();
+    }
+}
+
+/// A handle on the engine; cloning it shares the same workers.
+#[derive(Clone)]
+pub struct CopyEngine {
+    owner: Arc<Owner>,
+    room: Arc<Semaphore>,
+}
+
+impl CopyEngine {
+    /// Starts `threads` workers (1 to [`COPY_THREADS_MAX`]; the configuration checks it,
+    /// and a number outside is brought inside).
+    pub fn start(threads: usize) -> std::io::Result<CopyEngine> {
+        let shared = Arc::new(Shared::default());
+        for index in 0..threads.clamp(1, COPY_THREADS_MAX) {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("kvtier-copy-{index}"))
+                .spawn(move || work(&shared))?;
+        }
+        Ok(CopyEngine {
+            owner: Arc::new(Owner { shared }),
+            room: Arc::new(Semaphore::new(COPY_QUEUE_MAX)),
+        })
+    }
+
+    /// Copies on the workers and returns when every byte is written (the source is read as
+    /// it is: the caller checks afterwards that it was not reused meanwhile). The target is
+    /// written with non-temporal stores and a store fence on each worker, so every byte is
+    /// visible to other processes before this returns. Waits for room while
+    /// [`COPY_QUEUE_MAX`] copies are queued; a copy whose caller stops waiting still runs.
+    pub async fn copy(&self, request: CopyRequest) -> Result<(), String> {
+        let pieces = request.length_bytes.div_ceil(PIECE_BYTES);
+        if pieces == 0 {
+            return Ok(());
+        }
+        let room = self
+            .room
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| "the copy engine has stopped".to_string())?;
+        let (done, finished) = oneshot::channel();
+        let job = Arc::new(Job {
+            request,
+            pieces,
+            next_piece: AtomicU64::new(0),
+            pieces_left: AtomicU64::new(pieces),
+            failure: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+            _room: room,
+        });
+        let shared = &self.owner.shared;
+        shared.queue().jobs.push_back(job);
+        shared.work.notify_all();
+        finished
+            .await
+            .map_err(|_| "the copy engine dropped the copy".to_string())?
+    }
+}
+
+/// A worker: takes the next piece in queue order, copies it, and answers for the copy when
+/// it was the last; ends once the queue is closed and empty.
+fn work(shared: &Shared) {
+    while let Some((job, piece)) = next_piece(shared) {
+        let skip = lock(&job.failure).is_some();
+        if !skip {
+            if let Err(reason) = copy_piece(&job.request, piece) {
+                lock(&job.failure).get_or_insert(reason);
+            }
+        }
+        if job.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let outcome = lock(&job.failure).take().map_or(Ok(()), Err);
+            if let Some(done) = lock(&job.done).take() {
+                // The caller may have stopped waiting: the outcome is then dropped.
+                let _ = done.send(outcome);
+            }
+        }
+    }
+}
+
+/// The front job's next piece (the job leaves the queue with its last piece), waiting for
+/// one; `None` once the queue is closed and empty.
+fn next_piece(shared: &Shared) -> Option<(Arc<Job>, u64)> {
+    let mut queue = shared.queue();
+    loop {
+        if let Some(job) = queue.jobs.front().cloned() {
+            let piece = job.next_piece.fetch_add(1, Ordering::Relaxed);
+            if piece + 1 >= job.pieces {
+                queue.jobs.pop_front();
+            }
+            return Some((job, piece));
+        }
+        if queue.closed {
+            return None;
+        }
+        queue = shared
+            .work
+            .wait(queue)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+}
+
+fn copy_piece(request: &CopyRequest, piece: u64) -> Result<(), String> {
+    let at = piece * PIECE_BYTES;
+    let length = (request.length_bytes - at).min(PIECE_BYTES);
+    let bytes = request
+        .from
+        .slice(request.source_offset + at, length)
+        .map_err(|error| format!("reading the source failed: {error}"))?;
+    request
+        .to
+        .stream_at(request.target_offset + at, bytes)
+        .map_err(|error| format!("writing the copy failed: {error}"))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::shared_memory::tests::ShmPath;
+    use crate::backends::{CpuPool, CpuPoolConfig};
+
+    fn pool(path: &ShmPath, uuid: u128) -> Arc<dyn PoolBackend> {
+        Arc::new(
+            CpuPool::create(&CpuPoolConfig {
+                path: path.0.clone(),
+                capacity_bytes: 8 << 20,
+                page_bytes: 4096,
+                allocations_max: 16,
+                pool_uuid: uuid,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn copies_land_byte_exact_and_bad_ranges_are_errors() {
+        let (source_path, target_path) = (ShmPath::new("copy-from"), ShmPath::new("copy-to"));
+        let (from, to) = (pool(&source_path, 1), pool(&target_path, 2));
+        let length = 3 * PIECE_BYTES as usize + 4099;
+        let bytes: Vec<u8> = (0..length as u32)
+            .map(|at| (at.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        from.write_at(4096, &bytes).unwrap();
+        let engine = CopyEngine::start(3).unwrap();
+        let request = |source_offset, target_offset, length_bytes| CopyRequest {
+            from: from.clone(),
+            to: to.clone(),
+            source_offset,
+            target_offset,
+            length_bytes,
+        };
+        // More copies than the queue holds, all at once: each waits for room, none is lost.
+        // Every one writes the same bytes where it writes, from offsets of both parities,
+        // each in pieces that several workers copy.
+        let copies = (0..COPY_QUEUE_MAX as u64 + 8).map(|index| {
+            let odd = index % 2;
+            engine.copy(request(4096 + odd, odd, length as u64 - odd))
+        });
+        for (index, copied) in futures_util::future::join_all(copies)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(copied, Ok(()), "copy {index}");
+        }
+        assert!(to.slice(1, length as u64 - 1).unwrap() == &bytes[1..]);
+        assert_eq!(engine.copy(request(0, 0, 0)).await, Ok(()));
+        // A source past the pool's end fails in its last piece only: the copy fails.
+        let beyond = engine.copy(request(6 << 20, 0, 3 << 20)).await;
+        assert!(beyond.unwrap_err().contains("reading the source"));
+        let past_the_end = engine.copy(request(0, (8 << 20) - 100, 4096)).await;
+        assert!(past_the_end.unwrap_err().contains("writing the copy"));
+        // The queue's room all came back.
+        assert_eq!(engine.room.available_permits(), COPY_QUEUE_MAX);
+    }
+
+    #[tokio::test]
+    async fn the_workers_end_with_the_last_handle() {
+        let engine = CopyEngine::start(2).unwrap();
+        let shared = Arc::downgrade(&engine.owner.shared);
+        let other = engine.clone();
+        drop(engine);
+        assert!(!lock(&other.owner.shared.queue).closed);
+        drop(other);
+        // Each worker holds the shared state until it has seen the queue closed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while shared.strong_count() > 0 {
+            assert!(std::time::Instant::now() < deadline, "a worker never ended");
+            std::thread::yield_now();
+        }
+    }
+}
