@@ -91,6 +91,7 @@ impl Drop for Owner {
 pub struct CopyEngine {
     owner: Arc<Owner>,
     room: Arc<Semaphore>,
+    threads: usize,
 }
 
 impl CopyEngine {
@@ -98,7 +99,8 @@ impl CopyEngine {
     /// and a number outside is brought inside).
     pub fn start(threads: usize) -> std::io::Result<CopyEngine> {
         let shared = Arc::new(Shared::default());
-        for index in 0..threads.clamp(1, COPY_THREADS_MAX) {
+        let threads = threads.clamp(1, COPY_THREADS_MAX);
+        for index in 0..threads {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name(format!("kvtier-copy-{index}"))
@@ -107,6 +109,7 @@ impl CopyEngine {
         Ok(CopyEngine {
             owner: Arc::new(Owner { shared }),
             room: Arc::new(Semaphore::new(COPY_QUEUE_MAX)),
+            threads,
         })
     }
 
@@ -138,7 +141,10 @@ impl CopyEngine {
         });
         let shared = &self.owner.shared;
         shared.queue().jobs.push_back(job);
-        shared.work.notify_all();
+        // One worker per piece at most: a one-piece copy wakes one thread, not all.
+        for _ in 0..pieces.min(self.threads as u64) {
+            shared.work.notify_one();
+        }
         finished
             .await
             .map_err(|_| "the copy engine dropped the copy".to_string())?
