@@ -48,9 +48,9 @@ struct Job {
     pieces_left: AtomicU64,
     /// The first piece's failure, if any: the rest are skipped.
     failure: Mutex<Option<String>>,
-    done: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
-    /// The copy's place among [`COPY_QUEUE_MAX`], given back when its last piece ends.
-    _room: OwnedSemaphorePermit,
+    /// Where the outcome goes, and the copy's place among [`COPY_QUEUE_MAX`]: both taken
+    /// when its last piece ends, the place given back before the caller hears.
+    done: Mutex<Option<(oneshot::Sender<Result<(), String>>, OwnedSemaphorePermit)>>,
 }
 
 #[derive(Default)]
@@ -136,8 +136,7 @@ impl CopyEngine {
             next_piece: AtomicU64::new(0),
             pieces_left: AtomicU64::new(pieces),
             failure: Mutex::new(None),
-            done: Mutex::new(Some(done)),
-            _room: room,
+            done: Mutex::new(Some((done, room))),
         });
         let shared = &self.owner.shared;
         shared.queue().jobs.push_back(job);
@@ -163,7 +162,8 @@ fn work(shared: &Shared) {
         }
         if job.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
             let outcome = lock(&job.failure).take().map_or(Ok(()), Err);
-            if let Some(done) = lock(&job.done).take() {
+            if let Some((done, room)) = lock(&job.done).take() {
+                drop(room);
                 // The caller may have stopped waiting: the outcome is then dropped.
                 let _ = done.send(outcome);
             }
