@@ -50,8 +50,11 @@ struct Job {
     failure: Mutex<Option<String>>,
     /// Where the outcome goes, and the copy's place among [`COPY_QUEUE_MAX`]: both taken
     /// when its last piece ends, the place given back before the caller hears.
-    done: Mutex<Option<(oneshot::Sender<Result<(), String>>, OwnedSemaphorePermit)>>,
+    done: Mutex<Option<(Outcome, OwnedSemaphorePermit)>>,
 }
+
+/// Where a copy's outcome goes.
+type Outcome = oneshot::Sender<Result<(), String>>;
 
 #[derive(Default)]
 struct Queue {
