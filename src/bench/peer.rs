@@ -5,8 +5,9 @@
 //! run. QUIC runs twice: with the datagram size asked for (loopback carries large ones) and
 //! with [`DATAGRAM_BYTES_SAFE`], what a 1500-byte MTU network allows.
 //!
-//! Both receivers copy each object into one preallocated buffer, as a node copies into
-//! its pool; both senders write from one source buffer. The rounds interleave the
+//! Both receivers copy each object into a buffer allocated and written before the clock
+//! starts, one per object in flight (a TLS connection's, a QUIC stream slot's), as a node
+//! copies into its pre-faulted pool; both senders write from one source buffer. The rounds interleave the
 //! transports and each figure is the median of its rounds.
 
 use crate::wire::certs::init_cluster_certs;
@@ -179,12 +180,25 @@ async fn quic_round(
     let server = peer::endpoint(LOOPBACK, Some(server_config), datagram_bytes)?;
     let address = server.local_addr()?;
     let object_bytes = args.object_bytes;
+    // One target per stream slot, every page written once (a fresh allocation per stream
+    // would fault its pages in inside the clock, which a node's pre-faulted pool never does).
+    let targets: Targets = Arc::new(std::sync::Mutex::new(
+        (0..args.concurrency)
+            .map(|_| vec![1u8; object_bytes])
+            .collect(),
+    ));
     let serving = tokio::spawn(async move {
         let incoming = server.accept().await.context("no connection")?;
         let connection = incoming.await?;
         let mut streams = Vec::new();
         while let Ok((send, receive)) = connection.accept_bi().await {
-            streams.push(tokio::spawn(quic_receive(send, receive, object_bytes)));
+            let targets = targets.clone();
+            streams.push(tokio::spawn(quic_receive(
+                send,
+                receive,
+                object_bytes,
+                targets,
+            )));
         }
         for stream in streams {
             stream.await??;
@@ -241,12 +255,16 @@ async fn send_quic_objects(
         .await
 }
 
-/// The receiving side of one QUIC transfer: header, verdict, the bytes into a buffer,
-/// verdict.
+/// The receivers' buffers not in use (one per stream slot).
+type Targets = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
+/// The receiving side of one QUIC transfer: header, verdict, the bytes into a buffer
+/// taken from `targets` (a fresh one only if every one is in use), verdict.
 async fn quic_receive(
     mut send: quinn::SendStream,
     mut receive: quinn::RecvStream,
     object_bytes: usize,
+    targets: Targets,
 ) -> anyhow::Result<()> {
     let mut header = [0; HEADER_BYTES];
     receive.read_exact(&mut header).await?;
@@ -256,7 +274,11 @@ async fn quic_receive(
         bail!("unexpected length {}", header.length_bytes);
     }
     write_verdict(&mut send, Verdict::Accepted).await?;
-    let mut target = vec![0u8; object_bytes];
+    let taken = targets
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .pop();
+    let mut target = taken.unwrap_or_else(|| vec![0u8; object_bytes]);
     let mut done = 0;
     while let Some(chunk) = receive.read_chunk(object_bytes - done, true).await? {
         target[done..done + chunk.bytes.len()].copy_from_slice(&chunk.bytes);
@@ -273,6 +295,10 @@ async fn quic_receive(
     write_verdict(&mut send, verdict).await?;
     send.finish()?;
     std::hint::black_box(&target);
+    targets
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(target);
     Ok(())
 }
 

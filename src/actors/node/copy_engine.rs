@@ -69,14 +69,6 @@ struct Shared {
     work: Condvar,
 }
 
-impl Shared {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 /// Closes the queue when the last handle goes: the workers finish what is queued and end.
 struct Owner {
     shared: Arc<Shared>,
@@ -84,7 +76,7 @@ struct Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.shared.queue().closed = true;
+        lock(&self.shared.queue).closed = true;
         self.shared.work.notify_all();
     }
 }
@@ -142,7 +134,7 @@ impl CopyEngine {
             done: Mutex::new(Some((done, room))),
         });
         let shared = &self.owner.shared;
-        shared.queue().jobs.push_back(job);
+        lock(&shared.queue).jobs.push_back(job);
         // One worker per piece at most: a one-piece copy wakes one thread, not all.
         for _ in 0..pieces.min(self.threads as u64) {
             shared.work.notify_one();
@@ -177,7 +169,7 @@ fn work(shared: &Shared) {
 /// The front job's next piece (the job leaves the queue with its last piece), waiting for
 /// one; `None` once the queue is closed and empty.
 fn next_piece(shared: &Shared) -> Option<(Arc<Job>, u64)> {
-    let mut queue = shared.queue();
+    let mut queue = lock(&shared.queue);
     loop {
         if let Some(job) = queue.jobs.front().cloned() {
             let piece = job.next_piece.fetch_add(1, Ordering::Relaxed);
@@ -209,6 +201,8 @@ fn copy_piece(request: &CopyRequest, piece: u64) -> Result<(), String> {
         .map_err(|error| format!("writing the copy failed: {error}"))
 }
 
+/// Locks `mutex`; a worker that panicked while holding it left whole values behind (each
+/// lock guards one push, pop, flag or take), so the lock is taken anyway.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
