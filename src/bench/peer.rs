@@ -7,8 +7,8 @@
 //!
 //! Both receivers copy each object into a buffer allocated and written before the clock
 //! starts, one per object in flight (a TLS connection's, a QUIC stream slot's), as a node
-//! copies into its pre-faulted pool; both senders write from one source buffer. The rounds interleave the
-//! transports and each figure is the median of its rounds.
+//! copies into its pre-faulted pool; both senders write from one source buffer. The rounds
+//! interleave the transports and each figure is the median of its rounds.
 
 use crate::wire::certs::init_cluster_certs;
 use crate::wire::peer::{
@@ -292,13 +292,15 @@ async fn quic_receive(
     } else {
         Verdict::Failed
     };
-    write_verdict(&mut send, verdict).await?;
-    send.finish()?;
     std::hint::black_box(&target);
+    // Back before the verdict: the sender opens its next stream once it reads it, and that
+    // stream must find a buffer, not allocate one inside the clock.
     targets
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .push(target);
+    write_verdict(&mut send, verdict).await?;
+    send.finish()?;
     Ok(())
 }
 
