@@ -1,6 +1,6 @@
 //! kvtier: a distributed, hardware-aware KV-cache tier for LLM inference.
 //!
-//! The crate is laid out by role (see `DESIGN.md` in the repository's docs):
+//! The crate is laid out by role (see `docs/design.md` in the repository):
 //! `model` holds identities and records, `directory` the metadata authority as a
 //! sans-I/O state machine, `policy` the pure placement decisions, `backends` the
 //! memory and storage pools, `wire` the protocol, `actors` the thin runtime shells,

@@ -14,7 +14,7 @@
 //!
 //! Identity: an `AllocationId` is a slot of a bounded table; each time a slot is handed out
 //! its `Generation` grows, so a location kept after a free never validates against the
-//! slot's next occupant (DESIGN invariant 5).
+//! slot's next occupant (invariant 5 of docs/design.md).
 
 use super::error::PoolError;
 use crate::model::{AllocationId, Generation};

@@ -23,8 +23,9 @@
 //! through raw pointers, so this module never forms a `&mut [u8]` over shared memory. The
 //! page allocator hands each writer a range no other allocation overlaps, a writer writes
 //! only while its replica is RESERVED/WRITING, and readers read only READY replicas, whose
-//! content is immutable (DESIGN invariants 1, 2, 4). Other processes follow the same
-//! protocol. Breaking it yields torn bytes, never an invalid Rust value (`u8` has none).
+//! content is immutable (invariants 1, 2 and 4 of docs/design.md). Other processes
+//! follow the same protocol. Breaking it yields torn bytes, never an invalid Rust value
+//! (`u8` has none).
 
 use super::checksum;
 use super::error::PoolError;

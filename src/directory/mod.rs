@@ -5,7 +5,8 @@
 //! touches KV bytes, never reads a clock (every method that depends on time takes `now`),
 //! never sleeps and never spawns: the directory actor calls it and sends what it returns.
 //!
-//! The invariants it keeps (DESIGN.md section 4) are checked by [`Directory::check_invariants`]
+//! The invariants it keeps (docs/design.md, Invariants) are checked by
+//! [`Directory::check_invariants`]
 //! after every step of the property and simulation tests:
 //! READY means committed; content is immutable; acquire atomically checks READY and
 //! accessibility and takes a lease; retiring blocks acquires and storage is freed only

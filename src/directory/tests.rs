@@ -1,4 +1,4 @@
-//! Unit tests: one per operation and error, and one per invariant of DESIGN.md section 4.
+//! Unit tests: one per operation and error, and one per invariant of docs/design.md.
 
 use super::*;
 use crate::model::{

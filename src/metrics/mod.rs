@@ -70,7 +70,7 @@ macro_rules! label_enum {
 }
 
 label_enum!(
-    /// A protocol operation (DESIGN §5), the `op` label.
+    /// A protocol operation (docs/design.md, Protocol), the `op` label.
     Operation {
         /// Session open and version negotiation.
         Open => "open",
@@ -108,7 +108,8 @@ label_enum!(
 );
 
 label_enum!(
-    /// A slice of a pool's usage (DESIGN §3), the `state` label of `kvtier_pool_bytes`.
+    /// A slice of a pool's usage (docs/design.md, Records and states), the `state` label of
+    /// `kvtier_pool_bytes`.
     /// READY and RETIRING are parts of ALLOCATED, never added to it.
     PoolByteState {
         /// Reserved for a store, not yet written.
@@ -127,7 +128,8 @@ label_enum!(
 );
 
 label_enum!(
-    /// A session's liveness (DESIGN §3), the `state` label of `kvtier_sessions`.
+    /// A session's liveness (docs/design.md, Records and states), the `state` label of
+    /// `kvtier_sessions`.
     SessionState {
         /// Heartbeats arrive.
         Live => "live",

@@ -1,6 +1,6 @@
 //! What a node does with the pages of a store (a client's, or a demotion's copy) once its
 //! commit has an outcome. The rule that matters: pages whose commit outcome is unknown are
-//! never reused on a guess (DESIGN invariant 7) — they stay allocated.
+//! never reused on a guess (invariant 7 of docs/design.md) — they stay allocated.
 
 use crate::backends::PoolError;
 use crate::directory::CommitOutcome;

@@ -1,6 +1,7 @@
-//! Pure placement policy (DESIGN.md section 6): tier profiles, the cost model, the
-//! per-tier lifecycle, access history, eviction orders, placement decisions and whether a
-//! replication pays. Nothing here does I/O or reads a clock; time arrives as arguments.
+//! Pure placement policy (docs/design.md, Tiers and policy): tier profiles, the cost
+//! model, the per-tier lifecycle, access history, eviction orders, placement decisions and
+//! whether a replication pays. Nothing here does I/O or reads a clock; time arrives as
+//! arguments.
 //!
 //! kvtier's own policy is written once: its eviction order in [`eviction::kvtier`] and its
 //! placement (write order with admission, read selection, demote or evict) in

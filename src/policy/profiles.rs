@@ -88,7 +88,7 @@ const GIB: u64 = 1024 * 1024 * 1024;
 
 impl TierProfile {
     /// Representative defaults for `kind`. They are order-of-magnitude values from public
-    /// datasheets and the measurements in DESIGN.md section 9, not measurements of this host:
+    /// datasheets and the measured facts of docs/design.md, not measurements of this host:
     /// a node replaces them with its start-up probe. GPU HBM ~2 TB/s, DRAM ~11 GB/s single
     /// stream (0.1 µs), NUMA-far DRAM ~7 GB/s (0.2 µs), CXL ~5 GB/s (0.4 µs), SSD
     /// 6 GB/s reads and 3 GB/s writes (80 µs, a PCIe 4 datacenter NVMe), remote ~2 GB/s (70 µs, one QUIC round trip).

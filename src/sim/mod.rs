@@ -5,11 +5,11 @@
 //! demotion and time to live. Virtual time jumps; one `u64` seed drives everything, so a
 //! failing seed replays exactly.
 //!
-//! After every step it checks DESIGN.md's invariants (the directory's own checks) and the
-//! cluster's: no client reads bytes other than the ones committed for its object; no page
-//! is handed to two live writers (no two running nodes hold one extent); no lease outlives
-//! the bytes it protects (nothing is freed or overwritten under a lease a reader trusts);
-//! a replica in a pool the reader cannot map is never a hit.
+//! After every step it checks the invariants of docs/design.md (the directory's own
+//! checks) and the cluster's: no client reads bytes other than the ones committed for its
+//! object; no page is handed to two live writers (no two running nodes hold one extent);
+//! no lease outlives the bytes it protects (nothing is freed or overwritten under a lease a
+//! reader trusts); a replica in a pool the reader cannot map is never a hit.
 //!
 //! * `network`: the faulty network.
 //! * `node`: a simulated node process: the real node core and the real allocators; what
