@@ -152,5 +152,9 @@ class LocalCluster:
 def prefix_digest(tokens: Sequence[int], parent: bytes | None = None) -> bytes: ...
 def copy_streaming(source: _Buffer, target: _Buffer) -> None:
     """Copies `source` into the start of `target` (writable, at least as long, not
-    overlapping it) with the non-temporal stores kvtier's stores and loads use: the
+    overlapping it) with kvtier's streaming routine (non-temporal stores): the
     streaming-copy limit of `python -m kvtier.bench`."""
+
+def copy_routines() -> dict[str, str]:
+    """The copy routines this process uses, `{"store": name, "load": name}` (`memcpy` or
+    `streaming`), chosen by a short measurement on the first call."""

@@ -2,11 +2,13 @@
 limit measured in the same run, a copy between the same buffers in this process.
 
 For each size (256 KiB and 4 MiB) it stores distinct objects from a set of numpy buffers
-(`store_many`, 8 per call), loads them back into another set (`load_into`, 8 per call), and
+(`store_many`, 32 per call at 256 KiB and 8 at 4 MiB: a prefix of 8 MiB or 32 MiB, as an
+engine stores and loads one), loads them back into another set (`load_into`, as many per
+call), and
 copies the first set into the second with numpy: the same bytes, the same memory, timed in
-turns. The ratios are kvtier's GB/s over the copy's (target >= 0.8 at 4 MiB). kvtier copies
-with non-temporal stores (a plain copy first reads each destination line into the cache),
-which numpy's copy of 4 MiB does not use here: so `stream_copy_gbps` is kvtier's streaming
+turns. The ratios are kvtier's GB/s over the copy's. kvtier copies with the routine its
+start-up measurement found faster on this machine (`copy_routines`: the C library's memcpy
+or a streaming copy with non-temporal stores), so `stream_copy_gbps` is kvtier's streaming
 copy between the same buffers, and `store_best_ratio` and `load_best_ratio` are taken against
 the faster of the two copies. Beside these limits, `shm_copy_gbps` is the same copy into (and
 out of, for loads) a `/dev/shm` `MAP_SHARED` mapping like the node's pool, and `pool_pages`
@@ -37,7 +39,7 @@ except ImportError as missing:  # numpy is the benchmark's only dependency beyon
     raise SystemExit("python -m kvtier.bench needs numpy: pip install numpy") from missing
 
 from . import Client, LocalCluster, find_executable
-from ._kvtier import copy_streaming
+from ._kvtier import copy_routines, copy_streaming
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -47,8 +49,9 @@ SIZES = (256 * KIB, 4 * MIB)
 BYTES_PER_PASS = 64 * MIB
 #: Passes per measurement; the best is kept (the least disturbed by other processes).
 PASSES = 7
-#: Objects per `store_many` and `load_into` call (pipelined: one round trip for many).
-BATCH = 8
+#: Objects per `store_many` and `load_into` call, by size (pipelined: one round trip for
+#: many): a prefix of 8 MiB at 256 KiB, 32 MiB at 4 MiB.
+BATCH = {256 * KIB: 32, 4 * MIB: 8}
 #: Calls timed for the call overhead.
 OVERHEAD_CALLS = 2000
 #: The CPU pool of the node the benchmark starts.
@@ -132,11 +135,12 @@ def measure(client: Client, size: int, round_: int) -> dict:
         head_dim=size // 2,
         block_tokens=1,
     )
-    count = max(BATCH, BYTES_PER_PASS // size // BATCH * BATCH)
+    batch = BATCH.get(size, 8)
+    count = max(batch, BYTES_PER_PASS // size // batch * batch)
     rng = np.random.default_rng(size)
     sources = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(count)]
     targets = [np.zeros(size, dtype=np.uint8) for _ in range(count)]
-    batches = range(0, count, BATCH)
+    batches = range(0, count, batch)
     total = count * size
 
     def copy() -> None:
@@ -159,15 +163,15 @@ def measure(client: Client, size: int, round_: int) -> dict:
     def store(pass_: int) -> None:
         # Distinct keys each pass, so every store writes (no "already_present").
         for start in batches:
-            keys = [f"{pass_}/{number}".encode() for number in range(start, start + BATCH)]
-            statuses = client.store_many(namespace, keys, sources[start : start + BATCH])
+            keys = [f"{pass_}/{number}".encode() for number in range(start, start + batch)]
+            statuses = client.store_many(namespace, keys, sources[start : start + batch])
             if any(status != "stored" for status in statuses):
                 raise RuntimeError(f"stores returned {statuses}: is the pool large enough?")
 
     def load() -> None:
         for start in batches:
-            keys = [f"0/{number}".encode() for number in range(start, start + BATCH)]
-            if not all(client.load_into(namespace, keys, targets[start : start + BATCH])):
+            keys = [f"0/{number}".encode() for number in range(start, start + batch)]
+            if not all(client.load_into(namespace, keys, targets[start : start + batch])):
                 raise RuntimeError("a stored object missed")
 
     copy_s = store_s = load_s = shm_copy_s = stream_copy_s = float("inf")
@@ -192,7 +196,7 @@ def measure(client: Client, size: int, round_: int) -> dict:
     best_copy_gbps = max(copy_gbps, stream_copy_gbps)
     return {
         "size": size,
-        "batch": BATCH,
+        "batch": batch,
         "store_gbps": round(store_gbps, 3),
         "load_gbps": round(load_gbps, 3),
         "copy_gbps": round(copy_gbps, 3),
@@ -257,6 +261,7 @@ def run(socket: str | None) -> dict:
             "benchmark": "python",
             "sizes": sizes,
             **call_latency(client),
+            "copy_routines": copy_routines(),
             "pool_pages": pool_pages(),
         }
 
@@ -284,6 +289,8 @@ def main() -> None:
         f"(p50 {report['call_p50_us']:.1f}, p99 {report['call_p99_us']:.1f}, "
         f"max {report['call_max_us']:.1f} us per call)"
     )
+    routines = report["copy_routines"]
+    print(f"copy routines: store {routines['store']}, load {routines['load']}")
     pages = report["pool_pages"]
     print(
         f"pool pages: shmem_enabled {pages['shmem_enabled']}, "

@@ -38,7 +38,7 @@ pub(crate) fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 }
 
 /// Copies `source` into the start of `target` (a writable buffer at least as long; the two
-/// must not overlap) with the non-temporal stores kvtier's stores and loads use, without the
+/// must not overlap) with kvtier's streaming routine (non-temporal stores), without the
 /// GIL: the streaming-copy limit `python -m kvtier.bench` measures beside numpy's copy.
 #[pyfunction]
 fn copy_streaming(
@@ -58,9 +58,18 @@ fn copy_streaming(
         // SAFETY: both exports live until after this closure, the target's is writable,
         // and the two ranges do not overlap (checked above).
         let (from, to) = unsafe { (from.bytes(), to.bytes_mut()) };
-        kvtier::backends::stream_copy::copy_streaming(from, to);
+        kvtier::backends::copy::copy_streaming(from, to);
     });
     Ok(())
+}
+
+/// The copy routines this process uses, `{"store": name, "load": name}` (`memcpy` or
+/// `streaming`), chosen by a short measurement on the first call (or by
+/// `KVTIER_COPY_ROUTINE`): what `python -m kvtier.bench` reports beside its figures.
+#[pyfunction]
+fn copy_routines(py: Python<'_>) -> std::collections::HashMap<&'static str, &'static str> {
+    let routines = py.allow_threads(kvtier::backends::copy::routines);
+    [("store", routines.store.name()), ("load", routines.load.name())].into()
 }
 
 /// The extension module.
@@ -75,6 +84,7 @@ fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<ssd::SsdPin>()?;
     module.add_function(wrap_pyfunction!(keys::prefix_digest, module)?)?;
     module.add_function(wrap_pyfunction!(copy_streaming, module)?)?;
+    module.add_function(wrap_pyfunction!(copy_routines, module)?)?;
     module.add("JOBS_INFLIGHT_MAX", jobs::JOBS_INFLIGHT_MAX)?;
     Ok(())
 }

@@ -122,8 +122,8 @@ impl PoolBackend for CpuPool {
         self.memory.write_at(offset, data)
     }
 
-    fn stream_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
-        self.memory.stream_at(offset, data)
+    fn store_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+        self.memory.store_at(offset, data)
     }
 
     fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError> {

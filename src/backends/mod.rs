@@ -10,10 +10,11 @@
 //! * `error`: `PoolError`, the one error type of this boundary.
 //! * `probe`: the start-up measurement of a node's tiers.
 //! * `ssd`: the node's SSD store (L2): region files, direct I/O, checksummed headers.
-//! * `stream_copy`: copies with non-temporal stores (into and out of pools).
+//! * `copy`: bulk copies into and out of pools, by the routine this machine runs fastest.
 
 pub mod allocator;
 pub mod checksum;
+pub mod copy;
 pub mod cpu;
 pub mod cxl;
 pub mod error;
@@ -21,7 +22,6 @@ pub mod extent_allocator;
 pub mod probe;
 pub mod shared_memory;
 pub mod ssd;
-pub mod stream_copy;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use cpu::{CpuPool, CpuPoolConfig};
@@ -71,12 +71,10 @@ pub trait PoolBackend: Send + Sync {
     /// it holds and that no reader reads yet.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
 
-    /// [`PoolBackend::write_at`] for a bulk copy this process will not read back (a
-    /// demotion's or a replication's target, written for other readers): the bytes go to
-    /// memory past the caches where the CPU can (x86-64 non-temporal stores, fenced before
-    /// this returns, so they are visible before the caller commits), without first reading
-    /// each destination line into the cache as a plain copy does.
-    fn stream_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
+    /// [`PoolBackend::write_at`] for a bulk copy (an object's bytes: a store, a restore, a
+    /// demotion's or a replication's target), with the store routine this machine runs
+    /// fastest ([`copy`]); every byte is visible to other processes when it returns.
+    fn store_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError>;
 
     /// Copies `buffer.len()` bytes at `offset` out of the pool.
     fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<(), PoolError>;

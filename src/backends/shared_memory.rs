@@ -28,8 +28,8 @@
 //! (`u8` has none).
 
 use super::checksum;
+use super::copy::{routines, CopyRoutine};
 use super::error::PoolError;
-use super::stream_copy::stream_copy;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -365,17 +365,19 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// [`SharedMemory::write_at`] with stores that bypass the caches where the CPU has them
-    /// (x86-64: 32-byte non-temporal stores with AVX2, else 16-byte ones, then a store
-    /// fence, so every byte is visible to other processes and hosts before this returns);
-    /// elsewhere a plain copy. For bulk copies this process does not read back: a plain
-    /// copy first reads each destination line into the cache, a third stream of memory
-    /// traffic.
-    pub fn stream_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+    /// [`SharedMemory::write_at`] for a bulk copy (an object's bytes), with the store routine
+    /// this machine runs fastest ([`copy`](super::copy)): every byte is visible to other
+    /// processes and hosts when it returns.
+    pub fn store_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+        self.copy_at(routines().store, offset, data)
+    }
+
+    /// [`SharedMemory::write_at`] with the given copy routine (a benchmark's limits).
+    pub fn copy_at(&self, routine: CopyRoutine, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let start = self.data_pointer(offset, data.len() as u64)?;
         // SAFETY: as in `write_at`: the range lies inside the mapping and cannot overlap
         // `data`, which lies in another mapping or in process-private memory.
-        unsafe { stream_copy(data.as_ptr(), start, data.len()) };
+        unsafe { routine.copy(data.as_ptr(), start, data.len()) };
         Ok(())
     }
 
@@ -583,7 +585,7 @@ pub(crate) mod tests {
         for (offset, length) in [(0, 0), (0, 1), (1, 63), (5, 64), (16, 200), (7, 3 * PAGE)] {
             memory.write_at(0, &vec![0xee; 4 * PAGE as usize]).unwrap();
             let data = &source[..length as usize];
-            memory.stream_at(offset, data).unwrap();
+            memory.store_at(offset, data).unwrap();
             assert_eq!(
                 memory.slice(offset, length).unwrap(),
                 data,
@@ -596,7 +598,7 @@ pub(crate) mod tests {
                 .all(|byte| *byte == 0xee));
         }
         assert!(matches!(
-            memory.stream_at(16 * PAGE - 1, &[1, 2]),
+            memory.store_at(16 * PAGE - 1, &[1, 2]),
             Err(PoolError::OutOfBounds { .. })
         ));
     }

@@ -1,13 +1,14 @@
 //! `kvtier bench replicate`: replication on demand from node A's private CPU pool into the
 //! shared CXL pool both nodes map (an emulated device: one file), against the faster of a
 //! memcpy and a streaming copy between the same two mappings measured in the same run, and
-//! against the streaming copy on as many threads as node A copies with; and the time from
+//! against the faster of them on as many threads as node A copies with; and the time from
 //! node B's first miss of an object to the moment B finds it READY.
 //!
 //! Throughput phase: A stores the objects, B misses them all in one load, and the run ends
 //! when B finds every one READY in CXL (B then reads them all back byte-exact). Latency
 //! phase: one object at a time, B misses it and probes until it is READY.
 
+use crate::backends::copy::CopyRoutine;
 use crate::backends::SharedMemory;
 use crate::client::{Client, StoreOutcome};
 use crate::directory::{AcquireMode, ProbeOutcome};
@@ -81,15 +82,18 @@ pub struct ReplicateReport {
     /// A memcpy from A's CPU pool into the CXL pool, the same bytes between the same
     /// mappings, in this run (the median of three passes).
     pub memcpy_gbps: f64,
-    /// A copy of the same bytes between the same mappings with the stores the node's
-    /// copy uses (non-temporal on x86-64), in this run (the median of three passes).
+    /// A copy of the same bytes between the same mappings with the streaming routine
+    /// (non-temporal stores on x86-64), in this run (the median of three passes).
     pub streaming_copy_gbps: f64,
     /// `cxl_gbps` over the faster of `memcpy_gbps` and `streaming_copy_gbps` (target
     /// ≥ 0.8): the node's copy is held to the best copy one thread makes.
     pub cxl_ratio: f64,
+    /// The faster of the two copies, which `parallel_copy_gbps` uses (node A chose its own
+    /// routine by the same kind of measurement at its start: `kvtier::backends::copy`).
+    pub faster_routine: &'static str,
     /// Node A's copy threads (`copy_threads` of its section).
     pub copy_threads: usize,
-    /// The streaming copy of the same bytes between the same mappings, cut in as many
+    /// The faster of the two copies of the same bytes between the same mappings, cut in as many
     /// contiguous shares as node A has copy threads, one thread each, in this run (the
     /// median of three passes).
     pub parallel_copy_gbps: f64,
@@ -161,6 +165,7 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         memcpy_gbps: limits.memcpy_gbps,
         streaming_copy_gbps: limits.streaming_gbps,
         cxl_ratio: cxl_gbps / limits.memcpy_gbps.max(limits.streaming_gbps),
+        faster_routine: limits.faster.name(),
         copy_threads,
         parallel_copy_gbps: limits.parallel_gbps,
         cxl_parallel_ratio: cxl_gbps / limits.parallel_gbps,
@@ -187,7 +192,8 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
             report.cxl_ratio
         );
         println!(
-            "the streaming copy on node A's {} copy threads {:.2} GB/s, replication's ratio to it {:.2}",
+            "the faster copy ({}) on node A's {} copy threads {:.2} GB/s, replication's ratio to it {:.2}",
+            report.faster_routine,
             report.copy_threads, report.parallel_copy_gbps, report.cxl_parallel_ratio
         );
         println!(
@@ -415,11 +421,13 @@ fn ready_in_cxl(outcome: ProbeOutcome) -> anyhow::Result<bool> {
 struct CopyLimits {
     memcpy_gbps: f64,
     streaming_gbps: f64,
+    /// The faster of the two, which the parallel copy uses.
+    faster: CopyRoutine,
     parallel_gbps: f64,
 }
 
-/// A memcpy, a streaming copy ([`SharedMemory::stream_at`], the node's), and the streaming
-/// copy cut in `threads` contiguous shares copied at once, one thread each, of `bytes` from
+/// A memcpy, a streaming copy, and the faster of the two cut in `threads` contiguous shares
+/// copied at once, one thread each, of `bytes` from
 /// the start of node A's CPU pool into the start of the CXL pool, both mapped here as the
 /// nodes map them: the median GB/s of each. Runs after the replicas were verified (it
 /// overwrites them).
@@ -446,6 +454,13 @@ fn copy_limits(cluster: &LocalCluster, bytes: usize, threads: usize) -> anyhow::
         rates.sort_by(f64::total_cmp);
         Ok(rates[COPY_PASSES / 2])
     };
+    let memcpy_gbps = median(&|| Ok(cxl.copy_at(CopyRoutine::Memcpy, 0, source)?))?;
+    let streaming_gbps = median(&|| Ok(cxl.copy_at(CopyRoutine::Streaming, 0, source)?))?;
+    let faster = if streaming_gbps > memcpy_gbps {
+        CopyRoutine::Streaming
+    } else {
+        CopyRoutine::Memcpy
+    };
     let share = bytes.div_ceil(threads.max(1));
     let parallel = || -> anyhow::Result<()> {
         std::thread::scope(|scope| {
@@ -454,7 +469,7 @@ fn copy_limits(cluster: &LocalCluster, bytes: usize, threads: usize) -> anyhow::
                 .enumerate()
                 .map(|(index, part)| {
                     let cxl = &cxl;
-                    scope.spawn(move || cxl.stream_at((index * share) as u64, part))
+                    scope.spawn(move || cxl.copy_at(faster, (index * share) as u64, part))
                 })
                 .collect();
             for copy in copies {
@@ -465,8 +480,9 @@ fn copy_limits(cluster: &LocalCluster, bytes: usize, threads: usize) -> anyhow::
         })
     };
     Ok(CopyLimits {
-        memcpy_gbps: median(&|| Ok(cxl.write_at(0, source)?))?,
-        streaming_gbps: median(&|| Ok(cxl.stream_at(0, source)?))?,
+        memcpy_gbps,
+        streaming_gbps,
+        faster,
         parallel_gbps: median(&parallel)?,
     })
 }

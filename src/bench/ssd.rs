@@ -17,10 +17,10 @@
 //! sides' staging slots are allocated whole before anything is timed (the raw passes share
 //! one queue, as the store keeps one), so no timed pass pays for fresh pages.
 
+use crate::backends::copy::copy_into_pool;
 use crate::backends::ssd::io::{IoKind, IoOp, IoQueue, IoRequests, Slot};
 use crate::backends::ssd::layout::{objects_per_region, BLOCK_BYTES};
 use crate::backends::ssd::{ReadOutcome, SsdConfig, SsdStore};
-use crate::backends::stream_copy::copy_streaming;
 use crate::model::{NamespaceId, ObjectId, PrefixDigest};
 use crate::workload::histogram::Histogram;
 use crate::workload::rng::SplitMix64;
@@ -565,7 +565,7 @@ fn restore_pass(
             let place = (first + index) * size;
             let object = &mut destination[place..place + size];
             let end = offset + chunk.len();
-            copy_streaming(chunk, &mut object[offset..end]);
+            copy_into_pool(chunk, &mut object[offset..end]);
             if end == size {
                 let expected = object_bytes(source, size, picks[first + index]);
                 if object[..64] != expected[..64] || object[size - 64..] != expected[size - 64..] {

@@ -1,7 +1,8 @@
 //! `store_many` and `load_into` for a caller on its own thread (the Python binding): the
 //! copies run on the calling thread while tasks on the runtime drive the round trips. The
-//! copying thread never sends a request (so a node woken by it does not land on the core
-//! that copies), and a reply that lands during a copy is acted on at once by the runtime.
+//! copying thread sends no request while other batches are in flight (so a node woken by
+//! it does not land on the core that copies), and a reply that lands during a copy is
+//! acted on at once by the runtime; a load of one batch sends its own acquire.
 //!
 //! A store reserves a whole group of items in one round trip (up to
 //! [`STORE_RESERVE_BYTES_MAX`] and the protocol's
@@ -205,6 +206,14 @@ impl Client {
         buffers: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, ClientError> {
         let (count, mut lengths) = self.load_batches(objects, buffers);
+        if lengths.len() == 1 {
+            // One batch: nothing to overlap its copy with, so the calling thread sends the
+            // acquire itself and waits for it (no hand-off to a runtime thread and back).
+            let views = runtime.block_on(self.load_each(&objects[..count]))?;
+            let (hits, leases) = self.copy_views(views, &mut buffers[..count]);
+            self.release_soon(runtime, leases);
+            return Ok(hits);
+        }
         let (mut objects, mut buffers) = (&objects[..count], &mut buffers[..count]);
         let mut acquiring: VecDeque<(usize, oneshot::Receiver<Views>)> = VecDeque::new();
         let mut hits = Vec::with_capacity(count);

@@ -3,7 +3,7 @@
 
 use super::batches::batch_lengths;
 use super::{unexpected, Client, ClientError, LoadedView, LEASE_MARGIN_DIVISOR};
-use crate::backends::stream_copy::copy_streaming;
+use crate::backends::copy::copy_out_of_pool;
 use crate::directory::{AcquireMode, AcquireOutcome, Lease};
 use crate::model::{LeaseId, ObjectId};
 use crate::protocol::messages::{ClientReply, ClientRequest};
@@ -174,10 +174,8 @@ impl Client {
     }
 
     /// Copies each view into its buffer (in order) and ends the views: whether each was a
-    /// hit, and the leases to release (every view's, hit or not). The copies use
-    /// non-temporal stores ([`copy_streaming`]): a buffer filled from the pool is staging for
-    /// the caller (an engine's next copy to the GPU), and a plain copy would first read each
-    /// of its lines into the cache.
+    /// hit, and the leases to release (every view's, hit or not). The copies use the load
+    /// routine this machine runs fastest ([`copy_out_of_pool`]).
     pub(super) fn copy_views(
         &self,
         views: Vec<Option<LoadedView>>,
@@ -194,7 +192,7 @@ impl Client {
             // it counts as a miss.
             let copied = match view.bytes() {
                 Ok(bytes) if buffer.len() >= bytes.len() => {
-                    copy_streaming(bytes, buffer);
+                    copy_out_of_pool(bytes, buffer);
                     view.is_valid()
                 }
                 _ => false,

@@ -116,6 +116,10 @@ impl Client {
             ClientReply::Described(description) => description,
             other => return Err(unexpected(other)),
         };
+        // This process's copy routines, measured now rather than in the first load's time.
+        tokio::task::spawn_blocking(crate::backends::copy::routines)
+            .await
+            .map_err(|error| ClientError::Unexpected(format!("choosing copy routines: {error}")))?;
         let mut pools = HashMap::new();
         for mapping in &description.pools {
             let memory = SharedMemory::open(Path::new(&mapping.path), Some(mapping.pool_uuid))
@@ -331,9 +335,17 @@ impl Drop for LoadedView {
 /// Leases the background releaser sends in one call at most (split further by the
 /// directory's `batch_items_max`).
 const DROPPED_LEASES_RELEASED_AT_ONCE: usize = 256;
+/// How long the background releaser waits for more leases before it sends a release of
+/// fewer than [`DROPPED_LEASES_RELEASED_AT_ONCE`]: an engine loading one prefix after
+/// another sends one release for many loads instead of one per load, so a load costs the
+/// node and the directory one round trip, not two. A lease is held at most this much
+/// longer than its copy (its replica's eviction waits as long), against lease durations
+/// of seconds.
+const RELEASE_LINGER: Duration = Duration::from_millis(2);
 
 /// Releases leases of dropped views (and of finished copies) in batches of up to
-/// [`DROPPED_LEASES_RELEASED_AT_ONCE`].
+/// [`DROPPED_LEASES_RELEASED_AT_ONCE`], each sent once it is full or its first lease waited
+/// [`RELEASE_LINGER`].
 async fn release_dropped(
     rpc: RpcClient<ClientRequest, ClientReply>,
     batch_items_max: Arc<AtomicUsize>,
@@ -345,6 +357,15 @@ async fn release_dropped(
         .await
         > 0
     {
+        let deadline = tokio::time::Instant::now() + RELEASE_LINGER;
+        while batch.len() < DROPPED_LEASES_RELEASED_AT_ONCE {
+            let room = DROPPED_LEASES_RELEASED_AT_ONCE - batch.len();
+            match tokio::time::timeout_at(deadline, queue.recv_many(&mut batch, room)).await {
+                Ok(received) if received > 0 => {}
+                // The deadline passed, or every sender is gone: send what is here.
+                _ => break,
+            }
+        }
         // Best effort: a lease not released expires.
         let _ = release(&rpc, &batch_items_max, &batch).await;
         batch.clear();

@@ -239,11 +239,9 @@ impl Client {
         futures_util::future::join_all(aborted).await;
     }
 
-    /// Copies `bytes` into a granted `location` with non-temporal stores
-    /// ([`SharedMemory::stream_at`](crate::backends::shared_memory::SharedMemory::stream_at):
-    /// this process never reads the pages back, and a plain copy would first read each
-    /// destination line into the cache), fenced, so the bytes are visible before the commit
-    /// is sent; `Ok(false)` when the grant ran out before or while writing (the pages may be
+    /// Copies `bytes` into a granted `location` with the store routine
+    /// ([`SharedMemory::store_at`](crate::backends::shared_memory::SharedMemory::store_at)),
+    /// so the bytes are visible before the commit is sent; `Ok(false)` when the grant ran out before or while writing (the pages may be
     /// another store's by then: abort, do not commit).
     fn write_granted(
         &self,
@@ -256,7 +254,7 @@ impl Client {
         }
         self.memory(location.pool).and_then(|memory| {
             memory
-                .stream_at(location.offset_bytes, bytes)
+                .store_at(location.offset_bytes, bytes)
                 .map_err(|source| ClientError::Pool {
                     pool: location.pool,
                     source,

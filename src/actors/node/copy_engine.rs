@@ -197,7 +197,7 @@ fn copy_piece(request: &CopyRequest, piece: u64) -> Result<(), String> {
         .map_err(|error| format!("reading the source failed: {error}"))?;
     request
         .to
-        .stream_at(request.target_offset + at, bytes)
+        .store_at(request.target_offset + at, bytes)
         .map_err(|error| format!("writing the copy failed: {error}"))
 }
 
