@@ -158,6 +158,13 @@ pub struct NodeSection {
     /// work, engines included. Default 2.
     #[serde(default = "default_copy_threads")]
     pub copy_threads: usize,
+    /// How long the node keeps polling its sockets, rather than sleeping, after each request
+    /// it sends the directory and each reply, in microseconds, at most 10,000; 0 never
+    /// polls. A wake-up from sleep costs tens of microseconds on a virtual machine whose
+    /// idle CPUs halt, several times per request; polling costs CPU only while requests
+    /// come at least this often. Default 200.
+    #[serde(default = "default_busy_poll_us")]
+    pub busy_poll_us: u64,
 }
 
 /// The node's CPU DRAM pool.
@@ -184,6 +191,9 @@ fn default_order() -> Vec<Medium> {
 }
 fn default_copy_threads() -> usize {
     2
+}
+fn default_busy_poll_us() -> u64 {
+    200
 }
 fn default_peer_datagram_bytes() -> u16 {
     crate::wire::peer::DATAGRAM_BYTES_SAFE
@@ -264,6 +274,13 @@ impl ClusterConfig {
             if !(1200..=crate::wire::peer::DATAGRAM_BYTES_MAX).contains(&node.peer_datagram_bytes) {
                 bail!(
                     "node `{}`: peer_datagram_bytes must be 1200 to 65527",
+                    node.name
+                );
+            }
+            let busy_poll_us_max = crate::actors::busy_poll::BUSY_POLL_TAIL_MAX.as_micros();
+            if u128::from(node.busy_poll_us) > busy_poll_us_max {
+                bail!(
+                    "node `{}`: busy_poll_us must be 0 to {busy_poll_us_max}",
                     node.name
                 );
             }
@@ -525,6 +542,32 @@ mod tests {
             format!("{error:#}").contains("peer_datagram_bytes"),
             "{error:#}"
         );
+    }
+
+    #[test]
+    fn busy_poll_defaults_to_200_us_and_is_bounded() {
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let base = Path::new("/");
+        assert_eq!(
+            ClusterConfig::parse(node, base).unwrap().nodes[0].busy_poll_us,
+            200
+        );
+        for (micros, valid) in [(0, true), (10_000, true), (10_001, false)] {
+            let text = node.replace(
+                "socket = \"s\"\n",
+                &format!("socket = \"s\"\nbusy_poll_us = {micros}\n"),
+            );
+            match ClusterConfig::parse(&text, base) {
+                Ok(config) => {
+                    assert!(valid, "{micros} accepted");
+                    assert_eq!(config.nodes[0].busy_poll_us, micros);
+                }
+                Err(error) => {
+                    assert!(!valid, "{micros} refused: {error:#}");
+                    assert!(format!("{error:#}").contains("busy_poll_us"), "{error:#}");
+                }
+            }
+        }
     }
 
     #[test]

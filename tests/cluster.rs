@@ -97,6 +97,7 @@ fn bench_link_target(cluster: &LocalCluster) -> DirectoryAddress {
         certs: cluster.config.directory.certs.clone(),
         node_name: BENCH_PEER.into(),
         bind: "127.0.0.1:0".parse().unwrap(),
+        busy_poll_tail: Duration::ZERO,
     }
 }
 

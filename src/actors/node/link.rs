@@ -5,6 +5,7 @@
 //! id below the oldest one still waiting for a reply, so the directory's ledger stays small.
 
 use super::services::lock_core;
+use crate::actors::busy_poll::BusyPoll;
 use crate::actors::frames::INFLIGHT_REQUESTS_MAX;
 use crate::directory::{
     CommitOutcome, DirectoryError, ExtentGrant, ExtentReturn, OpenReply, ReserveItem,
@@ -83,6 +84,9 @@ pub struct DirectoryAddress {
     pub certs: PathBuf,
     pub node_name: String,
     pub bind: SocketAddr,
+    /// How long the node keeps polling after its last directory reply (see
+    /// [`BusyPoll`]); zero never polls.
+    pub busy_poll_tail: Duration,
 }
 
 type Rpc = RpcClient<DirectoryRequest, DirectoryReply>;
@@ -187,6 +191,8 @@ pub struct DirectoryLink {
     serving: AtomicBool,
     /// The node's books: operation ids and extents being given back live there.
     core: Arc<Mutex<NodeCore>>,
+    /// Keeps the node's thread polling while a directory reply is due.
+    busy_poll: BusyPoll,
 }
 
 /// Removes an operation id from the outstanding set when the operation ends, however it
@@ -214,6 +220,7 @@ impl DirectoryLink {
         core: Arc<Mutex<NodeCore>>,
     ) -> Result<DirectoryLink, LinkError> {
         let endpoint = quic::client_endpoint(target.bind)?;
+        let target_busy_poll = target.busy_poll_tail;
         let rpc = connect(&endpoint, &target).await?;
         let binding = open_session(&rpc, &write_order, &read_order).await?;
         Ok(DirectoryLink {
@@ -227,6 +234,7 @@ impl DirectoryLink {
             binding: RwLock::new(binding),
             serving: AtomicBool::new(true),
             core,
+            busy_poll: BusyPoll::spawn_local(target_busy_poll),
         })
     }
 
@@ -421,7 +429,12 @@ impl DirectoryLink {
     /// that saw it fail) before the error is returned.
     pub async fn send(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
         let (rpc, generation) = self.current()?;
-        match rpc.call(request).await {
+        // A long wait for tasks is no request whose reply is due.
+        let awaiting = (!matches!(request, DirectoryRequest::AwaitTasks { .. }))
+            .then(|| self.busy_poll.awaiting());
+        let reply = rpc.call(request).await;
+        drop(awaiting);
+        match reply {
             Ok(DirectoryReply::Error(error)) => Err(LinkError::Refused(error)),
             Ok(reply) => Ok(reply),
             Err(error @ WireError::ConnectionLost { .. }) => {

@@ -72,6 +72,7 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
         certs: config.directory.certs.clone(),
         node_name: section.name.clone(),
         bind: section.bind,
+        busy_poll_tail: Duration::from_micros(section.busy_poll_us),
     };
     let mut stop = Stop::install()?;
     let _instance = InstanceLock::acquire(&section.socket)?;
