@@ -6,7 +6,8 @@
 //! * `allocator`: the sans-I/O page allocator shared by byte-addressable pools.
 //! * `checksum`: CRC-32C, for every header and every SSD object.
 //! * `shared_memory`: the `MAP_SHARED` mapping and on-media header (CPU and CXL pools).
-//! * `cpu`: the host's CPU DRAM pool, a shared mapping plus an allocator.
+//! * `memory_pool`: a CPU DRAM or CXL pool: a shared mapping plus the allocator of the pages
+//!   (or extents) the node may hand out.
 //! * `error`: `PoolError`, the one error type of this boundary.
 //! * `probe`: the start-up measurement of a node's tiers.
 //! * `ssd`: the node's SSD store (L2): region files, direct I/O, checksummed headers.
@@ -15,18 +16,16 @@
 pub mod allocator;
 pub mod checksum;
 pub mod copy;
-pub mod cpu;
-pub mod cxl;
 pub mod error;
 pub mod extent_allocator;
+pub mod memory_pool;
 pub mod probe;
 pub mod shared_memory;
 pub mod ssd;
 
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
-pub use cpu::{CpuPool, CpuPoolConfig};
-pub use cxl::CxlPool;
 pub use error::PoolError;
+pub use memory_pool::{CpuPoolConfig, MemoryPool};
 pub use shared_memory::SharedMemory;
 
 use crate::model::{AllocationId, Generation, Medium};

@@ -213,11 +213,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::backends::shared_memory::tests::ShmPath;
-    use crate::backends::{CpuPool, CpuPoolConfig};
+    use crate::backends::{CpuPoolConfig, MemoryPool};
 
     fn pool(path: &ShmPath, uuid: u128) -> Arc<dyn PoolBackend> {
         Arc::new(
-            CpuPool::create(&CpuPoolConfig {
+            MemoryPool::create_cpu(&CpuPoolConfig {
                 path: path.0.clone(),
                 capacity_bytes: 8 << 20,
                 page_bytes: 4096,

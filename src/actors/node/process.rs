@@ -11,7 +11,7 @@ use super::rejoin::Registration;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::serve_metrics;
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPool, CpuPoolConfig, CxlPool, PoolBackend, SharedMemory};
+use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -164,7 +164,7 @@ async fn start(
     link: &Arc<DirectoryLink>,
     core: Arc<Mutex<NodeCore>>,
     clock: Clock,
-    pool: CpuPool,
+    pool: MemoryPool,
     clients: ClientPolicy,
 ) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
     // The directory formats the CXL pools before it accepts nodes: map them now.
@@ -220,8 +220,8 @@ async fn start_pools(
     link: &DirectoryLink,
     metrics: &Metrics,
     section: &NodeSection,
-    pool: CpuPool,
-    cxl_pools: Vec<(String, CxlPool)>,
+    pool: MemoryPool,
+    cxl_pools: Vec<(String, MemoryPool)>,
 ) -> anyhow::Result<StartedPools> {
     let node = link.binding().node;
     let spec = section.cpu_pool_spec(node);
@@ -399,7 +399,7 @@ fn admit_client(
 async fn probe_shared_pool(
     link: &DirectoryLink,
     pool: PoolId,
-    cxl: &CxlPool,
+    cxl: &MemoryPool,
 ) -> Result<Measurement, probe::ProbeError> {
     let Ok(ExtentGrant::Granted(extent)) = link.grant_extent(pool).await else {
         return Err(probe::ProbeError::NoRoom);
@@ -468,13 +468,13 @@ async fn report_probe(
 fn map_cxl_pools(
     config: &ClusterConfig,
     section: &NodeSection,
-) -> anyhow::Result<Vec<(String, CxlPool)>> {
+) -> anyhow::Result<Vec<(String, MemoryPool)>> {
     config
         .cxl_pools_of(section)
         .into_iter()
         .map(|(pool, path)| {
             let uuid = pool.uuid()?;
-            let mapped = CxlPool::open(&path, uuid, ALLOCATIONS_MAX).with_context(|| {
+            let mapped = MemoryPool::open_cxl(&path, uuid, ALLOCATIONS_MAX).with_context(|| {
                 format!(
                     "node `{}`: CXL pool `{}` at {} is not the configured pool; refusing to start",
                     section.name,
@@ -491,8 +491,8 @@ fn map_cxl_pools(
 /// Finds the directory's id of each mapped CXL pool by its name.
 async fn locate_cxl_pools(
     link: &DirectoryLink,
-    pools: Vec<(String, CxlPool)>,
-) -> anyhow::Result<Vec<(String, PoolId, CxlPool)>> {
+    pools: Vec<(String, MemoryPool)>,
+) -> anyhow::Result<Vec<(String, PoolId, MemoryPool)>> {
     if pools.is_empty() {
         return Ok(Vec::new());
     }
@@ -515,7 +515,7 @@ async fn locate_cxl_pools(
 /// Creates the pool file anew: a fresh file (not truncated in place, so engines still
 /// mapping an old incarnation keep valid pages) with a fresh UUID, mode 0660, of group
 /// `group` when set (the engines allowed to map it).
-fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<CpuPool> {
+fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<MemoryPool> {
     let path = &section.cpu_pool.path;
     if path.exists() {
         std::fs::remove_file(path)
@@ -534,8 +534,9 @@ fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<
         allocations_max: ALLOCATIONS_MAX,
         pool_uuid: fresh_uuid(),
     };
-    let pool = CpuPool::create_reporting(&config, &mut |done_bytes| prefault.set(done_bytes))
-        .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+    let pool =
+        MemoryPool::create_cpu_reporting(&config, &mut |done_bytes| prefault.set(done_bytes))
+            .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
     prefault.finish();
     if group.is_some() {
         // The file this process just created exclusively, not through a link.

@@ -1,14 +1,19 @@
-//! The host's CPU DRAM pool: a [`SharedMemory`] file under `/dev/shm` (which the host's
-//! engine processes map read-write to copy bytes themselves) plus the [`PageAllocator`]
-//! that decides which pages hold what. Only the node allocates; clients receive locations.
+//! The memory pools of a node, CPU DRAM and CXL alike: a [`SharedMemory`] mapping (a file
+//! under `/dev/shm`, or a DAX device) plus the allocator that decides which pages hold what.
+//! Only the node allocates; clients receive locations and copy through their own mappings.
+//! The medium is data: a CPU pool is owned whole by its node (one [`PageAllocator`] over
+//! every page), a CXL pool is shared by the nodes of its domain and a node allocates only
+//! inside the extents the directory granted it (an [`ExtentAllocator`]: one page allocator
+//! per extent, so two nodes never hand out the same page and no allocation needs the
+//! directory). Readers of other nodes read any committed range through their own mapping.
 
 use super::allocator::{Allocation, AllocatorUsage, PageAllocator};
 use super::error::PoolError;
+use super::extent_allocator::ExtentAllocator;
 use super::shared_memory::SharedMemory;
 use super::PoolBackend;
-use crate::model::Medium;
-use crate::model::{AllocationId, Generation};
-use std::path::PathBuf;
+use crate::model::{AllocationId, Generation, Medium};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 /// What a node needs to create its CPU pool.
@@ -26,24 +31,35 @@ pub struct CpuPoolConfig {
     pub pool_uuid: u128,
 }
 
-/// The CPU pool. The mapping is shared without a lock (writers own disjoint ranges, see
-/// `shared_memory`); only the allocator sits behind a `Mutex`, held for `O(log n)` work.
+/// Which pages of the mapping this node may allocate.
 #[derive(Debug)]
-pub struct CpuPool {
-    memory: SharedMemory,
-    allocator: Mutex<PageAllocator>,
+enum Pages {
+    /// Every page: the node owns the pool (CPU DRAM).
+    Whole(PageAllocator),
+    /// The extents the directory granted this node (a shared CXL pool).
+    Extents(ExtentAllocator),
 }
 
-impl CpuPool {
-    /// Creates the shared file (destroying previous content), pre-faults it and starts with
-    /// every page free. Errors: `InvalidConfig` for a bad geometry, `Io` when the file
-    /// cannot be created, sized or mapped (for instance `/dev/shm` too small).
-    pub fn create(config: &CpuPoolConfig) -> Result<Self, PoolError> {
-        Self::create_reporting(config, &mut |_| {})
+/// A memory pool (see the module documentation). The mapping is shared without a lock
+/// (writers own disjoint ranges, see `shared_memory`); only the allocator sits behind a
+/// `Mutex`, held for `O(log n)` work.
+#[derive(Debug)]
+pub struct MemoryPool {
+    medium: Medium,
+    memory: SharedMemory,
+    pages: Mutex<Pages>,
+}
+
+impl MemoryPool {
+    /// Creates a node's CPU pool: the shared file (destroying previous content),
+    /// pre-faulted, every page free. Errors: `InvalidConfig` for a bad geometry, `Io` when
+    /// the file cannot be created, sized or mapped (for instance `/dev/shm` too small).
+    pub fn create_cpu(config: &CpuPoolConfig) -> Result<Self, PoolError> {
+        Self::create_cpu_reporting(config, &mut |_| {})
     }
 
-    /// [`CpuPool::create`], calling `progress` with the bytes pre-faulted so far.
-    pub fn create_reporting(
+    /// [`MemoryPool::create_cpu`], calling `progress` with the bytes pre-faulted so far.
+    pub fn create_cpu_reporting(
         config: &CpuPoolConfig,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self, PoolError> {
@@ -59,9 +75,31 @@ impl CpuPool {
             config.page_bytes,
             progress,
         )?;
-        Ok(Self {
+        Ok(MemoryPool {
+            medium: Medium::Cpu,
             memory,
-            allocator: Mutex::new(allocator),
+            pages: Mutex::new(Pages::Whole(allocator)),
+        })
+    }
+
+    /// Maps a shared CXL pool at `path`, verifying its header names `pool_uuid` (a node
+    /// that mapped the wrong device or an incompatible layout gets the typed error and must
+    /// not start), with no extent yet.
+    pub fn open_cxl(
+        path: &Path,
+        pool_uuid: u128,
+        allocations_per_extent_max: u32,
+    ) -> Result<Self, PoolError> {
+        let memory = SharedMemory::open(path, Some(pool_uuid))?;
+        let extents = ExtentAllocator::new(
+            memory.data_bytes(),
+            memory.page_bytes(),
+            allocations_per_extent_max,
+        );
+        Ok(MemoryPool {
+            medium: Medium::Cxl,
+            memory,
+            pages: Mutex::new(Pages::Extents(extents)),
         })
     }
 
@@ -73,23 +111,24 @@ impl CpuPool {
     /// Panics if the allocator's invariants do not hold; see
     /// [`PageAllocator::check_invariants`].
     pub fn check_invariants(&self) {
-        let allocator = self.allocator();
-        allocator.check_invariants();
-        assert_eq!(allocator.capacity_bytes(), self.memory.data_bytes());
+        if let Pages::Whole(allocator) = &*self.pages() {
+            allocator.check_invariants();
+            assert_eq!(allocator.capacity_bytes(), self.memory.data_bytes());
+        }
     }
 
-    fn allocator(&self) -> MutexGuard<'_, PageAllocator> {
+    fn pages(&self) -> MutexGuard<'_, Pages> {
         // Poisoned only if an allocator invariant assertion fired while the lock was held:
         // the allocation state can no longer be trusted, so the bug propagates.
-        self.allocator
+        self.pages
             .lock()
-            .expect("CPU pool allocator poisoned by a failed invariant")
+            .expect("pool allocator poisoned by a failed invariant")
     }
 }
 
-impl PoolBackend for CpuPool {
+impl PoolBackend for MemoryPool {
     fn medium(&self) -> Medium {
-        Medium::Cpu
+        self.medium
     }
 
     fn capacity_bytes(&self) -> u64 {
@@ -97,15 +136,24 @@ impl PoolBackend for CpuPool {
     }
 
     fn usage(&self) -> AllocatorUsage {
-        self.allocator().usage()
+        match &*self.pages() {
+            Pages::Whole(allocator) => allocator.usage(),
+            Pages::Extents(extents) => extents.usage(),
+        }
     }
 
     fn allocate(&self, length_bytes: u64) -> Result<Allocation, PoolError> {
-        self.allocator().allocate(length_bytes)
+        match &mut *self.pages() {
+            Pages::Whole(allocator) => allocator.allocate(length_bytes),
+            Pages::Extents(extents) => extents.allocate(length_bytes),
+        }
     }
 
     fn free(&self, id: AllocationId, generation: Generation) -> Result<u64, PoolError> {
-        self.allocator().free(id, generation)
+        match &mut *self.pages() {
+            Pages::Whole(allocator) => allocator.free(id, generation),
+            Pages::Extents(extents) => extents.free(id, generation),
+        }
     }
 
     fn check(
@@ -115,7 +163,10 @@ impl PoolBackend for CpuPool {
         offset: u64,
         length_bytes: u64,
     ) -> Result<(), PoolError> {
-        self.allocator().check(id, generation, offset, length_bytes)
+        match &mut *self.pages() {
+            Pages::Whole(allocator) => allocator.check(id, generation, offset, length_bytes),
+            Pages::Extents(extents) => extents.check(id, generation, offset, length_bytes),
+        }
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
@@ -132,6 +183,36 @@ impl PoolBackend for CpuPool {
 
     fn slice(&self, offset: u64, length_bytes: u64) -> Result<&[u8], PoolError> {
         self.memory.slice(offset, length_bytes)
+    }
+
+    fn add_extent(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), PoolError> {
+        match &mut *self.pages() {
+            Pages::Whole(_) => Err(PoolError::InvalidConfig {
+                reason: "this pool is owned whole by its node and has no extents",
+            }),
+            Pages::Extents(extents) => extents.add_extent(offset_bytes, length_bytes),
+        }
+    }
+
+    fn take_empty_extent(&self) -> Option<(u64, u64)> {
+        match &mut *self.pages() {
+            Pages::Whole(_) => None,
+            Pages::Extents(extents) => extents.take_empty(),
+        }
+    }
+
+    fn held_extents(&self) -> Vec<(u64, u64)> {
+        match &*self.pages() {
+            Pages::Whole(_) => Vec::new(),
+            Pages::Extents(extents) => extents.extents().collect(),
+        }
+    }
+
+    fn drop_extent(&self, offset_bytes: u64) -> bool {
+        match &mut *self.pages() {
+            Pages::Whole(_) => false,
+            Pages::Extents(extents) => extents.drop_extent(offset_bytes),
+        }
     }
 }
 
@@ -156,7 +237,8 @@ mod tests {
     #[test]
     fn store_and_load_through_the_trait() {
         let path = ShmPath::new("cpu");
-        let pool: Box<dyn PoolBackend> = Box::new(CpuPool::create(&config(&path, 8, 8)).unwrap());
+        let pool: Box<dyn PoolBackend> =
+            Box::new(MemoryPool::create_cpu(&config(&path, 8, 8)).unwrap());
         assert_eq!(
             (pool.medium(), pool.capacity_bytes()),
             (Medium::Cpu, 8 * PAGE)
@@ -194,7 +276,7 @@ mod tests {
         let mut bad = config(&path, 8, 8);
         bad.capacity_bytes += 1;
         assert!(matches!(
-            CpuPool::create(&bad),
+            MemoryPool::create_cpu(&bad),
             Err(PoolError::InvalidConfig { .. })
         ));
         assert!(!path.0.exists());
@@ -205,7 +287,7 @@ mod tests {
         const THREADS: u8 = 4;
         const ROUNDS: usize = 200;
         let path = ShmPath::new("cpu-threads");
-        let pool = Arc::new(CpuPool::create(&config(&path, 64, 64)).unwrap());
+        let pool = Arc::new(MemoryPool::create_cpu(&config(&path, 64, 64)).unwrap());
         let workers: Vec<_> = (0..THREADS)
             .map(|thread| {
                 let pool = Arc::clone(&pool);
@@ -231,5 +313,26 @@ mod tests {
         }
         pool.check_invariants();
         assert_eq!(pool.usage().allocation_count, 0);
+    }
+
+    #[test]
+    fn a_mapped_pool_allocates_in_its_extents_and_checks_its_uuid() {
+        let path = ShmPath::new("cxl-extents");
+        let path_ref: &Path = &path.0;
+        let page = 4096;
+        SharedMemory::create(path_ref, 16 * page, 7, page).unwrap();
+        let pool = MemoryPool::open_cxl(path_ref, 7, 64).unwrap();
+        assert_eq!(pool.medium(), Medium::Cxl);
+        assert!(matches!(pool.allocate(page), Err(PoolError::Full { .. })));
+        assert!(pool.held_extents().is_empty());
+        pool.add_extent(8 * page, 4 * page).unwrap();
+        let first = pool.allocate(page).unwrap();
+        assert_eq!(first.offset, 8 * page);
+        pool.write_at(first.offset, b"kv").unwrap();
+        assert_eq!(pool.slice(first.offset, 2).unwrap(), b"kv");
+        assert!(
+            MemoryPool::open_cxl(path_ref, 8, 64).is_err(),
+            "wrong pool UUID refused"
+        );
     }
 }
