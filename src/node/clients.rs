@@ -122,6 +122,8 @@ pub struct ClientCleanup {
 #[derive(Debug)]
 pub struct ClientBooks {
     limits: ClientLimits,
+    /// The client's hello was answered: its other requests may be served.
+    greeted: bool,
     tickets: HashMap<u64, (Ticket, Timestamp)>,
     /// Bytes of each store admitted and not yet granted, by ticket number.
     tickets_pending: HashMap<u64, u64>,
@@ -147,6 +149,7 @@ impl ClientBooks {
     pub fn new(limits: ClientLimits) -> ClientBooks {
         ClientBooks {
             limits,
+            greeted: false,
             tickets: HashMap::new(),
             tickets_pending: HashMap::new(),
             next_ticket: 1,
@@ -159,6 +162,16 @@ impl ClientBooks {
             expired_pages: Vec::new(),
             aborts: Vec::new(),
         }
+    }
+
+    /// Whether the client's hello was answered.
+    pub fn greeted(&self) -> bool {
+        self.greeted
+    }
+
+    /// The client's hello was answered.
+    pub fn set_greeted(&mut self) {
+        self.greeted = true;
     }
 
     fn tickets_held(&self) -> usize {

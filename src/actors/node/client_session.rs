@@ -5,27 +5,26 @@
 //! peer credentials: it registers only namespaces its tenant may use (salted with the
 //! tenant's salt by the node), and touches only objects of namespaces it registered.
 //!
-//! Each request's work runs as a detached task that always finishes: if the connection is
-//! gone when it does, the task itself frees what it allocated and releases what it leased.
-//! The actor only counts, checks bounds and applies the finished work to its books.
+//! Every decision is the node core's ([`crate::protocol::node`]): the actor reads the
+//! clock, calls `handle`, and answers or runs the work it returns as a detached task that
+//! always finishes: if the connection is gone when it does, what the work obtained is
+//! given back. When the work ends, `finish` applies it to the books.
 
 use super::link::LinkError;
 use super::services::NodeServices;
 use super::ssd_pins::SsdPins;
-use super::store::{
-    begin_store, begin_store_many, commit_store, commit_store_many, unknown_ticket, AdmittedStore,
-};
+use super::store::{begin_store, begin_store_many, commit_store, commit_store_many};
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
-use crate::directory::{AcquireOutcome, DirectoryError, ProbeOutcome, ReleaseOutcome, ReserveItem};
+use crate::directory::{AcquireOutcome, ProbeOutcome, ReleaseOutcome};
 use crate::metrics::{Direction, Operation};
-use crate::model::{LeaseId, NamespaceId, ObjectId, Timestamp};
-use crate::node::{ClientId, ClientRefusal, Tenant, TenantRefusal, Ticket};
+use crate::model::{LeaseId, ObjectId};
+use crate::node::{ClientId, ClientRefusal, Tenant, Ticket};
 use crate::protocol::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, NodeDescription,
-    ProtocolError, STORE_BATCH_ITEMS_MAX, SUPPORTED_VERSIONS,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, NodeDescription, ProtocolError,
 };
+use crate::protocol::node::{self as dispatch, Caller, Change, Decision, Slots, Work};
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use std::future::Future;
@@ -38,31 +37,7 @@ use tokio::sync::mpsc;
 /// How often expired leases and grants are dropped from the books.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How a finished request changes the client's books.
-pub enum Change {
-    None,
-    /// A store was granted (its ticket number and grant).
-    Ticket(u64, Ticket),
-    /// Stores of a batch were granted (their ticket numbers and grants).
-    Tickets(Vec<(u64, Ticket)>),
-    /// Leases granted, valid on this node's clock until the given instant.
-    Leases(Vec<(LeaseId, Timestamp)>),
-    /// A namespace registered for this client.
-    Namespace(NamespaceId),
-}
-
-/// What a finished request needs from the books: the slots it reserved at dispatch.
-enum Slots {
-    None,
-    /// The ticket number admitted.
-    Ticket(u64),
-    /// The ticket numbers a batch admitted.
-    Tickets(Vec<u64>),
-    Leases(usize),
-    Namespace,
-}
-
-/// The result of a detached request, sent back to the actor.
+/// The result of detached work, sent back to the actor.
 struct Finished {
     request_id: u64,
     reply: ClientReply,
@@ -76,7 +51,7 @@ impl Message for Finished {
     type Result = ();
 }
 
-type Work = Pin<Box<dyn Future<Output = (ClientReply, Change)>>>;
+type Running = Pin<Box<dyn Future<Output = (ClientReply, Change)>>>;
 
 /// One engine connection. See the module documentation.
 pub struct ClientSessionActor {
@@ -87,11 +62,10 @@ pub struct ClientSessionActor {
     tenant: Arc<Tenant>,
     replies: mpsc::Sender<(u64, ClientReply)>,
     reader: Option<OwnedReadHalf>,
-    greeted: bool,
     inflight: usize,
-    /// Whether this client may make administrative requests (reload, drain): see
+    /// Whether this client may make the operator's requests (reload, drain): see
     /// [`may_administer`].
-    admin: bool,
+    operator: bool,
     /// Where objects' bytes are in the node's SSD files, handed to this client.
     ssd_pins: SsdPins,
 }
@@ -104,12 +78,6 @@ pub fn may_administer(stream: &tokio::net::UnixStream) -> bool {
     stream.peer_cred().is_ok_and(|peer| peer.uid() == own)
 }
 
-/// What admission made of a request: an answer now, or work to run detached.
-enum Admitted {
-    Reply(ClientReply),
-    Work(Work, Slots),
-}
-
 impl ClientSessionActor {
     /// A session over an accepted Unix socket connection, whose books the node core
     /// admitted as `client`, of `tenant`.
@@ -119,7 +87,7 @@ impl ClientSessionActor {
         client: ClientId,
         tenant: Arc<Tenant>,
     ) -> ClientSessionActor {
-        let admin = may_administer(&stream);
+        let operator = may_administer(&stream);
         let (reader, writer) = stream.into_split();
         ClientSessionActor {
             services,
@@ -129,9 +97,8 @@ impl ClientSessionActor {
                 ClientReply::Error(ProtocolError::Node(error))
             }),
             reader: Some(reader),
-            greeted: false,
             inflight: 0,
-            admin,
+            operator,
             ssd_pins: SsdPins::default(),
         }
     }
@@ -142,14 +109,14 @@ impl ClientSessionActor {
         }
     }
 
-    /// Calls this client's books in the node core (`None` once the client was removed).
-    fn books<T>(&self, call: impl FnOnce(&mut crate::node::ClientBooks) -> T) -> Option<T> {
-        self.services.core().client(self.client).map(call)
-    }
-
     /// Aborts, at the directory, the reservations of grants the books took back.
     fn send_aborts(&self) {
-        let aborts = self.books(|books| books.take_aborts()).unwrap_or_default();
+        let aborts = self
+            .services
+            .core()
+            .client(self.client)
+            .map(|books| books.take_aborts())
+            .unwrap_or_default();
         for (session, replica) in aborts {
             let services = self.services.clone();
             actix_rt::spawn(async move { services.link.abort(session, replica).await });
@@ -159,30 +126,54 @@ impl ClientSessionActor {
     /// Drops expired leases and takes back expired grants.
     fn prune(&mut self) {
         let now = self.services.clock.now();
-        self.books(|books| books.prune(now));
+        if let Some(books) = self.services.core().client(self.client) {
+            books.prune(now);
+        }
         self.send_aborts();
         if let Some(ssd) = &self.services.ssd {
             self.ssd_pins.expire(ssd, Instant::now());
         }
     }
 
+    /// Reads the clock, asks the core, and answers or runs what it decided.
     fn dispatch(&mut self, request_id: u64, request: ClientRequest, context: &mut Context<Self>) {
         if self.inflight >= INFLIGHT_REQUESTS_MAX {
             return self.reply(request_id, ClientReply::Error(ProtocolError::Busy), context);
         }
         let operation = operation_label(&request);
         let started = Instant::now();
-        let admitted = self.admit(request);
+        let caller = Caller {
+            client: self.client,
+            tenant: &self.tenant,
+            operator: self.operator,
+        };
+        let now = self.services.clock.now();
+        let batch_items_max = self.services.link.batch_items_max();
+        let decision = dispatch::handle(
+            &mut self.services.core(),
+            now,
+            caller,
+            batch_items_max,
+            request,
+        );
         self.send_aborts();
-        let (work, slots) = match admitted {
-            Admitted::Reply(reply) => return self.reply(request_id, reply, context),
-            Admitted::Work(work, slots) => (work, slots),
+        let (running, slots) = match decision {
+            Decision::Reply(reply) => return self.reply(request_id, reply, context),
+            Decision::ReplyAndClose(reply) => {
+                self.reply(request_id, reply, context);
+                return context.stop();
+            }
+            Decision::Describe => return self.reply(request_id, self.describe(), context),
+            Decision::Work(work, slots) => match self.run(work) {
+                Ok(running) => (running, slots),
+                Err(reply) => return self.reply(request_id, reply, context),
+            },
         };
         self.inflight += 1;
         let address = context.address();
         let services = self.services.clone();
         actix_rt::spawn(async move {
-            let (reply, change) = work.await;
+            let (reply, change) = running.await;
             let finished = Finished {
                 request_id,
                 reply,
@@ -199,224 +190,62 @@ impl ClientSessionActor {
         });
     }
 
-    /// Checks a request against the books and turns it into a reply or detached work.
-    fn admit(&mut self, request: ClientRequest) -> Admitted {
+    /// The node's identity and the pools a client maps.
+    fn describe(&self) -> ClientReply {
+        let binding = self.services.link.binding();
+        ClientReply::Described(NodeDescription {
+            node: binding.node,
+            epoch: binding.epoch,
+            pools: self.services.mappings.clone(),
+        })
+    }
+
+    /// The work the core decided, as a detached future; or the answer at once for what
+    /// needs no round trip (the SSD pins of this connection).
+    fn run(&mut self, work: Work) -> Result<Running, ClientReply> {
         let services = self.services.clone();
-        let now = services.clock.now();
-        match request {
-            ClientRequest::Hello(_) => {
-                Admitted::Reply(error(ProtocolError::Sequence("hello sent twice".into())))
+        Ok(match work {
+            Work::RegisterNamespace(salted) => Box::pin(register_namespace(services, salted)),
+            Work::BeginStore { admitted, valid } => {
+                Box::pin(begin_store(services, self.client, admitted, valid))
             }
-            ClientRequest::Describe => {
-                let binding = services.link.binding();
-                Admitted::Reply(ClientReply::Described(NodeDescription {
-                    node: binding.node,
-                    epoch: binding.epoch,
-                    pools: services.mappings.clone(),
-                }))
+            Work::BeginStoreMany { admitted, valid } => {
+                Box::pin(begin_store_many(services, self.client, admitted, valid))
             }
-            ClientRequest::RegisterNamespace(descriptor) => {
-                if !self.tenant.permits(&descriptor) {
-                    return Admitted::Reply(error(ProtocolError::Tenant(
-                        TenantRefusal::NamespaceDenied {
-                            tenant: self.tenant.name.clone(),
-                            model: descriptor.model,
-                        },
-                    )));
-                }
-                match self.books(|books| books.admit_namespace()) {
-                    Some(Ok(())) => {
-                        // The tenant's salt, never one the client sent.
-                        let salted = self.tenant.salted(descriptor);
-                        let work = register_namespace(services, salted);
-                        Admitted::Work(Box::pin(work), Slots::Namespace)
-                    }
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-            ClientRequest::BeginStore {
-                object,
-                length_bytes,
-            } => match self.books(|books| {
-                let admitted = books.admit_store(&object, length_bytes, now);
-                (admitted, books.ticket_duration())
-            }) {
-                Some((Ok(ticket), valid)) => {
-                    let item = ReserveItem {
-                        object,
-                        length_bytes,
-                    };
-                    let admitted = AdmittedStore { ticket, item };
-                    let work = begin_store(services, self.client, admitted, valid);
-                    Admitted::Work(Box::pin(work), Slots::Ticket(ticket))
-                }
-                Some((Err(refusal), _)) => Admitted::Reply(refused(refusal)),
-                None => Admitted::Reply(error(gone())),
-            },
-            ClientRequest::CommitStore { ticket } => match self.take_ticket(ticket) {
-                Some(granted) => {
-                    Admitted::Work(Box::pin(commit_store(services, granted)), Slots::None)
-                }
-                None => Admitted::Reply(error(unknown_ticket())),
-            },
-            ClientRequest::AbortStore { ticket } => match self.take_ticket(ticket) {
-                Some(granted) => Admitted::Work(
-                    Box::pin(async move {
-                        give_back(&services, granted).await;
-                        (ClientReply::Aborted, Change::None)
-                    }),
-                    Slots::None,
-                ),
-                None => Admitted::Reply(error(unknown_ticket())),
-            },
-            ClientRequest::Acquire { objects, mode } => {
-                let wanted = objects.len();
-                match self.books(|books| books.admit_acquire(&objects, now)) {
-                    Some(Ok(())) => Admitted::Work(
-                        Box::pin(acquire(services, objects, mode)),
-                        Slots::Leases(wanted),
-                    ),
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-            ClientRequest::Probe { objects } => {
-                match self.books(|books| books.check_objects(&objects)) {
-                    Some(Ok(())) => {
-                        let request = DirectoryRequest::Probe { objects };
-                        Admitted::Work(Box::pin(forward(services, request)), Slots::None)
-                    }
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-            ClientRequest::Retire { object, replica } => {
-                match self.books(|books| books.check_objects(std::slice::from_ref(&object))) {
-                    Some(Ok(())) => {
-                        let request = DirectoryRequest::Retire { object, replica };
-                        Admitted::Work(Box::pin(forward(services, request)), Slots::None)
-                    }
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-            ClientRequest::Release { leases } => {
-                // Only this client's own leases: another engine's are not its to end.
-                let max = services.link.batch_items_max();
-                match self.books(|books| books.release(&leases, max)) {
-                    Some(Ok(owned)) => {
-                        Admitted::Work(Box::pin(release(services, leases, owned)), Slots::None)
-                    }
-                    Some(Err(ClientRefusal::BatchTooLarge { items, max })) => {
-                        Admitted::Reply(error(ProtocolError::Directory(
-                            DirectoryError::BatchTooLarge { items, max },
-                        )))
-                    }
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-            ClientRequest::Reload | ClientRequest::Drain { .. } if !self.admin => {
-                Admitted::Reply(error(ProtocolError::NotPermitted(
-                    "reload and drain are for the node's own user".into(),
-                )))
-            }
-            ClientRequest::ClusterStatus => {
-                let request = DirectoryRequest::ClusterStatus;
-                Admitted::Work(Box::pin(forward(services, request)), Slots::None)
-            }
-            ClientRequest::Reload => Admitted::Work(
-                Box::pin(forward(services, DirectoryRequest::Reload)),
-                Slots::None,
-            ),
-            ClientRequest::Drain { node } => {
-                let request = DirectoryRequest::Drain { node };
-                Admitted::Work(Box::pin(forward(services, request)), Slots::None)
-            }
-            ClientRequest::BeginStoreMany { items } => self.admit_store_many(items),
-            ClientRequest::CommitStoreMany { tickets } => {
-                if let Err(refused) = store_batch_bound(tickets.len()) {
-                    return Admitted::Reply(refused);
-                }
-                let granted = tickets.iter().map(|ticket| self.take_ticket(*ticket));
-                let work = commit_store_many(services, granted.collect());
-                Admitted::Work(Box::pin(work), Slots::None)
-            }
-            ClientRequest::PinOnSsd { objects } => self.admit_pin_on_ssd(&objects),
-            ClientRequest::UnpinOnSsd { pins } => {
-                let ended = match &services.ssd {
+            Work::CommitStore(granted) => Box::pin(commit_store(services, granted)),
+            Work::CommitStoreMany(granted) => Box::pin(commit_store_many(services, granted)),
+            Work::AbortStore(granted) => Box::pin(async move {
+                give_back(&services, granted).await;
+                (ClientReply::Aborted, Change::None)
+            }),
+            Work::Acquire { objects, mode } => Box::pin(acquire(services, objects, mode)),
+            Work::Release { leases, owned } => Box::pin(release(services, leases, owned)),
+            Work::Forward(request) => Box::pin(forward(services, request)),
+            Work::Prefetch(objects) => Box::pin(async move {
+                let started = super::ssd_restore::prefetch(&services, &objects).await;
+                (ClientReply::Prefetching(started), Change::None)
+            }),
+            Work::PinOnSsd(objects) => return Err(self.pin_on_ssd(&objects)),
+            Work::UnpinOnSsd(pins) => {
+                let ended = match &self.services.ssd {
                     Some(ssd) => self.ssd_pins.unpin(ssd, &pins),
                     None => 0,
                 };
-                Admitted::Reply(ClientReply::Unpinned(ended))
+                return Err(ClientReply::Unpinned(ended));
             }
-            ClientRequest::Prefetch { objects } => {
-                match self.books(|books| books.check_objects(&objects)) {
-                    Some(Ok(())) => Admitted::Work(
-                        Box::pin(async move {
-                            let started = super::ssd_restore::prefetch(&services, &objects).await;
-                            (ClientReply::Prefetching(started), Change::None)
-                        }),
-                        Slots::None,
-                    ),
-                    Some(Err(refusal)) => Admitted::Reply(refused(refusal)),
-                    None => Admitted::Reply(error(gone())),
-                }
-            }
-        }
+        })
     }
 
-    /// Pins where the objects' bytes are in the node's SSD store, for this client to read
+    /// Pins where the objects' bytes are in the node's SSD files, for this client to read
     /// the files itself: answered at once (the store's index is in memory).
-    fn admit_pin_on_ssd(&mut self, objects: &[ObjectId]) -> Admitted {
-        if let Err(refused) = store_batch_bound(objects.len()) {
-            return Admitted::Reply(refused);
-        }
-        match self.books(|books| books.check_objects(objects)) {
-            Some(Ok(())) => {}
-            Some(Err(refusal)) => return Admitted::Reply(refused(refusal)),
-            None => return Admitted::Reply(error(gone())),
-        }
+    fn pin_on_ssd(&mut self, objects: &[ObjectId]) -> ClientReply {
         let Some(ssd) = self.services.ssd.clone() else {
-            return Admitted::Reply(refused(ClientRefusal::NoSsd));
+            return refused(ClientRefusal::NoSsd);
         };
         match self.ssd_pins.pin(&ssd, objects, Instant::now()) {
-            Ok(extents) => Admitted::Reply(ClientReply::PinnedOnSsd(extents)),
-            Err(refusal) => Admitted::Reply(refused(refusal)),
+            Ok(extents) => ClientReply::PinnedOnSsd(extents),
+            Err(refusal) => refused(refusal),
         }
-    }
-
-    /// Admits each item of a `BeginStoreMany` as a `BeginStore`; the batch reserves in one
-    /// round trip.
-    fn admit_store_many(&self, items: Vec<ReserveItem>) -> Admitted {
-        if let Err(refused) = store_batch_bound(items.len()) {
-            return Admitted::Reply(refused);
-        }
-        let now = self.services.clock.now();
-        let admitted = self.books(|books| {
-            let admitted: Vec<_> = items
-                .into_iter()
-                .map(|item| {
-                    let ticket = books.admit_store(&item.object, item.length_bytes, now)?;
-                    Ok(AdmittedStore { ticket, item })
-                })
-                .collect();
-            (admitted, books.ticket_duration())
-        });
-        let Some((admitted, valid)) = admitted else {
-            return Admitted::Reply(error(gone()));
-        };
-        let tickets = admitted
-            .iter()
-            .filter_map(|entry| entry.as_ref().ok().map(|store| store.ticket))
-            .collect();
-        let work = begin_store_many(self.services.clone(), self.client, admitted, valid);
-        Admitted::Work(Box::pin(work), Slots::Tickets(tickets))
-    }
-
-    fn take_ticket(&self, ticket: u64) -> Option<Ticket> {
-        self.books(|books| books.take_ticket(ticket)).flatten()
     }
 }
 
@@ -426,39 +255,13 @@ impl Handler<Finished> for ClientSessionActor {
     fn handle(&mut self, finished: Finished, context: &mut Context<Self>) {
         self.inflight -= 1;
         let now = self.services.clock.now();
-        let mut core = self.services.core();
-        match (core.client(self.client), finished.slots, finished.change) {
-            (Some(books), Slots::Ticket(_), Change::Ticket(ticket, granted)) => {
-                books.store_granted(ticket, granted, now)
-            }
-            (Some(books), Slots::Ticket(ticket), _) => books.store_ended(ticket),
-            (Some(books), Slots::Tickets(admitted), change) => {
-                if let Change::Tickets(granted) = change {
-                    for (ticket, granted) in granted {
-                        books.store_granted(ticket, granted, now);
-                    }
-                }
-                // Those granted just left the pending set; this ends the others.
-                for ticket in admitted {
-                    books.store_ended(ticket);
-                }
-            }
-            (Some(books), Slots::Leases(count), Change::Leases(leases)) => {
-                books.leases_granted(count, leases)
-            }
-            (Some(books), Slots::Leases(count), _) => books.leases_granted(count, Vec::new()),
-            (Some(books), Slots::Namespace, Change::Namespace(namespace)) => {
-                books.namespace_registered(Some(namespace))
-            }
-            (Some(books), Slots::Namespace, _) => books.namespace_registered(None),
-            (Some(_), Slots::None, _) => {}
+        let core = &mut self.services.core();
+        let undone = dispatch::finish(core, self.client, now, finished.slots, finished.change);
+        if let Some(change) = undone {
             // The client's books are gone: give back what the request obtained.
-            (None, _, change) => {
-                let services = self.services.clone();
-                actix_rt::spawn(async move { undo(&services, change).await });
-            }
+            let services = self.services.clone();
+            actix_rt::spawn(async move { undo(&services, change).await });
         }
-        drop(core);
         let error = match &finished.reply {
             ClientReply::Error(error) => Some(error.label()),
             _ => None,
@@ -497,15 +300,7 @@ fn error(error: ProtocolError) -> ClientReply {
 }
 
 fn refused(refusal: ClientRefusal) -> ClientReply {
-    tracing::debug!(
-        ?refusal,
-        "client request refused by its bounds or namespaces"
-    );
     ClientReply::Error(ProtocolError::Client(refusal))
-}
-
-fn gone() -> ProtocolError {
-    ProtocolError::Node("this client's books were removed".into())
 }
 
 /// Registers a (salted) namespace for the client; on success it joins the client's books,
@@ -568,16 +363,6 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
             Operation::Admin
         }
     })
-}
-
-/// Refuses a store batch over [`STORE_BATCH_ITEMS_MAX`] items (the link splits one into
-/// chunks of what one directory request may carry).
-fn store_batch_bound(items: usize) -> Result<(), ClientReply> {
-    let max = STORE_BATCH_ITEMS_MAX;
-    if items > max {
-        return Err(refused(ClientRefusal::BatchTooLarge { items, max }));
-    }
-    Ok(())
 }
 
 /// The protocol error a failed directory call becomes for the client.
@@ -733,26 +518,7 @@ impl StreamHandler<Result<RawFrame, WireError>> for ClientSessionActor {
                 return context.stop();
             }
         };
-        match (self.greeted, request) {
-            (false, ClientRequest::Hello(hello)) => match Hello::ours().negotiate(&hello) {
-                Some(agreed) => {
-                    self.greeted = true;
-                    self.reply(request_id, ClientReply::Hello(agreed), context);
-                }
-                None => {
-                    let error = ProtocolError::UnsupportedVersion {
-                        supported: SUPPORTED_VERSIONS.to_vec(),
-                    };
-                    self.reply(request_id, ClientReply::Error(error), context);
-                    context.stop();
-                }
-            },
-            (false, _) => {
-                let error = ProtocolError::Sequence("the first frame must be hello".into());
-                self.reply(request_id, ClientReply::Error(error), context);
-            }
-            (true, request) => self.dispatch(request_id, request, context),
-        }
+        self.dispatch(request_id, request, context);
     }
 
     fn finished(&mut self, context: &mut Context<Self>) {

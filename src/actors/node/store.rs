@@ -7,7 +7,7 @@
 //! [`STORE_BATCH_ITEMS_MAX`]: crate::protocol::messages::STORE_BATCH_ITEMS_MAX
 
 use super::actor::commit_result;
-use super::client_session::{give_back, refusal, Change};
+use super::client_session::{give_back, refusal};
 use super::link::{CommitRequest, LinkError};
 use super::services::{AllocationRefused, NodeServices};
 use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
@@ -15,13 +15,8 @@ use crate::metrics::Direction;
 use crate::model::{Location, SessionId};
 use crate::node::{after_commit, ClientId, ClientRefusal, PagesAfterCommit, Ticket};
 use crate::protocol::messages::{ClientReply, ProtocolError, StoreCommitted, StoreGrant};
+use crate::protocol::node::{unknown_ticket, AdmittedStore, Change};
 use std::time::Duration;
-
-/// One store the client's books admitted: its ticket number and what to reserve.
-pub struct AdmittedStore {
-    pub ticket: u64,
-    pub item: ReserveItem,
-}
 
 /// `BeginStore`: reserves, allocates and answers with the grant.
 pub async fn begin_store(
@@ -218,9 +213,4 @@ async fn settle(
         PagesAfterCommit::FreeAndAbort => give_back(services, granted).await,
     }
     reply
-}
-
-/// The refusal of a commit or abort of a ticket the client does not hold.
-pub fn unknown_ticket() -> ProtocolError {
-    ProtocolError::Sequence("unknown store ticket".into())
 }
