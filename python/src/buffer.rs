@@ -138,6 +138,19 @@ pub(crate) struct Span {
 unsafe impl Send for Span {}
 unsafe impl Sync for Span {}
 
+/// Refuses targets that share a byte (the same buffer twice, or overlapping views of one
+/// array): each becomes a `&mut [u8]` of its own, and two of those may never alias.
+pub(crate) fn ensure_distinct(spans: &[Span]) -> PyResult<()> {
+    let mut sorted: Vec<Span> = spans.iter().copied().filter(|span| span.len > 0).collect();
+    sorted.sort_by_key(|span| span.pointer as usize);
+    if sorted.windows(2).any(|pair| pair[0].overlaps(pair[1])) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "two target buffers overlap: load into distinct buffers",
+        ));
+    }
+    Ok(())
+}
+
 impl Span {
     /// Whether the two spans share a byte.
     pub(crate) fn overlaps(self, other: Span) -> bool {

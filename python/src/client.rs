@@ -1,9 +1,10 @@
 //! `Client`, `Namespace`, `Probe` and `Loaded`: the Python face of [`kvtier::client`].
 
-use crate::buffer::Buffer;
-use crate::errors::{self, KvtierError, LeaseExpired};
+use crate::buffer::{ensure_distinct, Buffer};
+use crate::errors::{self, LeaseExpired};
 use crate::jobs::{JobKind, Jobs};
 use crate::keys;
+use crate::leased::LeasedBytes;
 use crate::runtime;
 use crate::ssd::SsdPin;
 use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
@@ -12,12 +13,8 @@ use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId}
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-
-/// `PyBUF_READ`: a read-only memoryview (declared by the limited API only from 3.11).
-const PYBUF_READ: std::os::raw::c_int = 0x100;
+use std::sync::Arc;
 
 /// The status of a store, as Python sees it: a skip is a status, never an error.
 pub(crate) fn store_status(outcome: StoreOutcome) -> &'static str {
@@ -353,11 +350,12 @@ impl Client {
             .map(|buffer| Buffer::get(buffer, true))
             .collect::<PyResult<Vec<_>>>()?;
         let spans: Vec<_> = buffers.iter().map(Buffer::span).collect();
+        ensure_distinct(&spans)?;
         let runtime = runtime()?;
         let inner = &self.inner;
         let hits = py.allow_threads(|| {
             // SAFETY: `buffers` holds every (writable) export until after this closure,
-            // and the spans are distinct Python objects' memory.
+            // and no two spans share a byte (checked above).
             let mut targets: Vec<&mut [u8]> = spans
                 .iter()
                 .map(|span| unsafe { span.bytes_mut() })
@@ -490,6 +488,9 @@ impl Client {
             .iter()
             .map(|buffer| Buffer::get(buffer, writable))
             .collect::<PyResult<Vec<_>>>()?;
+        if writable {
+            ensure_distinct(&buffers.iter().map(Buffer::span).collect::<Vec<_>>())?;
+        }
         self.jobs
             .submit(runtime()?, &self.inner, kind(objects), buffers)
     }
@@ -508,75 +509,48 @@ fn same_length(keys: &[Bound<'_, PyBytes>], buffers: &[Bound<'_, PyAny>]) -> PyR
 
 /// Leased objects: read-only memoryviews straight over pool memory, valid until released.
 /// Use it as a context manager (`with client.load(ns, keys) as views:`); on exit (or on
-/// `release()`, or garbage collection) every view is released: touching one afterwards
-/// raises `ValueError`. An array made from a view (which keeps the view from being
-/// released) keeps the lease, and its pool mapped, for the rest of the process: do not keep
-/// one past the block.
+/// `release()`, or garbage collection) each view is released and its lease given back. A
+/// view derived from one (a slice, a cast, a numpy array) keeps its object's lease and pool
+/// mapping until the derived view is gone: it reads the object's bytes, never unmapped
+/// memory; do not keep one past the block (the lease still ends at its deadline).
 #[pyclass(module = "kvtier._kvtier")]
 pub(crate) struct Loaded {
-    leases: Vec<Option<LoadedView>>,
+    leased: Vec<Option<Py<LeasedBytes>>>,
     views: Vec<Option<Py<PyAny>>>,
 }
 
 impl Loaded {
     fn new(py: Python<'_>, leases: Vec<Option<LoadedView>>) -> PyResult<Loaded> {
-        let mut views = Vec::with_capacity(leases.len());
-        for lease in &leases {
-            views.push(match lease {
-                None => None,
-                Some(lease) => Some(memoryview(py, lease)?),
-            });
+        let (mut leased, mut views) = (Vec::new(), Vec::new());
+        for lease in leases {
+            let Some(lease) = lease else {
+                leased.push(None);
+                views.push(None);
+                continue;
+            };
+            let bytes = Py::new(py, LeasedBytes::new(lease)?)?;
+            // SAFETY: a new reference or null with an exception set.
+            let view = unsafe {
+                Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyMemoryView_FromObject(bytes.as_ptr()))
+            }?;
+            leased.push(Some(bytes));
+            views.push(Some(view.unbind()));
         }
-        Ok(Loaded { leases, views })
+        Ok(Loaded { leased, views })
     }
 
     fn release_all(&mut self, py: Python<'_>) {
-        for (view, lease) in self.views.drain(..).zip(self.leases.drain(..)) {
-            let (Some(view), Some(lease)) = (view, lease) else {
-                continue;
-            };
-            // A view still exported (to a numpy array, say) refuses to be released: its
-            // lease stays held, and with it the pool's mapping, so that a stray array reads
-            // stale bytes rather than unmapped memory.
-            if view.call_method0(py, "release").is_err() {
-                strand(lease);
+        for (view, leased) in self.views.drain(..).zip(self.leased.drain(..)) {
+            if let Some(view) = view {
+                // A view with exports of its own (`np.frombuffer(view)`) refuses: its
+                // export, like any derived view's, ends the lease when it goes.
+                let _ = view.call_method0(py, "release");
+            }
+            if let Some(leased) = leased {
+                leased.get().end();
             }
         }
     }
-}
-
-/// Leases of views that could not be released, kept (with their pools' mappings) for as
-/// long as this process runs, oldest dropped first past this many: a stray array outliving
-/// its `Loaded` must never touch unmapped memory. One kept lease keeps its client's pools
-/// mapped, so few suffice.
-const STRANDED_LEASES_MAX: usize = 1024;
-
-fn strand(lease: LoadedView) {
-    static STRANDED: Mutex<VecDeque<LoadedView>> = Mutex::new(VecDeque::new());
-    let mut stranded = STRANDED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if stranded.len() >= STRANDED_LEASES_MAX {
-        stranded.pop_front();
-    }
-    stranded.push_back(lease);
-}
-
-fn memoryview(py: Python<'_>, lease: &LoadedView) -> PyResult<Py<PyAny>> {
-    let bytes = lease.bytes().map_err(errors::to_py)?;
-    let length = pyo3::ffi::Py_ssize_t::try_from(bytes.len())
-        .map_err(|_| KvtierError::new_err("object too large for a memoryview"))?;
-    // SAFETY: the memory is mapped while the lease's view (which holds the pool mapping)
-    // lives; the view is released before the lease. PyBUF_READ makes it read-only.
-    let pointer = unsafe {
-        pyo3::ffi::PyMemoryView_FromMemory(
-            bytes.as_ptr() as *mut std::os::raw::c_char,
-            length,
-            PYBUF_READ,
-        )
-    };
-    // SAFETY: a new reference or null with an exception set.
-    unsafe { Bound::from_owned_ptr_or_err(py, pointer) }.map(Bound::unbind)
 }
 
 #[pymethods]
@@ -607,8 +581,8 @@ impl Loaded {
             return Err(pyo3::exceptions::PyIndexError::new_err("no such view"));
         }
         let index = position as usize;
-        if let Some(Some(lease)) = self.leases.get(index) {
-            if !lease.is_valid() {
+        if let Some(Some(leased)) = self.leased.get(index) {
+            if !leased.get().is_valid() {
                 return Err(LeaseExpired::new_err("the lease of this view has expired"));
             }
         }
@@ -618,7 +592,7 @@ impl Loaded {
     /// Whether each view's lease still protects its bytes (False for a miss or once released).
     fn valid(&self) -> Vec<bool> {
         (0..self.views.len())
-            .map(|index| matches!(self.leases.get(index), Some(Some(lease)) if lease.is_valid()))
+            .map(|index| matches!(self.leased.get(index), Some(Some(leased)) if leased.get().is_valid()))
             .collect()
     }
 }

@@ -32,6 +32,9 @@ pub(crate) enum JobKind {
 }
 
 enum Outcome {
+    /// The job's task panicked (a bug): its completion says so, and its buffers and its
+    /// place among the jobs in flight are given back as for any other.
+    Panicked(String),
     Stored(Result<StoreOutcome, ClientError>),
     StoredMany(Vec<Result<StoreOutcome, ClientError>>),
     Loaded(Result<Vec<bool>, ClientError>),
@@ -93,8 +96,10 @@ impl Jobs {
         };
         let spans: Vec<_> = buffers.iter().map(Buffer::span).collect();
         let (jobs, client) = (self.clone(), client.clone());
-        runtime.spawn(async move {
-            let outcome = match kind {
+        // The work runs as a task of its own, so a panic in it ends that task only and the
+        // completion is still queued.
+        let work = runtime.spawn(async move {
+            match kind {
                 // SAFETY: the exports are held in `buffers` until the completion is polled.
                 JobKind::Store(object) => {
                     Outcome::Stored(client.store(object, unsafe { spans[0].bytes() }).await)
@@ -118,7 +123,12 @@ impl Jobs {
                 }
                 JobKind::Probe(objects) => Outcome::Probed(client.probe(&objects).await),
                 JobKind::Prefetch(objects) => Outcome::Prefetched(client.prefetch(&objects).await),
-            };
+            }
+        });
+        runtime.spawn(async move {
+            let outcome = work.await.unwrap_or_else(|error| {
+                Outcome::Panicked(format!("a kvtier job failed inside: {error}"))
+            });
             jobs.lock().done.push_back(Done {
                 job,
                 outcome,
@@ -161,6 +171,10 @@ impl Jobs {
         let list = PyList::empty(py);
         for done in taken {
             let result = match done.outcome {
+                Outcome::Panicked(reason) => errors::KvtierError::new_err(reason)
+                    .into_value(py)
+                    .into_bound(py)
+                    .into_any(),
                 Outcome::Stored(Ok(outcome)) => store_status(outcome).into_pyobject(py)?.into_any(),
                 Outcome::StoredMany(outcomes) => {
                     let statuses = PyList::empty(py);

@@ -10,6 +10,7 @@ mod cluster;
 mod errors;
 mod jobs;
 mod keys;
+mod leased;
 mod ssd;
 
 use buffer::Buffer;
@@ -80,6 +81,7 @@ fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<client::Namespace>()?;
     module.add_class::<client::ProbeResult>()?;
     module.add_class::<client::Loaded>()?;
+    module.add_class::<leased::LeasedBytes>()?;
     module.add_class::<cluster::LocalCluster>()?;
     module.add_class::<ssd::SsdPin>()?;
     module.add_function(wrap_pyfunction!(keys::prefix_digest, module)?)?;

@@ -94,6 +94,45 @@ def test_views_are_released_on_exit_and_on_collection(client, namespace):
     assert array.tobytes() == data
 
 
+def test_derived_views_keep_their_lease_and_mapping_past_release_and_the_client(cluster, namespace):
+    # Slices, casts and arrays of a leased view are not exports of the view itself: each
+    # must keep the lease and the pool mapping alive through its own reference, after the
+    # views were released and after the client is gone (never a read of unmapped memory).
+    client = kvtier.Client.connect(cluster.socket(0))
+    namespace = register(client)
+    data = payload(256 * 1024, 5)
+    client.store(namespace, b"derived", data)
+    loaded = client.load(namespace, [b"derived"])
+    view = loaded[0]
+    sliced = view[: 64 * 1024]
+    cast = view.cast("B", (256, 1024))
+    wrapped = memoryview(view)
+    array = np.frombuffer(view[1024:], dtype=np.uint8)
+    loaded.release()
+    del view, loaded, client
+    gc.collect()
+    assert sliced.tobytes() == data[: 64 * 1024]
+    assert cast[255, 1023] == data[-1]
+    assert wrapped.tobytes() == data
+    assert array.tobytes() == data[1024:]
+    with pytest.raises(TypeError):
+        sliced[0] = 1  # read-only
+
+
+def test_loads_into_overlapping_targets_are_refused(client, namespace):
+    client.store_many(namespace, [b"a", b"b"], [b"x" * 64, b"y" * 64])
+    target = bytearray(128)
+    with pytest.raises(ValueError, match="overlap"):
+        client.load_into(namespace, [b"a", b"b"], [target, target])
+    whole = np.zeros(128, dtype=np.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        client.load_into(namespace, [b"a", b"b"], [whole[:64], whole[32:96]])
+    with pytest.raises(ValueError, match="overlap"):
+        client.submit_load_into(namespace, [b"a", b"b"], [target, target])
+    assert client.load_into(namespace, [b"a", b"b"], [whole[:64], whole[64:]]) == [True, True]
+    assert whole.tobytes() == b"x" * 64 + b"y" * 64
+
+
 def test_refused_buffers(client, namespace):
     client.store(namespace, b"k", b"abcd")
     with pytest.raises(BufferError):
