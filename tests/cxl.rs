@@ -153,6 +153,25 @@ fn share_cxl(cluster: &LocalCluster) {
     );
 }
 
+/// A view dropped just before its own client retires the replica is released first: the
+/// background releaser lingers before it sends, and the retire flushes it.
+#[test]
+fn a_dropped_view_does_not_hold_up_its_own_clients_retire() {
+    let cluster = cluster(false, vec![Medium::Cxl], 2 << 20, 8 << 20);
+    runtime().block_on(async {
+        let (a, namespace) = connect(&cluster, 0).await;
+        let (id, bytes) = object(namespace, 1);
+        assert_eq!(a.store(id, &bytes).await.unwrap(), StoreOutcome::Stored);
+        let views = a.load(&[id], AcquireMode::Each).await.unwrap();
+        let replica = views[0].as_ref().unwrap().lease().replica;
+        drop(views);
+        assert_eq!(
+            a.retire(id, replica).await.unwrap(),
+            RetireOutcome::Reclaimable
+        );
+    });
+}
+
 #[test]
 fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
     let mut cluster = cluster(false, vec![Medium::Cxl], 2 << 20, 8 << 20);

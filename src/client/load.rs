@@ -169,7 +169,7 @@ impl Client {
     pub(super) fn queue_releases(&self, leases: Vec<LeaseId>) -> Vec<LeaseId> {
         leases
             .into_iter()
-            .filter(|lease| self.dropped_leases.try_send(*lease).is_err())
+            .filter(|lease| !self.dropped_leases.push(*lease))
             .collect()
     }
 

@@ -10,11 +10,13 @@
 mod batches;
 mod blocking;
 mod load;
+mod releases;
 mod store;
 
 pub use batches::batch_lengths;
 pub use blocking::{STORE_RESERVES_HELD_MAX, STORE_RESERVE_BYTES_MAX};
 pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
+pub use releases::DROPPED_LEASES_QUEUED_MAX;
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 
 use crate::backends::{PoolError, SharedMemory};
@@ -24,6 +26,7 @@ use crate::model::{
 };
 use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, SsdExtent};
 use crate::wire::{uds, RpcClient, RpcConfig, WireError};
+use releases::DroppedLeases;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,9 +39,6 @@ use tokio::sync::mpsc;
 pub const CLIENT_INFLIGHT_MAX: usize = 256;
 /// How long one request to the node may take.
 pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Leases queued for the background releaser (dropped views, finished copies); past this
-/// a dropped view's lease expires at the directory and a copy releases inline.
-pub const DROPPED_LEASES_QUEUED_MAX: usize = 4096;
 /// Store tickets queued for the background aborter (grants of a `store_many` future
 /// dropped before it committed them); past this a ticket expires at the node.
 pub const DROPPED_TICKETS_QUEUED_MAX: usize = 1024;
@@ -85,7 +85,7 @@ pub enum StoreOutcome {
 pub struct Client {
     rpc: RpcClient<ClientRequest, ClientReply>,
     pools: Arc<HashMap<PoolId, SharedMemory>>,
-    dropped_leases: mpsc::Sender<LeaseId>,
+    dropped_leases: DroppedLeases,
     dropped_tickets: mpsc::Sender<u64>,
     /// The directory's `batch_items_max` once a refusal named it (`usize::MAX` before):
     /// acquires of `load_into` and releases split by it.
@@ -129,9 +129,8 @@ impl Client {
                 })?;
             pools.insert(mapping.pool, memory);
         }
-        let (dropped_leases, queue) = mpsc::channel(DROPPED_LEASES_QUEUED_MAX);
         let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));
-        tokio::spawn(release_dropped(rpc.clone(), batch_items_max.clone(), queue));
+        let dropped_leases = DroppedLeases::spawn(rpc.clone(), batch_items_max.clone());
         let (dropped_tickets, queue) = mpsc::channel(DROPPED_TICKETS_QUEUED_MAX);
         tokio::spawn(store::abort_dropped(rpc.clone(), queue));
         Ok(Client {
@@ -252,6 +251,10 @@ impl Client {
         object: ObjectId,
         replica: ReplicaId,
     ) -> Result<RetireOutcome, ClientError> {
+        // This client's own dropped views must not count as readers of the replica.
+        self.dropped_leases
+            .flush(&self.rpc, &self.batch_items_max)
+            .await?;
         match self.call(ClientRequest::Retire { object, replica }).await? {
             ClientReply::Retired(outcome) => Ok(outcome),
             other => Err(unexpected(other)),
@@ -280,7 +283,7 @@ pub struct LoadedView {
     pools: Arc<HashMap<PoolId, SharedMemory>>,
     valid_until: Instant,
     lease: Lease,
-    dropped_leases: Option<mpsc::Sender<LeaseId>>,
+    dropped_leases: Option<DroppedLeases>,
 }
 
 impl LoadedView {
@@ -327,43 +330,8 @@ impl Drop for LoadedView {
     fn drop(&mut self) {
         if let Some(queue) = self.dropped_leases.take() {
             // Full queue: the lease expires at the directory instead (bounded, never blocks).
-            let _ = queue.try_send(self.lease.lease);
+            queue.push(self.lease.lease);
         }
-    }
-}
-
-/// Leases the background releaser sends in one call at most (split further by the
-/// directory's `batch_items_max`).
-const DROPPED_LEASES_RELEASED_AT_ONCE: usize = 256;
-/// How long the background releaser waits for more leases before it sends a release: an engine loading one prefix after
-/// another sends one release for many loads instead of one per load, so a load costs the
-/// node and the directory one round trip, not two. A lease is held at most this much
-/// longer than its copy (its replica's eviction waits as long), against lease durations
-/// of seconds.
-const RELEASE_LINGER: Duration = Duration::from_millis(2);
-
-/// Releases leases of dropped views (and of finished copies) in batches of up to
-/// [`DROPPED_LEASES_RELEASED_AT_ONCE`], each sent [`RELEASE_LINGER`] after its first lease
-/// arrived. The task sleeps through the linger rather than waiting on the queue: leases
-/// queued meanwhile wake nobody (a wake-up per load costs a thread switch).
-async fn release_dropped(
-    rpc: RpcClient<ClientRequest, ClientReply>,
-    batch_items_max: Arc<AtomicUsize>,
-    mut queue: mpsc::Receiver<LeaseId>,
-) {
-    let mut batch = Vec::with_capacity(DROPPED_LEASES_RELEASED_AT_ONCE);
-    while let Some(first) = queue.recv().await {
-        batch.push(first);
-        tokio::time::sleep(RELEASE_LINGER).await;
-        while batch.len() < DROPPED_LEASES_RELEASED_AT_ONCE {
-            match queue.try_recv() {
-                Ok(lease) => batch.push(lease),
-                Err(_) => break,
-            }
-        }
-        // Best effort: a lease not released expires.
-        let _ = release(&rpc, &batch_items_max, &batch).await;
-        batch.clear();
     }
 }
 
