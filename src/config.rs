@@ -94,6 +94,11 @@ pub struct DirectorySection {
     /// Certificate name of the directory (its cert is `<certs>/<name>.pem`).
     #[serde(default = "default_directory_name")]
     pub name: String,
+    /// Certificate names of operators: only a connection presenting one of these may
+    /// drain a node or reload the configuration (`kvtier ctl drain|reload`); an operator
+    /// makes no other request. Never a node's or the directory's name.
+    #[serde(default = "default_operators")]
+    pub operators: Vec<String>,
     /// QUIC address nodes connect to.
     pub listen: SocketAddr,
     /// Prometheus exporter address; none to disable.
@@ -176,6 +181,13 @@ pub struct CpuPoolSection {
     #[serde(default = "default_page_bytes")]
     pub page_bytes: u64,
 }
+
+fn default_operators() -> Vec<String> {
+    vec![DEFAULT_OPERATOR.to_owned()]
+}
+
+/// The operator's certificate name unless `[directory] operators` says otherwise.
+pub const DEFAULT_OPERATOR: &str = "operator";
 
 fn default_directory_name() -> String {
     "directory".into()
@@ -261,9 +273,17 @@ impl ClusterConfig {
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.
     pub fn validate(&self) -> anyhow::Result<()> {
         let mut names = std::collections::HashSet::new();
+        for operator in &self.directory.operators {
+            if !names.insert(operator.as_str()) || *operator == self.directory.name {
+                bail!("operator name `{operator}` is used twice");
+            }
+        }
         for node in &self.nodes {
             if !names.insert(node.name.as_str()) || node.name == self.directory.name {
-                bail!("node name `{}` is used twice", node.name);
+                bail!(
+                    "node name `{}` is used twice, or also names an operator",
+                    node.name
+                );
             }
             if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
                 bail!(

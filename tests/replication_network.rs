@@ -372,8 +372,8 @@ fn a_node_added_by_a_reload_receives_copies_from_the_running_nodes() {
     let mut cluster = LocalCluster::start(exe, &spec).unwrap();
     let added = cluster.add_node().unwrap();
     let reload = std::process::Command::new(exe)
-        .args(["ctl", "reload", "--socket"])
-        .arg(cluster.socket(0).unwrap())
+        .args(["ctl", "reload", "--config"])
+        .arg(&cluster.config_path)
         .output()
         .unwrap();
     assert!(reload.status.success(), "{reload:?}");

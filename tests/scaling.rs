@@ -57,6 +57,18 @@ fn ctl(socket: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `kvtier ctl ARGS --config CONFIG`: an operator's request, under the cluster's operator
+/// certificate.
+fn operator(config: &Path, args: &[&str]) -> Output {
+    Command::new(exe())
+        .arg("ctl")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
 fn status(socket: &Path) -> ClusterStatus {
     let output = ctl(socket, &["status", "--json"]);
     assert!(output.status.success(), "{output:?}");
@@ -129,6 +141,10 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
     };
     let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
     let (socket_a, socket_b) = (cluster.socket(0).unwrap(), cluster.socket(1).unwrap());
+    // The operator's own copy of the configuration (where the directory is, the certificate
+    // folder), beside the directory's, which the test breaks and extends.
+    let operator_config = cluster.config_path.with_file_name("operator.toml");
+    std::fs::copy(&cluster.config_path, &operator_config).unwrap();
     let (pid_a, pid_directory) = (cluster.node_pid(0), cluster.directory_pid());
     let runtime = runtime();
     let (a, b, namespace) = runtime.block_on(async {
@@ -170,7 +186,7 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
         + 1;
     let broken = good.replacen("listen = \"", "listen = ", 1);
     std::fs::write(&cluster.config_path, broken).unwrap();
-    let refused = ctl(&socket_a, &["reload"]);
+    let refused = operator(&operator_config, &["reload"]);
     assert!(!refused.status.success(), "{refused:?}");
     let reason = String::from_utf8_lossy(&refused.stderr);
     assert!(reason.contains(&format!("line {broken_line}")), "{reason}");
@@ -182,7 +198,7 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
 
     // Node-c: added to the file, reloaded, started; it stores into its own pool at once.
     let c_index = cluster.add_node().unwrap();
-    let reloaded = ctl(&socket_a, &["reload", "--json"]);
+    let reloaded = operator(&operator_config, &["reload", "--json"]);
     assert!(reloaded.status.success(), "{reloaded:?}");
     assert!(String::from_utf8_lossy(&reloaded.stdout).contains("node-c"));
     cluster.start_node(c_index).unwrap();
@@ -213,8 +229,22 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
         .iter()
         .any(|pool| pool.spec.name == "node-c-cpu"));
 
+    // A node's certificate (all an engine on that host could reach) never drains a node.
+    let refused = operator(&operator_config, &["drain", "node-b", "--as", "node-a"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    let reason = String::from_utf8_lossy(&refused.stderr);
+    assert!(reason.contains("need an operator certificate"), "{reason}");
+    assert_eq!(
+        status(&socket_a)
+            .nodes
+            .iter()
+            .filter(|node| node.drain.is_some())
+            .count(),
+        0
+    );
+
     // Node-b drained: relocated into CXL, its session ended, it exits 0 with its files.
-    let drained = ctl(&socket_a, &["drain", "node-b", "--wait", "--json"]);
+    let drained = operator(&operator_config, &["drain", "node-b", "--wait", "--json"]);
     assert!(drained.status.success(), "{drained:?}");
     let last_line = String::from_utf8_lossy(&drained.stdout)
         .lines()

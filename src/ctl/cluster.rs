@@ -1,12 +1,16 @@
-//! `kvtier ctl status|reload|drain`: the cluster half of `kvtier ctl`. Each connects to a
-//! node's Unix socket (`--socket`, or `--config` and `--node`), says hello as an engine
-//! does, and asks the node, which forwards to the directory. Reload and drain are answered
-//! only to a process of the node's own user.
+//! `kvtier ctl status|reload|drain`: the cluster half of `kvtier ctl`. `status` connects to
+//! a node's Unix socket (`--socket`, or `--config` and `--node`), says hello as an engine
+//! does, and asks the node, which forwards to the directory and answers only a process of
+//! its own user. `reload` and `drain` ask the directory itself under an operator
+//! certificate ([`super::operator`]).
 
+use super::operator::{OperatorLink, OperatorTarget};
 use crate::config::ClusterConfig;
 use crate::directory::{DrainProgress, DrainState};
 use crate::model::Scope;
-use crate::protocol::messages::{ClientReply, ClientRequest, ClusterStatus, Hello};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, ClusterStatus, DirectoryReply, DirectoryRequest, Hello,
+};
 use crate::wire::{uds, RpcClient, RpcConfig};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -46,7 +50,7 @@ pub struct StatusArgs {
 #[derive(Args, Clone, Debug)]
 pub struct ReloadArgs {
     #[command(flatten)]
-    pub target: Target,
+    pub target: OperatorTarget,
 }
 
 /// `kvtier ctl drain`.
@@ -55,7 +59,7 @@ pub struct DrainArgs {
     /// The node to drain.
     pub name: String,
     #[command(flatten)]
-    pub target: Target,
+    pub target: OperatorTarget,
     /// Wait until the drain ends (drained or interrupted), printing its progress.
     #[arg(long)]
     pub wait: bool,
@@ -181,8 +185,8 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
 
 /// `kvtier ctl reload`: prints what the reload applied, or fails with the refusal.
 pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
-    let change = match Control::connect(&args.target)?.call(ClientRequest::Reload)? {
-        ClientReply::Reloaded(change) => change,
+    let change = match OperatorLink::connect(&args.target)?.call(DirectoryRequest::Reload)? {
+        DirectoryReply::Reloaded(change) => change,
         other => bail!("unexpected reply {other:?}"),
     };
     if args.target.json {
@@ -204,11 +208,11 @@ pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
 /// `kvtier ctl drain NAME`: starts the drain and prints its progress; with `--wait`,
 /// until it ends (an interrupted drain fails the command).
 pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
-    let control = Control::connect(&args.target)?;
-    let mut progress = match control.call(ClientRequest::Drain {
+    let operator = OperatorLink::connect(&args.target)?;
+    let mut progress = match operator.call(DirectoryRequest::Drain {
         node: args.name.clone(),
     })? {
-        ClientReply::Draining(progress) => progress,
+        DirectoryReply::Draining(progress) => progress,
         other => bail!("unexpected reply {other:?}"),
     };
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
@@ -225,7 +229,10 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
             bail!("{} not drained after {} s", args.name, args.timeout_s);
         }
         std::thread::sleep(DRAIN_POLL_INTERVAL);
-        let status = control.status()?;
+        let status = match operator.call(DirectoryRequest::ClusterStatus)? {
+            DirectoryReply::ClusterStatus(status) => status,
+            other => bail!("unexpected reply {other:?}"),
+        };
         let node = status.nodes.iter().find(|node| node.name == args.name);
         progress = node
             .and_then(|node| node.drain.clone())

@@ -1,9 +1,11 @@
-//! `kvtier ctl`: operator commands, spoken to a node's Unix socket as an engine would, for
-//! debugging a host and for tests. `objects` stores, loads and probes objects by key;
-//! `cluster` holds the cluster commands (status, reload, drain).
+//! `kvtier ctl`: operator commands. `objects` stores, loads and probes objects by key through
+//! a node's Unix socket, as an engine would, for debugging a host and for tests; `cluster`
+//! holds the cluster commands (status through a node; reload and drain at the directory,
+//! under an operator certificate: `operator`).
 
 pub mod cluster;
 pub mod objects;
+mod operator;
 
 use clap::Subcommand;
 

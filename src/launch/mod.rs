@@ -381,7 +381,11 @@ impl LocalCluster {
         let names: Vec<String> = (0..spec.nodes).map(node_name).collect();
         let mut certificate_names = names.clone();
         certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
-        certificate_names.extend(["directory".to_string(), BENCH_PEER.to_string()]);
+        certificate_names.extend([
+            "directory".to_string(),
+            BENCH_PEER.to_string(),
+            crate::config::DEFAULT_OPERATOR.to_string(),
+        ]);
         crate::wire::certs::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
         // With namespaces, every node's veth pair is a port of one bridge; the directory
         // listens on all addresses and each node reaches it at the bridge's.

@@ -1,6 +1,6 @@
-//! The dispatch of one node request into the directory core: authentication by the peer's
-//! certificate name, the session handshake (`Open`, `Resume`), then one core call per
-//! operation. Pure: the caller supplies `now` and owns the core.
+//! The dispatch of one request into the directory core: authentication by the peer's
+//! certificate name (a node, or an operator), the session handshake (`Open`, `Resume`),
+//! then one core call per operation. Pure: the caller supplies `now` and owns the core.
 
 use super::messages::{
     ClusterStatus, DirectoryReply, DirectoryRequest, PoolUsageReport, ProtocolError,
@@ -16,23 +16,41 @@ pub struct NodeGrant {
     pub namespaces: NamespaceAccess,
 }
 
-/// Answers one request of peer `peer` (its certificate name; `grant` is `None` for a peer
-/// the configuration does not name), on a connection bound to `session` (`None` until its
-/// `Open` or `Resume`). Every refusal is a typed [`ProtocolError`].
+/// What the configuration makes a peer's certificate name.
+#[derive(Clone, Debug)]
+pub enum PeerRole {
+    /// A node, with what it is granted.
+    Node(NodeGrant),
+    /// An operator (`[directory] operators`): the cluster's status, reload and drain, and
+    /// nothing else. Only an operator may drain or reload: a node (and so any engine behind
+    /// it) never can.
+    Operator,
+    /// A name the configuration does not know.
+    Unknown,
+}
+
+/// Answers one request of peer `peer` (its certificate name, which the configuration makes
+/// `role`), on a connection bound to `session` (`None` until its `Open` or `Resume`; an
+/// operator never opens one). Every refusal is a typed [`ProtocolError`].
 pub fn handle(
     core: &mut Directory,
     now: Timestamp,
     peer: &str,
-    grant: Option<NodeGrant>,
+    role: PeerRole,
     session: Option<SessionId>,
     request: DirectoryRequest,
 ) -> DirectoryReply {
     use DirectoryReply as Reply;
     use DirectoryRequest as Request;
-    let Some(grant) = grant else {
-        return Reply::Error(ProtocolError::UnknownPeer(peer.into()));
+    let grant = match role {
+        PeerRole::Node(grant) => grant,
+        PeerRole::Operator => return operator(core, request),
+        PeerRole::Unknown => return Reply::Error(ProtocolError::UnknownPeer(peer.into())),
     };
     match (request, session) {
+        (Request::Drain { .. } | Request::Reload, _) => Reply::Error(ProtocolError::NotPermitted(
+            format!("`{peer}` is a node: drain and reload need an operator certificate"),
+        )),
         (Request::Open { .. }, Some(_)) => Reply::Error(ProtocolError::Sequence(
             "open sent twice on one connection".into(),
         )),
@@ -65,6 +83,24 @@ pub fn handle(
         (Request::Hello(_), _) => Reply::Error(ProtocolError::Sequence("hello sent twice".into())),
         (_, None) => Reply::Error(ProtocolError::Sequence("operation before open".into())),
         (request, Some(session)) => bound(core, now, session, request).unwrap_or_else(refused),
+    }
+}
+
+/// The requests of an operator's connection.
+fn operator(core: &mut Directory, request: DirectoryRequest) -> DirectoryReply {
+    use DirectoryReply as Reply;
+    use DirectoryRequest as Request;
+    match request {
+        Request::ClusterStatus => Reply::ClusterStatus(cluster_status(core)),
+        Request::Drain { node } => core.drain(&node).map_or_else(refused, Reply::Draining),
+        // Reading the file is the directory process's: its actor answers before `handle`.
+        Request::Reload => Reply::Error(ProtocolError::Reload(
+            crate::reload::ReloadRefusal::Invalid("this directory has no file to reload".into()),
+        )),
+        Request::Hello(_) => Reply::Error(ProtocolError::Sequence("hello sent twice".into())),
+        _ => Reply::Error(ProtocolError::NotPermitted(
+            "an operator certificate makes operator requests only (status, reload, drain)".into(),
+        )),
     }
 }
 
@@ -115,11 +151,9 @@ fn bound(
             Reply::Pool(pool)
         }
         Request::ClusterStatus => Reply::ClusterStatus(cluster_status(core)),
-        Request::Drain { node } => Reply::Draining(core.drain(&node)?),
-        // Reading the file is the directory process's: its actor answers before `handle`.
-        Request::Reload => Reply::Error(ProtocolError::Reload(
-            crate::reload::ReloadRefusal::Invalid("this directory has no file to reload".into()),
-        )),
+        Request::Drain { .. } | Request::Reload => {
+            unreachable!("operator requests are answered by `handle`")
+        }
         request => return data(core, now, session, request),
     })
 }
@@ -201,4 +235,83 @@ fn usage(core: &Directory) -> Vec<PoolUsageReport> {
             profile: Measurement::of(&report.profile),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::DirectoryConfig;
+    use crate::model::Medium;
+
+    fn node() -> PeerRole {
+        PeerRole::Node(NodeGrant {
+            domains: Vec::new(),
+            namespaces: NamespaceAccess::Any,
+        })
+    }
+
+    fn refusal(reply: &DirectoryReply) -> Option<&ProtocolError> {
+        match reply {
+            DirectoryReply::Error(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The roles of the threat model: a node (and any engine behind it) never drains or
+    /// reloads; an operator does nothing else; a stranger nothing at all.
+    #[test]
+    fn only_an_operator_drains_or_reloads_and_an_operator_does_nothing_else() {
+        let mut core = Directory::new(DirectoryConfig::default());
+        let now = Timestamp::ZERO;
+        let open = DirectoryRequest::Open {
+            write_order: vec![Medium::Cpu],
+            read_order: vec![Medium::Cpu],
+        };
+        let session = match handle(&mut core, now, "node-a", node(), None, open.clone()) {
+            DirectoryReply::Opened(opened) => opened.session,
+            other => panic!("{other:?}"),
+        };
+        let drain = DirectoryRequest::Drain {
+            node: "node-a".into(),
+        };
+        for request in [drain.clone(), DirectoryRequest::Reload] {
+            for bound in [None, Some(session)] {
+                let reply = handle(&mut core, now, "node-a", node(), bound, request.clone());
+                assert!(
+                    matches!(refusal(&reply), Some(ProtocolError::NotPermitted(_))),
+                    "a node's {request:?}: {reply:?}"
+                );
+            }
+        }
+        let probe = DirectoryRequest::Probe {
+            objects: Vec::new(),
+        };
+        for request in [open, probe] {
+            let reply = handle(&mut core, now, "ops", PeerRole::Operator, None, request);
+            assert!(
+                matches!(refusal(&reply), Some(ProtocolError::NotPermitted(_))),
+                "an operator's data request: {reply:?}"
+            );
+        }
+        let status = DirectoryRequest::ClusterStatus;
+        let reply = handle(&mut core, now, "ops", PeerRole::Operator, None, status);
+        assert!(
+            matches!(reply, DirectoryReply::ClusterStatus(_)),
+            "{reply:?}"
+        );
+        let reply = handle(
+            &mut core,
+            now,
+            "ops",
+            PeerRole::Operator,
+            None,
+            drain.clone(),
+        );
+        assert!(matches!(reply, DirectoryReply::Draining(_)), "{reply:?}");
+        let reply = handle(&mut core, now, "who", PeerRole::Unknown, None, drain);
+        assert!(
+            matches!(refusal(&reply), Some(ProtocolError::UnknownPeer(_))),
+            "{reply:?}"
+        );
+    }
 }

@@ -24,8 +24,9 @@ use serde::{Deserialize, Serialize};
 /// ReserveMany, CommitMany), the directory's task wait (AwaitTasks), RetireHeld and each
 /// node's peer address in the cluster status; 7 added SSD pins (PinOnSsd, UnpinOnSsd:
 /// where an object's bytes are in the node's SSD files, for a reader such as GPUDirect
-/// Storage). An older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[7];
+/// Storage); 8 took drain and reload off the node's socket (an operator certificate asks the
+/// directory). An older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[8];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -155,9 +156,9 @@ pub enum DirectoryRequest {
     },
     /// The cluster as the directory sees it (`kvtier ctl status`).
     ClusterStatus,
-    /// Re-read `cluster.toml` (`kvtier ctl reload`); the node checked the engine's rights.
+    /// Re-read `cluster.toml` (`kvtier ctl reload`): an operator's connection only.
     Reload,
-    /// Drain node `node` (`kvtier ctl drain`); the node checked the engine's rights.
+    /// Drain node `node` (`kvtier ctl drain`): an operator's connection only.
     Drain {
         node: String,
     },
@@ -335,14 +336,10 @@ pub enum ClientRequest {
         object: ObjectId,
         replica: ReplicaId,
     },
-    /// The cluster as the directory sees it.
+    /// The cluster as the directory sees it (`kvtier top`, `kvtier ctl status`): the node's
+    /// own user only. Drain and reload are not asked of a node: they need an operator
+    /// certificate at the directory.
     ClusterStatus,
-    /// Makes the directory re-read `cluster.toml`. Administrative: node's user only.
-    Reload,
-    /// Drains node `node`. Administrative: node's user only.
-    Drain {
-        node: String,
-    },
     /// Starts restoring the objects only the node's SSD holds into a memory pool, and
     /// answers at once with how many restores it started (`Prefetching`). A later `Acquire`
     /// of them joins the restores still under way.
@@ -459,8 +456,6 @@ pub enum ClientReply {
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
     ClusterStatus(ClusterStatus),
-    Reloaded(ConfigChange),
-    Draining(DrainProgress),
     Error(ProtocolError),
     /// Restores a `Prefetch` started.
     Prefetching(u32),

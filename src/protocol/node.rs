@@ -1,6 +1,6 @@
 //! The dispatch of one local client's request into the node core, as [`super::directory`]
 //! is the directory's: the hello, the caller's rights (its tenant, whether it holds the
-//! operator's credentials), the books' bounds and namespaces, then a decision the session
+//! node's own user, who may read the cluster's status), the books' bounds and namespaces, then a decision the session
 //! shell carries out: an answer now, or work for the shell to run (the directory round
 //! trips and pool allocations), holding slots in the books until it ends. When the work
 //! ends, [`finish`] applies its change to the books. Pure: the caller supplies `now` and
@@ -15,8 +15,8 @@ use crate::model::{LeaseId, NamespaceDescriptor, NamespaceId, ObjectId, Timestam
 use crate::node::{ClientBooks, ClientId, ClientRefusal, NodeCore, Tenant, TenantRefusal, Ticket};
 use std::time::Duration;
 
-/// Who sent a request: the client's books, its tenant, and whether it may make the
-/// operator's requests (reload, drain).
+/// Who sent a request: the client's books, its tenant, and whether it is of the node's own
+/// user (who may read the cluster's status).
 #[derive(Clone, Copy, Debug)]
 pub struct Caller<'a> {
     pub client: ClientId,
@@ -210,7 +210,7 @@ fn admit(
 }
 
 /// The requests that check objects or rights only: probes, retires, SSD pins and
-/// prefetches, and the operator's requests.
+/// prefetches, and the cluster's status.
 fn admit_other(books: &mut ClientBooks, caller: Caller<'_>, request: ClientRequest) -> Decision {
     use ClientRequest as Request;
     let checked = |objects: &[ObjectId], work_of: Work| match books.check_objects(objects) {
@@ -234,14 +234,10 @@ fn admit_other(books: &mut ClientBooks, caller: Caller<'_>, request: ClientReque
             Err(refusal) => refused(refusal),
         },
         Request::UnpinOnSsd { pins } => work(Work::UnpinOnSsd(pins), Slots::None),
-        Request::Reload | Request::Drain { .. } if !caller.operator => refuse(
-            ProtocolError::NotPermitted("reload and drain are for the node's own user".into()),
-        ),
+        Request::ClusterStatus if !caller.operator => refuse(ProtocolError::NotPermitted(
+            "the cluster's status is for the node's own user".into(),
+        )),
         Request::ClusterStatus => work(Work::Forward(DirectoryRequest::ClusterStatus), Slots::None),
-        Request::Reload => work(Work::Forward(DirectoryRequest::Reload), Slots::None),
-        Request::Drain { node } => {
-            work(Work::Forward(DirectoryRequest::Drain { node }), Slots::None)
-        }
         // The requests `admit` decides never reach here.
         other => refuse(ProtocolError::Sequence(format!(
             "{} is not decided here",
@@ -578,30 +574,26 @@ mod tests {
     }
 
     #[test]
-    fn reload_and_drain_are_the_operators_only() {
+    fn the_cluster_status_is_the_nodes_own_users_only() {
         let (mut core, client) = greeted();
         let tenant = tenant(ModelAccess::Any);
-        for request in [
-            ClientRequest::Reload,
-            ClientRequest::Drain { node: "n".into() },
-        ] {
-            let engine = handle(
-                &mut core,
-                NOW,
-                caller(client, &tenant, false),
-                64,
-                request.clone(),
-            );
-            assert!(
-                matches!(refusal(&engine), Some(ProtocolError::NotPermitted(_))),
-                "{engine:?}"
-            );
-            let operator = handle(&mut core, NOW, caller(client, &tenant, true), 64, request);
-            assert!(
-                matches!(operator, Decision::Work(Work::Forward(_), Slots::None)),
-                "{operator:?}"
-            );
-        }
+        let request = ClientRequest::ClusterStatus;
+        let engine = handle(
+            &mut core,
+            NOW,
+            caller(client, &tenant, false),
+            64,
+            request.clone(),
+        );
+        assert!(
+            matches!(refusal(&engine), Some(ProtocolError::NotPermitted(_))),
+            "{engine:?}"
+        );
+        let operator = handle(&mut core, NOW, caller(client, &tenant, true), 64, request);
+        assert!(
+            matches!(operator, Decision::Work(Work::Forward(_), Slots::None)),
+            "{operator:?}"
+        );
     }
 
     #[test]

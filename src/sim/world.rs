@@ -11,7 +11,7 @@ use crate::model::{
     PrefixDigest, ReplicaId, Scope, SessionId, Timestamp,
 };
 use crate::policy::lifecycle::LifecyclePolicy;
-use crate::protocol::directory::{handle, NodeGrant};
+use crate::protocol::directory::{handle, NodeGrant, PeerRole};
 use crate::protocol::messages::{DirectoryReply, ProtocolError};
 use crate::workload::rng::SplitMix64;
 use std::collections::HashMap;
@@ -322,16 +322,9 @@ impl World {
         request: crate::protocol::messages::DirectoryRequest,
     ) -> DirectoryReply {
         let peer = self.nodes[node].name.clone();
-        let grant = Some(self.grant(node));
+        let role = PeerRole::Node(self.grant(node));
         match self.bound_session(node) {
-            Ok(session) => handle(
-                &mut self.directory,
-                self.now,
-                &peer,
-                grant,
-                session,
-                request,
-            ),
+            Ok(session) => handle(&mut self.directory, self.now, &peer, role, session, request),
             Err(refusal) => refusal,
         }
     }

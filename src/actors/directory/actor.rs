@@ -11,7 +11,7 @@ use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, Medium, PoolUsage, SessionId};
 use crate::policy::profiles::Measurement;
-use crate::protocol::directory::NodeGrant;
+use crate::protocol::directory::{NodeGrant, PeerRole};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use crate::reload::{self, ConfigChange, ReloadRefusal};
 use actix::prelude::*;
@@ -192,13 +192,25 @@ impl DirectoryActor {
         Ok(change)
     }
 
-    /// The grant a request of `peer` is served under: its configured one; for a removed
-    /// node, its old one except to open a session.
-    fn grant_for(&self, peer: &str, request: &DirectoryRequest) -> Option<NodeGrant> {
-        self.grants.get(peer).cloned().or_else(|| {
-            let opens = matches!(request, DirectoryRequest::Open { .. });
-            self.removed.get(peer).filter(|_| !opens).cloned()
-        })
+    /// What a request of `peer` is served as: an operator when the configuration names it
+    /// one; a node under its configured grant; a removed node under its old grant except to
+    /// open a session.
+    fn role_of(&self, peer: &str, request: &DirectoryRequest) -> PeerRole {
+        if self
+            .config
+            .directory
+            .operators
+            .iter()
+            .any(|name| name == peer)
+        {
+            return PeerRole::Operator;
+        }
+        let opens = matches!(request, DirectoryRequest::Open { .. });
+        self.grants
+            .get(peer)
+            .or_else(|| self.removed.get(peer).filter(|_| !opens))
+            .cloned()
+            .map_or(PeerRole::Unknown, PeerRole::Node)
     }
 
     /// Exports how many drains are in each state and what the active ones wait for.
@@ -350,25 +362,23 @@ impl Handler<Call> for DirectoryActor {
     fn handle(&mut self, call: Call, context: &mut Context<Self>) -> Self::Result {
         let started = Instant::now();
         let operation = operation_label(&call.request);
-        let grant = self.grant_for(&call.peer, &call.request);
-        let reply = if call.request == DirectoryRequest::Reload
-            && grant.is_some()
-            && call.session.is_some()
-        {
-            match Handler::<Reload>::handle(self, Reload, context).0 {
-                Ok(change) => DirectoryReply::Reloaded(change),
-                Err(refusal) => DirectoryReply::Error(ProtocolError::Reload(refusal)),
-            }
-        } else {
-            crate::protocol::directory::handle(
-                &mut self.core,
-                self.clock.now(),
-                &call.peer,
-                grant,
-                call.session,
-                call.request,
-            )
-        };
+        let role = self.role_of(&call.peer, &call.request);
+        let reply =
+            if call.request == DirectoryRequest::Reload && matches!(role, PeerRole::Operator) {
+                match Handler::<Reload>::handle(self, Reload, context).0 {
+                    Ok(change) => DirectoryReply::Reloaded(change),
+                    Err(refusal) => DirectoryReply::Error(ProtocolError::Reload(refusal)),
+                }
+            } else {
+                crate::protocol::directory::handle(
+                    &mut self.core,
+                    self.clock.now(),
+                    &call.peer,
+                    role,
+                    call.session,
+                    call.request,
+                )
+            };
         let error = match &reply {
             DirectoryReply::Error(error) => Some(error.label()),
             _ => None,

@@ -63,15 +63,15 @@ pub struct ClientSessionActor {
     replies: mpsc::Sender<(u64, ClientReply)>,
     reader: Option<OwnedReadHalf>,
     inflight: usize,
-    /// Whether this client may make the operator's requests (reload, drain): see
-    /// [`may_administer`].
+    /// Whether this client may read the cluster's status: see [`may_administer`].
     operator: bool,
     /// Where objects' bytes are in the node's SSD files, handed to this client.
     ssd_pins: SsdPins,
 }
 
-/// Whether the peer of `stream` may make administrative requests: only a process of the
-/// node process's own user (its effective uid, from the socket's peer credentials).
+/// Whether the peer of `stream` may read the cluster's status: only a process of the node
+/// process's own user (its effective uid, from the socket's peer credentials). Drain and
+/// reload are never a node's to grant: they need an operator certificate at the directory.
 pub fn may_administer(stream: &tokio::net::UnixStream) -> bool {
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
     let own = unsafe { libc::geteuid() };
@@ -337,8 +337,6 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
             ClientReply::Probed(vec![ProbeOutcome::Miss; probed])
         }
         Ok(DirectoryReply::ClusterStatus(status)) => ClientReply::ClusterStatus(status),
-        Ok(DirectoryReply::Reloaded(change)) => ClientReply::Reloaded(change),
-        Ok(DirectoryReply::Draining(progress)) => ClientReply::Draining(progress),
         other => error(refusal(other)),
     };
     (reply, Change::None)
@@ -359,9 +357,7 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         ClientRequest::Acquire { .. } | ClientRequest::PinOnSsd { .. } => Operation::Acquire,
         ClientRequest::Release { .. } | ClientRequest::UnpinOnSsd { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
-        ClientRequest::ClusterStatus | ClientRequest::Reload | ClientRequest::Drain { .. } => {
-            Operation::Admin
-        }
+        ClientRequest::ClusterStatus => Operation::Admin,
     })
 }
 
