@@ -425,3 +425,29 @@ fn client_requests_before_hello_are_refused() {
         );
     });
 }
+
+/// A connection that never says hello is closed, and its slot given back.
+#[test]
+fn a_client_that_never_says_hello_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let cluster = small_cluster(1);
+    runtime().block_on(async {
+        let mut silent = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(HANG_GUARD, silent.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the silent client was not closed: {read:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= kvtier::actors::node::client_session::HELLO_TIMEOUT,
+            "closed after {waited:?}, before its time to say hello"
+        );
+        // A client that greets is served as ever.
+        assert!(Client::connect(&cluster.socket(0).unwrap()).await.is_ok());
+    });
+}

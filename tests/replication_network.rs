@@ -12,6 +12,7 @@ use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, RetireOutcome};
 use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use kvtier::model::{Medium, ObjectId};
+use kvtier::node::transfers::PEER_REFUSALS_BURST;
 use kvtier::wire::peer::{self, TransferHeader, Verdict};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -137,6 +138,20 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push(netns: bool) {
             "kvtier_peer_refusals_total{reason=\"not_expected\"}",
         );
         assert_eq!(refused, refused_before + 1.0, "the refusal is counted");
+        // One connection that keeps guessing is cut off within its refusal budget.
+        let answered = pushes_until_closed(&cluster, "node-b", 4 * PEER_REFUSALS_BURST).await;
+        assert!(
+            answered <= PEER_REFUSALS_BURST as usize + 64,
+            "{answered} refusals answered on one connection"
+        );
+        // A retired certificate is refused by the peer endpoint as by the directory.
+        let certs = &cluster.config.directory.certs;
+        assert!(kvtier::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
+        assert_eq!(
+            pushes_until_closed(&cluster, "node-b", 1).await,
+            0,
+            "a retired certificate was answered"
+        );
         assert_eq!(
             allocated_bytes(node_b),
             allocated_before,
@@ -158,28 +173,25 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
         let allocated_before = allocated_bytes(node_b);
         assert!(b.load(&[id], AcquireMode::Each).await.unwrap()[0].is_none());
         // The target's replica id is the directory's: one of the first few slots. Push to
-        // each until B, once it recorded its half, refuses one as not named for us.
+        // each until B, once it recorded its half, counts one as not named for us.
         let deadline = Instant::now() + HANG_GUARD;
         let verdicts = loop {
             let verdicts = stranger_pushes(&cluster, "node-b", 0..16).await;
-            if verdicts.contains(&Verdict::Refused) {
+            if scraped(node_b, wrong_sender) >= 1.0 {
                 break verdicts;
             }
             assert!(Instant::now() < deadline, "B never expected the transfer");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         signal(&a_pid, "-CONT");
-        assert_eq!(
+        // The pending target is answered as every other: a wrong sender cannot tell which
+        // replica ids are expected.
+        assert!(
             verdicts
                 .iter()
-                .filter(|verdict| **verdict == Verdict::Refused)
-                .count(),
-            1,
-            "only the pending target is refused as not ours: {verdicts:?}"
+                .all(|verdict| *verdict == Verdict::NotExpected),
+            "the answers single out the pending target: {verdicts:?}"
         );
-        assert!(verdicts
-            .iter()
-            .all(|verdict| matches!(verdict, Verdict::Refused | Verdict::NotExpected)));
         assert_eq!(scraped(node_b, wrong_sender), 1.0, "the refusal is counted");
         assert_eq!(
             allocated_bytes(node_b),
@@ -226,6 +238,38 @@ async fn stranger_pushes(
     }
     connection.close(0u32.into(), b"done");
     verdicts
+}
+
+/// Pushes for targets nobody expects into node `to` on one connection, up to `attempts`,
+/// until the receiver closes it; returns how many verdicts it answered.
+async fn pushes_until_closed(cluster: &LocalCluster, to: &str, attempts: u32) -> usize {
+    let certs = &cluster.config.directory.certs;
+    let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
+    let bind = SocketAddr::from(([0, 0, 0, 0], 0));
+    let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
+    let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
+    let Ok(connection) = kvtier::wire::quic::connect(&endpoint, address, to, config).await else {
+        return 0;
+    };
+    let mut answered = 0;
+    for target in 0..u64::from(attempts) {
+        let Ok((mut send, mut receive)) = connection.open_bi().await else {
+            break;
+        };
+        let header = TransferHeader {
+            task: 1,
+            target_replica: 1_000_000 + target,
+            length_bytes: 64 << 10,
+        };
+        if send.write_all(&header.encode()).await.is_err() {
+            break;
+        }
+        match peer::read_verdict(&mut receive).await {
+            Ok(_) => answered += 1,
+            Err(_) => break,
+        }
+    }
+    answered
 }
 
 fn killing_the_sender_mid_copy_leaves_no_ready_replica_and_frees_the_target(netns: bool) {

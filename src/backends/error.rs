@@ -154,4 +154,21 @@ pub enum PoolError {
         /// Header plus data area, from the header.
         expected_bytes: u64,
     },
+
+    /// A pool this process would adopt (format, serve or map as a CXL pool) is neither a
+    /// device nor a regular file of this process's user or root kept from other users'
+    /// writes: someone else may have planted it. Nothing was mapped.
+    #[error(
+        "{path} is not this user's to adopt as a pool (owner uid {owner}, mode {mode:o}): {reason}"
+    )]
+    NotOurs {
+        /// The pool's file.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }

@@ -90,7 +90,7 @@ impl MemoryPool {
         pool_uuid: u128,
         allocations_per_extent_max: u32,
     ) -> Result<Self, PoolError> {
-        let memory = SharedMemory::open(path, Some(pool_uuid))?;
+        let memory = SharedMemory::adopt(path, Some(pool_uuid))?;
         let extents = ExtentAllocator::new(
             memory.data_bytes(),
             memory.page_bytes(),

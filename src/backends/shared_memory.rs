@@ -213,7 +213,8 @@ impl SharedMemory {
     /// the header. Refuses a path that is a link, and one whose first bytes already carry
     /// the pool magic (`InvalidConfig`: another pool's data is never formatted away). A
     /// file that is too short is extended, a device (`fallocate` gives `ENODEV`) is used as it
-    /// is. The caller decides that the path may be formatted; nothing here can tell a blank device
+    /// is. A regular file another user owns or every user may write is refused (`NotOurs`).
+    /// The caller decides that the path may be formatted; nothing here can tell a blank device
     /// from one holding someone else's data.
     pub fn format_existing(
         path: &Path,
@@ -227,6 +228,7 @@ impl SharedMemory {
             source,
         };
         let file = open_pool_file(path, false)?;
+        check_adoptable(path, &file.metadata().map_err(io)?)?;
         let mut magic = [0u8; MAGIC_RANGE.end];
         match file.read_exact_at(&mut magic, 0) {
             Ok(()) if magic == POOL_MAGIC => {
@@ -286,17 +288,33 @@ impl SharedMemory {
     /// `WrongMagic` (not a pool), `IncompatibleLayout` (other version), `CorruptHeader`,
     /// `WrongPool` (UUID differs from `expected_uuid`, when given), `Truncated` (file shorter
     /// than the header says). Pre-faults the mapping; never writes. Safe to repeat, from any
-    /// number of processes.
+    /// number of processes. Never through a symbolic link.
     pub fn open(path: &Path, expected_uuid: Option<u128>) -> Result<Self, PoolError> {
+        Self::open_file(path, expected_uuid, false)
+    }
+
+    /// As [`SharedMemory::open`], for a pool this process adopts as its own (the directory
+    /// serving a CXL pool, a node mapping one): the path must be a device, or a regular file
+    /// owned by this process's user or root that no other user may write; otherwise
+    /// `NotOurs`, before anything is read or mapped (a file planted at a pool's path by
+    /// someone else is never adopted).
+    pub fn adopt(path: &Path, expected_uuid: Option<u128>) -> Result<Self, PoolError> {
+        Self::open_file(path, expected_uuid, true)
+    }
+
+    fn open_file(
+        path: &Path,
+        expected_uuid: Option<u128>,
+        adopting: bool,
+    ) -> Result<Self, PoolError> {
         let io = |source| PoolError::Io {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
+        let file = open_pool_file(path, false)?;
+        if adopting {
+            check_adoptable(path, &file.metadata().map_err(io)?)?;
+        }
         let mut bytes = [0u8; HEADER_ENCODED_BYTES];
         match file.read_exact_at(&mut bytes, 0) {
             Ok(()) => {}
@@ -421,6 +439,35 @@ impl SharedMemory {
         // SAFETY: `at + length_bytes <= mapping length`, so the pointer stays in bounds.
         Ok(unsafe { self.map.as_mut_ptr().add(at) })
     }
+}
+
+/// Refuses to adopt a file another user could have planted or can still rewrite: a regular
+/// file must be owned by this process's effective user or root and not writable by others.
+/// A device node is the administrator's (only root creates one).
+fn check_adoptable(path: &Path, metadata: &std::fs::Metadata) -> Result<(), PoolError> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |reason| PoolError::NotOurs {
+        path: path.to_owned(),
+        owner: metadata.uid(),
+        mode: metadata.mode() & 0o7777,
+        reason,
+    };
+    let file_type = metadata.file_type();
+    if file_type.is_char_device() || file_type.is_block_device() {
+        return Ok(());
+    }
+    if !file_type.is_file() {
+        return Err(refuse("neither a regular file nor a device"));
+    }
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let own = unsafe { libc::geteuid() };
+    if metadata.uid() != own && metadata.uid() != 0 {
+        return Err(refuse("owned by another user"));
+    }
+    if metadata.mode() & 0o002 != 0 {
+        return Err(refuse("writable by every user"));
+    }
+    Ok(())
 }
 
 /// Opens `path` read-write, never through a link; with `create`, creates it exclusively
@@ -626,6 +673,46 @@ pub(crate) mod tests {
             .iter()
             .all(|byte| *byte == 0));
         SharedMemory::open(&path.0, None).unwrap();
+    }
+
+    /// A pool file someone else planted, or can still rewrite, is never adopted; no pool is
+    /// opened through a link.
+    #[test]
+    fn a_planted_or_linked_pool_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = ShmPath::new("planted");
+        let pool = SharedMemory::create(&path.0, 4 * PAGE, UUID, PAGE).unwrap();
+        drop(pool);
+        assert!(SharedMemory::adopt(&path.0, Some(UUID)).is_ok());
+        let link = ShmPath::new("planted-link");
+        std::os::unix::fs::symlink(&path.0, &link.0).unwrap();
+        assert!(matches!(
+            SharedMemory::open(&link.0, Some(UUID)),
+            Err(PoolError::Io { .. })
+        ));
+        std::fs::set_permissions(&path.0, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(
+            SharedMemory::adopt(&path.0, Some(UUID)),
+            Err(PoolError::NotOurs { .. })
+        ));
+        assert!(matches!(
+            SharedMemory::format_existing(&path.0, 4 * PAGE, UUID, PAGE),
+            Err(PoolError::NotOurs { .. })
+        ));
+        std::fs::set_permissions(&path.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Another owner: only root can give a file away, and only to test this.
+        // SAFETY: geteuid(2) has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&path.0, Some(65534), None).unwrap();
+            assert!(matches!(
+                SharedMemory::adopt(&path.0, Some(UUID)),
+                Err(PoolError::NotOurs { .. })
+            ));
+        } else {
+            println!("not root: a file of another owner cannot be made here; that case is untried");
+        }
+        // A client maps the node's pool by the path the node names: no ownership rule.
+        assert!(SharedMemory::open(&path.0, Some(UUID)).is_ok());
     }
 
     #[test]

@@ -40,6 +40,9 @@ use std::collections::HashMap;
 
 /// Local clients one node serves at once: each holds a socket, a session actor and books.
 pub const CLIENTS_MAX: usize = 1024;
+/// Local clients one user (by the socket's peer uid) holds at once: no user, however many
+/// connections it opens and leaves idle, takes every slot from the others.
+pub const CLIENTS_PER_USER_MAX: usize = CLIENTS_MAX / 4;
 
 /// A local client connection, numbered by the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +53,8 @@ pub struct ClientId(pub u64);
 pub enum NodeRefusal {
     /// [`CLIENTS_MAX`] clients are connected.
     TooManyClients,
+    /// [`CLIENTS_PER_USER_MAX`] clients of this user are connected.
+    TooManyClientsOfUser,
 }
 
 /// The books of one node session. See the module documentation.
@@ -64,6 +69,10 @@ pub struct NodeCore {
     /// What the node reports when it rejoins.
     pub holdings: Holdings,
     clients: HashMap<ClientId, ClientBooks>,
+    /// Each connected client's user, and how many clients each user holds (entries of
+    /// users with none are removed): at most [`CLIENTS_MAX`] of each.
+    client_users: HashMap<ClientId, u32>,
+    clients_per_user: HashMap<u32, usize>,
     next_client: u64,
     limits: ClientLimits,
 }
@@ -84,19 +93,27 @@ impl NodeCore {
             liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
             holdings: Holdings::default(),
             clients: HashMap::new(),
+            client_users: HashMap::new(),
+            clients_per_user: HashMap::new(),
             next_client: 1,
             limits,
         }
     }
 
-    /// Admits a client connection, with empty books.
-    pub fn connect_client(&mut self) -> Result<ClientId, NodeRefusal> {
+    /// Admits a client connection of user `uid`, with empty books.
+    pub fn connect_client(&mut self, uid: u32) -> Result<ClientId, NodeRefusal> {
         if self.clients.len() >= CLIENTS_MAX {
             return Err(NodeRefusal::TooManyClients);
         }
+        let of_user = self.clients_per_user.entry(uid).or_insert(0);
+        if *of_user >= CLIENTS_PER_USER_MAX {
+            return Err(NodeRefusal::TooManyClientsOfUser);
+        }
+        *of_user += 1;
         let id = ClientId(self.next_client);
         self.next_client += 1;
         self.clients.insert(id, ClientBooks::new(self.limits));
+        self.client_users.insert(id, uid);
         Ok(id)
     }
 
@@ -107,6 +124,14 @@ impl NodeCore {
 
     /// The client left: what to give back (nothing for an unknown client).
     pub fn disconnect_client(&mut self, id: ClientId) -> ClientCleanup {
+        if let Some(uid) = self.client_users.remove(&id) {
+            if let Some(held) = self.clients_per_user.get_mut(&uid) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    self.clients_per_user.remove(&uid);
+                }
+            }
+        }
         self.clients
             .remove(&id)
             .map(|mut books| books.close())
@@ -188,25 +213,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clients_are_bounded_and_leave_their_books_behind() {
+    fn clients_are_bounded_per_user_and_in_all_and_leave_their_books_behind() {
         let mut core = NodeCore::new(CLIENT_LIMITS);
+        let users = (CLIENTS_MAX / CLIENTS_PER_USER_MAX) as u32;
         let ids: Vec<ClientId> = (0..CLIENTS_MAX)
-            .map(|_| core.connect_client().unwrap())
+            .map(|index| core.connect_client(index as u32 % users).unwrap())
             .collect();
-        assert_eq!(core.connect_client(), Err(NodeRefusal::TooManyClients));
+        assert_eq!(core.connect_client(users), Err(NodeRefusal::TooManyClients));
         let first = ids[0];
         core.client(first).unwrap().admit_namespace().unwrap();
         core.disconnect_client(first);
         assert!(core.client(first).is_none());
         assert_eq!(core.clients(), CLIENTS_MAX - 1);
-        assert!(core.connect_client().is_ok());
+        // The slot freed is user 0's; user 1 is at its own bound.
+        assert_eq!(
+            core.connect_client(1),
+            Err(NodeRefusal::TooManyClientsOfUser)
+        );
+        assert!(core.connect_client(0).is_ok());
     }
 
     #[test]
     fn a_lost_session_forgets_its_leases_and_quarantined_returns_but_not_its_holdings() {
         use crate::model::{LeaseId, Timestamp};
         let mut core = NodeCore::new(CLIENT_LIMITS);
-        let client = core.connect_client().unwrap();
+        let client = core.connect_client(0).unwrap();
         let now = Timestamp::ZERO;
         let books = core.client(client).unwrap();
         books.admit_acquire(&[], now).unwrap();

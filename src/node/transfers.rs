@@ -9,6 +9,10 @@
 //! again does not re-open it ([`ExpectedTransfers::finished`] ends it). Entries past their
 //! deadline leave with [`ExpectedTransfers::expire`], and the caller aborts their targets.
 //! No clock, socket or pool here: the peer actor calls in with `now`.
+//!
+//! A stream that names a target it may not claim learns nothing about it: a wrong sender is
+//! answered as a target not expected ([`TransferRefusal::verdict_kind`]), and a connection's
+//! refusals are bounded ([`RefusalBudget`]), so guessing replica ids is slow and blind.
 
 use crate::model::{ObjectId, PoolId, ReplicaId, SessionId, TaskId, Timestamp};
 use std::collections::{HashMap, HashSet};
@@ -80,7 +84,29 @@ pub enum TransferRefusal {
     Full,
 }
 
+/// What a refused stream is told, of a refusal: a sender not named for a target hears the
+/// same as for a target nobody expects (it cannot tell an expected id from another), and
+/// may retry; the named sender hears of a mismatch or a lapse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// Not expected (yet): the named sender retries until its deadline.
+    NotExpected,
+    /// Refused for good.
+    Refused,
+    /// The receiver is full: retry.
+    Busy,
+}
+
 impl TransferRefusal {
+    /// What the stream is told ([`RefusalKind`]).
+    pub fn verdict_kind(self) -> RefusalKind {
+        match self {
+            TransferRefusal::NotExpected | TransferRefusal::WrongSender => RefusalKind::NotExpected,
+            TransferRefusal::Full => RefusalKind::Busy,
+            TransferRefusal::Mismatch | TransferRefusal::Expired => RefusalKind::Refused,
+        }
+    }
+
     /// A fixed name for metrics labels.
     pub fn reason(self) -> &'static str {
         match self {
@@ -204,9 +230,81 @@ impl ExpectedTransfers {
     }
 }
 
+/// Refusals one peer connection may draw at once before it is closed, refilled at
+/// [`PEER_REFUSALS_PER_SECOND`]: a named sender retrying a transfer its receiver does not
+/// expect yet asks every 20 ms (50 a second per push), well inside; a peer guessing
+/// targets is cut off after this many guesses and must reconnect (connections are bounded).
+pub const PEER_REFUSALS_BURST: u32 = 256;
+/// How fast a connection's refusal budget refills.
+pub const PEER_REFUSALS_PER_SECOND: u32 = 256;
+
+/// A token bucket of refusals for one peer connection.
+#[derive(Debug)]
+pub struct RefusalBudget {
+    tokens: u32,
+    refilled: Timestamp,
+}
+
+impl RefusalBudget {
+    /// A full budget at `now`.
+    pub fn new(now: Timestamp) -> RefusalBudget {
+        RefusalBudget {
+            tokens: PEER_REFUSALS_BURST,
+            refilled: now,
+        }
+    }
+
+    /// Counts one refusal at `now`: false once the connection has used its budget (the
+    /// caller closes it).
+    pub fn spend(&mut self, now: Timestamp) -> bool {
+        let elapsed = now.saturating_since(self.refilled);
+        let earned = elapsed.as_millis() * u128::from(PEER_REFUSALS_PER_SECOND) / 1000;
+        if earned > 0 {
+            let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(earned).min(PEER_REFUSALS_BURST);
+            self.refilled = now;
+        }
+        match self.tokens.checked_sub(1) {
+            Some(left) => {
+                self.tokens = left;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrong_sender_hears_what_a_stranger_to_the_target_hears() {
+        assert_eq!(
+            TransferRefusal::WrongSender.verdict_kind(),
+            TransferRefusal::NotExpected.verdict_kind()
+        );
+    }
+
+    #[test]
+    fn a_connection_that_keeps_being_refused_runs_out_and_a_retrying_sender_never_does() {
+        let start = Timestamp::ZERO;
+        let mut guesser = RefusalBudget::new(start);
+        let allowed = (0..10_000).take_while(|_| guesser.spend(start)).count();
+        assert_eq!(allowed, PEER_REFUSALS_BURST as usize);
+        // A second later it may guess again, as many as the refill gives.
+        let later = start + Duration::from_secs(1);
+        let again = (0..10_000).take_while(|_| guesser.spend(later)).count();
+        assert_eq!(again, PEER_REFUSALS_PER_SECOND as usize);
+        // Four pushes retried every 20 ms for the sender's whole 5 s wait.
+        let mut sender = RefusalBudget::new(start);
+        for step in 0..250u64 {
+            let now = start + Duration::from_millis(20 * step);
+            for _ in 0..4 {
+                assert!(sender.spend(now), "a retrying sender was cut off at {step}");
+            }
+        }
+    }
 
     fn entry(target: u64, from: &str, deadline_ms: u64) -> ExpectedTransfer {
         ExpectedTransfer {

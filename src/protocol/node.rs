@@ -409,7 +409,7 @@ mod tests {
     /// A core with one greeted client, and that client.
     fn greeted() -> (NodeCore, ClientId) {
         let mut core = NodeCore::default();
-        let client = core.connect_client().unwrap();
+        let client = core.connect_client(0).unwrap();
         let tenant = tenant(ModelAccess::Any);
         let hello = ClientRequest::Hello(Hello::ours());
         let decision = handle(&mut core, NOW, caller(client, &tenant, false), 64, hello);
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn nothing_but_a_hello_is_served_before_the_hello_and_no_second_one_after() {
         let mut core = NodeCore::default();
-        let client = core.connect_client().unwrap();
+        let client = core.connect_client(0).unwrap();
         let tenant = tenant(ModelAccess::Any);
         let early = handle(
             &mut core,
@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn a_hello_of_no_common_version_is_refused_and_closes() {
         let mut core = NodeCore::default();
-        let client = core.connect_client().unwrap();
+        let client = core.connect_client(0).unwrap();
         let tenant = tenant(ModelAccess::Any);
         let mut hello = Hello::ours();
         hello.versions = vec![u16::MAX];

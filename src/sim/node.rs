@@ -218,7 +218,7 @@ impl World {
         let state = &mut self.nodes[node];
         state.cpu = Some((pool, pages));
         state.cxl = cxl;
-        state.client = state.core.connect_client().ok();
+        state.client = state.core.connect_client(0).ok();
         // The simulated engine registers the cluster's one namespace on its connection.
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
             if books.admit_namespace().is_ok() {

@@ -380,7 +380,7 @@ impl World {
         let state = &mut self.nodes[node];
         state.rejoin = None;
         if state.client.is_none() {
-            state.client = state.core.connect_client().ok();
+            state.client = state.core.connect_client(0).ok();
         }
         let Some(held) = state.held_at_kill.take() else {
             return;

@@ -135,7 +135,7 @@ enum Prepared {
 /// path without a header (a fresh DAX device) is formatted, and still never another pool.
 fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     let uuid = pool.uuid()?;
-    match SharedMemory::open(&pool.path, Some(uuid)) {
+    match SharedMemory::adopt(&pool.path, Some(uuid)) {
         Ok(mapping) => check_geometry(pool, &mapping).map(|()| Prepared::Existing),
         Err(PoolError::Io { .. }) if !pool.path.exists() => {
             format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)

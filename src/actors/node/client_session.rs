@@ -36,6 +36,9 @@ use tokio::sync::mpsc;
 
 /// How often expired leases and grants are dropped from the books.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an admitted connection has to say hello before it is closed: a client that
+/// connects and says nothing does not hold one of the node's slots.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The result of detached work, sent back to the actor.
 struct Finished {
@@ -472,6 +475,18 @@ impl Actor for ClientSessionActor {
         // Every request in flight may finish at once.
         context.set_mailbox_capacity(INFLIGHT_REQUESTS_MAX);
         context.run_interval(PRUNE_INTERVAL, |actor, _| actor.prune());
+        // A connection that never says hello does not keep its slot.
+        context.run_later(HELLO_TIMEOUT, |actor, context| {
+            let greeted = actor
+                .services
+                .core()
+                .client(actor.client)
+                .is_some_and(|books| books.greeted());
+            if !greeted {
+                tracing::info!(client = ?actor.client, "a client sent no hello in time; closing it");
+                context.stop();
+            }
+        });
         if let Some(reader) = self.reader.take() {
             context.add_stream(frame_stream(reader));
         }

@@ -15,9 +15,12 @@ use crate::directory::CommitOutcome;
 use crate::metrics::peer::PeerMetrics;
 use crate::metrics::Direction;
 use crate::model::{Location, NodeId, ReplicaId};
-use crate::node::transfers::{ExpectedTransfer, ExpectedTransfers, TransferClaim, TransferRefusal};
+use crate::node::transfers::{
+    ExpectedTransfer, ExpectedTransfers, RefusalBudget, RefusalKind, TransferClaim, TransferRefusal,
+};
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
+use crate::wire::certs::{RetiredCertificates, CERTIFICATE_RETIRED};
 use crate::wire::peer::{self as wire, TransferHeader, Verdict, HEADER_BYTES};
 use crate::wire::{quic, tls};
 use anyhow::Context as _;
@@ -56,6 +59,8 @@ pub struct Peer {
 pub struct PeerTransport {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
+    /// The cluster's certificate folder: its `retired` list is read per connection.
+    certs: std::path::PathBuf,
     /// Each node of `cluster.toml` by its name (the name its certificate carries): where
     /// its peer endpoint is reached, `None` when it has none. Never by position: a live
     /// reload may remove a node from the middle of the file while ids stay.
@@ -99,6 +104,7 @@ impl PeerTransport {
         tracing::info!(%listen, datagram_bytes, "serving peer transfers");
         Ok(Some(Arc::new(PeerTransport {
             client_config: wire::client_config(certs, &section.name, datagram_bytes)?,
+            certs: certs.clone(),
             endpoint,
             addresses,
             names: Mutex::default(),
@@ -223,29 +229,56 @@ impl PeerTransport {
             connection.close(1u32.into(), b"no peer name");
             return;
         };
+        // As the directory does: the `retired` list is read per connection, so a retired
+        // certificate is refused here too without a restart.
+        match RetiredCertificates::load(&self.certs) {
+            Ok(retired) if !retired.refuses(&connection) => {}
+            Ok(_) => {
+                tracing::warn!(sender, "a peer presented a retired certificate");
+                connection.close(3u32.into(), CERTIFICATE_RETIRED.as_bytes());
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the retired certificates; refusing a peer");
+                connection.close(3u32.into(), b"retired list unreadable");
+                return;
+            }
+        }
+        let budget = Arc::new(Mutex::new(RefusalBudget::new(services.clock.now())));
         while let Ok((send, receive)) = connection.accept_bi().await {
             let (transport, services, sender) = (self.clone(), services.clone(), sender.clone());
+            let (budget, connection) = (budget.clone(), connection.clone());
             actix_rt::spawn(async move {
-                transport.receive(&services, &sender, send, receive).await;
+                let refused = transport.receive(&services, &sender, send, receive).await;
+                let within = !refused || lock(&budget).spend(services.clock.now());
+                if !within {
+                    tracing::warn!(
+                        sender,
+                        "a peer drew too many refusals; closing its connection"
+                    );
+                    transport.metrics.refuse("too_many_refusals");
+                    connection.close(4u32.into(), b"too many refusals");
+                }
             });
         }
     }
 
-    /// Serves one transfer stream from `sender` (see the module documentation).
+    /// Serves one transfer stream from `sender` (see the module documentation); true when
+    /// it was refused other than for being busy (counted against the connection's budget).
     async fn receive(
         &self,
         services: &NodeServices,
         sender: &str,
         mut send: quinn::SendStream,
         mut receive: quinn::RecvStream,
-    ) {
+    ) -> bool {
         let admitted = match self.admit(services, sender, &mut receive).await {
             Ok(admitted) => admitted,
             Err(verdict) => {
                 let _ = wire::write_verdict(&mut send, verdict).await;
                 let _ = send.finish();
                 self.metrics.transfer("received", "refused", 0);
-                return;
+                return verdict != Verdict::Busy;
             }
         };
         let Admitted {
@@ -276,6 +309,7 @@ impl PeerTransport {
         };
         let _ = wire::write_verdict(&mut send, verdict).await;
         let _ = send.finish();
+        false
     }
 
     /// Reads the header and decides: a refusal's verdict (counted; nothing allocated), or
@@ -314,12 +348,10 @@ impl PeerTransport {
                     self.metrics.refuse(refusal.reason());
                 }
                 tracing::info!(%refusal, sender, ?target, "peer transfer refused");
-                return Err(match refusal {
-                    TransferRefusal::NotExpected => Verdict::NotExpected,
-                    TransferRefusal::Full => Verdict::Busy,
-                    TransferRefusal::WrongSender
-                    | TransferRefusal::Mismatch
-                    | TransferRefusal::Expired => Verdict::Refused,
+                return Err(match refusal.verdict_kind() {
+                    RefusalKind::NotExpected => Verdict::NotExpected,
+                    RefusalKind::Busy => Verdict::Busy,
+                    RefusalKind::Refused => Verdict::Refused,
                 });
             }
         };

@@ -17,7 +17,9 @@ use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
-use crate::node::{ExtentAction, Liveness, NodeCore, PeerIdentity, Tenants, CLIENT_LIMITS};
+use crate::node::{
+    ExtentAction, Liveness, NodeCore, NodeRefusal, PeerIdentity, Tenants, CLIENT_LIMITS,
+};
 use crate::policy::profiles::Measurement;
 use crate::progress::{Progress, Unit};
 use crate::protocol::messages::{
@@ -357,14 +359,17 @@ fn admit_client(
         }
     };
     let refusal = match tenants.admit(&peer) {
-        Ok(tenant) => match services.core().connect_client() {
+        Ok(tenant) => match services.core().connect_client(peer.uid) {
             Ok(client) => {
                 tracing::debug!(?peer, tenant = %tenant.name, "client admitted");
                 ClientSessionActor::new(services.clone(), stream, client, tenant).start();
                 return;
             }
             Err(refusal) => {
-                services.metrics.refuse_client("too_many_clients");
+                services.metrics.refuse_client(match refusal {
+                    NodeRefusal::TooManyClients => "too_many_clients",
+                    NodeRefusal::TooManyClientsOfUser => "too_many_clients_of_user",
+                });
                 tracing::warn!(?refusal, ?peer, "refusing a client connection");
                 ProtocolError::Busy
             }

@@ -269,9 +269,9 @@ fn open_region_file(path: &Path, region_bytes: u64, direct: bool) -> Result<File
         .write(true)
         .create(true)
         .mode(REGION_FILE_MODE);
-    if direct {
-        options.custom_flags(libc::O_DIRECT);
-    }
+    let direct = if direct { libc::O_DIRECT } else { 0 };
+    // Never through a link someone put at a region's name.
+    options.custom_flags(libc::O_NOFOLLOW | direct);
     let file = options
         .open(path)
         .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?;
@@ -283,7 +283,35 @@ fn open_region_file(path: &Path, region_bytes: u64, direct: bool) -> Result<File
         file.set_len(region_bytes)
             .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?;
     }
+    preallocate(&file, region_bytes)
+        .map_err(|error| SsdError::from_io(path.to_path_buf(), error))?;
     Ok(file)
+}
+
+/// Gives a region file its blocks now (`fallocate`), so a write never waits on, or fails
+/// for, block allocation. A file system without `fallocate` keeps the sparse file; one with
+/// less room than the store's capacity keeps what it could give, warns, and the store skips
+/// spills (counted, `no_space`) when it fills.
+fn preallocate(file: &File, region_bytes: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let Ok(length) = libc::off_t::try_from(region_bytes) else {
+        return Err(std::io::Error::other("region larger than off_t"));
+    };
+    // SAFETY: the descriptor is open for writing for the call's duration; mode 0 only
+    // allocates blocks inside [0, length) and never changes bytes already written.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, length) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => Ok(()),
+        Some(libc::ENOSPC) => {
+            tracing::warn!(region_bytes, "the file system has less room than the SSD store's capacity: a region stays partly sparse, and spills are skipped once it is full");
+            Ok(())
+        }
+        _ => Err(error),
+    }
 }
 
 /// Whether the file system takes `O_DIRECT` for a 4 KiB-aligned read.
@@ -476,26 +504,38 @@ impl SsdStore {
         WriteBatch { results, evicted }
     }
 
-    /// Commits the writes that completed (after a sync when buffered) and aborts the rest.
+    /// Commits the writes that completed, after one `fdatasync` per region written (with
+    /// direct I/O too: `O_DIRECT` bypasses the page cache, not the device's write cache,
+    /// and a write into a region's unwritten extent changes metadata), and aborts the rest.
+    /// READY means durable.
     fn finish_writes(
         &self,
         source: &dyn WriteSource,
         reservations: Vec<Option<(Reservation, u32)>>,
         results: &mut [Result<Duration, SsdError>],
     ) {
-        if !self.direct_io {
-            let mut synced = vec![false; self.files.len()];
-            for (reservation, result) in reservations.iter().zip(results.iter_mut()) {
-                let Some((reservation, _)) = reservation else {
-                    continue;
-                };
-                let region = reservation.region as usize;
-                if result.is_ok() && !synced[region] {
-                    synced[region] = true;
-                    if let Err(error) = self.files[region].sync_data() {
-                        *result = Err(SsdError::from_io(self.paths[region].clone(), error));
-                    }
-                }
+        let mut synced: Vec<Option<bool>> = vec![None; self.files.len()];
+        for (reservation, result) in reservations.iter().zip(results.iter_mut()) {
+            let Some((reservation, _)) = reservation else {
+                continue;
+            };
+            let region = reservation.region as usize;
+            if result.is_err() {
+                continue;
+            }
+            let durable = *synced[region].get_or_insert_with(|| {
+                self.files[region]
+                    .sync_data()
+                    .map_err(|error| {
+                        tracing::warn!(path = %self.paths[region].display(), %error, "fdatasync of an SSD region failed: its writes are aborted");
+                    })
+                    .is_ok()
+            });
+            if !durable {
+                *result = Err(SsdError::from_io(
+                    self.paths[region].clone(),
+                    std::io::Error::other("fdatasync failed"),
+                ));
             }
         }
         let mut table = lock(&self.table);
