@@ -2,11 +2,12 @@
 //! type) gets at least 10^5 generated inputs — arbitrary bytes and mutations of valid
 //! encodings — and must answer each with a value or a typed error, never a panic; the
 //! configuration parser gets arbitrary and mutated `cluster.toml` text. The long runs use
-//! the same checks through `cargo fuzz` (`fuzz/`). Also: a frame header never makes the
+//! the same checks through `cargo fuzz` (`fuzz/`). The SSD store's recovery scan gets
+//! arbitrary and mutated region files (forged headers among them). Also: a frame header never makes the
 //! reader allocate its claimed length up front.
 
 use kvtier::model::{Medium, PoolSpec, Scope};
-use kvtier::protocol::inputs::{check_config, check_frames, check_message};
+use kvtier::protocol::inputs::{check_config, check_frames, check_message, check_region_scan};
 use kvtier::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
@@ -156,6 +157,56 @@ fn frame_reader_gives_frames_or_typed_errors() {
         })
         .collect();
     run(frames, check_frames);
+}
+
+/// A sound region image: its header, then two objects of one block of this fill.
+fn region_seed() -> Vec<u8> {
+    use kvtier::backends::ssd::layout::{ObjectHeader, RegionHeader, BLOCK_BYTES};
+    use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
+    let block = BLOCK_BYTES as usize;
+    let mut image = vec![0u8; 6 * block];
+    let (sequence, nonce) = (3, 0x00c0_ffee_d00d_f00d);
+    RegionHeader {
+        region_bytes: image.len() as u64,
+        index: 0,
+        sequence,
+        nonce,
+    }
+    .encode(&mut image[..block]);
+    for (slot, tag) in [(1usize, 1u8), (3, 2)] {
+        let data = vec![tag; block];
+        let object = ObjectId {
+            namespace: NamespaceId([tag; 16]),
+            prefix: PrefixDigest([tag; 16]),
+            shard: 0,
+            part: 0,
+        };
+        ObjectHeader {
+            object,
+            length_bytes: BLOCK_BYTES,
+            generation: sequence,
+            nonce,
+            data_crc: kvtier::backends::checksum::crc32c(&data),
+        }
+        .encode(&mut image[slot * block..(slot + 1) * block]);
+        image[(slot + 1) * block..(slot + 2) * block].copy_from_slice(&data);
+    }
+    image
+}
+
+#[test]
+fn the_ssd_recovery_scan_adopts_only_sound_objects() {
+    let config = Config {
+        cases: INPUTS / 5,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new(config)
+        .run(&inputs(vec![region_seed()]), |bytes| {
+            check_region_scan(&bytes).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+    assert_eq!(check_region_scan(&region_seed()), Ok(()));
 }
 
 #[test]

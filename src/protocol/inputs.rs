@@ -1,5 +1,6 @@
 //! Untrusted input checks: each function runs one decoder of the wire boundary (frames, every
-//! message type, the configuration parser) on arbitrary bytes and says whether the outcome
+//! message type, the configuration parser) or of the disk (an SSD region's recovery scan)
+//! on arbitrary bytes and says whether the outcome
 //! was allowed — a value, or a typed error, never a panic and never an untyped failure.
 //! The fuzz targets (`fuzz/`) and the bounded runs in `tests/untrusted_inputs.rs` share them.
 
@@ -70,4 +71,55 @@ pub fn check_config(bytes: &[u8]) -> Result<(), String> {
     };
     let _ = ClusterConfig::parse(text, Path::new("/nonexistent"));
     Ok(())
+}
+
+/// Region files an SSD store's recovery scan reads after a restart, built from `bytes`
+/// (padded to whole blocks, at least three) in an anonymous memory file. Allowed: any scan
+/// that adopts only objects lying inside the region whose data passes its checksum, ending
+/// at or before the region's end; never a panic or an I/O error.
+pub fn check_region_scan(bytes: &[u8]) -> Result<(), String> {
+    use crate::backends::checksum;
+    use crate::backends::ssd::layout::BLOCK_BYTES;
+    use crate::backends::ssd::recovery::scan_region;
+    use std::os::unix::fs::FileExt;
+    let region_bytes = (bytes.len() as u64)
+        .next_multiple_of(BLOCK_BYTES)
+        .max(3 * BLOCK_BYTES);
+    let mut image = bytes.to_vec();
+    image.resize(region_bytes as usize, 0);
+    let file = anonymous_file().map_err(|error| format!("no memory file: {error}"))?;
+    file.write_all_at(&image, 0)
+        .map_err(|error| format!("writing the region: {error}"))?;
+    let scan = scan_region(&file, 0, region_bytes, region_bytes)
+        .map_err(|error| format!("the scan failed: {error}"))?;
+    if scan.cursor > region_bytes {
+        return Err(format!("the scan ended at {} past the region", scan.cursor));
+    }
+    for (object, entry) in &scan.objects {
+        let start = entry.header_offset.saturating_add(BLOCK_BYTES);
+        let end = start.saturating_add(entry.length_bytes);
+        let data = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(end).ok())
+            .and_then(|(start, end)| image.get(start..end));
+        let sound = data.is_some_and(|data| checksum::crc32c(data) == entry.data_crc);
+        if !sound {
+            return Err(format!(
+                "adopted {object:?} at {entry:?}, which is not sound"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An anonymous file in memory (`memfd_create`), gone when dropped.
+fn anonymous_file() -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the name is a NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::memfd_create(c"kvtier-input-check".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened here and is owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }

@@ -40,8 +40,9 @@ use crate::model::{AllocationId, Generation, Location, NamespaceId, ObjectId, Po
 /// The unit of alignment of every offset and length on disk (and of direct I/O buffers).
 pub const BLOCK_BYTES: u64 = 4096;
 
-/// Version of this format, written in every header; other versions are not read.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version of this format, written in every header; other versions are not read. 2 added
+/// the fill's nonce to region and object headers.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Magic of a region header.
 pub const REGION_MAGIC: [u8; 8] = *b"KVTSSDRG";
@@ -127,6 +128,11 @@ pub struct RegionHeader {
     pub index: u32,
     /// The fill this header opened; objects of this fill carry it as their generation.
     pub sequence: u64,
+    /// Drawn from the OS at random when the fill opened; objects of this fill carry it.
+    /// Nobody can write, before a fill opens, bytes that pass for one of its object
+    /// headers: a stale tail that looks like headers (a tenant's data from an earlier fill)
+    /// is never adopted by the recovery scan.
+    pub nonce: u64,
 }
 
 /// One object's header.
@@ -138,6 +144,8 @@ pub struct ObjectHeader {
     pub length_bytes: u64,
     /// The sequence of the region fill that wrote it.
     pub generation: u64,
+    /// The nonce of that fill ([`RegionHeader::nonce`]).
+    pub nonce: u64,
     /// crc32c of the data bytes.
     pub data_crc: u32,
 }
@@ -179,18 +187,19 @@ impl RegionHeader {
         put_u64(block, 16, self.region_bytes);
         put_u64(block, 24, u64::from(self.index));
         put_u64(block, 32, self.sequence);
-        let crc = checksum::crc32c(&block[0..40]);
-        put_u32(block, 40, crc);
+        put_u64(block, 40, self.nonce);
+        let crc = checksum::crc32c(&block[0..48]);
+        put_u32(block, 48, crc);
     }
 
     /// Reads a header; `None` when the block holds no sound region header of this layout
     /// (never written, torn, another version).
     pub fn decode(block: &[u8]) -> Option<RegionHeader> {
-        if block.len() < 44 || block[0..8] != REGION_MAGIC {
+        if block.len() < 52 || block[0..8] != REGION_MAGIC {
             return None;
         }
         if get_u32(block, 8) != LAYOUT_VERSION
-            || get_u32(block, 40) != checksum::crc32c(&block[0..40])
+            || get_u32(block, 48) != checksum::crc32c(&block[0..48])
         {
             return None;
         }
@@ -198,6 +207,7 @@ impl RegionHeader {
             region_bytes: get_u64(block, 16),
             index: u32::try_from(get_u64(block, 24)).ok()?,
             sequence: get_u64(block, 32),
+            nonce: get_u64(block, 40),
         })
     }
 }
@@ -217,17 +227,18 @@ impl ObjectHeader {
         put_u64(block, 56, self.length_bytes);
         put_u64(block, 64, self.generation);
         put_u32(block, 72, self.data_crc);
-        let crc = checksum::crc32c(&block[0..76]);
-        put_u32(block, 76, crc);
+        put_u64(block, 80, self.nonce);
+        let crc = checksum::crc32c(&block[0..88]);
+        put_u32(block, 88, crc);
     }
 
     /// Reads a header; `None` when the block holds no sound object header of this layout.
     pub fn decode(block: &[u8]) -> Option<ObjectHeader> {
-        if block.len() < 80 || block[0..8] != OBJECT_MAGIC {
+        if block.len() < 92 || block[0..8] != OBJECT_MAGIC {
             return None;
         }
         if get_u32(block, 8) != LAYOUT_VERSION
-            || get_u32(block, 76) != checksum::crc32c(&block[0..76])
+            || get_u32(block, 88) != checksum::crc32c(&block[0..88])
         {
             return None;
         }
@@ -240,6 +251,7 @@ impl ObjectHeader {
             },
             length_bytes: get_u64(block, 56),
             generation: get_u64(block, 64),
+            nonce: get_u64(block, 80),
             data_crc: get_u32(block, 72),
         })
     }
@@ -264,12 +276,13 @@ mod tests {
             object: object(),
             length_bytes: 12345,
             generation: 42,
+            nonce: 0x5eed_0bad_cafe_f00d,
             data_crc: 0xdead_beef,
         };
         let mut block = vec![0u8; BLOCK_BYTES as usize];
         header.encode(&mut block);
         assert_eq!(ObjectHeader::decode(&block), Some(header));
-        for at in 0..80 {
+        for at in 0..92 {
             let mut flipped = block.clone();
             flipped[at] ^= 0x10;
             assert_eq!(ObjectHeader::decode(&flipped), None, "byte {at}");
@@ -278,11 +291,12 @@ mod tests {
             region_bytes: 1 << 20,
             index: 4,
             sequence: 9,
+            nonce: 0x1234_5678_9abc_def0,
         };
         region.encode(&mut block);
         assert_eq!(RegionHeader::decode(&block), Some(region));
         assert_eq!(ObjectHeader::decode(&block), None);
-        for at in 0..44 {
+        for at in 0..52 {
             let mut flipped = block.clone();
             flipped[at] ^= 0x01;
             assert_eq!(RegionHeader::decode(&flipped), None, "byte {at}");

@@ -65,6 +65,7 @@ pub fn scan_region(
         };
         let footprint = object_footprint_bytes(object.length_bytes);
         if object.generation != header.sequence
+            || object.nonce != header.nonce
             || object.length_bytes > object_bytes_max
             || header_offset + footprint > region_bytes
         {
@@ -97,4 +98,70 @@ pub fn scan_region(
         scan.cursor = header_offset + footprint;
     }
     Ok(scan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NamespaceId, PrefixDigest};
+
+    fn object(tag: u8) -> ObjectId {
+        ObjectId {
+            namespace: NamespaceId([tag; 16]),
+            prefix: PrefixDigest([tag; 16]),
+            shard: 0,
+            part: 0,
+        }
+    }
+
+    /// Writes at `offset` an object header of this fill's `sequence` and `nonce` for
+    /// `object`, then its one block of data.
+    fn put_object(file: &File, offset: u64, object: ObjectId, sequence: u64, nonce: u64) {
+        let data = vec![object.namespace.0[0]; BLOCK_BYTES as usize];
+        let mut block = vec![0u8; BLOCK_BYTES as usize];
+        ObjectHeader {
+            object,
+            length_bytes: BLOCK_BYTES,
+            generation: sequence,
+            nonce,
+            data_crc: checksum::crc32c(&data),
+        }
+        .encode(&mut block);
+        file.write_all_at(&block, offset).unwrap();
+        file.write_all_at(&data, offset + BLOCK_BYTES).unwrap();
+    }
+
+    /// A stale tail crafted to look like headers of the next fill (its sequence is
+    /// predictable; its nonce is not) is not adopted: the scan ends where this fill's
+    /// objects end.
+    #[test]
+    fn a_forged_header_with_the_fills_sequence_but_not_its_nonce_ends_the_scan() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("region");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        let region_bytes = 16 * BLOCK_BYTES;
+        file.set_len(region_bytes).unwrap();
+        let (sequence, nonce) = (5, 0x0123_4567_89ab_cdef);
+        let mut block = vec![0u8; BLOCK_BYTES as usize];
+        RegionHeader {
+            region_bytes,
+            index: 0,
+            sequence,
+            nonce,
+        }
+        .encode(&mut block);
+        file.write_all_at(&block, 0).unwrap();
+        put_object(&file, BLOCK_BYTES, object(1), sequence, nonce);
+        put_object(&file, 3 * BLOCK_BYTES, object(2), sequence, nonce ^ 1);
+        put_object(&file, 5 * BLOCK_BYTES, object(3), sequence, nonce);
+        let scan = scan_region(&file, 0, region_bytes, 8 * BLOCK_BYTES).unwrap();
+        let adopted: Vec<ObjectId> = scan.objects.iter().map(|(id, _)| *id).collect();
+        assert_eq!(adopted, vec![object(1)], "a forged header was adopted");
+        assert_eq!(scan.cursor, 3 * BLOCK_BYTES);
+    }
 }

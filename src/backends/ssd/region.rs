@@ -61,6 +61,8 @@ pub struct Reservation {
     pub header_offset: u64,
     /// The generation to write in the header.
     pub generation: u64,
+    /// The fill's nonce, written in the region's and the object's headers.
+    pub nonce: u64,
     /// Bytes set aside (header plus padded data).
     pub footprint_bytes: u64,
 }
@@ -94,6 +96,9 @@ enum RegionState {
 struct Region {
     state: RegionState,
     sequence: u64,
+    /// The nonce of the fill (see [`super::layout::RegionHeader::nonce`]); 0 for a region
+    /// not filled since the store opened.
+    nonce: u64,
     cursor: u64,
     live_bytes: u64,
     writing_bytes: u64,
@@ -107,6 +112,7 @@ impl Region {
         Region {
             state: RegionState::Free,
             sequence: 0,
+            nonce: 0,
             cursor: BLOCK_BYTES,
             live_bytes: 0,
             writing_bytes: 0,
@@ -143,6 +149,27 @@ pub struct RegionTable {
     active: Option<u32>,
     next_sequence: u64,
     index: HashMap<ObjectId, Entry>,
+    /// Draws each fill's nonce: the OS's randomness ([`random_nonce`]); a test may fix it.
+    nonces: fn() -> u64,
+}
+
+/// A nonce from the OS's random source (`getrandom`); a clock-and-address hash on the rare
+/// kernel without it. Never predictable from earlier nonces, which engines may read.
+pub fn random_nonce() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: `bytes` is valid for 8 bytes of writes for the call's duration.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == 8 {
+        return u64::from_le_bytes(bytes);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |time| time.as_nanos()),
+    );
+    hasher.finish()
 }
 
 impl RegionTable {
@@ -156,6 +183,7 @@ impl RegionTable {
             active: None,
             next_sequence: 1,
             index: HashMap::new(),
+            nonces: random_nonce,
         }
     }
 
@@ -211,6 +239,7 @@ impl RegionTable {
             region: index,
             header_offset: region.cursor,
             generation: region.sequence,
+            nonce: region.nonce,
             footprint_bytes: footprint,
         };
         region.cursor += footprint;
@@ -248,6 +277,7 @@ impl RegionTable {
         let region = &mut self.regions[chosen];
         region.state = RegionState::Active;
         region.sequence = self.next_sequence;
+        region.nonce = (self.nonces)();
         region.cursor = BLOCK_BYTES;
         self.next_sequence += 1;
         let chosen = u32::try_from(chosen).ok()?;

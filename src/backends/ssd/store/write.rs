@@ -86,6 +86,7 @@ impl IoRequests for WriteRequests<'_> {
             region_bytes: self.store.config.region_bytes,
             index: reservation.region,
             sequence: reservation.generation,
+            nonce: reservation.nonce,
         };
         let object_block = &mut slot.bytes(head + footprint)[head..];
         let data = &mut object_block[block..];
@@ -109,6 +110,7 @@ impl IoRequests for WriteRequests<'_> {
             object,
             length_bytes,
             generation: reservation.generation,
+            nonce: reservation.nonce,
             data_crc,
         }
         .encode(&mut staged[head..]);
