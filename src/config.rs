@@ -520,6 +520,7 @@ mod tests {
         let peer = |uid, gid| crate::node::PeerIdentity {
             uid,
             gid,
+            groups: vec![gid],
             pid: None,
         };
         let chat = tenants.admit(&peer(1001, 5)).unwrap();

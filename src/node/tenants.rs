@@ -1,8 +1,10 @@
 //! Who a local client is and what it may use. The node reads each connecting engine's
 //! peer credentials from its Unix socket (`SO_PEERCRED`: uid, gid, pid) and matches them
 //! against the operator's tenant rules (`[[tenants]]` in `cluster.toml`). The first rule
-//! naming the peer's uid or gid admits it as that tenant; with no rule at all only the node
-//! process's own uid is admitted. A tenant may register only the namespaces (models) its
+//! naming the peer's uid admits it as that tenant; failing that, the first rule naming any
+//! of its groups (its effective gid and its supplementary groups, `SO_PEERGROUPS`), so a
+//! user who switches its effective group (`newgrp`, `sg`) cannot pick another tenant; with
+//! no rule at all only the node process's own uid is admitted. A tenant may register only the namespaces (models) its
 //! rule lists, and its salt is mixed into every namespace it registers, so tenants with
 //! different salts never share objects nor learn through a probe what the other cached.
 //! Sans-I/O: the rules come parsed, the credentials come read.
@@ -16,13 +18,18 @@ use thiserror::Error;
 pub const TENANT_RULES_MAX: usize = 256;
 /// Uids, gids or models one rule may list.
 pub const RULE_ENTRIES_MAX: usize = 1024;
+/// Supplementary groups of a peer the node reads; a peer in more is matched on these.
+pub const PEER_GROUPS_MAX: usize = 1024;
 
 /// The credentials of a connected peer, as the kernel reported them for the socket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerIdentity {
     pub uid: u32,
-    /// The peer process's effective group (supplementary groups are not reported).
+    /// The peer process's effective group.
     pub gid: u32,
+    /// Its supplementary groups (at most [`PEER_GROUPS_MAX`]; empty where the kernel does
+    /// not report them).
+    pub groups: Vec<u32>,
     /// The peer's process id, when the kernel reports it (logs only: pids are reused).
     pub pid: Option<i32>,
 }
@@ -43,7 +50,8 @@ pub struct Tenant {
     pub name: String,
     /// Peers of these uids are this tenant.
     pub uids: Vec<u32>,
-    /// Peers of these (effective) gids are this tenant.
+    /// Peers in these groups (effective or supplementary) are this tenant, unless a rule
+    /// names their uid.
     pub gids: Vec<u32>,
     pub models: ModelAccess,
     /// Mixed into every namespace this tenant registers; `None` shares with unsalted tenants.
@@ -65,8 +73,8 @@ impl Tenant {
         descriptor
     }
 
-    fn matches(&self, peer: &PeerIdentity) -> bool {
-        self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
+    fn names_group_of(&self, peer: &PeerIdentity) -> bool {
+        self.gids.contains(&peer.gid) || peer.groups.iter().any(|gid| self.gids.contains(gid))
     }
 }
 
@@ -145,8 +153,9 @@ impl Tenants {
         })
     }
 
-    /// The tenant `peer` is admitted as: the first rule naming its uid or gid, or, with no
-    /// rule at all, the node's owner (any model, no salt) for the node's own uid.
+    /// The tenant `peer` is admitted as: the first rule naming its uid, else the first
+    /// naming one of its groups (whichever group is its effective one), or, with no rule at
+    /// all, the node's owner (any model, no salt) for the node's own uid.
     pub fn admit(&self, peer: &PeerIdentity) -> Result<Arc<Tenant>, TenantRefusal> {
         let refused = TenantRefusal::UnknownPeer {
             uid: peer.uid,
@@ -167,7 +176,8 @@ impl Tenants {
         }
         self.rules
             .iter()
-            .find(|rule| rule.matches(peer))
+            .find(|rule| rule.uids.contains(&peer.uid))
+            .or_else(|| self.rules.iter().find(|rule| rule.names_group_of(peer)))
             .cloned()
             .ok_or(refused)
     }
@@ -201,6 +211,7 @@ mod tests {
         PeerIdentity {
             uid,
             gid,
+            groups: vec![gid],
             pid: Some(1),
         }
     }
@@ -241,6 +252,41 @@ mod tests {
         // With rules, the owner is only admitted by a rule.
         assert!(tenants.admit(&peer(0, 0)).is_err());
         assert!(tenants.admit(&peer(1003, 3)).is_err());
+    }
+
+    /// A user in the groups of two tenants is the same tenant whichever group is its
+    /// effective one; a rule naming its uid comes before any naming its groups.
+    #[test]
+    fn switching_the_effective_group_does_not_switch_the_tenant() {
+        let tenants = Tenants::new(
+            0,
+            vec![
+                rule("a", &[], &[2000], Some("a-salt")),
+                rule("b", &[], &[3000], Some("b-salt")),
+                rule("mine", &[1005], &[], None),
+            ],
+        )
+        .unwrap();
+        for effective in [2000, 3000, 1001] {
+            let member = PeerIdentity {
+                uid: 1001,
+                gid: effective,
+                groups: vec![1001, 3000, 2000],
+                pid: None,
+            };
+            assert_eq!(
+                tenants.admit(&member).unwrap().name,
+                "a",
+                "as gid {effective}"
+            );
+        }
+        let named = PeerIdentity {
+            uid: 1005,
+            gid: 3000,
+            groups: vec![3000],
+            pid: None,
+        };
+        assert_eq!(tenants.admit(&named).unwrap().name, "mine");
     }
 
     #[test]

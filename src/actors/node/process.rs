@@ -338,6 +338,34 @@ const REFUSED_HANDSHAKES_MAX: usize = 64;
 /// How long a refused connection has to send its hello.
 const REFUSED_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The supplementary groups of `stream`'s peer (`SO_PEERGROUPS`, Linux 4.13 and later), at
+/// most [`PEER_GROUPS_MAX`](crate::node::tenants::PEER_GROUPS_MAX); none where the kernel
+/// does not say (the peer is then matched on its uid and effective gid).
+fn peer_groups(stream: &tokio::net::UnixStream) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    /// `SO_PEERGROUPS` of asm-generic (x86-64, arm64).
+    const SO_PEERGROUPS: libc::c_int = 59;
+    let mut groups = vec![0 as libc::gid_t; crate::node::tenants::PEER_GROUPS_MAX];
+    let mut length = libc::socklen_t::try_from(std::mem::size_of_val(groups.as_slice()))
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `groups` is valid for `length` bytes of writes, `length` for one write, and
+    // the descriptor is open for the call's duration.
+    let result = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut length,
+        )
+    };
+    if result != 0 {
+        return Vec::new();
+    }
+    groups.truncate(length as usize / std::mem::size_of::<libc::gid_t>());
+    groups
+}
+
 /// Serves `stream` as the tenant its peer credentials are, or refuses it with a typed
 /// error at the handshake (counted by reason).
 fn admit_client(
@@ -350,6 +378,7 @@ fn admit_client(
         Ok(credentials) => PeerIdentity {
             uid: credentials.uid(),
             gid: credentials.gid(),
+            groups: peer_groups(&stream),
             pid: credentials.pid(),
         },
         Err(error) => {
@@ -575,5 +604,30 @@ async fn open_link(
             }
             Err(error) => return Err(error).context("opening a session with the directory"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The groups the kernel reports for a peer are this process's supplementary groups.
+    #[test]
+    fn a_peers_supplementary_groups_are_read_from_the_kernel() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (ours, _theirs) = runtime.block_on(async { tokio::net::UnixStream::pair().unwrap() });
+        let mut expected = vec![0 as libc::gid_t; 4096];
+        // SAFETY: `expected` is valid for its length of writes.
+        let count =
+            unsafe { libc::getgroups(expected.len() as libc::c_int, expected.as_mut_ptr()) };
+        assert!(count >= 0);
+        expected.truncate(count as usize);
+        let mut read = peer_groups(&ours);
+        read.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(read, expected);
     }
 }
