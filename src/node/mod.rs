@@ -69,6 +69,8 @@ pub struct NodeCore {
     /// What the node reports when it rejoins.
     pub holdings: Holdings,
     clients: HashMap<ClientId, ClientBooks>,
+    /// The namespaces each tenant registered (bounded per tenant).
+    pub tenant_namespaces: tenants::TenantNamespaces,
     /// Each connected client's user, and how many clients each user holds (entries of
     /// users with none are removed): at most [`CLIENTS_MAX`] of each.
     client_users: HashMap<ClientId, u32>,
@@ -93,6 +95,7 @@ impl NodeCore {
             liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
             holdings: Holdings::default(),
             clients: HashMap::new(),
+            tenant_namespaces: tenants::TenantNamespaces::default(),
             client_users: HashMap::new(),
             clients_per_user: HashMap::new(),
             next_client: 1,

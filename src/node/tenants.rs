@@ -9,7 +9,7 @@
 //! different salts never share objects nor learn through a probe what the other cached.
 //! Sans-I/O: the rules come parsed, the credentials come read.
 
-use crate::model::{NamespaceDescriptor, NAMESPACE_TEXT_BYTES_MAX};
+use crate::model::{NamespaceDescriptor, NamespaceId, NAMESPACE_TEXT_BYTES_MAX};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use thiserror::Error;
@@ -87,6 +87,45 @@ pub enum TenantRefusal {
     /// The client's tenant may not use this model.
     #[error("tenant `{tenant}` may not use model `{model}`")]
     NamespaceDenied { tenant: String, model: String },
+    /// The tenant registered [`NAMESPACES_PER_TENANT_MAX`] namespaces on this node.
+    #[error("tenant `{tenant}` registered {max} namespaces on this node, as many as it may")]
+    TooManyNamespaces { tenant: String, max: usize },
+}
+
+/// Distinct namespaces one tenant may register on one node (every model, revision and
+/// layout it serves): no tenant, varying a revision or a layer count, fills the node's
+/// table or the directory's for the others.
+pub const NAMESPACES_PER_TENANT_MAX: usize = 128;
+
+/// The namespaces each tenant registered on this node, at most
+/// [`NAMESPACES_PER_TENANT_MAX`] each (tenants are at most [`TENANT_RULES_MAX`] and the
+/// node's owner). Kept for the node's life: a tenant's bound does not come back when its
+/// clients leave, so reconnecting buys nothing.
+#[derive(Debug, Default)]
+pub struct TenantNamespaces {
+    by_tenant: std::collections::HashMap<String, std::collections::HashSet<NamespaceId>>,
+}
+
+impl TenantNamespaces {
+    /// Whether `tenant` may register `id`: it already did, or it has room for one more.
+    pub fn admits(&self, tenant: &Tenant, id: NamespaceId) -> Result<(), TenantRefusal> {
+        let held = self.by_tenant.get(&tenant.name);
+        if held.is_some_and(|held| held.len() >= NAMESPACES_PER_TENANT_MAX && !held.contains(&id)) {
+            return Err(TenantRefusal::TooManyNamespaces {
+                tenant: tenant.name.clone(),
+                max: NAMESPACES_PER_TENANT_MAX,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records that `tenant` registers `id` (after [`TenantNamespaces::admits`]).
+    pub fn record(&mut self, tenant: &Tenant, id: NamespaceId) {
+        let held = self.by_tenant.entry(tenant.name.clone()).or_default();
+        if held.len() < NAMESPACES_PER_TENANT_MAX {
+            held.insert(id);
+        }
+    }
 }
 
 /// A tenant rule set that cannot be used.

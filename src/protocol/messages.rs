@@ -506,6 +506,7 @@ impl ProtocolError {
             ProtocolError::Node(_) => "node",
             ProtocolError::Tenant(TenantRefusal::UnknownPeer { .. }) => "unknown_peer",
             ProtocolError::Tenant(TenantRefusal::NamespaceDenied { .. }) => "namespace_denied",
+            ProtocolError::Tenant(TenantRefusal::TooManyNamespaces { .. }) => "tenant_namespaces",
             ProtocolError::Client(refusal) => refusal.label(),
             ProtocolError::Reload(_) => "reload",
             ProtocolError::NotPermitted(_) => "not_permitted",

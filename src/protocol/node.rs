@@ -126,6 +126,12 @@ pub fn handle(
     let Some(books) = core.client(caller.client) else {
         return refuse(gone());
     };
+    if let (true, ClientRequest::RegisterNamespace(descriptor)) = (books.greeted(), &request) {
+        return register(core, caller, descriptor.clone());
+    }
+    let Some(books) = core.client(caller.client) else {
+        return refuse(gone());
+    };
     match (books.greeted(), request) {
         (false, ClientRequest::Hello(hello)) => greet(books, &hello),
         (false, _) => refuse(ProtocolError::Sequence(
@@ -165,7 +171,6 @@ fn admit(
         Request::Hello(_) | Request::Describe => {
             refuse(ProtocolError::Sequence("out of sequence".into()))
         }
-        Request::RegisterNamespace(descriptor) => register(books, caller.tenant, descriptor),
         Request::BeginStore {
             object,
             length_bytes,
@@ -248,20 +253,34 @@ fn admit_other(books: &mut ClientBooks, caller: Caller<'_>, request: ClientReque
 
 /// A namespace the caller's tenant may use, salted with the tenant's salt (never one the
 /// client sent), within the books' bound.
-fn register(books: &mut ClientBooks, tenant: &Tenant, descriptor: NamespaceDescriptor) -> Decision {
+/// A namespace registration: the tenant may use the model and has room for one more
+/// namespace on this node, and the client's books for one more.
+fn register(core: &mut NodeCore, caller: Caller<'_>, descriptor: NamespaceDescriptor) -> Decision {
+    let tenant = caller.tenant;
     if !tenant.permits(&descriptor) {
         return refuse(ProtocolError::Tenant(TenantRefusal::NamespaceDenied {
             tenant: tenant.name.clone(),
             model: descriptor.model,
         }));
     }
-    match books.admit_namespace() {
-        Ok(()) => work(
-            Work::RegisterNamespace(tenant.salted(descriptor)),
-            Slots::Namespace,
-        ),
-        Err(refusal) => refused(refusal),
+    let salted = tenant.salted(descriptor);
+    // A descriptor without an id is the directory's to refuse (`InvalidNamespace`).
+    let id = salted.id().ok();
+    if let Some(id) = id {
+        if let Err(refusal) = core.tenant_namespaces.admits(tenant, id) {
+            return refuse(ProtocolError::Tenant(refusal));
+        }
     }
+    let Some(books) = core.client(caller.client) else {
+        return refuse(gone());
+    };
+    if let Err(refusal) = books.admit_namespace() {
+        return refused(refusal);
+    }
+    if let Some(id) = id {
+        core.tenant_namespaces.record(tenant, id);
+    }
+    work(Work::RegisterNamespace(salted), Slots::Namespace)
 }
 
 /// Each item of a `BeginStoreMany` admitted as a `BeginStore`; the batch reserves in one
@@ -524,6 +543,52 @@ mod tests {
             matches!(refusal(&decision), Some(ProtocolError::Tenant(_))),
             "{decision:?}"
         );
+    }
+
+    /// A tenant varying its namespaces (a revision, a layer count) runs out at its own
+    /// bound however many clients it connects; an id it holds stays registrable, and
+    /// another tenant is untouched.
+    #[test]
+    fn a_tenants_namespaces_are_bounded_on_the_node_across_its_clients() {
+        use crate::node::tenants::NAMESPACES_PER_TENANT_MAX;
+        let mut core = NodeCore::default();
+        let noisy = tenant(ModelAccess::Any);
+        let register = |core: &mut NodeCore, tenant: &Tenant, revision: usize| {
+            let client = core.connect_client(0).unwrap();
+            core.client(client).unwrap().set_greeted();
+            let descriptor = NamespaceDescriptor {
+                revision: format!("r{revision}"),
+                ..demo_namespace()
+            };
+            let request = ClientRequest::RegisterNamespace(descriptor);
+            handle(core, NOW, caller(client, tenant, false), 64, request)
+        };
+        for revision in 0..NAMESPACES_PER_TENANT_MAX {
+            let decision = register(&mut core, &noisy, revision);
+            assert!(
+                matches!(decision, Decision::Work(..)),
+                "{revision}: {decision:?}"
+            );
+        }
+        let over = register(&mut core, &noisy, NAMESPACES_PER_TENANT_MAX);
+        assert!(
+            matches!(
+                refusal(&over),
+                Some(ProtocolError::Tenant(
+                    TenantRefusal::TooManyNamespaces { .. }
+                ))
+            ),
+            "{over:?}"
+        );
+        assert!(matches!(register(&mut core, &noisy, 0), Decision::Work(..)));
+        let quiet = Tenant {
+            name: "quiet".into(),
+            ..tenant(ModelAccess::Any)
+        };
+        assert!(matches!(
+            register(&mut core, &quiet, 999),
+            Decision::Work(..)
+        ));
     }
 
     #[test]
