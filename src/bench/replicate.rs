@@ -120,13 +120,24 @@ pub struct ReplicateReport {
 
 /// Runs both phases and prints the report.
 pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
-    let size = args.object_bytes.max(4096);
-    let count = (args.replicate_bytes / size).max(1);
+    let report = measure(exe, args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+/// The two-node cluster the replication phases run on, with room for `count` objects of
+/// `size` bytes and the latency phase's, and eviction off so that only replication moves
+/// bytes.
+fn cluster_spec(args: &ReplicateBenchArgs, size: usize, count: usize) -> ClusterSpec {
     let total = (count + args.latency_objects) * size;
     // Extents as a node asks for them by default (one directory round trip each).
     let extent_bytes = (size as u64).next_multiple_of(crate::config::default_extent_bytes());
     let pool_bytes = (total as u64 * 5 / 4).next_multiple_of(extent_bytes);
-    let spec = ClusterSpec {
+    ClusterSpec {
         nodes: 2,
         cpu_pool_bytes: pool_bytes,
         cxl_pool_bytes: pool_bytes,
@@ -136,8 +147,15 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         high_watermark_percent: 100,
         low_watermark_percent: 100,
         ..ClusterSpec::default()
-    };
-    let cluster = LocalCluster::start(exe, &spec)?;
+    }
+}
+
+/// Runs the replication phases on a local cluster, the copy limits beside them, and the
+/// network phase: the report, not printed.
+fn measure(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<ReplicateReport> {
+    let size = args.object_bytes.max(4096);
+    let count = (args.replicate_bytes / size).max(1);
+    let cluster = LocalCluster::start(exe, &cluster_spec(args, size, count))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -158,7 +176,7 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
     })?;
     drop(phase);
     let micros = |quantile: f64| latencies.quantile(quantile).as_micros() as u64;
-    let report = ReplicateReport {
+    Ok(ReplicateReport {
         object_bytes: size,
         cxl_bytes: (size * count) as u64,
         cxl_gbps,
@@ -178,40 +196,40 @@ pub fn run(exe: &Path, args: &ReplicateBenchArgs) -> anyhow::Result<()> {
         tls_tcp_gbps: network.tls_tcp_gbps,
         quic_ratio: network.quic_ratio,
         quic_1500_mtu_ratio: network.quic_1500_mtu_ratio,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!(
-            "replication CPU -> CXL: {} MiB in {} KiB objects at {:.2} GB/s, memcpy between the same mappings {:.2} GB/s, streaming copy {:.2} GB/s, ratio to the faster {:.2}",
-            report.cxl_bytes >> 20,
-            size >> 10,
-            report.cxl_gbps,
-            report.memcpy_gbps,
-            report.streaming_copy_gbps,
-            report.cxl_ratio
-        );
-        println!(
-            "the faster copy ({}) on node A's {} copy threads {:.2} GB/s, replication's ratio to it {:.2}",
-            report.faster_routine,
-            report.copy_threads, report.parallel_copy_gbps, report.cxl_parallel_ratio
-        );
-        println!(
-            "first remote miss -> READY, one object at a time: p50 {} us, p99 {} us, max {} us",
-            report.miss_to_ready_p50_us, report.miss_to_ready_p99_us, report.miss_to_ready_max_us
-        );
-        println!(
-            "node to node, {} KiB objects: QUIC {:.2} GB/s ({} B datagrams), TLS over TCP {:.2} GB/s, ratio {:.2}; QUIC at 1452 B datagrams {:.2} GB/s, ratio {:.2}",
-            size >> 10,
-            report.quic_gbps,
-            report.quic_datagram_bytes_reached,
-            report.tls_tcp_gbps,
-            report.quic_ratio,
-            report.quic_1500_mtu_gbps,
-            report.quic_1500_mtu_ratio
-        );
-    }
-    Ok(())
+    })
+}
+
+/// Prints `report` as text, one line per phase.
+fn print_report(report: &ReplicateReport) {
+    let size = report.object_bytes;
+    println!(
+        "replication CPU -> CXL: {} MiB in {} KiB objects at {:.2} GB/s, memcpy between the same mappings {:.2} GB/s, streaming copy {:.2} GB/s, ratio to the faster {:.2}",
+        report.cxl_bytes >> 20,
+        size >> 10,
+        report.cxl_gbps,
+        report.memcpy_gbps,
+        report.streaming_copy_gbps,
+        report.cxl_ratio
+    );
+    println!(
+        "the faster copy ({}) on node A's {} copy threads {:.2} GB/s, replication's ratio to it {:.2}",
+        report.faster_routine,
+        report.copy_threads, report.parallel_copy_gbps, report.cxl_parallel_ratio
+    );
+    println!(
+        "first remote miss -> READY, one object at a time: p50 {} us, p99 {} us, max {} us",
+        report.miss_to_ready_p50_us, report.miss_to_ready_p99_us, report.miss_to_ready_max_us
+    );
+    println!(
+        "node to node, {} KiB objects: QUIC {:.2} GB/s ({} B datagrams), TLS over TCP {:.2} GB/s, ratio {:.2}; QUIC at 1452 B datagrams {:.2} GB/s, ratio {:.2}",
+        size >> 10,
+        report.quic_gbps,
+        report.quic_datagram_bytes_reached,
+        report.tls_tcp_gbps,
+        report.quic_ratio,
+        report.quic_1500_mtu_gbps,
+        report.quic_1500_mtu_ratio
+    );
 }
 
 /// Both phases against a running cluster: the throughput in GB/s and the latencies.

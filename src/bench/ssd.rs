@@ -268,152 +268,192 @@ fn measure(args: &SsdBenchArgs, directory: &Path) -> anyhow::Result<SsdReport> {
     if args.sizes.is_empty() || args.queue_depths.is_empty() {
         bail!("give at least one object size and one queue depth");
     }
-    let size_max = args.sizes.iter().copied().max().unwrap_or(BLOCK);
-    let depth_max = args
-        .queue_depths
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(1)
-        .max(args.spill_queue_depth);
-    // Room for two sizes' objects, or for one size's twice: a spill round commits its
-    // objects when it ends, so it must not reclaim the regions of the round before.
-    let capacity = (args.spill_bytes * args.sizes.len().max(2) as u64 * 5 / 4)
-        .next_multiple_of(args.region_bytes)
-        + 2 * args.region_bytes;
-    let config = SsdConfig {
-        region_bytes: args.region_bytes,
-        keep_on_restart: false,
-        queue_depth: depth_max,
-        object_bytes_max: size_max as u64,
-        ..SsdConfig::new(directory.join("store"), capacity)
-    };
-    let (store, opened) = SsdStore::open(config)?;
-    let raw_path = directory.join("raw.kvtier-bench");
-    let raw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(if store.direct_io() { libc::O_DIRECT } else { 0 })
-        .open(&raw_path)
-        .with_context(|| format!("opening {}", raw_path.display()))?;
-    raw.set_len(args.spill_bytes)?;
-    // One queue for every raw pass, as the store keeps one: its slots are allocated before
-    // anything is timed, on both sides.
-    // The limit: the device at the asked depth, with no bound on the bytes in flight.
-    let (mut raw_queue, _) = IoQueue::new(depth_max, size_max, usize::MAX, true);
-    raw_queue.grow_slots();
-    warm_up(&store, &raw, &mut raw_queue, args, size_max, capacity)?;
-    store.grow_staging();
+    let (mut bench, io_uring) = Bench::open(args, directory)?;
     let mut report = SsdReport {
         restore_ratio: f64::INFINITY,
         spill_ratio: f64::INFINITY,
         restore_p99_us_qd1: 0.0,
-        direct_io: store.direct_io(),
-        io_uring: opened.io_uring_fallback.is_none(),
+        direct_io: bench.store.direct_io(),
+        io_uring,
         spills: Vec::new(),
         restores: Vec::new(),
     };
     for (size_index, &size) in args.sizes.iter().enumerate() {
         let size = size.max(BLOCK);
-        let count = (args.spill_bytes / size as u64).max(1);
-        let source = pattern(size, args.seed ^ size as u64);
-        // Spills and raw writes alternate in rounds too, compared round by round
-        // (`paired_median`): a virtual disk absorbs writes in the host's cache and flushes
-        // them afterwards, so the side that writes second can pay for the first's flush.
-        // Every spill round rewrites the same objects (the store replaces the older
-        // copies), so the last round's objects are what the restore passes read.
+        let objects = SizeObjects {
+            size_index,
+            size,
+            count: (args.spill_bytes / size as u64).max(1),
+            source: pattern(size, args.seed ^ size as u64),
+        };
+        report.spills.push(bench.spill_rounds(&objects)?);
+        let reads = (args.restore_bytes / size as u64).max(1);
+        // The restores' destination, as a pool is to the node: every object of a pass in
+        // a place of its own, on pages written before anything is timed.
+        let mut destination = vec![1u8; size * reads as usize];
+        for &depth in &args.queue_depths {
+            let restore = bench.restore_rounds(&objects, depth, reads, &mut destination)?;
+            report.restores.push(restore);
+        }
+    }
+    summarize(&mut report, args);
+    Ok(report)
+}
+
+/// The objects of one measured size: `count` objects of `size` bytes, object `i` being
+/// `object_bytes(source, size, i)`.
+struct SizeObjects {
+    /// The size's index in `--sizes`, part of every object's id.
+    size_index: usize,
+    size: usize,
+    count: u64,
+    source: Vec<u8>,
+}
+
+/// The store and the raw file under test, both warmed up ([`warm_up`]) with their staging
+/// slots allocated, so that no timed pass pays for a first write or fresh pages.
+struct Bench<'a> {
+    args: &'a SsdBenchArgs,
+    /// One queue for every raw pass, as the store keeps one.
+    raw_queue: IoQueue,
+    raw: File,
+    store: SsdStore,
+}
+
+impl<'a> Bench<'a> {
+    /// Opens the store and the raw file in `directory`, sized for `args`, and warms both
+    /// up; also whether the store runs on io_uring.
+    fn open(args: &'a SsdBenchArgs, directory: &Path) -> anyhow::Result<(Self, bool)> {
+        let size_max = args.sizes.iter().copied().max().unwrap_or(BLOCK);
+        let depth_max = args
+            .queue_depths
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(args.spill_queue_depth);
+        // Room for two sizes' objects, or for one size's twice: a spill round commits its
+        // objects when it ends, so it must not reclaim the regions of the round before.
+        let capacity = (args.spill_bytes * args.sizes.len().max(2) as u64 * 5 / 4)
+            .next_multiple_of(args.region_bytes)
+            + 2 * args.region_bytes;
+        let config = SsdConfig {
+            region_bytes: args.region_bytes,
+            keep_on_restart: false,
+            queue_depth: depth_max,
+            object_bytes_max: size_max as u64,
+            ..SsdConfig::new(directory.join("store"), capacity)
+        };
+        let (store, opened) = SsdStore::open(config)?;
+        let raw_path = directory.join("raw.kvtier-bench");
+        let raw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(if store.direct_io() { libc::O_DIRECT } else { 0 })
+            .open(&raw_path)
+            .with_context(|| format!("opening {}", raw_path.display()))?;
+        raw.set_len(args.spill_bytes)?;
+        // One queue for every raw pass, as the store keeps one: its slots are allocated
+        // before anything is timed, on both sides.
+        // The limit: the device at the asked depth, with no bound on the bytes in flight.
+        let (mut raw_queue, _) = IoQueue::new(depth_max, size_max, usize::MAX, true);
+        raw_queue.grow_slots();
+        warm_up(&store, &raw, &mut raw_queue, args, size_max, capacity)?;
+        store.grow_staging();
+        let bench = Self {
+            args,
+            raw_queue,
+            raw,
+            store,
+        };
+        Ok((bench, opened.io_uring_fallback.is_none()))
+    }
+
+    /// Spills `objects` against raw writes of the same sizes in [`SPILL_ROUNDS`] rounds.
+    ///
+    /// Spills and raw writes alternate in rounds too, compared round by round
+    /// (`paired_median`): a virtual disk absorbs writes in the host's cache and flushes
+    /// them afterwards, so the side that writes second can pay for the first's flush.
+    /// Every spill round rewrites the same objects (the store replaces the older copies),
+    /// so the last round's objects are what the restore passes read.
+    fn spill_rounds(&mut self, objects: &SizeObjects) -> anyhow::Result<SpillReport> {
+        let Self {
+            args,
+            raw_queue,
+            raw,
+            store,
+        } = self;
+        let (size, count, depth) = (objects.size, objects.count, args.spill_queue_depth);
         let (raw_writes, spills) = paired_rounds(
             SPILL_ROUNDS,
+            || raw_pass(raw_queue, raw, IoKind::Write, size, count, depth, None),
             || {
-                raw_pass(
-                    &mut raw_queue,
-                    &raw,
-                    IoKind::Write,
-                    size,
-                    count,
-                    args.spill_queue_depth,
-                    None,
-                )
-            },
-            || {
-                spill_pass(
-                    &store,
-                    &source,
-                    size_index,
-                    size,
-                    count,
-                    args.spill_queue_depth,
-                )
+                let source = &objects.source;
+                spill_pass(store, source, objects.size_index, size, count, depth)
             },
         )?;
         let (ratio, round_ratios) = paired_median(&spills, &raw_writes);
         let (Some(raw_write), Some(spill)) = (median_pass(raw_writes), median_pass(spills)) else {
             bail!("no spill round ran");
         };
-        report.spills.push(SpillReport {
+        Ok(SpillReport {
             object_bytes: size,
             spill_gbps: spill.gbps(),
             raw_write_gbps: raw_write.gbps(),
             ratio,
             round_ratios,
-        });
-        let reads = (args.restore_bytes / size as u64).max(1);
-        // The restores' destination, as a pool is to the node: every object of a pass in
-        // a place of its own, on pages written before anything is timed.
-        let mut destination = vec![1u8; size * reads as usize];
-        for &depth in &args.queue_depths {
-            let mut order = SplitMix64::new(args.seed ^ (depth as u64) << 32 ^ size as u64);
-            let picks: Vec<u64> = (0..reads).map(|_| order.below(count)).collect();
-            // Rounds of two back-to-back passes in alternating order, compared round by
-            // round (`paired_median`).
-            let (raw_reads, restores) = paired_rounds(
-                RESTORE_ROUNDS,
-                || {
-                    raw_pass(
-                        &mut raw_queue,
-                        &raw,
-                        IoKind::Read,
-                        size,
-                        count,
-                        depth,
-                        Some(&picks),
-                    )
-                },
-                || {
-                    restore_pass(
-                        &store,
-                        &source,
-                        &mut destination,
-                        size_index,
-                        size,
-                        depth,
-                        &picks,
-                    )
-                },
-            )?;
-            let (ratio, round_ratios) = paired_median(&restores, &raw_reads);
-            let (Some(raw_read), Some(restore)) = (median_pass(raw_reads), median_pass(restores))
-            else {
-                bail!("no restore round ran");
-            };
-            report.restores.push(RestoreReport {
-                object_bytes: size,
-                queue_depth: depth,
-                restore_gbps: restore.gbps(),
-                restore_p50_us: micros(restore.latencies.quantile(0.5)),
-                restore_p99_us: micros(restore.latencies.quantile(0.99)),
-                raw_read_gbps: raw_read.gbps(),
-                raw_read_p50_us: micros(raw_read.latencies.quantile(0.5)),
-                raw_read_p99_us: micros(raw_read.latencies.quantile(0.99)),
-                ratio,
-                round_ratios,
-            });
-        }
+        })
     }
-    summarize(&mut report, args);
-    Ok(report)
+
+    /// Restores `reads` random picks of `objects` at queue depth `depth` into
+    /// `destination` against raw reads of the same blocks, in [`RESTORE_ROUNDS`] rounds of
+    /// two back-to-back passes in alternating order, compared round by round
+    /// (`paired_median`).
+    fn restore_rounds(
+        &mut self,
+        objects: &SizeObjects,
+        depth: usize,
+        reads: u64,
+        destination: &mut [u8],
+    ) -> anyhow::Result<RestoreReport> {
+        let Self {
+            args,
+            raw_queue,
+            raw,
+            store,
+        } = self;
+        let (size, count) = (objects.size, objects.count);
+        let mut order = SplitMix64::new(args.seed ^ (depth as u64) << 32 ^ size as u64);
+        let picks: Vec<u64> = (0..reads).map(|_| order.below(count)).collect();
+        let raw_picks = Some(picks.as_slice());
+        let (raw_reads, restores) = paired_rounds(
+            RESTORE_ROUNDS,
+            || raw_pass(raw_queue, raw, IoKind::Read, size, count, depth, raw_picks),
+            || {
+                let (source, size_index) = (&objects.source, objects.size_index);
+                restore_pass(store, source, destination, size_index, size, depth, &picks)
+            },
+        )?;
+        let (ratio, round_ratios) = paired_median(&restores, &raw_reads);
+        let (Some(raw_read), Some(restore)) = (median_pass(raw_reads), median_pass(restores))
+        else {
+            bail!("no restore round ran");
+        };
+        Ok(RestoreReport {
+            object_bytes: size,
+            queue_depth: depth,
+            restore_gbps: restore.gbps(),
+            restore_p50_us: micros(restore.latencies.quantile(0.5)),
+            restore_p99_us: micros(restore.latencies.quantile(0.99)),
+            raw_read_gbps: raw_read.gbps(),
+            raw_read_p50_us: micros(raw_read.latencies.quantile(0.5)),
+            raw_read_p99_us: micros(raw_read.latencies.quantile(0.99)),
+            ratio,
+            round_ratios,
+        })
+    }
 }
 
 fn summarize(report: &mut SsdReport, args: &SsdBenchArgs) {

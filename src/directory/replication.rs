@@ -166,6 +166,16 @@ enum Decision {
     Drop,
 }
 
+/// A copy the directory considers: `object` towards `node` from the READY replica
+/// `source_id`, and what the copy saves there.
+struct WantedCopy<'a> {
+    object: &'a ObjectId,
+    node: NodeId,
+    source_id: ReplicaId,
+    source: &'a Replica,
+    cost: ReplicationCost,
+}
+
 impl Directory {
     /// Records the misses of `session` (`missed`, `asked` by a lookup or a load) whose
     /// object has a READY replica elsewhere, and plans the replications whose demand reached the threshold. Never
@@ -312,12 +322,33 @@ impl Directory {
         let Some(descriptor) = self.namespaces.get(&object.namespace) else {
             return Decision::Drop;
         };
-        let cost = ReplicationCost {
-            cost: CostModel {
-                prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+        let wanted = WantedCopy {
+            object,
+            node,
+            source_id,
+            source,
+            cost: ReplicationCost {
+                cost: CostModel {
+                    prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
+                },
+                tokens: descriptor.chunk_tokens,
             },
-            tokens: descriptor.chunk_tokens,
         };
+        match self.shared_plan(&wanted, owner, requester) {
+            Ok(plan) => Decision::Start(plan),
+            Err(refusal) => self.network_decision(&wanted, refusal),
+        }
+    }
+
+    /// The first pool of a domain both `owner` and `requester` map, not holding the object
+    /// yet, where the copy pays and fits below the high watermark; else the reason of the
+    /// candidate that came closest to being chosen ([`SkipReason::NoPath`] for none).
+    fn shared_plan(
+        &self,
+        wanted: &WantedCopy<'_>,
+        owner: &super::sessions::Session,
+        requester: &super::sessions::Session,
+    ) -> Result<Plan, SkipReason> {
         // The reason of the candidate that came closest to being chosen.
         let mut refusal = SkipReason::NoPath;
         let shared = self.pools.iter().enumerate().filter(|(_, record)| {
@@ -326,19 +357,19 @@ impl Directory {
         });
         for (index, record) in shared {
             let pool = PoolId(index as u32);
-            let holds_object = self.replicas.of_object(object).any(|(_, replica)| {
+            let holds_object = self.replicas.of_object(wanted.object).any(|(_, replica)| {
                 replica.pool == pool && replica.state != ReplicaState::Retiring
             });
             if holds_object {
                 continue;
             }
-            let bytes = record.spec.rounded_bytes(source.length_bytes);
-            let pays = cost.pays(&record.profile, bytes, Route::Shared);
+            let bytes = record.spec.rounded_bytes(wanted.source.length_bytes);
+            let pays = wanted.cost.pays(&record.profile, bytes, Route::Shared);
             let room = self.room_below_high_watermark(record, bytes);
             match candidate_refusal(pays, room) {
                 None => {
-                    return Decision::Start(Plan {
-                        source: source_id,
+                    return Ok(Plan {
+                        source: wanted.source_id,
                         target_pool: pool,
                         allocated_bytes: bytes,
                         path: Path::Shared,
@@ -347,9 +378,18 @@ impl Directory {
                 Some(reason) => refusal = nearest(refusal, reason),
             }
         }
+        Err(refusal)
+    }
+
+    /// The decision once no shared pool took the copy (`refusal` the nearest shared
+    /// candidate's reason): with `replicate_over_network` and a peer endpoint on both
+    /// nodes, a copy over the network into the requester's own CPU pool when it pays and
+    /// fits; else a skip for the nearest reason.
+    fn network_decision(&self, wanted: &WantedCopy<'_>, refusal: SkipReason) -> Decision {
+        let node = wanted.node;
         let network = self.config.replicate_over_network
             && self.nodes[node.0 as usize].peer_endpoint
-            && self.nodes[source.owner.0 as usize].peer_endpoint;
+            && self.nodes[wanted.source.owner.0 as usize].peer_endpoint;
         if !network {
             return Decision::Skip(refusal);
         }
@@ -361,11 +401,11 @@ impl Directory {
         let Some((index, record)) = own_cpu else {
             return Decision::Skip(refusal);
         };
-        let bytes = record.spec.rounded_bytes(source.length_bytes);
-        let pays = cost.pays(&record.profile, bytes, Route::Network);
+        let bytes = record.spec.rounded_bytes(wanted.source.length_bytes);
+        let pays = wanted.cost.pays(&record.profile, bytes, Route::Network);
         match candidate_refusal(pays, self.room_below_high_watermark(record, bytes)) {
             None => Decision::Start(Plan {
-                source: source_id,
+                source: wanted.source_id,
                 target_pool: PoolId(index as u32),
                 allocated_bytes: bytes,
                 path: Path::Network,

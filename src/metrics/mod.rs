@@ -201,43 +201,71 @@ pub struct Metrics {
     pools: Mutex<BTreeMap<PoolId, Medium>>,
 }
 
-impl Metrics {
-    /// Registers every family in a fresh registry and pre-declares the enum-labelled series
-    /// at zero, so rates exist from the first scrape. Errors only if a family definition is
-    /// invalid (a bug caught by the tests).
-    pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let metrics = Self {
-            pool_capacity_bytes: IntGaugeVec::new(
+/// The pool families: each pool's capacity, usage by state and tier profile, and the usage
+/// per medium.
+struct PoolFamilies {
+    capacity_bytes: IntGaugeVec,
+    bytes: IntGaugeVec,
+    profile: GaugeVec,
+    medium_bytes: IntGaugeVec,
+}
+
+impl PoolFamilies {
+    /// Defines the families, unregistered; errors only if a definition is invalid.
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            capacity_bytes: IntGaugeVec::new(
                 Opts::new("kvtier_pool_capacity_bytes", "Size of a pool's data area."),
                 &["pool", "medium"],
             )?,
-            pool_bytes: IntGaugeVec::new(
+            bytes: IntGaugeVec::new(
                 Opts::new(
                     "kvtier_pool_bytes",
                     "Bytes of a pool by usage state; ready and retiring are parts of allocated.",
                 ),
                 &["pool", "state"],
             )?,
-            pool_profile: GaugeVec::new(
+            profile: GaugeVec::new(
                 Opts::new(
                     "kvtier_pool_profile",
                     "A pool's tier profile: on a node what its start-up probe measured, on the directory what the policy prices the pool by.",
                 ),
                 &["pool", "figure"],
             )?,
-            requests_total: IntCounterVec::new(
+            medium_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "kvtier_medium_bytes",
+                    "Bytes of every pool of a medium by usage state (capacity included).",
+                ),
+                &["medium", "state"],
+            )?,
+        })
+    }
+}
+
+/// The request families: count, failures and duration, by operation.
+struct RequestFamilies {
+    total: IntCounterVec,
+    errors_total: IntCounterVec,
+    duration_seconds: HistogramVec,
+}
+
+impl RequestFamilies {
+    /// Defines the families, unregistered; errors only if a definition is invalid.
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            total: IntCounterVec::new(
                 Opts::new("kvtier_requests_total", "Requests handled, by operation."),
                 &["op"],
             )?,
-            request_errors_total: IntCounterVec::new(
+            errors_total: IntCounterVec::new(
                 Opts::new(
                     "kvtier_request_errors_total",
                     "Requests that failed, by operation and error kind.",
                 ),
                 &["op", "error"],
             )?,
-            request_duration_seconds: HistogramVec::new(
+            duration_seconds: HistogramVec::new(
                 HistogramOpts::new(
                     "kvtier_request_duration_seconds",
                     "Request handling time, by operation.",
@@ -245,6 +273,24 @@ impl Metrics {
                 .buckets(REQUEST_DURATION_BUCKETS_SECONDS.to_vec()),
                 &["op"],
             )?,
+        })
+    }
+}
+
+/// The cluster-state families: leases, sessions, node epochs, drains and reloads.
+struct ClusterFamilies {
+    leases: IntGauge,
+    sessions: IntGaugeVec,
+    node_epochs: IntGaugeVec,
+    drains: IntGaugeVec,
+    drain_pending: IntGaugeVec,
+    reloads_total: IntCounterVec,
+}
+
+impl ClusterFamilies {
+    /// Defines the families, unregistered; errors only if a definition is invalid.
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
             leases: IntGauge::new("kvtier_leases", "Read leases currently held.")?,
             sessions: IntGaugeVec::new(
                 Opts::new("kvtier_sessions", "Sessions, by liveness state."),
@@ -256,39 +302,6 @@ impl Metrics {
                     "The latest epoch of each node (directory): it rises at every new session.",
                 ),
                 &["node"],
-            )?,
-            bytes_moved_total: IntCounterVec::new(
-                Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
-                &["direction"],
-            )?,
-            lookups_total: IntCounterVec::new(
-                Opts::new(
-                    "kvtier_lookups_total",
-                    "Objects a node's clients asked to load, by result (hit or miss).",
-                ),
-                &["result"],
-            )?,
-            medium_bytes: IntGaugeVec::new(
-                Opts::new(
-                    "kvtier_medium_bytes",
-                    "Bytes of every pool of a medium by usage state (capacity included).",
-                ),
-                &["medium", "state"],
-            )?,
-            evictions_total: IntCounter::new(
-                "kvtier_evictions_total",
-                "READY replicas retired by the eviction policy under pool pressure.",
-            )?,
-            directory_evictions_total: IntCounterVec::new(
-                Opts::new(
-                    "kvtier_directory_evictions_total",
-                    "READY replicas the directory evicted under pool pressure (retired or demoted), by the medium of their pool.",
-                ),
-                &["medium"],
-            )?,
-            expirations_total: IntCounter::new(
-                "kvtier_expirations_total",
-                "READY replicas that outlived their tier's time to live, retired or demoted.",
             )?,
             drains: IntGaugeVec::new(
                 Opts::new("kvtier_drains", "Node drains, by state."),
@@ -305,6 +318,64 @@ impl Metrics {
                 Opts::new("kvtier_reloads_total", "Configuration reloads, by outcome."),
                 &["outcome"],
             )?,
+        })
+    }
+}
+
+/// The data families: bytes moved, lookups, evictions and expirations.
+struct DataFamilies {
+    bytes_moved_total: IntCounterVec,
+    lookups_total: IntCounterVec,
+    evictions_total: IntCounter,
+    directory_evictions_total: IntCounterVec,
+    expirations_total: IntCounter,
+}
+
+impl DataFamilies {
+    /// Defines the families, unregistered; errors only if a definition is invalid.
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            bytes_moved_total: IntCounterVec::new(
+                Opts::new("kvtier_bytes_moved_total", "Bytes copied, by reason."),
+                &["direction"],
+            )?,
+            lookups_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_lookups_total",
+                    "Objects a node's clients asked to load, by result (hit or miss).",
+                ),
+                &["result"],
+            )?,
+            evictions_total: IntCounter::new(
+                "kvtier_evictions_total",
+                "READY replicas retired by the eviction policy under pool pressure.",
+            )?,
+            directory_evictions_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_directory_evictions_total",
+                    "READY replicas the directory evicted under pool pressure (retired or demoted), by the medium of their pool.",
+                ),
+                &["medium"],
+            )?,
+            expirations_total: IntCounter::new(
+                "kvtier_expirations_total",
+                "READY replicas that outlived their tier's time to live, retired or demoted.",
+            )?,
+        })
+    }
+}
+
+/// The process families: dropped label updates, accept back-offs and client refusals.
+struct ProcessFamilies {
+    label_drops_total: IntCounter,
+    accept_backoffs_total: IntCounter,
+    client_refusals_total: IntCounterVec,
+}
+
+impl ProcessFamilies {
+    /// Defines the families, unregistered; errors only if a definition is invalid.
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
             label_drops_total: IntCounter::new(
                 "kvtier_metrics_label_drops_total",
                 "Updates not exported because a label bound was reached.",
@@ -320,28 +391,67 @@ impl Metrics {
                 ),
                 &["reason"],
             )?,
-            registry,
+        })
+    }
+}
+
+impl Metrics {
+    /// Registers every family in a fresh registry and pre-declares the enum-labelled series
+    /// at zero, so rates exist from the first scrape. Errors only if a family definition is
+    /// invalid (a bug caught by the tests).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let pool = PoolFamilies::new()?;
+        let requests = RequestFamilies::new()?;
+        let cluster = ClusterFamilies::new()?;
+        let data = DataFamilies::new()?;
+        let process = ProcessFamilies::new()?;
+        let metrics = Self {
+            registry: Registry::new(),
+            pool_capacity_bytes: pool.capacity_bytes,
+            pool_bytes: pool.bytes,
+            pool_profile: pool.profile,
+            requests_total: requests.total,
+            request_errors_total: requests.errors_total,
+            request_duration_seconds: requests.duration_seconds,
+            leases: cluster.leases,
+            sessions: cluster.sessions,
+            node_epochs: cluster.node_epochs,
+            bytes_moved_total: data.bytes_moved_total,
+            lookups_total: data.lookups_total,
+            evictions_total: data.evictions_total,
+            directory_evictions_total: data.directory_evictions_total,
+            expirations_total: data.expirations_total,
+            medium_bytes: pool.medium_bytes,
+            drains: cluster.drains,
+            drain_pending: cluster.drain_pending,
+            reloads_total: cluster.reloads_total,
+            label_drops_total: process.label_drops_total,
+            accept_backoffs_total: process.accept_backoffs_total,
+            client_refusals_total: process.client_refusals_total,
             pools: Mutex::new(BTreeMap::new()),
         };
         metrics.register_all()?;
+        metrics.declare_enum_series();
+        Ok(metrics)
+    }
+
+    /// Declares every enum-labelled series at zero, so rates exist from the first scrape.
+    fn declare_enum_series(&self) {
         for op in Operation::ALL {
-            metrics.requests_total.with_label_values(&[op.as_str()]);
-            metrics
-                .request_duration_seconds
+            self.requests_total.with_label_values(&[op.as_str()]);
+            self.request_duration_seconds
                 .with_label_values(&[op.as_str()]);
         }
         for state in SessionState::ALL {
-            metrics.sessions.with_label_values(&[state.as_str()]);
+            self.sessions.with_label_values(&[state.as_str()]);
         }
         for direction in Direction::ALL {
-            metrics
-                .bytes_moved_total
+            self.bytes_moved_total
                 .with_label_values(&[direction.as_str()]);
         }
         for result in LookupResult::ALL {
-            metrics.lookups_total.with_label_values(&[result.as_str()]);
+            self.lookups_total.with_label_values(&[result.as_str()]);
         }
-        Ok(metrics)
     }
 
     fn register_all(&self) -> Result<(), prometheus::Error> {

@@ -49,7 +49,15 @@ impl SsdMetrics {
     /// Registers the families in `metrics` with every state and reason at zero. Errors only
     /// on a malformed or repeated family (a bug).
     pub fn register(metrics: &Metrics) -> Result<SsdMetrics, prometheus::Error> {
-        let ssd = SsdMetrics {
+        let ssd = SsdMetrics::define()?;
+        ssd.declare_at_zero();
+        ssd.register_in(metrics)?;
+        Ok(ssd)
+    }
+
+    /// Defines the families, unregistered; errors only on a malformed family (a bug).
+    fn define() -> Result<SsdMetrics, prometheus::Error> {
+        Ok(SsdMetrics {
             bytes: IntGaugeVec::new(
                 Opts::new(
                     "kvtier_ssd_bytes",
@@ -104,31 +112,39 @@ impl SsdMetrics {
                 "kvtier_ssd_restore_duration_seconds",
                 "Time to read and verify one restored object.",
             )?,
-        };
+        })
+    }
+
+    /// Declares every state of `kvtier_ssd_bytes` and every reason of
+    /// `kvtier_ssd_skipped_spills_total` at zero, so their series exist from the start.
+    fn declare_at_zero(&self) {
         for state in ["capacity", "live", "writing", "reclaimable", "free"] {
-            ssd.bytes.with_label_values(&[state]).set(0);
+            self.bytes.with_label_values(&[state]).set(0);
         }
         for reason in SkipReason::ALL {
-            ssd.skipped_spills_total
+            self.skipped_spills_total
                 .with_label_values(&[reason.label()]);
         }
-        metrics.register(Box::new(ssd.bytes.clone()))?;
+    }
+
+    /// Registers every family in `metrics`; errors on a repeated family (a bug).
+    fn register_in(&self, metrics: &Metrics) -> Result<(), prometheus::Error> {
+        metrics.register(Box::new(self.bytes.clone()))?;
         for family in [
-            &ssd.spills_total,
-            &ssd.spill_bytes_total,
-            &ssd.restores_total,
-            &ssd.restore_bytes_total,
-            &ssd.checksum_failures_total,
-            &ssd.regions_reclaimed_total,
-            &ssd.retirements_dropped_total,
+            &self.spills_total,
+            &self.spill_bytes_total,
+            &self.restores_total,
+            &self.restore_bytes_total,
+            &self.checksum_failures_total,
+            &self.regions_reclaimed_total,
+            &self.retirements_dropped_total,
         ] {
             metrics.register(Box::new(family.clone()))?;
         }
-        metrics.register(Box::new(ssd.retirements_pending.clone()))?;
-        metrics.register(Box::new(ssd.skipped_spills_total.clone()))?;
-        metrics.register(Box::new(ssd.spill_duration_seconds.clone()))?;
-        metrics.register(Box::new(ssd.restore_duration_seconds.clone()))?;
-        Ok(ssd)
+        metrics.register(Box::new(self.retirements_pending.clone()))?;
+        metrics.register(Box::new(self.skipped_spills_total.clone()))?;
+        metrics.register(Box::new(self.spill_duration_seconds.clone()))?;
+        metrics.register(Box::new(self.restore_duration_seconds.clone()))
     }
 
     /// Counts one skipped spill that never reached the store (it could not be opened).

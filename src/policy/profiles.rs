@@ -86,6 +86,33 @@ pub enum ProfileError {
 
 const GIB: u64 = 1024 * 1024 * 1024;
 
+/// The representative figures of `kind` ([`TierProfile::representative`]): read latency
+/// in microseconds, read and write bandwidths in bytes per second (all positive), and
+/// capacity in bytes.
+fn representative_figures(kind: TierKind) -> (f64, f64, f64, u64) {
+    match kind {
+        TierKind::GpuHbm => (1.0, 2.0e12, 2.0e12, 80 * GIB),
+        TierKind::Dram => (0.1, 11.0e9, 11.0e9, 256 * GIB),
+        TierKind::NumaFarDram => (0.2, 7.0e9, 7.0e9, 256 * GIB),
+        TierKind::Cxl => (0.4, 5.0e9, 5.0e9, 512 * GIB),
+        TierKind::Ssd => (80.0, 6.0e9, 3.0e9, 4096 * GIB),
+        TierKind::Remote => (70.0, 2.0e9, 2.0e9, 1024 * GIB),
+    }
+}
+
+/// The physical nature of `kind`: byte-addressable, coherent, persistent, wear-limited,
+/// and how its bytes are shared.
+fn representative_nature(kind: TierKind) -> (bool, bool, bool, bool, ShareKind) {
+    match kind {
+        TierKind::GpuHbm => (true, true, false, false, ShareKind::Private),
+        TierKind::Dram => (true, true, false, false, ShareKind::Host),
+        TierKind::NumaFarDram => (true, true, false, false, ShareKind::Host),
+        TierKind::Cxl => (true, true, false, false, ShareKind::Domain),
+        TierKind::Ssd => (false, false, true, true, ShareKind::Copy),
+        TierKind::Remote => (false, false, false, false, ShareKind::Copy),
+    }
+}
+
 impl TierProfile {
     /// Representative defaults for `kind`. They are order-of-magnitude values from public
     /// datasheets and the measured facts of docs/design.md, not measurements of this host:
@@ -93,75 +120,8 @@ impl TierProfile {
     /// stream (0.1 µs), NUMA-far DRAM ~7 GB/s (0.2 µs), CXL ~5 GB/s (0.4 µs), SSD
     /// 6 GB/s reads and 3 GB/s writes (80 µs, a PCIe 4 datacenter NVMe), remote ~2 GB/s (70 µs, one QUIC round trip).
     pub fn representative(kind: TierKind) -> Self {
-        let (latency, read, write, capacity, addressable, coherent, persistent, wear, share) =
-            match kind {
-                TierKind::GpuHbm => (
-                    1.0,
-                    2.0e12,
-                    2.0e12,
-                    80 * GIB,
-                    true,
-                    true,
-                    false,
-                    false,
-                    ShareKind::Private,
-                ),
-                TierKind::Dram => (
-                    0.1,
-                    11.0e9,
-                    11.0e9,
-                    256 * GIB,
-                    true,
-                    true,
-                    false,
-                    false,
-                    ShareKind::Host,
-                ),
-                TierKind::NumaFarDram => (
-                    0.2,
-                    7.0e9,
-                    7.0e9,
-                    256 * GIB,
-                    true,
-                    true,
-                    false,
-                    false,
-                    ShareKind::Host,
-                ),
-                TierKind::Cxl => (
-                    0.4,
-                    5.0e9,
-                    5.0e9,
-                    512 * GIB,
-                    true,
-                    true,
-                    false,
-                    false,
-                    ShareKind::Domain,
-                ),
-                TierKind::Ssd => (
-                    80.0,
-                    6.0e9,
-                    3.0e9,
-                    4096 * GIB,
-                    false,
-                    false,
-                    true,
-                    true,
-                    ShareKind::Copy,
-                ),
-                TierKind::Remote => (
-                    70.0,
-                    2.0e9,
-                    2.0e9,
-                    1024 * GIB,
-                    false,
-                    false,
-                    false,
-                    false,
-                    ShareKind::Copy,
-                ),
-            };
+        let (latency, read, write, capacity) = representative_figures(kind);
+        let (addressable, coherent, persistent, wear, share) = representative_nature(kind);
         Self {
             kind,
             read_latency_us: latency,

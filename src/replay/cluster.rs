@@ -24,7 +24,8 @@ use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
 use crate::client::{batch_lengths, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
-    ExtentGrant, Holding, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome, TaskKind,
+    ExtentGrant, Holding, OpenReply, OpenRequest, ProbeOutcome, ReserveItem, ReserveOutcome,
+    TaskKind,
 };
 use crate::model::{
     AllocationId, DomainId, Generation, Location, Medium, NamespaceId, ObjectId, OperationId,
@@ -205,74 +206,106 @@ struct SimulatedCluster {
     held: Holdings,
 }
 
+/// Registers the domain's CXL pool of `config.cxl_blocks` chunks, in whole extents
+/// ([`extent_chunks`]): the pool and its extent size, or `None` for no CXL blocks.
+fn register_cxl_pool(
+    directory: &mut Directory,
+    config: &ClusterSimConfig,
+) -> anyhow::Result<Option<(PoolId, u64)>> {
+    if config.cxl_blocks == 0 {
+        return Ok(None);
+    }
+    let extent_bytes = extent_chunks(config.cxl_blocks) * config.chunk_bytes;
+    let pool = directory.register_pool(
+        None,
+        PoolSpec {
+            name: "cxl0".into(),
+            medium: Medium::Cxl,
+            scope: Scope::Domain(DomainId(0)),
+            capacity_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
+            page_bytes: config.chunk_bytes,
+            extent_bytes: Some(extent_bytes),
+        },
+    )?;
+    Ok(Some((pool, extent_bytes)))
+}
+
+/// Opens engine `engine`'s node at the directory with its CPU pool, and its SSD store when
+/// `config` gives one, and registers the demo namespace: the node and the namespace.
+fn open_engine(
+    directory: &mut Directory,
+    config: &ClusterSimConfig,
+    engine: usize,
+) -> anyhow::Result<(SimulatedNode, NamespaceId)> {
+    let opened = directory.open(
+        Timestamp::ZERO,
+        OpenRequest {
+            node_name: format!("node-{engine}"),
+            write_order: vec![Medium::Cpu, Medium::Cxl],
+            read_order: vec![Medium::Cpu, Medium::Cxl],
+            domains: vec![DomainId(0)],
+            namespaces: crate::directory::NamespaceAccess::Any,
+        },
+    )?;
+    directory.register_pool(
+        Some(opened.session),
+        PoolSpec {
+            name: format!("node-{engine}-cpu"),
+            medium: Medium::Cpu,
+            scope: Scope::Host(opened.node),
+            capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
+            page_bytes: config.chunk_bytes,
+            extent_bytes: None,
+        },
+    )?;
+    let ssd = if config.ssd_blocks > 0 {
+        Some(register_node_ssd(directory, config, engine, &opened)?)
+    } else {
+        None
+    };
+    let namespace = directory.register_namespace(opened.session, demo_namespace())?;
+    let node = SimulatedNode {
+        session: opened.session,
+        cxl_free: Vec::new(),
+        ssd,
+    };
+    Ok((node, namespace))
+}
+
+/// Registers the SSD pool of `config.ssd_blocks` chunks of the node `opened` opened, with
+/// its admission threshold, and models its store.
+fn register_node_ssd(
+    directory: &mut Directory,
+    config: &ClusterSimConfig,
+    engine: usize,
+    opened: &OpenReply,
+) -> anyhow::Result<SimulatedSsd> {
+    let store_bytes = ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)?;
+    let pool = directory.register_pool(
+        Some(opened.session),
+        PoolSpec {
+            name: format!("node-{engine}-ssd"),
+            medium: Medium::Ssd,
+            scope: Scope::Host(opened.node),
+            capacity_bytes: store_bytes,
+            page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
+            extent_bytes: None,
+        },
+    )?;
+    directory.admit_after(opened.session, pool, config.ssd_admit_after_accesses)?;
+    SimulatedSsd::new(pool, store_bytes)
+}
+
 impl SimulatedCluster {
     fn start(config: &ClusterSimConfig) -> anyhow::Result<Self> {
         let mut directory = Directory::new(config.directory.clone());
-        let cxl = if config.cxl_blocks > 0 {
-            let extent_bytes = extent_chunks(config.cxl_blocks) * config.chunk_bytes;
-            let pool = directory.register_pool(
-                None,
-                PoolSpec {
-                    name: "cxl0".into(),
-                    medium: Medium::Cxl,
-                    scope: Scope::Domain(DomainId(0)),
-                    capacity_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
-                    page_bytes: config.chunk_bytes,
-                    extent_bytes: Some(extent_bytes),
-                },
-            )?;
-            Some((pool, extent_bytes))
-        } else {
-            None
-        };
+        let cxl = register_cxl_pool(&mut directory, config)?;
         let mut nodes = Vec::with_capacity(config.engines);
         let mut namespace = None;
         for engine in 0..config.engines.max(1) {
-            let opened = directory.open(
-                Timestamp::ZERO,
-                OpenRequest {
-                    node_name: format!("node-{engine}"),
-                    write_order: vec![Medium::Cpu, Medium::Cxl],
-                    read_order: vec![Medium::Cpu, Medium::Cxl],
-                    domains: vec![DomainId(0)],
-                    namespaces: crate::directory::NamespaceAccess::Any,
-                },
-            )?;
-            directory.register_pool(
-                Some(opened.session),
-                PoolSpec {
-                    name: format!("node-{engine}-cpu"),
-                    medium: Medium::Cpu,
-                    scope: Scope::Host(opened.node),
-                    capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
-                    page_bytes: config.chunk_bytes,
-                    extent_bytes: None,
-                },
-            )?;
-            let ssd = if config.ssd_blocks > 0 {
-                let store_bytes = ssd::store_bytes(config.ssd_blocks, config.chunk_bytes)?;
-                let pool = directory.register_pool(
-                    Some(opened.session),
-                    PoolSpec {
-                        name: format!("node-{engine}-ssd"),
-                        medium: Medium::Ssd,
-                        scope: Scope::Host(opened.node),
-                        capacity_bytes: store_bytes,
-                        page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
-                        extent_bytes: None,
-                    },
-                )?;
-                directory.admit_after(opened.session, pool, config.ssd_admit_after_accesses)?;
-                Some(SimulatedSsd::new(pool, store_bytes)?)
-            } else {
-                None
-            };
-            namespace = Some(directory.register_namespace(opened.session, demo_namespace())?);
-            nodes.push(SimulatedNode {
-                session: opened.session,
-                cxl_free: Vec::new(),
-                ssd,
-            });
+            let (node, engine_namespace) = open_engine(&mut directory, config, engine)?;
+            namespace = Some(engine_namespace);
+            nodes.push(node);
         }
         Ok(Self {
             directory,
@@ -610,6 +643,32 @@ impl SimulatedCluster {
         }
         let wanted: Vec<ObjectId> = missed.iter().map(|index| objects[*index]).collect();
         let session = self.nodes[node].session;
+        let granted = self.reserve_restores(node, now, &wanted)?;
+        let published = self.commit_restores(now, session, granted)?;
+        self.restored += published;
+        if published == 0 {
+            return Ok(());
+        }
+        let again = self
+            .directory
+            .acquire(now, session, &wanted, AcquireMode::Each)?;
+        for (position, outcome) in missed.into_iter().zip(again) {
+            outcomes[position] = outcome;
+        }
+        Ok(())
+    }
+
+    /// Reserves room for each of the first [`RESTORES_PER_LOAD_MAX`] of `wanted` as the
+    /// node does for a restore, a reservation a full pool skips asked again (after a task
+    /// poll) until the call's deadline ([`RESTORE_WAIT`]); the grants with their locations
+    /// (a grant the node cannot allocate is aborted).
+    fn reserve_restores(
+        &mut self,
+        node: usize,
+        now: Timestamp,
+        wanted: &[ObjectId],
+    ) -> anyhow::Result<Vec<(ObjectId, ReplicaId, Location)>> {
+        let session = self.nodes[node].session;
         // A reservation a full pool skips is asked again until the call's deadline; the
         // room comes from the reclaims of the node's next task polls, run here at once.
         let mut polls_left = RESTORE_WAIT.as_micros() / self.period.as_micros().max(1);
@@ -638,6 +697,17 @@ impl SimulatedCluster {
                 }
             }
         }
+        Ok(granted)
+    }
+
+    /// Commits each restored object at its granted location and notes it held: how many
+    /// were published.
+    fn commit_restores(
+        &mut self,
+        now: Timestamp,
+        session: SessionId,
+        granted: Vec<(ObjectId, ReplicaId, Location)>,
+    ) -> anyhow::Result<u64> {
         let mut published = 0;
         for (object, replica, location) in granted {
             let operation = self.operation();
@@ -650,17 +720,7 @@ impl SimulatedCluster {
                 published += 1;
             }
         }
-        self.restored += published;
-        if published == 0 {
-            return Ok(());
-        }
-        let again = self
-            .directory
-            .acquire(now, session, &wanted, AcquireMode::Each)?;
-        for (position, outcome) in missed.into_iter().zip(again) {
-            outcomes[position] = outcome;
-        }
-        Ok(())
+        Ok(published)
     }
 
     /// Stores each object in prompt order (as the live driver does: when the pool fills

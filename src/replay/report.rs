@@ -233,48 +233,54 @@ impl Report {
             }
         }
         if let Some(live) = &self.live {
-            let _ = writeln!(
-                out,
-                "live cluster: token hit ratio {:.4} against {:.4} for its directory core replayed in process: {} (|difference| {:.4}, tolerance {:.0} % of the simulated ratio)",
-                live.live.token_hit_ratio(),
-                live.simulated.token_hit_ratio(),
-                if live.agrees() { "they agree" } else { "they DISAGREE" },
-                live.difference(),
-                AGREEMENT_TOLERANCE * 100.0
-            );
-            let _ = writeln!(
-                out,
-                "  {} engine(s): chunks stored {} / skipped {} / demoted {} / replicated {} (simulated {} / {} / {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
-                live.engines,
-                live.live.stored,
-                live.live.skipped,
-                live.live.demoted,
-                live.live.replicated,
-                live.simulated.stored,
-                live.simulated.skipped,
-                live.simulated.demoted,
-                live.simulated.replicated,
-                live.verified_chunks,
-                live.lag_max.as_secs_f64() * 1e3,
-                live.elapsed.as_secs_f64()
-            );
-            let _ = writeln!(
-                out,
-                "  TTFT p50 {:.1} ms / p95 {:.1} ms (simulated {:.1} / {:.1}); chunks spilled to SSD {} / restored {}, regions reclaimed {} (simulated {} / {}, {})",
-                ttft_ms(&live.live, 0.5),
-                ttft_ms(&live.live, 0.95),
-                ttft_ms(&live.simulated, 0.5),
-                ttft_ms(&live.simulated, 0.95),
-                live.live.spilled,
-                live.live.restored,
-                live.live.regions_reclaimed,
-                live.simulated.spilled,
-                live.simulated.restored,
-                live.simulated.regions_reclaimed
-            );
+            write_live_rows(&mut out, live);
         }
         out
     }
+}
+
+/// Appends the table's rows for the live cluster's run: its token hit ratio against the
+/// replay of its directory core, and each side's counts and TTFT.
+fn write_live_rows(out: &mut String, live: &LiveOutcome) {
+    let _ = writeln!(
+            out,
+            "live cluster: token hit ratio {:.4} against {:.4} for its directory core replayed in process: {} (|difference| {:.4}, tolerance {:.0} % of the simulated ratio)",
+            live.live.token_hit_ratio(),
+            live.simulated.token_hit_ratio(),
+            if live.agrees() { "they agree" } else { "they DISAGREE" },
+            live.difference(),
+            AGREEMENT_TOLERANCE * 100.0
+        );
+    let _ = writeln!(
+            out,
+            "  {} engine(s): chunks stored {} / skipped {} / demoted {} / replicated {} (simulated {} / {} / {} / {}), {} loaded chunks verified byte for byte, schedule lag at most {:.0} ms, {:.1} s",
+            live.engines,
+            live.live.stored,
+            live.live.skipped,
+            live.live.demoted,
+            live.live.replicated,
+            live.simulated.stored,
+            live.simulated.skipped,
+            live.simulated.demoted,
+            live.simulated.replicated,
+            live.verified_chunks,
+            live.lag_max.as_secs_f64() * 1e3,
+            live.elapsed.as_secs_f64()
+        );
+    let _ = writeln!(
+            out,
+            "  TTFT p50 {:.1} ms / p95 {:.1} ms (simulated {:.1} / {:.1}); chunks spilled to SSD {} / restored {}, regions reclaimed {} (simulated {} / {}, {})",
+            ttft_ms(&live.live, 0.5),
+            ttft_ms(&live.live, 0.95),
+            ttft_ms(&live.simulated, 0.5),
+            ttft_ms(&live.simulated, 0.95),
+            live.live.spilled,
+            live.live.restored,
+            live.live.regions_reclaimed,
+            live.simulated.spilled,
+            live.simulated.restored,
+            live.simulated.regions_reclaimed
+        );
 }
 
 #[cfg(test)]

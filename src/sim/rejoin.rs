@@ -281,58 +281,67 @@ impl World {
         }
         for (holding, outcome) in batch.iter().zip(outcomes) {
             match outcome {
-                AdoptOutcome::Adopted | AdoptOutcome::Known => {
-                    assert!(
-                        self.directory
-                            .ready_locations(&holding.object)
-                            .contains(&holding.location),
-                        "seed={}: node {node}'s {:?} was adopted but is not READY",
-                        self.stats.seed,
-                        holding.object
-                    );
-                    self.stats.covered.adopted += 1;
-                    if let Some(held) = self.nodes[node].held_at_kill.as_mut() {
-                        held.adopted.push(holding.location);
-                    }
-                }
-                AdoptOutcome::Refused => {
-                    self.stats.covered.adoptions_refused += 1;
-                    // Refused as a duplicate: the object is READY in the same pool, written
-                    // there in the new incarnation before this node reported its copy.
-                    let superseded = self
-                        .directory
-                        .ready_locations(&holding.object)
-                        .iter()
-                        .any(|ready| ready.pool == holding.location.pool);
-                    // Refused for room: the pool's books are full of reservations of the new
-                    // incarnation, though the node's extent holds the replica (a known gap:
-                    // adoption counts reservations that will be aborted).
-                    let crowded = self.directory.usage().iter().any(|report| {
-                        report.pool == holding.location.pool
-                            && report.usage.reserved_bytes > 0
-                            && report.usage.capacity_bytes
-                                < report.usage.reserved_bytes
-                                    + report.usage.allocated_bytes
-                                    + holding.location.length_bytes
-                    });
-                    if let Some(held) = self.nodes[node].held_at_kill.as_mut() {
-                        if superseded {
-                            held.superseded.push(holding.location);
-                        } else if crowded {
-                            held.crowded.push(holding.location);
-                        }
-                    }
-                    // Pages an engine may still read under a lease of the lost session's
-                    // incarnation: freed once that lease must have ended.
-                    let free_at = self.now + self.directory.recovery_window();
-                    self.nodes[node]
-                        .core
-                        .holdings
-                        .refused(holding.location, free_at);
-                }
+                AdoptOutcome::Adopted | AdoptOutcome::Known => self.adopted(node, holding),
+                AdoptOutcome::Refused => self.adoption_refused(node, holding),
             }
         }
         self.rejoin_next(node);
+    }
+
+    /// Checks that `holding`, adopted (or already known), is READY where the node holds it,
+    /// and notes it adopted.
+    fn adopted(&mut self, node: usize, holding: &Holding) {
+        assert!(
+            self.directory
+                .ready_locations(&holding.object)
+                .contains(&holding.location),
+            "seed={}: node {node}'s {:?} was adopted but is not READY",
+            self.stats.seed,
+            holding.object
+        );
+        self.stats.covered.adopted += 1;
+        if let Some(held) = self.nodes[node].held_at_kill.as_mut() {
+            held.adopted.push(holding.location);
+        }
+    }
+
+    /// Notes why the adoption of `holding` was refused (superseded by a copy of the new
+    /// incarnation in the same pool, or a pool crowded by its reservations), and frees its
+    /// pages once a lease of the lost incarnation must have ended.
+    fn adoption_refused(&mut self, node: usize, holding: &Holding) {
+        self.stats.covered.adoptions_refused += 1;
+        // Refused as a duplicate: the object is READY in the same pool, written
+        // there in the new incarnation before this node reported its copy.
+        let superseded = self
+            .directory
+            .ready_locations(&holding.object)
+            .iter()
+            .any(|ready| ready.pool == holding.location.pool);
+        // Refused for room: the pool's books are full of reservations of the new
+        // incarnation, though the node's extent holds the replica (a known gap:
+        // adoption counts reservations that will be aborted).
+        let crowded = self.directory.usage().iter().any(|report| {
+            report.pool == holding.location.pool
+                && report.usage.reserved_bytes > 0
+                && report.usage.capacity_bytes
+                    < report.usage.reserved_bytes
+                        + report.usage.allocated_bytes
+                        + holding.location.length_bytes
+        });
+        if let Some(held) = self.nodes[node].held_at_kill.as_mut() {
+            if superseded {
+                held.superseded.push(holding.location);
+            } else if crowded {
+                held.crowded.push(holding.location);
+            }
+        }
+        // Pages an engine may still read under a lease of the lost session's
+        // incarnation: freed once that lease must have ended.
+        let free_at = self.now + self.directory.recovery_window();
+        self.nodes[node]
+            .core
+            .holdings
+            .refused(holding.location, free_at);
     }
 
     /// Sends a rejoin report of `items` items: its reply, or `None` when it was paced (sent

@@ -241,13 +241,10 @@ impl Report {
         let all_before = interval.map(|_| &all_nodes_before);
         cluster.rates = rates(all_before, &all_nodes, interval);
         match current.metrics.get("directory") {
-            Some(Ok(directory)) => {
-                let directory_rates = rates(before("directory"), directory, interval);
-                cluster.rates.evictions_per_second = directory_rates.evictions_per_second;
-                cluster.rates.expirations_per_second = directory_rates.expirations_per_second;
-                cluster.directory_latency_p50_seconds = directory_rates.latency_p50_seconds;
-                cluster.directory_latency_p99_seconds = directory_rates.latency_p99_seconds;
-            }
+            Some(Ok(directory)) => set_directory_rates(
+                &mut cluster,
+                rates(before("directory"), directory, interval),
+            ),
             Some(Err(error)) => unreachable.insert(0, format!("directory: {error}")),
             None => {}
         }
@@ -259,6 +256,15 @@ impl Report {
             unreachable,
         }
     }
+}
+
+/// Sets the directory's own figures in `cluster` from its rates (`directory`): the
+/// evictions and expirations, which only the directory counts, and its request latency.
+fn set_directory_rates(cluster: &mut Totals, directory: Rates) {
+    cluster.rates.evictions_per_second = directory.evictions_per_second;
+    cluster.rates.expirations_per_second = directory.expirations_per_second;
+    cluster.directory_latency_p50_seconds = directory.latency_p50_seconds;
+    cluster.directory_latency_p99_seconds = directory.latency_p99_seconds;
 }
 
 /// Adds `from`'s counters into `into` (cluster-wide sums of the nodes).

@@ -178,63 +178,12 @@ async fn restore_claimed(
     objects: &[ObjectId],
 ) -> Vec<ObjectId> {
     let session = services.link.session();
-    // One deadline for the whole call: its restores wait for room together.
-    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
-    let mut restoring = Vec::new();
-    for object in objects {
-        let Some(length_bytes) = ssd.store.length_of(object) else {
-            continue;
-        };
-        if let Some(granted) = reserve(services, *object, length_bytes, deadline).await {
-            restoring.push(granted);
-        }
-    }
+    let restoring = reserve_claimed(services, ssd, objects).await;
     if restoring.is_empty() {
         return Vec::new();
     }
-    // Each object's bytes go straight from the store's staging slot into its reserved,
-    // unpublished allocation; `None` where its pool is not mapped here. One message per
-    // pool the batch writes into, not per object.
-    let mut mappings: HashMap<PoolId, Option<Arc<dyn PoolBackend>>> = HashMap::new();
-    let mut targets = Vec::with_capacity(restoring.len());
-    for item in &restoring {
-        let pool = item.location.pool;
-        let mapping = match mappings.get(&pool) {
-            Some(mapping) => mapping.clone(),
-            None => {
-                let mapping = match services.pools.get(&pool) {
-                    Some(actor) => actor.send(Bytes).await.ok(),
-                    None => None,
-                };
-                mappings.insert(pool, mapping.clone());
-                mapping
-            }
-        };
-        targets.push(mapping.map(|bytes| Target {
-            bytes,
-            location: item.location,
-            written_bytes: Some(0),
-        }));
-    }
-    let reader = ssd.clone();
-    let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
-    let read = tokio::task::spawn_blocking(move || {
-        let outcomes = reader.store.read_batch(&ids, |index, offset, chunk| {
-            if let Some(Some(target)) = targets.get_mut(index) {
-                target.write(offset, chunk);
-            }
-        });
-        let written: Vec<bool> = targets
-            .iter()
-            .map(|target| target.as_ref().is_some_and(Target::whole))
-            .collect();
-        (outcomes, written)
-    })
-    .await;
-    let (outcomes, written) = match read {
-        Ok(read) => read,
-        Err(_) => (Vec::new(), vec![false; restoring.len()]),
-    };
+    let targets = restore_targets(services, &restoring).await;
+    let (outcomes, written) = read_into_targets(ssd, &restoring, targets).await;
     let mut published = Vec::new();
     for (index, (item, whole)) in restoring.into_iter().zip(written).enumerate() {
         // The sink wrote the bytes before the checksum's verdict: only a verified object
@@ -259,6 +208,85 @@ async fn restore_claimed(
     }
     ssd.publish();
     published
+}
+
+/// Reserves room in a pool on this node for each of `objects` the store still holds, all
+/// waiting for room until one deadline ([`RESTORE_WAIT`]); the reservations granted, in
+/// the order of `objects`.
+async fn reserve_claimed(
+    services: &NodeServices,
+    ssd: &NodeSsd,
+    objects: &[ObjectId],
+) -> Vec<Restoring> {
+    // One deadline for the whole call: its restores wait for room together.
+    let deadline = tokio::time::Instant::now() + RESTORE_WAIT;
+    let mut restoring = Vec::new();
+    for object in objects {
+        let Some(length_bytes) = ssd.store.length_of(object) else {
+            continue;
+        };
+        if let Some(granted) = reserve(services, *object, length_bytes, deadline).await {
+            restoring.push(granted);
+        }
+    }
+    restoring
+}
+
+/// Where each of `restoring` is written: its reserved, unpublished allocation in its pool's
+/// mapping, or `None` where its pool is not mapped here. One message per pool the batch
+/// writes into, not per object.
+async fn restore_targets(services: &NodeServices, restoring: &[Restoring]) -> Vec<Option<Target>> {
+    let mut mappings: HashMap<PoolId, Option<Arc<dyn PoolBackend>>> = HashMap::new();
+    let mut targets = Vec::with_capacity(restoring.len());
+    for item in restoring {
+        let pool = item.location.pool;
+        let mapping = match mappings.get(&pool) {
+            Some(mapping) => mapping.clone(),
+            None => {
+                let mapping = match services.pools.get(&pool) {
+                    Some(actor) => actor.send(Bytes).await.ok(),
+                    None => None,
+                };
+                mappings.insert(pool, mapping.clone());
+                mapping
+            }
+        };
+        targets.push(mapping.map(|bytes| Target {
+            bytes,
+            location: item.location,
+            written_bytes: Some(0),
+        }));
+    }
+    targets
+}
+
+/// Reads `restoring` from the store in one batch on a blocking thread, each object's bytes
+/// going straight from the store's staging slot into its target: the read outcomes, and
+/// for each object whether its target was written whole (none, if the read task failed).
+async fn read_into_targets(
+    ssd: &Arc<NodeSsd>,
+    restoring: &[Restoring],
+    mut targets: Vec<Option<Target>>,
+) -> (Vec<ReadOutcome>, Vec<bool>) {
+    let reader = ssd.clone();
+    let ids: Vec<ObjectId> = restoring.iter().map(|item| item.object).collect();
+    let read = tokio::task::spawn_blocking(move || {
+        let outcomes = reader.store.read_batch(&ids, |index, offset, chunk| {
+            if let Some(Some(target)) = targets.get_mut(index) {
+                target.write(offset, chunk);
+            }
+        });
+        let written: Vec<bool> = targets
+            .iter()
+            .map(|target| target.as_ref().is_some_and(Target::whole))
+            .collect();
+        (outcomes, written)
+    })
+    .await;
+    match read {
+        Ok(read) => read,
+        Err(_) => (Vec::new(), vec![false; restoring.len()]),
+    }
 }
 
 /// Where a restore writes one object: its reserved allocation in a pool's mapping.

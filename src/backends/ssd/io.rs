@@ -489,6 +489,58 @@ impl UringRun<'_> {
             self.submit_if_late();
         }
     }
+
+    /// The ring is unusable (`error`): fails every request still in flight with it, and
+    /// returns their slots as stranded (the kernel may still write their buffers).
+    fn strand_in_flight(
+        &mut self,
+        error: &io::Error,
+        requests: &mut impl IoRequests,
+    ) -> Vec<usize> {
+        let mut stranded = Vec::new();
+        for (slot, state) in self.in_flight.iter_mut().enumerate() {
+            if let Some(state) = state.take() {
+                let message = io::Error::new(error.kind(), error.to_string());
+                requests.complete(state.request, &[], Err(message), Duration::ZERO);
+                stranded.push(slot);
+            }
+        }
+        stranded
+    }
+
+    /// Reaps the ring's completions into `completions` (reused between calls) and hands
+    /// each to `requests`, freeing its slot; queues the next requests early when handling
+    /// the completions is slow.
+    fn reap(&mut self, completions: &mut Vec<(usize, i32)>, requests: &mut impl IoRequests) {
+        completions.clear();
+        completions.extend(
+            self.ring
+                .completion()
+                .map(|entry| (entry.user_data() as usize, entry.result())),
+        );
+        for &(slot, result) in completions.iter() {
+            let Some(state) = self.in_flight.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            self.outstanding -= 1;
+            self.bytes_in_flight -= state.length;
+            let result = if result < 0 {
+                Err(io::Error::from_raw_os_error(-result))
+            } else {
+                Ok(result as usize)
+            };
+            let bytes = self.slots[slot]
+                .as_ref()
+                .map_or(&[][..], |buffer| &buffer.as_slice()[..state.length]);
+            requests.complete(state.request, bytes, result, state.started.elapsed());
+            self.free.push(slot);
+            // Slow completions (a checksum and a copy): the slots they freed get their next
+            // requests now, so the device works while the CPU handles the rest of the reap.
+            if self.submitted_at.elapsed() >= EARLY_SUBMIT_AFTER {
+                self.queue(requests);
+            }
+        }
+    }
 }
 
 fn run_uring(
@@ -529,46 +581,9 @@ fn run_uring(
             ) {
                 continue;
             }
-            // The ring is unusable: every request still in flight fails, and its slot is
-            // handed back as stranded (the kernel may still write its buffer).
-            let mut stranded = Vec::new();
-            for (slot, state) in run.in_flight.iter_mut().enumerate() {
-                if let Some(state) = state.take() {
-                    let message = io::Error::new(error.kind(), error.to_string());
-                    requests.complete(state.request, &[], Err(message), Duration::ZERO);
-                    stranded.push(slot);
-                }
-            }
-            return Err(stranded);
+            return Err(run.strand_in_flight(&error, requests));
         }
         run.unsubmitted = 0;
-        completions.clear();
-        completions.extend(
-            run.ring
-                .completion()
-                .map(|entry| (entry.user_data() as usize, entry.result())),
-        );
-        for &(slot, result) in &completions {
-            let Some(state) = run.in_flight.get_mut(slot).and_then(Option::take) else {
-                continue;
-            };
-            run.outstanding -= 1;
-            run.bytes_in_flight -= state.length;
-            let result = if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else {
-                Ok(result as usize)
-            };
-            let bytes = run.slots[slot]
-                .as_ref()
-                .map_or(&[][..], |buffer| &buffer.as_slice()[..state.length]);
-            requests.complete(state.request, bytes, result, state.started.elapsed());
-            run.free.push(slot);
-            // Slow completions (a checksum and a copy): the slots they freed get their next
-            // requests now, so the device works while the CPU handles the rest of the reap.
-            if run.submitted_at.elapsed() >= EARLY_SUBMIT_AFTER {
-                run.queue(requests);
-            }
-        }
+        run.reap(&mut completions, requests);
     }
 }

@@ -39,17 +39,9 @@ pub fn scan_region(
         cursor: BLOCK_BYTES,
         ..RegionScan::default()
     };
-    match file.read_exact_at(block.as_mut_slice(), 0) {
-        Ok(()) => {}
-        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(scan),
-        Err(error) => return Err(error),
-    }
-    let Some(header) = RegionHeader::decode(block.as_slice()) else {
+    let Some(header) = region_header(file, &mut block, index, region_bytes)? else {
         return Ok(scan);
     };
-    if header.index != index || header.region_bytes != region_bytes {
-        return Ok(scan);
-    }
     scan.sequence = Some(header.sequence);
     let mut data = AlignedBuffer::new(BLOCK_BYTES as usize);
     while scan.cursor + 2 * BLOCK_BYTES <= region_bytes {
@@ -72,18 +64,7 @@ pub fn scan_region(
             break;
         }
         let padded = (footprint - BLOCK_BYTES) as usize;
-        if data.len() < padded {
-            data = AlignedBuffer::new(padded);
-        }
-        let sound = file
-            .read_exact_at(
-                &mut data.as_mut_slice()[..padded],
-                header_offset + BLOCK_BYTES,
-            )
-            .is_ok()
-            && checksum::crc32c(&data.as_slice()[..object.length_bytes as usize])
-                == object.data_crc;
-        if sound {
+        if data_sound(file, &mut data, &object, header_offset, padded) {
             let entry = Entry {
                 region: index,
                 header_offset,
@@ -98,6 +79,49 @@ pub fn scan_region(
         scan.cursor = header_offset + footprint;
     }
     Ok(scan)
+}
+
+/// The header of region `index` of `region_bytes`, read into `block`: `None` when the
+/// region holds no sound header of its own (never written, torn, another layout or region
+/// size). Errors only when the read fails other than at the end of the file.
+fn region_header(
+    file: &File,
+    block: &mut AlignedBuffer,
+    index: u32,
+    region_bytes: u64,
+) -> io::Result<Option<RegionHeader>> {
+    match file.read_exact_at(block.as_mut_slice(), 0) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    let Some(header) = RegionHeader::decode(block.as_slice()) else {
+        return Ok(None);
+    };
+    if header.index != index || header.region_bytes != region_bytes {
+        return Ok(None);
+    }
+    Ok(Some(header))
+}
+
+/// Whether the data of `object`, whose header is at `header_offset`, reads whole (its
+/// `padded` bytes after the header, into `data`, grown as needed) and matches its checksum.
+fn data_sound(
+    file: &File,
+    data: &mut AlignedBuffer,
+    object: &ObjectHeader,
+    header_offset: u64,
+    padded: usize,
+) -> bool {
+    if data.len() < padded {
+        *data = AlignedBuffer::new(padded);
+    }
+    file.read_exact_at(
+        &mut data.as_mut_slice()[..padded],
+        header_offset + BLOCK_BYTES,
+    )
+    .is_ok()
+        && checksum::crc32c(&data.as_slice()[..object.length_bytes as usize]) == object.data_crc
 }
 
 #[cfg(test)]
