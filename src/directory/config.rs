@@ -264,7 +264,7 @@ impl Default for DirectoryConfig {
             extents_per_session_max: 4096,
             high_watermark_percent: 98,
             low_watermark_percent: 95,
-            eviction_window: crate::policy::eviction::kvtier::EVICTION_WINDOW as u32,
+            eviction_window: crate::policy::eviction::EVICTION_WINDOW as u32,
             evictions_per_tick_max: 4096,
             wear_admit_frequency_min: PlacementConfig::default().wear_admit_frequency_min,
             lease_duration: Duration::from_secs(30),

@@ -10,7 +10,7 @@ use super::{
     ReplicaState, SessionState, Table,
 };
 use crate::model::{LeaseId, ObjectId, PoolId, ReplicaId, Scope, SessionId, Tier, Timestamp};
-use crate::policy::eviction::kvtier::touch_order;
+use crate::policy::eviction::touch_order;
 use crate::policy::placement;
 
 impl Directory {

@@ -5,7 +5,7 @@ use super::demotion::Departure;
 use super::pools::PoolRecord;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
 use crate::model::{Medium, ObjectId, PoolId, ReplicaId, Scope, Timestamp};
-use crate::policy::eviction::kvtier::{self, KvtierConfig, VictimCandidate};
+use crate::policy::eviction::{self as kvtier, KvtierConfig, VictimCandidate};
 use crate::policy::history::{frequency_class, FREQUENCY_CLASSES};
 use std::time::Duration;
 

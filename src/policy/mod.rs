@@ -3,7 +3,7 @@
 //! whether a replication pays. Nothing here does I/O or reads a clock; time arrives as
 //! arguments.
 //!
-//! kvtier's own policy is written once: its eviction order in [`eviction::kvtier`] and its
+//! kvtier's own policy is written once: its eviction order in [`eviction`] and its
 //! placement (write order with admission, read selection, demote or evict) in
 //! [`placement`]. The directory core and the replay's `kvtier` row both call them, each
 //! with a snapshot of its own state.

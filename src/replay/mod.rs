@@ -7,6 +7,7 @@
 //! with it ([`live`]).
 
 pub mod cluster;
+pub mod eviction;
 pub mod live;
 pub mod report;
 pub mod sim;

@@ -18,14 +18,14 @@
 use std::collections::HashMap;
 
 use crate::policy::cost::CostModel;
-use crate::policy::eviction::kvtier::{self, Kvtier, KvtierConfig};
-use crate::policy::eviction::{Access, Belady, Eviction, Lru, S3Fifo};
+use crate::policy::eviction::{self as kvtier, KvtierConfig};
 use crate::policy::history::History;
 use crate::policy::placement::{
     self, Action, ColderTier, Incoming, PlacementConfig, Victim, WriteCandidate,
 };
 use crate::policy::profiles::TierProfile;
 use crate::policy::BlockId;
+use crate::replay::eviction::{Access, Belady, Eviction, Kvtier, Lru, S3Fifo};
 
 use crate::workload::trace::{Request, BLOCK_TOKENS};
 

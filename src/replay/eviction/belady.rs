@@ -90,7 +90,7 @@ impl Eviction for Belady {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::eviction::tests::{access, contract};
+    use crate::replay::eviction::tests::{access, contract};
 
     fn at(block: BlockId, next_use: Option<u64>) -> Access {
         Access {

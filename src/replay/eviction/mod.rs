@@ -1,20 +1,22 @@
-//! Eviction orders for one tier behind one trait: kvtier's own prefix- and reuse-aware
-//! order ([`kvtier`], which the directory runs too), and LRU, S3-FIFO and Belady's offline
-//! optimum as references for the replay. Each policy owns only its ordering metadata;
-//! residency and the movement of bytes belong to the caller.
+//! The replay's eviction orders for one tier behind one trait, compared on a trace:
+//! kvtier's own order ([`Kvtier`], choosing with the directory's
+//! [`crate::policy::eviction::choose`]), and LRU, S3-FIFO and Belady's offline optimum as
+//! references. Each policy owns only its ordering metadata; residency and the movement of
+//! bytes belong to the caller. The directory does not use this trait: it keeps its own
+//! per-pool recency lists and calls `choose` directly.
 
 mod belady;
-pub mod kvtier;
+mod kvtier;
 mod lru;
 mod s3fifo;
 
 pub use belady::Belady;
-pub use kvtier::{Kvtier, KvtierConfig};
+pub use kvtier::Kvtier;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 
-use super::history::History;
-use super::BlockId;
+use crate::policy::history::History;
+use crate::policy::BlockId;
 
 /// One access to a block as an eviction policy sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]

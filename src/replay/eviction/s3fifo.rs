@@ -198,7 +198,7 @@ impl Eviction for S3Fifo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::eviction::tests::{access, contract};
+    use crate::replay::eviction::tests::{access, contract};
 
     #[test]
     fn contract_holds() {
