@@ -12,7 +12,7 @@ use kvtier::policy::placement::PlacementConfig;
 use kvtier::policy::profiles::{TierKind, TierProfile};
 use kvtier::replay::cluster::{self, ClusterSimConfig, Pricing};
 use kvtier::replay::live;
-use kvtier::replay::sim::{self, PolicyKind, SimConfig, TierSpec};
+use kvtier::replay::tiers::{self, PolicyKind, SimConfig, TierSpec};
 use kvtier::workload::trace;
 use std::time::Duration;
 
@@ -145,10 +145,10 @@ fn bundled_trace_matches_independent_baselines_and_kvtier_beats_lru() {
     let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
     let rows = rows();
     assert_eq!(requests.len(), rows.len());
-    let next_uses = sim::next_uses(&requests);
+    let next_uses = tiers::next_uses(&requests);
     for capacity in CAPACITIES {
         let run = |policy| {
-            sim::simulate(
+            tiers::simulate(
                 &requests,
                 &next_uses,
                 policy,
@@ -272,8 +272,8 @@ fn a_live_cluster_agrees_with_its_directory_replayed_in_process() {
         );
         // The check must tell kvtier from plain LRU at the same total capacity: LRU's ratio
         // falls outside the tolerance around the simulated one.
-        let next_uses = sim::next_uses(requests);
-        let lru = sim::simulate(
+        let next_uses = tiers::next_uses(requests);
+        let lru = tiers::simulate(
             requests,
             &next_uses,
             PolicyKind::Lru,
@@ -384,9 +384,9 @@ fn tiered() -> SimConfig {
 fn kvtier_over_tiers_saves_more_than_lru_over_the_same_tiers_and_dram_alone() {
     let _turn = one_at_a_time();
     let requests = trace::read_file(std::path::Path::new(TRACE)).expect("bundled trace parses");
-    let next_uses = sim::next_uses(&requests);
+    let next_uses = tiers::next_uses(&requests);
     let run = |policy, config: &SimConfig| {
-        sim::simulate(&requests, &next_uses, policy, config, &mut |_, _| {})
+        tiers::simulate(&requests, &next_uses, policy, config, &mut |_, _| {})
             .expect("replay")
             .hit_tokens
     };

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::sim::Outcome;
 use super::ssd::{self, SimulatedSsd};
+use super::tiers::Outcome;
 use crate::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
 use crate::client::{batch_lengths, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 use crate::directory::{

@@ -10,8 +10,8 @@ pub mod cluster;
 pub mod eviction;
 pub mod live;
 pub mod report;
-pub mod sim;
 pub mod ssd;
+pub mod tiers;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,7 +25,7 @@ use crate::policy::placement::PlacementConfig;
 use crate::policy::profiles::{TierKind, TierProfile};
 use crate::workload::trace::{self, Request, BLOCK_TOKENS};
 use report::{PolicyReport, Report};
-use sim::{PolicyKind, SimConfig, TierSpec, TIERS_MAX};
+use tiers::{PolicyKind, SimConfig, TierSpec, TIERS_MAX};
 
 /// Options of `kvtier replay`.
 #[derive(Clone, Debug, clap::Args)]
@@ -330,7 +330,7 @@ pub fn replay(
     source: &str,
     json: bool,
 ) -> anyhow::Result<Report> {
-    let next_uses = sim::next_uses(requests);
+    let next_uses = tiers::next_uses(requests);
     let mut runs: Vec<(String, &SimConfig, PolicyKind)> = policies
         .iter()
         .map(|policy| (report::policy_name(*policy).to_string(), config, *policy))
@@ -349,7 +349,7 @@ pub fn replay(
     let mut results = Vec::new();
     for (name, run_config, policy) in runs {
         let bar = Progress::bar(&name, requests.len() as u64, Unit::Items, json);
-        let outcome = sim::simulate(
+        let outcome = tiers::simulate(
             requests,
             &next_uses,
             policy,

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::cluster::ClusterTally;
 use super::live::{LiveOutcome, AGREEMENT_TOLERANCE};
-use super::sim::{Outcome, PolicyKind, TierSpec};
+use super::tiers::{Outcome, PolicyKind, TierSpec};
 
 /// Report key of LRU restricted to the hottest tier (printed with several tiers).
 pub const LRU_TOP_TIER_ONLY: &str = "lru_top_tier_only";
