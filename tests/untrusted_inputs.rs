@@ -7,7 +7,10 @@
 //! reader allocate its claimed length up front.
 
 use kvtier::model::{Medium, PoolSpec, Scope};
-use kvtier::protocol::inputs::{check_config, check_frames, check_message, check_region_scan};
+#[path = "../fuzz/checks.rs"]
+mod checks;
+
+use checks::{check_config, check_frames, check_message, check_region_scan};
 use kvtier::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };

@@ -2,7 +2,11 @@
 //! error; nothing panics.
 #![no_main]
 
-use kvtier::protocol::inputs::check_message;
+#[path = "../checks.rs"]
+#[allow(dead_code)] // each target uses one of the checks
+mod checks;
+
+use checks::check_message;
 use kvtier::protocol::messages::ClientReply;
 use libfuzzer_sys::fuzz_target;
 

@@ -2,7 +2,11 @@
 //! panics.
 #![no_main]
 
-use kvtier::protocol::inputs::check_config;
+#[path = "../checks.rs"]
+#[allow(dead_code)] // each target uses one of the checks
+mod checks;
+
+use checks::check_config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -1,7 +1,11 @@
 //! Fuzzes the frame reader: any byte stream gives frames or a typed error; nothing panics.
 #![no_main]
 
-use kvtier::protocol::inputs::check_frames;
+#[path = "../checks.rs"]
+#[allow(dead_code)] // each target uses one of the checks
+mod checks;
+
+use checks::check_frames;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -2,7 +2,11 @@
 //! region, never a panic (forged or torn headers included).
 #![no_main]
 
-use kvtier::protocol::inputs::check_region_scan;
+#[path = "../checks.rs"]
+#[allow(dead_code)] // each target uses one of the checks
+mod checks;
+
+use checks::check_region_scan;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

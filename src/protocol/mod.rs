@@ -5,6 +5,5 @@
 //! entry point for every runtime. Bytes on sockets are `wire`'s; this module knows none.
 
 pub mod directory;
-pub mod inputs;
 pub mod messages;
 pub mod node;

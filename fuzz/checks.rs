@@ -2,10 +2,11 @@
 //! message type, the configuration parser) or of the disk (an SSD region's recovery scan)
 //! on arbitrary bytes and says whether the outcome
 //! was allowed — a value, or a typed error, never a panic and never an untyped failure.
-//! The fuzz targets (`fuzz/`) and the bounded runs in `tests/untrusted_inputs.rs` share them.
+//! The fuzz targets beside this file (`fuzz/fuzz_targets/`) and the bounded runs in
+//! `tests/untrusted_inputs.rs` include it (`#[path]`), so the library carries no harness.
 
-use crate::config::ClusterConfig;
-use crate::wire::{codec, read_raw_frame, WireError};
+use kvtier::config::ClusterConfig;
+use kvtier::wire::{codec, read_raw_frame, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
@@ -78,9 +79,9 @@ pub fn check_config(bytes: &[u8]) -> Result<(), String> {
 /// that adopts only objects lying inside the region whose data passes its checksum, ending
 /// at or before the region's end; never a panic or an I/O error.
 pub fn check_region_scan(bytes: &[u8]) -> Result<(), String> {
-    use crate::backends::checksum;
-    use crate::backends::ssd::layout::BLOCK_BYTES;
-    use crate::backends::ssd::recovery::scan_region;
+    use kvtier::backends::checksum;
+    use kvtier::backends::ssd::layout::BLOCK_BYTES;
+    use kvtier::backends::ssd::recovery::scan_region;
     use std::os::unix::fs::FileExt;
     let region_bytes = (bytes.len() as u64)
         .next_multiple_of(BLOCK_BYTES)
