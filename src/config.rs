@@ -112,7 +112,7 @@ pub struct DirectorySection {
 }
 
 /// One node (one per host).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct NodeSection {
     pub name: String,
     /// Unix socket local engines connect to.
@@ -171,7 +171,7 @@ pub struct NodeSection {
 }
 
 /// The node's CPU DRAM pool.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct CpuPoolSection {
     /// The shared-memory file (under `/dev/shm`) that local engines map too.
     pub path: PathBuf,

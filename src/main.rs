@@ -165,10 +165,11 @@ fn main() -> anyhow::Result<()> {
             let config = ClusterConfig::load(&path)?;
             actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config, &path))
         }
-        Command::Node { config, name } => {
+        Command::Node { config: path, name } => {
             init_tracing();
-            let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::actors::node::process::run(config, &name))
+            let config = ClusterConfig::load(&path)?;
+            actix_rt::System::new()
+                .block_on(kvtier::actors::node::process::run(config, &path, &name))
         }
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),

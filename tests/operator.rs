@@ -1,9 +1,10 @@
 //! An operator's day, over real processes, real signals and real files: a misspelled key
-//! refused at start and on reload, naming its line and the nearest known key.
+//! refused at start and on reload, naming its line and the nearest known key; SIGHUP
+//! reloading a node; and no stop signal leaving a node's socket, lock or pool file behind.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 use kvtier::launch::{ClusterSpec, LocalCluster};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,15 @@ fn small_cluster() -> LocalCluster {
         ..ClusterSpec::default()
     };
     LocalCluster::start(exe(), &spec).unwrap()
+}
+
+/// Waits until `condition` holds; panics past [`HANG_GUARD`].
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + HANG_GUARD;
+    while !condition() {
+        assert!(Instant::now() < until, "hung waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `kvtier ctl ARGS --socket SOCKET`.
@@ -90,7 +100,7 @@ fn a_misspelled_key_is_refused_at_start_and_on_reload() {
     // Neither process starts from it (a file of its own beside the cluster's).
     let broken = cluster.root.join("typo.toml");
     std::fs::write(&broken, &typo).unwrap();
-    for args in [&["directory"][..], &["node", "--name", "node-0"]] {
+    for args in [&["directory"][..], &["node", "--name", "node-a"]] {
         let output = run_to_exit(args, &broken);
         assert!(!output.status.success(), "{args:?} started");
         let reason = String::from_utf8_lossy(&output.stderr);
@@ -100,7 +110,7 @@ fn a_misspelled_key_is_refused_at_start_and_on_reload() {
     // A missing field names its line too.
     let missing = good.replacen("socket = ", "# socket = ", 1);
     std::fs::write(&broken, &missing).unwrap();
-    let output = run_to_exit(&["node", "--name", "node-0"], &broken);
+    let output = run_to_exit(&["node", "--name", "node-a"], &broken);
     let reason = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success() && reason.contains("missing field `socket`"),
@@ -115,4 +125,135 @@ fn a_misspelled_key_is_refused_at_start_and_on_reload() {
     std::fs::write(&cluster.config_path, &good).unwrap();
     let reloaded = ctl(&socket, &["reload"]);
     assert!(reloaded.status.success(), "{reloaded:?}");
+}
+
+/// The files node `index` of `cluster` creates: socket, instance lock, pool file.
+fn node_files(cluster: &LocalCluster, index: usize) -> [PathBuf; 3] {
+    let socket = cluster.socket(index).unwrap();
+    let mut lock = socket.clone().into_os_string();
+    lock.push(".lock");
+    let pool = cluster.config.nodes[index].cpu_pool.path.clone();
+    [socket, PathBuf::from(lock), pool]
+}
+
+/// Sends `signal` to `pid`.
+fn send(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+}
+
+fn log_of(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn sighup_reloads_a_node_and_no_signal_leaves_its_files() {
+    let mut cluster = small_cluster();
+    let socket = cluster.socket(0).unwrap();
+    let log = cluster.root.join("node-a.log");
+    let pid = cluster.node_pid(0).unwrap();
+    let good = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let reloads = |log: &Path| log_of(log).matches("SIGHUP: reload").count();
+
+    // Nothing changed: said so, and the node serves on.
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its reload", || reloads(&log) == 1);
+    assert!(log_of(&log).contains("nothing changed"), "{}", log_of(&log));
+    assert!(
+        cluster.node_exit(0).unwrap().is_none(),
+        "SIGHUP ended the node"
+    );
+    assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+
+    // New tenant rules that leave this (root) user out apply to the next connection.
+    let rules = "\n[[tenants]]\nname = \"others\"\nuids = [4242]\nnamespaces = [\"*\"]\n";
+    std::fs::write(&cluster.config_path, good.clone() + rules).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its second reload", || reloads(&log) == 2);
+    assert!(
+        log_of(&log).contains("new tenant rules"),
+        "{}",
+        log_of(&log)
+    );
+    let refused = ctl(&socket, &["probe", "--key", "k"]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("uid 0"),
+        "{refused:?}"
+    );
+
+    // A misspelled file is refused by name; the rules in force stay.
+    std::fs::write(
+        &cluster.config_path,
+        good.replacen("domains = ", "domain = ", 1) + rules,
+    )
+    .unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its third reload", || reloads(&log) == 3);
+    assert!(
+        log_of(&log).contains("unknown key `domain`"),
+        "{}",
+        log_of(&log)
+    );
+    assert!(!ctl(&socket, &["probe", "--key", "k"]).status.success());
+    std::fs::write(&cluster.config_path, &good).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its fourth reload", || reloads(&log) == 4);
+    assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+
+    // SIGTERM and SIGINT end it, removing its files; so does each after a SIGHUP.
+    for (signals, what) in [
+        (&[libc::SIGTERM][..], "SIGTERM"),
+        (&[libc::SIGINT][..], "SIGINT"),
+        (&[libc::SIGHUP, libc::SIGTERM][..], "SIGHUP then SIGTERM"),
+    ] {
+        let files = node_files(&cluster, 0);
+        assert!(files.iter().all(|file| file.exists()), "{files:?}");
+        let pid = cluster.node_pid(0).unwrap();
+        for signal in signals {
+            send(pid, *signal);
+        }
+        let mut status = None;
+        eventually("the node exits", || {
+            status = cluster.node_exit(0).unwrap();
+            status.is_some()
+        });
+        assert!(status.unwrap().success(), "{what}: {status:?}");
+        for file in &files {
+            assert!(!file.exists(), "{what} left {}", file.display());
+        }
+        cluster.start_node(0).unwrap();
+    }
+}
+
+#[test]
+fn sighup_while_a_node_starts_neither_kills_it_nor_leaves_its_files() {
+    let mut cluster = small_cluster();
+    cluster.stop_node(0).unwrap();
+    let files = node_files(&cluster, 0);
+    let log = cluster.root.join("node-a-again.log");
+    let mut node = Command::new(exe())
+        .args(["node", "--name", "node-a", "--config"])
+        .arg(&cluster.config_path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The lock exists once the signals are listened to: from then on SIGHUP waits.
+    eventually("the instance lock exists", || files[1].exists());
+    send(node.id(), libc::SIGHUP);
+    eventually("the node serves and answers the SIGHUP", || {
+        log_of(&log).contains("SIGHUP: reloaded")
+    });
+    assert!(node.try_wait().unwrap().is_none(), "{}", log_of(&log));
+    assert!(files.iter().all(|file| file.exists()), "{files:?}");
+    send(node.id(), libc::SIGINT);
+    let mut status = None;
+    eventually("the node exits", || {
+        status = node.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(status.unwrap().success(), "{}", log_of(&log));
+    for file in &files {
+        assert!(!file.exists(), "left {}", file.display());
+    }
 }

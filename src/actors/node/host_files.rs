@@ -104,11 +104,23 @@ impl InstanceLock {
     }
 }
 
-/// SIGTERM and SIGINT, listened to from the very start of the process: a signal that
-/// arrives during a blocking step (the pool's pre-fault) is seen right after it.
+/// SIGTERM and SIGINT (stop) and SIGHUP (reload), listened to from the very start of the
+/// process: a signal that arrives during a blocking step (the pool's pre-fault) is seen
+/// right after it, and none of them kills the process outright, so its files always go
+/// with it. A SIGHUP before the node serves waits, and is answered once it serves.
 pub struct Stop {
     terminate: Signal,
     interrupt: Signal,
+    hangup: Signal,
+}
+
+/// What a signal asks of a serving node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signalled {
+    /// SIGTERM or SIGINT: stop, removing what the process created.
+    Stop,
+    /// SIGHUP: re-read the configuration.
+    Reload,
 }
 
 impl Stop {
@@ -117,6 +129,7 @@ impl Stop {
         Ok(Stop {
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -125,6 +138,16 @@ impl Stop {
         tokio::select! {
             _ = self.terminate.recv() => {}
             _ = self.interrupt.recv() => {}
+        }
+    }
+
+    /// Resolves with the next stop or reload signal (or one that arrived since the last
+    /// call).
+    pub async fn next(&mut self) -> Signalled {
+        tokio::select! {
+            _ = self.terminate.recv() => Signalled::Stop,
+            _ = self.interrupt.recv() => Signalled::Stop,
+            _ = self.hangup.recv() => Signalled::Reload,
         }
     }
 
