@@ -1,8 +1,13 @@
 //! An operator's day, over real processes, real signals and real files: a misspelled key
 //! refused at start and on reload, naming its line and the nearest known key; SIGHUP
-//! reloading a node; and no stop signal leaving a node's socket, lock or pool file behind.
+//! reloading a node; no stop signal leaving a node's socket, lock or pool file behind; and a
+//! drain that cannot progress ending `ctl drain --wait` with the reason.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+mod common;
+
+use kvtier::client::StoreOutcome;
+use kvtier::directory::AcquireMode;
 use kvtier::launch::{ClusterSpec, LocalCluster};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -256,4 +261,84 @@ fn sighup_while_a_node_starts_neither_kills_it_nor_leaves_its_files() {
     for file in &files {
         assert!(!file.exists(), "left {}", file.display());
     }
+}
+
+#[test]
+fn a_drain_that_cannot_progress_says_why_and_ends_the_wait() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        drain_stall_ms: 1_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let runtime = common::runtime();
+    // An engine of the node holds a lease (30 s by default) on what it stored: that
+    // replica cannot leave.
+    let (client, views) = runtime.block_on(async {
+        let (client, namespace) = common::connect(&cluster, 0).await;
+        let (object, bytes) = common::object(namespace, 1, 36, 64 << 10);
+        assert_eq!(
+            client.store(object, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        let views = client.load(&[object], AcquireMode::Each).await.unwrap();
+        assert!(views[0].is_some());
+        (client, views)
+    });
+
+    let started = Instant::now();
+    let waited = ctl(
+        &socket,
+        &["drain", "node-a", "--wait", "--timeout-s", "100"],
+    );
+    let reason = String::from_utf8_lossy(&waited.stderr);
+    assert!(!waited.status.success(), "{waited:?}");
+    assert!(
+        reason.contains("the drain of node-a is stuck: 1 replicas stay leased by readers"),
+        "{reason}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(100),
+        "it waited out its timeout"
+    );
+    let status = ctl(&socket, &["status"]);
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains("stuck: 1 replicas stay leased by readers"),
+        "{shown}"
+    );
+    let directory = common::metrics_of(&cluster, "directory");
+    assert_eq!(
+        common::scraped(directory, "kvtier_drains{state=\"stuck\"}"),
+        1.0
+    );
+    let log = log_of(&cluster.root.join("directory.log"));
+    assert!(
+        log.contains("drain stuck: 1 replicas stay leased by readers"),
+        "{log}"
+    );
+
+    // The lease ends: the drain goes on and the node exits, drained.
+    runtime.block_on(async {
+        let leases: Vec<_> = views
+            .into_iter()
+            .flatten()
+            .map(|view| view.into_lease())
+            .collect();
+        client.release(&leases).await.unwrap();
+    });
+    let mut exit = None;
+    eventually("the drained node exits", || {
+        exit = cluster.node_exit(0).unwrap();
+        exit.is_some()
+    });
+    assert!(exit.unwrap().success(), "{exit:?}");
+    assert_eq!(
+        common::scraped(directory, "kvtier_drains{state=\"stuck\"}"),
+        0.0
+    );
 }

@@ -56,7 +56,7 @@ pub struct DrainArgs {
     pub name: String,
     #[command(flatten)]
     pub target: Target,
-    /// Wait until the drain ends (drained or interrupted), printing its progress.
+    /// Wait until the drain ends (drained, interrupted or stuck), printing its progress.
     #[arg(long)]
     pub wait: bool,
     /// With `--wait`: give up (non-zero exit) after this many seconds.
@@ -202,7 +202,7 @@ pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
 }
 
 /// `kvtier ctl drain NAME`: starts the drain and prints its progress; with `--wait`,
-/// until it ends (an interrupted drain fails the command).
+/// until it ends (an interrupted or stuck drain fails the command, saying why).
 pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
     let control = Control::connect(&args.target)?;
     let mut progress = match control.call(ClientRequest::Drain {
@@ -220,6 +220,9 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
         }
         if !args.wait || !progress.state.is_active() {
             break;
+        }
+        if let Some(reason) = &progress.stuck {
+            bail!("the drain of {} is stuck: {reason}", args.name);
         }
         if Instant::now() >= deadline {
             bail!("{} not drained after {} s", args.name, args.timeout_s);
@@ -240,11 +243,14 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One line of a drain's progress.
+/// One line of a drain's progress: `relocating (...)`, or `stuck: <reason> (...)`.
 fn describe_drain(progress: &DrainProgress) -> String {
+    let state = match &progress.stuck {
+        Some(reason) => format!("stuck: {reason}"),
+        None => progress.state.name().to_string(),
+    };
     format!(
-        "{} ({} replicas to relocate, {} demotions in flight, {} leases, {} reservations)",
-        progress.state.name(),
+        "{state} ({} replicas to relocate, {} demotions in flight, {} leases, {} reservations)",
         progress.replicas_left,
         progress.demotions_in_flight,
         progress.leases_outstanding,

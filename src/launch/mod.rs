@@ -87,6 +87,9 @@ pub struct ClusterSpec {
     pub peer_datagram_bytes: u16,
     /// Every SSD store's `admit_after_accesses` (2 by default, 1 admits every object).
     pub ssd_admit_after_accesses: u32,
+    /// The directory's `drain_stall_ms`: how long a drain may go without progress before
+    /// it is reported stuck.
+    pub drain_stall_ms: u64,
 }
 
 impl Default for ClusterSpec {
@@ -115,6 +118,9 @@ impl Default for ClusterSpec {
             replicate_after_misses: crate::directory::DirectoryConfig::default()
                 .replicate_after_misses,
             ssd_admit_after_accesses: 2,
+            drain_stall_ms: crate::directory::DirectoryConfig::default()
+                .drain_stall
+                .as_millis() as u64,
         }
     }
 }
@@ -202,7 +208,7 @@ fn cluster_toml(
         Some(_) => SocketAddr::from(([0, 0, 0, 0], directory_address.port())),
     };
     let mut toml = format!(
-        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\n",
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",
         listen,
         metrics_address(spec.metrics)?,
         spec.suspect_after_ms,
@@ -212,6 +218,7 @@ fn cluster_toml(
         spec.policy_time_scale,
         spec.reservation_duration_ms,
         spec.replicate_after_misses,
+        spec.drain_stall_ms,
     );
     if let Some(max) = spec.batch_items_max {
         toml.push_str(&format!("batch_items_max = {max}\n"));

@@ -300,6 +300,13 @@ impl Actor for DirectoryActor {
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
             }
+            for (node, progress) in &report.drains {
+                let name = actor.core.node_name(*node).unwrap_or("unknown");
+                match &progress.stuck {
+                    Some(reason) => tracing::warn!(node = name, "drain stuck: {reason}; still trying"),
+                    None => tracing::info!(node = name, state = progress.state.name(), "drain state changed"),
+                }
+            }
             actor.wake_task_watches(true);
             actor.publish_metrics();
             actor.publish_drains();
