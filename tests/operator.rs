@@ -342,3 +342,66 @@ fn a_drain_that_cannot_progress_says_why_and_ends_the_wait() {
         0.0
     );
 }
+
+#[test]
+fn a_metrics_port_in_use_a_file_too_large_and_private_files_are_handled_up_front() {
+    use std::os::unix::fs::PermissionsExt;
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        ssd_bytes: 16 << 20,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let ssd = cluster.config.nodes[0]
+        .ssd
+        .as_ref()
+        .unwrap()
+        .directory
+        .clone();
+    assert_eq!(mode(&ssd), 0o700, "{}", ssd.display());
+    assert_eq!(
+        mode(&node_files(&cluster, 0)[1]),
+        0o600,
+        "the instance lock"
+    );
+
+    // A file over the bound is refused by its size, before it is read.
+    let large = cluster.root.join("large");
+    std::fs::File::create(&large)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let put = ctl(&socket, &["put", large.to_str().unwrap(), "--key", "k"]);
+    let reason = String::from_utf8_lossy(&put.stderr);
+    assert!(!put.status.success(), "{put:?}");
+    assert!(reason.contains("is 2147483648 bytes"), "{reason}");
+    std::fs::remove_file(&large).unwrap();
+
+    // A metrics address in use fails the start at once, naming it: the node creates no
+    // pool, the directory formats nothing.
+    let directory_metrics = common::metrics_of(&cluster, "directory");
+    let node_metrics = common::metrics_of(&cluster, "node-a");
+    cluster.stop_node(0).unwrap();
+    let pool = node_files(&cluster, 0)[2].clone();
+    let _taken = std::net::TcpListener::bind(node_metrics).unwrap();
+    let output = run_to_exit(&["node", "--name", "node-a"], &cluster.config_path);
+    let reason = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{reason}");
+    assert!(
+        reason.contains(&format!("binding the metrics address {node_metrics}")),
+        "{reason}"
+    );
+    assert!(!reason.contains("pre-fault") && !pool.exists(), "{reason}");
+    let output = run_to_exit(&["directory"], &cluster.config_path);
+    let reason = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && reason.contains(&format!("binding the metrics address {directory_metrics}")),
+        "{reason}"
+    );
+}

@@ -3,7 +3,7 @@
 
 use super::actor::{DirectoryActor, Reload};
 use super::session::SessionActor;
-use crate::actors::process::{serve_metrics, shutdown_signal};
+use crate::actors::process::{bind_metrics, serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
@@ -22,6 +22,7 @@ use std::sync::Arc;
 /// `config` was loaded from). Must run inside an actix `System`.
 pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()> {
     let section = &config.directory;
+    let metrics_listener = bind_metrics(section.metrics)?;
     let server_config = tls::server_config(&section.certs, &section.name).with_context(|| {
         format!(
             "loading the directory certificate from {}",
@@ -47,7 +48,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
     let replication_metrics = ReplicationMetrics::register(&metrics)?;
-    serve_metrics(section.metrics, metrics.clone()).await?;
+    serve_metrics(metrics_listener, metrics.clone())?;
     let tick_interval = section.tick_interval();
     let certs: Arc<Path> = Arc::from(section.certs.as_path());
     let directory = DirectoryActor::new(

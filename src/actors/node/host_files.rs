@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use futures_util::FutureExt;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -68,11 +68,13 @@ impl InstanceLock {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
+        // 0600: it says only which process holds the node.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("opening the instance lock {}", path.display()))?;
         // SAFETY: flock(2) on a descriptor this function owns; it changes no memory.

@@ -10,7 +10,7 @@ use super::pool::PoolActor;
 use super::rejoin::Registration;
 use super::reload::NodeReload;
 use super::services::{lock_core, NodeServices};
-use crate::actors::process::serve_metrics;
+use crate::actors::process::{bind_metrics, serve_metrics};
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
@@ -72,9 +72,14 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
     let target = directory_address(&config, &section);
     let mut stop = Stop::install()?;
     let _instance = InstanceLock::acquire(&section.socket)?;
+    let metrics_listener = bind_metrics(section.metrics)?;
     log_copy_routines();
     let pool = create_cpu_pool(&section, socket_gid)?;
     let _pool_file = OwnedFile::record(&section.cpu_pool.path)?;
+    let host = HostParts {
+        pool,
+        metrics_listener,
+    };
     if stop.requested() {
         tracing::info!("stopped during the pool's pre-fault");
         return Ok(());
@@ -99,7 +104,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
     };
     let started = tokio::select! {
         () = stop.wait() => None,
-        started = start(&config, &section, &link, core, clock, pool, clients) => Some(started?),
+        started = start(&config, &section, &link, core, clock, host, clients) => Some(started?),
     };
     let Some((mut exit, _socket_file)) = started else {
         tracing::info!("stopped while starting");
@@ -137,6 +142,13 @@ fn directory_address(config: &ClusterConfig, section: &NodeSection) -> Directory
         bind: section.bind,
         busy_poll_tail: Duration::from_micros(section.busy_poll_us),
     }
+}
+
+/// What the node made on its host before reaching the directory: its CPU pool and its
+/// metrics endpoint's socket.
+struct HostParts {
+    pool: MemoryPool,
+    metrics_listener: Option<std::net::TcpListener>,
 }
 
 /// Who may connect to the node's socket: its group, and the tenant rules in force.
@@ -223,9 +235,13 @@ async fn start(
     link: &Arc<DirectoryLink>,
     core: Arc<Mutex<NodeCore>>,
     clock: Clock,
-    pool: MemoryPool,
+    host: HostParts,
     clients: ClientPolicy,
 ) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
+    let HostParts {
+        pool,
+        metrics_listener,
+    } = host;
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
@@ -234,7 +250,7 @@ async fn start(
     let ssd_spec = section.ssd_pool_spec(registration.node);
     let ssd = super::ssd::open(section.ssd.as_ref(), ssd_spec, link, &metrics).await?;
     registration.ssd = ssd.as_ref().map(|ssd| ssd.registration.clone());
-    serve_metrics(section.metrics, metrics.clone()).await?;
+    serve_metrics(metrics_listener, metrics.clone())?;
     let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
         .iter()
