@@ -405,3 +405,45 @@ fn a_metrics_port_in_use_a_file_too_large_and_private_files_are_handled_up_front
         "{reason}"
     );
 }
+
+/// Sends SIGTERM to `cluster`'s directory and waits for it to exit.
+fn terminate_directory(cluster: &mut LocalCluster) {
+    send(cluster.directory_pid().unwrap(), libc::SIGTERM);
+    eventually("the directory exits", || !cluster.directory_runs());
+}
+
+#[test]
+fn the_directory_takes_a_node_stop_calmly_and_removes_its_cxl_pool_when_no_node_maps_it() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 4 << 20,
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    // A node still maps the pool: the directory keeps it (a restarted one finds it).
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let cxl = cluster.config.cxl_pools[0].path.clone();
+    terminate_directory(&mut cluster);
+    let log = log_of(&cluster.root.join("directory.log"));
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(cxl.exists(), "{log}");
+    drop(cluster);
+
+    // The node stops first: no warning, and the pool it created goes with the directory.
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let cxl = cluster.config.cxl_pools[0].path.clone();
+    let log = cluster.root.join("directory.log");
+    assert!(cluster.stop_node(0).unwrap().success());
+    eventually("the directory sees the node go", || {
+        log_of(&log).contains("node connection closed")
+    });
+    terminate_directory(&mut cluster);
+    let log = log_of(&log);
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(!cxl.exists(), "{log}");
+}

@@ -34,12 +34,11 @@ pub fn serve_metrics(
     Ok(())
 }
 
-/// Resolves when the process receives SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> anyhow::Result<()> {
+/// Resolves when the process receives SIGINT or SIGTERM, with the signal's name.
+pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
-    }
-    Ok(())
+    Ok(tokio::select! {
+        result = tokio::signal::ctrl_c() => result.map(|()| "SIGINT")?,
+        _ = terminate.recv() => "SIGTERM",
+    })
 }

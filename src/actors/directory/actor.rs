@@ -48,6 +48,22 @@ impl Message for WatchTasks {
     type Result = oneshot::Receiver<()>;
 }
 
+/// How many node sessions are open (live or suspect), asked at exit.
+pub struct OpenSessions;
+
+impl Message for OpenSessions {
+    type Result = u64;
+}
+
+impl Handler<OpenSessions> for DirectoryActor {
+    type Result = u64;
+
+    fn handle(&mut self, _: OpenSessions, _: &mut Context<Self>) -> u64 {
+        let counts = self.core.counts();
+        counts.sessions_live + counts.sessions_suspect
+    }
+}
+
 /// Re-read the configuration file and apply it, or refuse it as a whole.
 pub struct Reload;
 

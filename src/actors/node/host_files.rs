@@ -39,6 +39,13 @@ impl OwnedFile {
     }
 }
 
+impl OwnedFile {
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl Drop for OwnedFile {
     fn drop(&mut self) {
         if identity_of(&self.path).is_ok_and(|identity| identity == self.identity) {
