@@ -325,6 +325,10 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
         println!("  {name:<10} metrics at http://{address}/metrics");
     }
     println!(
+        "  watch it with: kvtier top --config {}",
+        cluster.config_path.display()
+    );
+    println!(
         "  configuration and logs in {}; press Ctrl-C to stop and remove them",
         cluster.root.display()
     );

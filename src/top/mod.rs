@@ -138,18 +138,19 @@ fn live(source: &mut Source, first: Snapshot, interval: Duration) -> anyhow::Res
     }
 }
 
-/// The report as plain text (`--once` without `--json`).
+/// The report as plain text (`--once` without `--json`), sizes in binary units.
 fn print_text(report: &Report) {
+    let bytes = |count: u64| render::bytes(count as f64);
     let cluster = &report.cluster;
     let rates = &cluster.rates;
     let percent = |ratio: Option<f64>| ratio.map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
     println!(
-        "cluster: {}/{} nodes live, {} pools, {} of {} bytes allocated; hit {} (all {}), {:.1} loads/s, {:.1} stores/s over {:.1} s",
+        "cluster: {}/{} nodes live, {} pools, {} of {} allocated; hit {} (all {}), {:.1} loads/s, {:.1} stores/s over {:.1} s",
         cluster.nodes_live,
         cluster.nodes,
         cluster.pools,
-        cluster.usage.allocated_bytes,
-        cluster.usage.capacity_bytes,
+        bytes(cluster.usage.allocated_bytes),
+        bytes(cluster.usage.capacity_bytes),
         percent(rates.hit_ratio),
         percent(rates.hit_ratio_total),
         rates.loads_per_second,
@@ -174,10 +175,10 @@ fn print_text(report: &Report) {
             pool.name,
             pool.medium,
             pool.scope,
-            pool.usage.capacity_bytes,
-            pool.usage.allocated_bytes,
-            pool.usage.ready_bytes,
-            pool.usage.reserved_bytes
+            bytes(pool.usage.capacity_bytes),
+            bytes(pool.usage.allocated_bytes),
+            bytes(pool.usage.ready_bytes),
+            bytes(pool.usage.reserved_bytes)
         );
     }
     for unreachable in &report.unreachable {
