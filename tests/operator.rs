@@ -130,6 +130,17 @@ fn a_misspelled_key_is_refused_at_start_and_on_reload() {
     std::fs::write(&cluster.config_path, &good).unwrap();
     let reloaded = ctl(&socket, &["reload"]);
     assert!(reloaded.status.success(), "{reloaded:?}");
+    // `ctl status` with the file alone asks the first node that answers.
+    let status = Command::new(exe())
+        .args(["ctl", "status", "--config"])
+        .arg(&cluster.config_path)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && shown.contains("node-a"),
+        "{status:?}"
+    );
 }
 
 /// The files node `index` of `cluster` creates: socket, instance lock, pool file.

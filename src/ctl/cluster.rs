@@ -24,8 +24,9 @@ pub struct Target {
     /// The node's Unix socket.
     #[arg(long, conflicts_with_all = ["config", "node"])]
     pub socket: Option<PathBuf>,
-    /// The cluster's configuration, to find `--node`'s socket in.
-    #[arg(long, requires = "node")]
+    /// The cluster's configuration: `--node`'s socket, or without it the first node of
+    /// the file that answers (as `kvtier top` picks one).
+    #[arg(long)]
     pub config: Option<PathBuf>,
     /// The node (in `--config`) whose socket to use.
     #[arg(long, requires = "config")]
@@ -71,7 +72,7 @@ impl Target {
             (None, Some(config), Some(node)) => {
                 Ok(ClusterConfig::load(config)?.node(node)?.socket.clone())
             }
-            _ => bail!("say which node to ask: --socket PATH, or --config FILE --node NAME"),
+            _ => bail!("say which node to ask: --socket PATH, or --config FILE [--node NAME]"),
         }
     }
 }
@@ -84,7 +85,24 @@ pub(crate) struct Control {
 
 impl Control {
     fn connect(target: &Target) -> anyhow::Result<Control> {
-        Control::connect_socket(&target.socket()?, CTL_REQUEST_TIMEOUT)
+        match (&target.socket, &target.config, &target.node) {
+            (None, Some(config), None) => Control::connect_first(config),
+            _ => Control::connect_socket(&target.socket()?, CTL_REQUEST_TIMEOUT),
+        }
+    }
+
+    /// The first node of the configuration at `config` that answers, as `kvtier top` picks
+    /// one; the error names why each did not.
+    fn connect_first(config: &std::path::Path) -> anyhow::Result<Control> {
+        let config = ClusterConfig::load(config)?;
+        let mut failures = Vec::new();
+        for node in &config.nodes {
+            match Control::connect_socket(&node.socket, CTL_REQUEST_TIMEOUT) {
+                Ok(control) => return Ok(control),
+                Err(error) => failures.push(format!("{}: {error:#}", node.name)),
+            }
+        }
+        bail!("no node answered ({})", failures.join("; "))
     }
 
     /// Connects to the node at `socket` and says hello; each later request may take
