@@ -288,6 +288,7 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     let spec = ClusterSpec {
         nodes: 1,
         cpu_pool_bytes: pool_bytes & !((64 << 10) - 1),
+        bench_peer: false,
         ..ClusterSpec::default()
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

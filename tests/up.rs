@@ -129,10 +129,15 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
         .unwrap();
     assert!(watched.status.success(), "{top}: {watched:?}");
     let report: serde_json::Value = serde_json::from_slice(&watched.stdout).unwrap();
-    assert!(
-        report["nodes"]
-            .as_array()
-            .is_some_and(|nodes| !nodes.is_empty()),
+    // Only what runs: one node and its pool, no benchmark peer.
+    assert_eq!(
+        report["nodes"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_eq!(
+        report["pools"].as_array().map(Vec::len),
+        Some(1),
         "{report}"
     );
     let text = Command::new(exe())

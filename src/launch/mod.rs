@@ -90,6 +90,10 @@ pub struct ClusterSpec {
     /// The directory's `drain_stall_ms`: how long a drain may go without progress before
     /// it is reported stuck.
     pub drain_stall_ms: u64,
+    /// Declare the benchmarks' extra peer ([`BENCH_PEER`]): a node section and certificate
+    /// that only `kvtier bench` and tests use. `kvtier up` leaves it out, so its cluster
+    /// shows only what runs.
+    pub bench_peer: bool,
 }
 
 impl Default for ClusterSpec {
@@ -121,6 +125,7 @@ impl Default for ClusterSpec {
             drain_stall_ms: crate::directory::DirectoryConfig::default()
                 .drain_stall
                 .as_millis() as u64,
+            bench_peer: true,
         }
     }
 }
@@ -258,7 +263,9 @@ fn cluster_toml(
         ),
         None => String::new(),
     };
-    toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
+    if spec.bench_peer {
+        toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
+    }
     toml.push_str(&spec.extra_toml);
     Ok(toml)
 }
