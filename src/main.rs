@@ -325,8 +325,13 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     for (name, address) in cluster.metrics_addresses() {
         println!("  {name:<10} metrics at http://{address}/metrics");
     }
+    // Removed with the folder when `up` stops.
+    std::fs::write(
+        cluster.root.join(kvtier::top::UP_MARKER),
+        format!("{}\n", std::process::id()),
+    )?;
     println!(
-        "  watch it with: kvtier top --config {}",
+        "  watch it with: kvtier top --config {} (or `kvtier top` alone)",
         cluster.config_path.display()
     );
     println!(

@@ -89,7 +89,7 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
             socket = Some(PathBuf::from(path));
         }
         if let Some(command) = line.strip_prefix("  watch it with: kvtier ") {
-            top = Some(command.to_string());
+            top = command.split(" (").next().map(str::to_string);
         }
         if let Some(rest) = line.strip_prefix("  configuration and logs in ") {
             root = rest.split("; ").next().map(PathBuf::from);
@@ -129,6 +129,19 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
         .unwrap();
     assert!(watched.status.success(), "{top}: {watched:?}");
     let report: serde_json::Value = serde_json::from_slice(&watched.stdout).unwrap();
+    // `kvtier top` alone, where there is no ./cluster.toml, finds this `up`.
+    let alone = Command::new(exe())
+        .args(["top", "--once", "--json"])
+        .env("TMPDIR", &tmp)
+        .current_dir(&tmp)
+        .output()
+        .unwrap();
+    assert!(alone.status.success(), "{alone:?}");
+    let found: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(
+        found["nodes"][0]["name"], report["nodes"][0]["name"],
+        "{found}"
+    );
     // Only what runs: one node and its pool, no benchmark peer.
     assert_eq!(
         report["nodes"].as_array().map(Vec::len),
