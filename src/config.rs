@@ -13,6 +13,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod keys;
+pub use keys::{check_keys, KeysError, UnknownKey};
+
 /// The whole cluster's configuration.
 #[derive(Clone, Debug, Deserialize)]
 pub struct ClusterConfig {
@@ -114,7 +117,7 @@ pub struct DirectorySection {
 }
 
 /// One node (one per host).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct NodeSection {
     pub name: String,
     /// Unix socket local engines connect to.
@@ -173,7 +176,7 @@ pub struct NodeSection {
 }
 
 /// The node's CPU DRAM pool.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct CpuPoolSection {
     /// The shared-memory file (under `/dev/shm`) that local engines map too.
     pub path: PathBuf,
@@ -219,18 +222,13 @@ pub(crate) fn default_extent_bytes() -> u64 {
 }
 
 impl ClusterConfig {
-    /// Reads `path` with `KVTIER_` environment overrides and resolves relative paths.
+    /// Reads `path` with `KVTIER_` environment overrides and resolves relative paths. A key
+    /// the file's section does not have is refused ([`check_keys`]), and an error of the
+    /// file names its line.
     pub fn load(path: &Path) -> anyhow::Result<ClusterConfig> {
-        let loaded: ClusterConfig = config::Config::builder()
-            .add_source(config::File::from(path).format(config::FileFormat::Toml))
-            .add_source(
-                config::Environment::with_prefix("KVTIER")
-                    .separator("__")
-                    .try_parsing(true),
-            )
-            .build()
-            .with_context(|| format!("reading {}", path.display()))?
-            .try_deserialize()
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let loaded = ClusterConfig::deserialize_checked(&text, true)
             .with_context(|| format!("parsing {}", path.display()))?;
         loaded.resolved(path.parent().unwrap_or(Path::new(".")))
     }
@@ -239,13 +237,40 @@ impl ClusterConfig {
     /// paths against `base`, and validates it. Any text gives a configuration or an error,
     /// never a panic (fuzzed: `fuzz/fuzz_targets/config.rs`).
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<ClusterConfig> {
-        let parsed: ClusterConfig = config::Config::builder()
-            .add_source(config::File::from_str(text, config::FileFormat::Toml))
-            .build()
-            .context("reading the configuration")?
-            .try_deserialize()
-            .context("parsing the configuration")?;
+        let parsed =
+            ClusterConfig::deserialize_checked(text, false).context("parsing the configuration")?;
         parsed.resolved(base)
+    }
+
+    /// Checks the keys of `text`, then deserializes it, with the `KVTIER_` environment
+    /// overrides when `environment` is set. A deserialization error the file alone also
+    /// gives (a missing field, a value of the wrong type) names its line.
+    fn deserialize_checked(text: &str, environment: bool) -> anyhow::Result<ClusterConfig> {
+        check_keys(text)?;
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml));
+        if environment {
+            builder = builder.add_source(
+                config::Environment::with_prefix("KVTIER")
+                    .separator("__")
+                    .try_parsing(true),
+            );
+        }
+        let merged = builder.build().context("reading the configuration")?;
+        merged.try_deserialize().map_err(|error| {
+            match toml::from_str::<ClusterConfig>(text) {
+                Err(in_file) => match in_file.span() {
+                    Some(span) => anyhow::anyhow!(
+                        "line {}: {}",
+                        keys::line_of(text, span),
+                        in_file.message().trim_end()
+                    ),
+                    None => anyhow::anyhow!("{}", in_file.message().trim_end()),
+                },
+                // Only an environment override makes it fail.
+                Ok(_) => anyhow::Error::from(error),
+            }
+        })
     }
 
     /// Resolves relative paths against `base`, hands the profiles to the directory's
@@ -615,6 +640,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_fields_are_refused_with_their_line() {
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let base = Path::new("/");
+        let typo = node.replace("socket = \"s\"", "socket = \"s\"\nwrite_ordr = [\"cpu\"]");
+        let error = format!("{:#}", ClusterConfig::parse(&typo, base).unwrap_err());
+        assert!(
+            error.contains("line 7: unknown key `write_ordr` in [nodes]; the nearest known key is `write_order`"),
+            "{error}"
+        );
+        let missing = node.replace("socket = \"s\"\n", "");
+        let error = format!("{:#}", ClusterConfig::parse(&missing, base).unwrap_err());
+        assert!(error.contains("line 4: missing field `socket`"), "{error}");
     }
 
     #[test]

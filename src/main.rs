@@ -165,10 +165,11 @@ fn main() -> anyhow::Result<()> {
             let config = ClusterConfig::load(&path)?;
             actix_rt::System::new().block_on(kvtier::actors::directory::process::run(config, &path))
         }
-        Command::Node { config, name } => {
+        Command::Node { config: path, name } => {
             init_tracing();
-            let config = ClusterConfig::load(&config)?;
-            actix_rt::System::new().block_on(kvtier::actors::node::process::run(config, &name))
+            let config = ClusterConfig::load(&path)?;
+            actix_rt::System::new()
+                .block_on(kvtier::actors::node::process::run(config, &path, &name))
         }
         Command::Demo(args) => kvtier::demo::run(&exe, &args),
         Command::Up(args) => up(&exe, &args),
@@ -287,6 +288,7 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     let spec = ClusterSpec {
         nodes: 1,
         cpu_pool_bytes: pool_bytes & !((64 << 10) - 1),
+        bench_peer: false,
         ..ClusterSpec::default()
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -323,6 +325,15 @@ fn up(exe: &std::path::Path, args: &UpArgs) -> anyhow::Result<()> {
     for (name, address) in cluster.metrics_addresses() {
         println!("  {name:<10} metrics at http://{address}/metrics");
     }
+    // Removed with the folder when `up` stops.
+    std::fs::write(
+        cluster.root.join(kvtier::top::UP_MARKER),
+        format!("{}\n", std::process::id()),
+    )?;
+    println!(
+        "  watch it with: kvtier top --config {} (or `kvtier top` alone)",
+        cluster.config_path.display()
+    );
     println!(
         "  configuration and logs in {}; press Ctrl-C to stop and remove them",
         cluster.root.display()

@@ -4,7 +4,9 @@
 //! admits is refused at the handshake with a typed error; admitted as tenant B, it cannot
 //! see, probe, load or retire tenant A's objects, and the same key stored by both is two
 //! objects. Needs root (to create the user and run processes as it): skipped, saying so,
-//! otherwise.
+//! otherwise. What that user runs is linked or copied first into a fresh folder it can
+//! reach, so the tests do not depend on where the clone lives (a clone in a private `0700`
+//! folder keeps `target/` out of its reach).
 
 use kvtier::client::{Client, ClientError};
 use kvtier::ctl::objects::{ctl_namespace, key_digest};
@@ -24,6 +26,56 @@ const HELPER_INPUT: &str = "KVTIER_TENANT_A_OBJECT";
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_kvtier"))
+}
+
+/// What the other user runs, `kvtier` and this test binary (tenant B's helper), in a fresh
+/// folder (`0755`) under the system's temporary folder, removed when dropped.
+struct Reachable {
+    _folder: tempfile::TempDir,
+    kvtier: PathBuf,
+    tests: PathBuf,
+}
+
+/// Links (or copies, across file systems) `kvtier` and this test binary into a fresh
+/// folder the other user can reach, and checks that it can run them there; `None`, with
+/// the reason printed, when it cannot (a temporary folder itself out of its reach).
+fn reachable_programs(other: (u32, u32)) -> Option<Reachable> {
+    use std::os::unix::fs::PermissionsExt;
+    let folder = tempfile::Builder::new()
+        .prefix("kvtier-tenants-bin-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(folder.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let place = |source: &Path, name: &str| {
+        let target = folder.path().join(name);
+        if std::fs::hard_link(source, &target).is_err() {
+            std::fs::copy(source, &target).unwrap();
+        }
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        target
+    };
+    let kvtier = place(exe(), "kvtier");
+    let tests = place(&std::env::current_exe().unwrap(), "tenants");
+    let runs = Command::new(&kvtier)
+        .arg("--version")
+        .uid(other.0)
+        .gid(other.1)
+        .output();
+    match runs {
+        Ok(output) if output.status.success() => Some(Reachable {
+            _folder: folder,
+            kvtier,
+            tests,
+        }),
+        outcome => {
+            eprintln!(
+                "skipped: {OTHER} cannot run {} ({outcome:?}): the temporary folder {} is out of its reach",
+                kvtier.display(),
+                std::env::temp_dir().display()
+            );
+            None
+        }
+    }
 }
 
 /// The uid and gid of `kvtier-other`, created if absent; `None` (with the reason printed)
@@ -79,8 +131,13 @@ fn small_cluster(socket_group: Option<&str>, extra_toml: &str) -> LocalCluster {
 
 /// Runs `kvtier ctl ARGS --socket SOCKET --json` as `(uid, gid)` (the standard library
 /// drops root's supplementary groups) and returns its output and its one JSON line.
-fn ctl_as(identity: (u32, u32), socket: &Path, args: &[&str]) -> (Output, serde_json::Value) {
-    let output = Command::new(exe())
+fn ctl_as(
+    programs: &Reachable,
+    identity: (u32, u32),
+    socket: &Path,
+    args: &[&str],
+) -> (Output, serde_json::Value) {
+    let output = Command::new(&programs.kvtier)
         .arg("ctl")
         .args(args)
         .arg("--socket")
@@ -113,11 +170,15 @@ const ROOT: (u32, u32) = (0, 0);
 #[test]
 fn a_node_without_rules_serves_only_its_owner() {
     let Some(other) = other_user() else { return };
+    let Some(programs) = reachable_programs(other) else {
+        return;
+    };
     let cluster = small_cluster(None, "");
     let socket = cluster.socket(0).unwrap();
     let pool = cluster.config.nodes[0].cpu_pool.path.clone();
     let file = scratch_file("private", b"the owner's prompt");
     let (output, report) = ctl_as(
+        &programs,
         ROOT,
         &socket,
         &["put", file.to_str().unwrap(), "--key", "k"],
@@ -133,12 +194,12 @@ fn a_node_without_rules_serves_only_its_owner() {
         .output()
         .unwrap();
     assert!(!cat.status.success(), "{OTHER} read the pool file");
-    let (output, report) = ctl_as(other, &socket, &["probe", "--key", "k"]);
+    let (output, report) = ctl_as(&programs, other, &socket, &["probe", "--key", "k"]);
     assert!(!output.status.success());
     assert_eq!(report["error"], "unreachable", "{report}");
 
     // In the socket's group, it reaches the node and is refused at the handshake.
-    let (output, report) = ctl_as((other.0, 0), &socket, &["probe", "--key", "k"]);
+    let (output, report) = ctl_as(&programs, (other.0, 0), &socket, &["probe", "--key", "k"]);
     assert!(!output.status.success());
     assert_eq!(report["error"], "unknown_peer", "{report}");
     let message = report["message"].as_str().unwrap();
@@ -157,11 +218,15 @@ fn tenant_rules() -> String {
 #[test]
 fn tenants_neither_share_nor_touch_each_others_objects() {
     let Some(other) = other_user() else { return };
+    let Some(programs) = reachable_programs(other) else {
+        return;
+    };
     let cluster = small_cluster(Some(OTHER), &tenant_rules());
     let socket = cluster.socket(0).unwrap();
     let a_file = scratch_file("a", b"tenant A's prompt");
     let b_file = scratch_file("b", b"tenant B's different prompt");
     let (output, a_put) = ctl_as(
+        &programs,
         ROOT,
         &socket,
         &["put", a_file.to_str().unwrap(), "--key", "k"],
@@ -169,9 +234,10 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
     assert!(output.status.success(), "{a_put}");
 
     // B does not see A's object under the same key, and storing it makes another object.
-    let (_, probed) = ctl_as(other, &socket, &["probe", "--key", "k"]);
+    let (_, probed) = ctl_as(&programs, other, &socket, &["probe", "--key", "k"]);
     assert_eq!(probed["outcome"], "miss", "{probed}");
     let (output, b_put) = ctl_as(
+        &programs,
         other,
         &socket,
         &["put", b_file.to_str().unwrap(), "--key", "k"],
@@ -186,6 +252,7 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
     for (identity, expected) in [(ROOT, &a_file), (other, &b_file)] {
         let _ = std::fs::remove_file(&out);
         let (output, got) = ctl_as(
+            &programs,
             identity,
             &socket,
             &["get", "--key", "k", "--out", out.to_str().unwrap()],
@@ -219,7 +286,7 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
             .replica;
         (object, replica)
     });
-    let helper = Command::new(std::env::current_exe().unwrap())
+    let helper = Command::new(&programs.tests)
         .args(["--ignored", "--exact", "tenant_b_helper", "--nocapture"])
         .env(
             HELPER_INPUT,
@@ -236,7 +303,7 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
         String::from_utf8_lossy(&helper.stderr)
     );
     // A's object is still there, whole.
-    let (_, probed) = ctl_as(ROOT, &socket, &["probe", "--key", "k"]);
+    let (_, probed) = ctl_as(&programs, ROOT, &socket, &["probe", "--key", "k"]);
     assert_eq!(probed["outcome"], "hit", "{probed}");
     for path in [a_file, b_file, out] {
         let _ = std::fs::remove_file(path);

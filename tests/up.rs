@@ -77,7 +77,7 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
     let lines = lines_of(&mut up);
     // `up` prints its socket, its metrics, then its folder: wait for all of it.
     let deadline = Instant::now() + HANG_GUARD;
-    let (mut socket, mut root) = (None, None);
+    let (mut socket, mut root, mut top) = (None, None, None);
     let mut printed = Vec::new();
     while root.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -87,6 +87,9 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
         };
         if let Some(path) = line.strip_prefix("  local clients connect to ") {
             socket = Some(PathBuf::from(path));
+        }
+        if let Some(command) = line.strip_prefix("  watch it with: kvtier ") {
+            top = command.split(" (").next().map(str::to_string);
         }
         if let Some(rest) = line.strip_prefix("  configuration and logs in ") {
             root = rest.split("; ").next().map(PathBuf::from);
@@ -116,6 +119,49 @@ fn ctrl_c_stops_up_and_removes_its_folder_and_pool_files() {
     assert!(
         pools.iter().any(|pool| pool.exists()),
         "no pool file among {pools:?}"
+    );
+    // The `top` command it printed watches this cluster.
+    let top = top.expect("no top command printed");
+    let watched = Command::new(exe())
+        .args(top.split(' '))
+        .args(["--once", "--json"])
+        .output()
+        .unwrap();
+    assert!(watched.status.success(), "{top}: {watched:?}");
+    let report: serde_json::Value = serde_json::from_slice(&watched.stdout).unwrap();
+    // `kvtier top` alone, where there is no ./cluster.toml, finds this `up`.
+    let alone = Command::new(exe())
+        .args(["top", "--once", "--json"])
+        .env("TMPDIR", &tmp)
+        .current_dir(&tmp)
+        .output()
+        .unwrap();
+    assert!(alone.status.success(), "{alone:?}");
+    let found: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(
+        found["nodes"][0]["name"], report["nodes"][0]["name"],
+        "{found}"
+    );
+    // Only what runs: one node and its pool, no benchmark peer.
+    assert_eq!(
+        report["nodes"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_eq!(
+        report["pools"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    let text = Command::new(exe())
+        .args(top.split(' '))
+        .arg("--once")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("16.0 MiB") && !text.contains("16777216"),
+        "sizes in binary units: {text}"
     );
 
     // SAFETY: kill(2) on a child we spawned and have not reaped.

@@ -28,8 +28,9 @@ pub struct Target {
     /// The node's Unix socket.
     #[arg(long, conflicts_with_all = ["config", "node"])]
     pub socket: Option<PathBuf>,
-    /// The cluster's configuration, to find `--node`'s socket in.
-    #[arg(long, requires = "node")]
+    /// The cluster's configuration: `--node`'s socket, or without it the first node of
+    /// the file that answers (as `kvtier top` picks one).
+    #[arg(long)]
     pub config: Option<PathBuf>,
     /// The node (in `--config`) whose socket to use.
     #[arg(long, requires = "config")]
@@ -60,7 +61,7 @@ pub struct DrainArgs {
     pub name: String,
     #[command(flatten)]
     pub target: OperatorTarget,
-    /// Wait until the drain ends (drained or interrupted), printing its progress.
+    /// Wait until the drain ends (drained, interrupted or stuck), printing its progress.
     #[arg(long)]
     pub wait: bool,
     /// With `--wait`: give up (non-zero exit) after this many seconds.
@@ -75,7 +76,7 @@ impl Target {
             (None, Some(config), Some(node)) => {
                 Ok(ClusterConfig::load(config)?.node(node)?.socket.clone())
             }
-            _ => bail!("say which node to ask: --socket PATH, or --config FILE --node NAME"),
+            _ => bail!("say which node to ask: --socket PATH, or --config FILE [--node NAME]"),
         }
     }
 }
@@ -88,7 +89,24 @@ pub(crate) struct Control {
 
 impl Control {
     fn connect(target: &Target) -> anyhow::Result<Control> {
-        Control::connect_socket(&target.socket()?, CTL_REQUEST_TIMEOUT)
+        match (&target.socket, &target.config, &target.node) {
+            (None, Some(config), None) => Control::connect_first(config),
+            _ => Control::connect_socket(&target.socket()?, CTL_REQUEST_TIMEOUT),
+        }
+    }
+
+    /// The first node of the configuration at `config` that answers, as `kvtier top` picks
+    /// one; the error names why each did not.
+    fn connect_first(config: &std::path::Path) -> anyhow::Result<Control> {
+        let config = ClusterConfig::load(config)?;
+        let mut failures = Vec::new();
+        for node in &config.nodes {
+            match Control::connect_socket(&node.socket, CTL_REQUEST_TIMEOUT) {
+                Ok(control) => return Ok(control),
+                Err(error) => failures.push(format!("{}: {error:#}", node.name)),
+            }
+        }
+        bail!("no node answered ({})", failures.join("; "))
     }
 
     /// Connects to the node at `socket` and says hello; each later request may take
@@ -206,7 +224,7 @@ pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
 }
 
 /// `kvtier ctl drain NAME`: starts the drain and prints its progress; with `--wait`,
-/// until it ends (an interrupted drain fails the command).
+/// until it ends (an interrupted or stuck drain fails the command, saying why).
 pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
     let operator = OperatorLink::connect(&args.target)?;
     let mut progress = match operator.call(DirectoryRequest::Drain {
@@ -224,6 +242,9 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
         }
         if !args.wait || !progress.state.is_active() {
             break;
+        }
+        if let Some(reason) = &progress.stuck {
+            bail!("the drain of {} is stuck: {reason}", args.name);
         }
         if Instant::now() >= deadline {
             bail!("{} not drained after {} s", args.name, args.timeout_s);
@@ -247,11 +268,14 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One line of a drain's progress.
+/// One line of a drain's progress: `relocating (...)`, or `stuck: <reason> (...)`.
 fn describe_drain(progress: &DrainProgress) -> String {
+    let state = match &progress.stuck {
+        Some(reason) => format!("stuck: {reason}"),
+        None => progress.state.name().to_string(),
+    };
     format!(
-        "{} ({} replicas to relocate, {} demotions in flight, {} leases, {} reservations)",
-        progress.state.name(),
+        "{state} ({} replicas to relocate, {} demotions in flight, {} leases, {} reservations)",
         progress.replicas_left,
         progress.demotions_in_flight,
         progress.leases_outstanding,

@@ -101,10 +101,22 @@ pub fn key_digest(key: &str) -> PrefixDigest {
 
 /// Stores the file under the key.
 pub fn put(args: &PutArgs) -> anyhow::Result<()> {
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    // Refused by its size before a byte is read; the bounded read below covers what has
+    // no size (a pipe) or grows meanwhile.
+    let size = file
+        .metadata()
+        .with_context(|| format!("reading the size of {}", args.file.display()))?;
+    if size.is_file() && !(1..=CTL_OBJECT_BYTES_MAX).contains(&size.len()) {
+        bail!(
+            "{} is {} bytes; an object is 1 byte to {CTL_OBJECT_BYTES_MAX} bytes",
+            args.file.display(),
+            size.len()
+        );
+    }
     let mut bytes = Vec::new();
-    std::fs::File::open(&args.file)
-        .with_context(|| format!("opening {}", args.file.display()))?
-        .take(CTL_OBJECT_BYTES_MAX + 1)
+    file.take(CTL_OBJECT_BYTES_MAX + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("reading {}", args.file.display()))?;
     if bytes.is_empty() || bytes.len() as u64 > CTL_OBJECT_BYTES_MAX {

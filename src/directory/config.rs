@@ -83,6 +83,13 @@ pub struct DirectoryConfig {
         with = "crate::model::time::milliseconds"
     )]
     pub task_ack_timeout: Duration,
+    /// How long a drain may go without progress (a replica relocated, or its node's leases
+    /// and reservations ended) before it is reported stuck, with the reason, in `kvtier ctl
+    /// status`, the log and `kvtier_drains{state="stuck"}`; `ctl drain --wait` then fails
+    /// with it. A stuck drain keeps trying. Twice the default lease, so readers that come
+    /// and go never make a drain stuck.
+    #[serde(rename = "drain_stall_ms", with = "crate::model::time::milliseconds")]
+    pub drain_stall: Duration,
     /// This directory's incarnation, carried in every session id it opens: a process
     /// sets a fresh one at each start (a simulation derives it from its seed), so a node
     /// presenting a session of an earlier incarnation is told `UnknownSession` and rejoins.
@@ -140,9 +147,11 @@ impl DirectoryConfig {
         if self.lease_duration.is_zero()
             || self.reservation_duration.is_zero()
             || self.task_ack_timeout.is_zero()
+            || self.drain_stall.is_zero()
         {
             return Err(
-                "lease, reservation and task-acknowledgement durations must be positive".into(),
+                "lease, reservation, task-acknowledgement and drain-stall durations must be positive"
+                    .into(),
             );
         }
         let costs = std::iter::once(("default", self.prefill_us_per_token)).chain(
@@ -272,6 +281,7 @@ impl Default for DirectoryConfig {
             suspect_after: Duration::from_secs(3),
             fence_after: Duration::from_secs(15),
             task_ack_timeout: Duration::from_secs(10),
+            drain_stall: Duration::from_secs(60),
             incarnation: default_incarnation(),
             adopt_items_per_tick: 16_384,
             hash_seed: None,

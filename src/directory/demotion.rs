@@ -17,8 +17,9 @@ use crate::policy::placement::{self, Action, ColderTier, PlacementConfig, Victim
 
 /// How a replica chosen to leave its pool (by eviction or by its time to live) left.
 pub(super) enum Departure {
-    /// A copy one tier colder is under way; the replica's `allocated_bytes` are leaving.
-    Demoted { allocated_bytes: u64 },
+    /// A copy one tier colder, into pool `to`, is under way; the replica's
+    /// `allocated_bytes` are leaving.
+    Demoted { allocated_bytes: u64, to: PoolId },
     /// Retired where it is.
     Retired,
     /// Neither: it cannot retire.
@@ -47,7 +48,10 @@ impl Directory {
                     .replicas
                     .get(victim)
                     .map_or(0, |replica| replica.allocated_bytes);
-                return Departure::Demoted { allocated_bytes };
+                return Departure::Demoted {
+                    allocated_bytes,
+                    to: target_pool,
+                };
             }
         }
         match self.retire(None, victim) {

@@ -25,7 +25,7 @@ impl Directory {
         let expired_leases = self.expire_leases(now);
         let expired_reservations = self.expire_reservations(now);
         let transitions = self.advance_silent_sessions(now);
-        self.advance_drains(now);
+        let drains = self.advance_drains(now);
         self.plan_waiting_replications(now);
         TickReport {
             expired_leases,
@@ -33,6 +33,7 @@ impl Directory {
             evicted,
             expired,
             transitions,
+            drains,
         }
     }
 
@@ -66,7 +67,9 @@ impl Directory {
                     break;
                 };
                 match self.demote_or_retire(now, window[chosen].0, true) {
-                    Departure::Demoted { allocated_bytes } => leaving += allocated_bytes,
+                    Departure::Demoted {
+                        allocated_bytes, ..
+                    } => leaving += allocated_bytes,
                     Departure::Retired => {}
                     Departure::Refused => break,
                 }

@@ -51,7 +51,7 @@ mod store_batch;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::DirectoryConfig;
-pub use drain::{DrainProgress, DrainState};
+pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
 pub use ops::*;
 pub use replicas::ReplicaState;
@@ -102,6 +102,8 @@ pub struct TickReport {
     /// READY replicas that outlived their tier's time to live (retired or demoted).
     pub expired: u32,
     pub transitions: Vec<SessionTransition>,
+    /// Drains whose state (or stuck reason) this tick changed, with their progress now.
+    pub drains: Vec<(NodeId, DrainProgress)>,
 }
 
 /// Counts for metrics, cheap to compute.

@@ -1980,7 +1980,7 @@ fn a_shared_pool_is_priced_by_its_most_conservative_report() {
 }
 
 /// Runs the demote tasks `node` has: each copy is committed into `cxl` at a fresh extent.
-fn commit_demotions(fixture: &mut Fixture, node: &NodeHandle, cxl: PoolId) -> usize {
+pub(super) fn commit_demotions(fixture: &mut Fixture, node: &NodeHandle, cxl: PoolId) -> usize {
     let tasks = fixture
         .directory
         .poll_tasks(fixture.now, node.session, 16)

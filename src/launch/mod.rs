@@ -87,6 +87,13 @@ pub struct ClusterSpec {
     pub peer_datagram_bytes: u16,
     /// Every SSD store's `admit_after_accesses` (2 by default, 1 admits every object).
     pub ssd_admit_after_accesses: u32,
+    /// The directory's `drain_stall_ms`: how long a drain may go without progress before
+    /// it is reported stuck.
+    pub drain_stall_ms: u64,
+    /// Declare the benchmarks' extra peer ([`BENCH_PEER`]): a node section and certificate
+    /// that only `kvtier bench` and tests use. `kvtier up` leaves it out, so its cluster
+    /// shows only what runs.
+    pub bench_peer: bool,
 }
 
 impl Default for ClusterSpec {
@@ -115,6 +122,10 @@ impl Default for ClusterSpec {
             replicate_after_misses: crate::directory::DirectoryConfig::default()
                 .replicate_after_misses,
             ssd_admit_after_accesses: 2,
+            drain_stall_ms: crate::directory::DirectoryConfig::default()
+                .drain_stall
+                .as_millis() as u64,
+            bench_peer: true,
         }
     }
 }
@@ -202,7 +213,7 @@ fn cluster_toml(
         Some(_) => SocketAddr::from(([0, 0, 0, 0], directory_address.port())),
     };
     let mut toml = format!(
-        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\n",
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",
         listen,
         metrics_address(spec.metrics)?,
         spec.suspect_after_ms,
@@ -212,6 +223,7 @@ fn cluster_toml(
         spec.policy_time_scale,
         spec.reservation_duration_ms,
         spec.replicate_after_misses,
+        spec.drain_stall_ms,
     );
     if let Some(max) = spec.batch_items_max {
         toml.push_str(&format!("batch_items_max = {max}\n"));
@@ -251,7 +263,9 @@ fn cluster_toml(
         ),
         None => String::new(),
     };
-    toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
+    if spec.bench_peer {
+        toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
+    }
     toml.push_str(&spec.extra_toml);
     Ok(toml)
 }

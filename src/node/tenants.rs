@@ -146,7 +146,7 @@ pub enum TenantConfigError {
 }
 
 /// The node's tenant rules. See the module documentation.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tenants {
     owner_uid: u32,
     rules: Vec<Arc<Tenant>>,

@@ -31,8 +31,9 @@ const INTERVAL_MS_MIN: u64 = 100;
 #[derive(Args, Clone, Debug)]
 pub struct TopArgs {
     /// The cluster's configuration: node sockets (for the status) and metrics addresses.
-    #[arg(long, default_value = "cluster.toml")]
-    pub config: PathBuf,
+    /// Default: `./cluster.toml`, or else that of a running `kvtier up` of this user.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// The node whose socket to ask for the cluster status; default: the first that answers.
     #[arg(long)]
     pub node: Option<String>,
@@ -54,7 +55,11 @@ pub fn run(args: &TopArgs) -> anyhow::Result<()> {
         "--interval-ms must be at least {INTERVAL_MS_MIN}"
     );
     let interval = Duration::from_millis(args.interval_ms);
-    let mut source = Source::open(args.config.clone(), args.node.clone())?;
+    let config = match &args.config {
+        Some(config) => config.clone(),
+        None => default_config()?,
+    };
+    let mut source = Source::open(config, args.node.clone())?;
     let first = source
         .snapshot()
         .context("cannot reach the cluster (is it running, and is this its configuration?)")?;
@@ -138,18 +143,60 @@ fn live(source: &mut Source, first: Snapshot, interval: Duration) -> anyhow::Res
     }
 }
 
-/// The report as plain text (`--once` without `--json`).
+/// Entries of the temporary folder looked at for a running `kvtier up`, at most.
+const UP_SCAN_ENTRIES_MAX: usize = 4096;
+
+/// `./cluster.toml` when there is one, else the configuration of the most recent running
+/// `kvtier up` of this user (its folder under the temporary folder holds an `up` file with
+/// its PID, see [`UP_MARKER`]).
+fn default_config() -> anyhow::Result<PathBuf> {
+    let local = PathBuf::from("cluster.toml");
+    if local.exists() {
+        return Ok(local);
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let temporary = std::env::temp_dir();
+    let found = std::fs::read_dir(&temporary)
+        .with_context(|| format!("reading {}", temporary.display()))?
+        .take(UP_SCAN_ENTRIES_MAX)
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("kvtier-"))
+        .filter_map(|entry| {
+            use std::os::unix::fs::MetadataExt;
+            let marker = entry.path().join(UP_MARKER);
+            let metadata = std::fs::metadata(&marker).ok()?;
+            let pid: i32 = std::fs::read_to_string(&marker).ok()?.trim().parse().ok()?;
+            // SAFETY: kill(2) with signal 0 only checks that the process exists.
+            let alive = unsafe { libc::kill(pid, 0) } == 0;
+            (metadata.uid() == uid && alive).then(|| (metadata.modified().ok(), entry.path()))
+        })
+        .max();
+    match found {
+        Some((_, root)) => Ok(root.join("cluster.toml")),
+        None => anyhow::bail!(
+            "no ./cluster.toml and no running `kvtier up` of this user; say --config FILE"
+        ),
+    }
+}
+
+/// The file a running `kvtier up` keeps in its folder, holding its PID, so that `kvtier top`
+/// finds it.
+pub const UP_MARKER: &str = "up";
+
+/// The report as plain text (`--once` without `--json`), sizes in binary units.
 fn print_text(report: &Report) {
+    let bytes = |count: u64| render::bytes(count as f64);
     let cluster = &report.cluster;
     let rates = &cluster.rates;
     let percent = |ratio: Option<f64>| ratio.map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
     println!(
-        "cluster: {}/{} nodes live, {} pools, {} of {} bytes allocated; hit {} (all {}), {:.1} loads/s, {:.1} stores/s over {:.1} s",
+        "cluster: {}/{} nodes live, {} pools, {} of {} allocated; hit {} (all {}), {:.1} loads/s, {:.1} stores/s over {:.1} s",
         cluster.nodes_live,
         cluster.nodes,
         cluster.pools,
-        cluster.usage.allocated_bytes,
-        cluster.usage.capacity_bytes,
+        bytes(cluster.usage.allocated_bytes),
+        bytes(cluster.usage.capacity_bytes),
         percent(rates.hit_ratio),
         percent(rates.hit_ratio_total),
         rates.loads_per_second,
@@ -174,10 +221,10 @@ fn print_text(report: &Report) {
             pool.name,
             pool.medium,
             pool.scope,
-            pool.usage.capacity_bytes,
-            pool.usage.allocated_bytes,
-            pool.usage.ready_bytes,
-            pool.usage.reserved_bytes
+            bytes(pool.usage.capacity_bytes),
+            bytes(pool.usage.allocated_bytes),
+            bytes(pool.usage.ready_bytes),
+            bytes(pool.usage.reserved_bytes)
         );
     }
     for unreachable in &report.unreachable {

@@ -310,7 +310,7 @@ fn count(value: f64) -> String {
 }
 
 /// Bytes with a binary prefix.
-fn bytes(value: f64) -> String {
+pub(super) fn bytes(value: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = value;
     let mut unit = 0;

@@ -48,6 +48,22 @@ impl Message for WatchTasks {
     type Result = oneshot::Receiver<()>;
 }
 
+/// How many node sessions are open (live or suspect), asked at exit.
+pub struct OpenSessions;
+
+impl Message for OpenSessions {
+    type Result = u64;
+}
+
+impl Handler<OpenSessions> for DirectoryActor {
+    type Result = u64;
+
+    fn handle(&mut self, _: OpenSessions, _: &mut Context<Self>) -> u64 {
+        let counts = self.core.counts();
+        counts.sessions_live + counts.sessions_suspect
+    }
+}
+
 /// Re-read the configuration file and apply it, or refuse it as a whole.
 pub struct Reload;
 
@@ -311,6 +327,13 @@ impl Actor for DirectoryActor {
             actor.metrics.add_expirations(u64::from(report.expired));
             for transition in &report.transitions {
                 tracing::info!(session = %transition.session, node = %transition.node, state = transition.state.name(), "session state changed");
+            }
+            for (node, progress) in &report.drains {
+                let name = actor.core.node_name(*node).unwrap_or("unknown");
+                match &progress.stuck {
+                    Some(reason) => tracing::warn!(node = name, "drain stuck: {reason}; still trying"),
+                    None => tracing::info!(node = name, state = progress.state.name(), "drain state changed"),
+                }
             }
             actor.wake_task_watches(true);
             actor.publish_metrics();

@@ -1,9 +1,10 @@
 //! `kvtier directory`: the directory actor, a QUIC endpoint with mutual TLS, a session
 //! actor per node connection, and the metrics exporter.
 
-use super::actor::{DirectoryActor, Reload};
+use super::actor::{DirectoryActor, OpenSessions, Reload};
 use super::session::SessionActor;
-use crate::actors::process::{serve_metrics, shutdown_signal};
+use crate::actors::node::host_files::OwnedFile;
+use crate::actors::process::{bind_metrics, serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 /// `config` was loaded from). Must run inside an actix `System`.
 pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()> {
     let section = &config.directory;
+    let metrics_listener = bind_metrics(section.metrics)?;
     let server_config = tls::server_config(&section.certs, &section.name).with_context(|| {
         format!(
             "loading the directory certificate from {}",
@@ -32,8 +34,11 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     let mut limits = section.limits.clone();
     limits.incarnation = fresh_incarnation();
     let mut core = Directory::new(limits);
+    let mut created = Vec::new();
     for pool in &config.cxl_pools {
-        add_cxl_pool(&mut core, pool)?;
+        if add_cxl_pool(&mut core, pool)? == Prepared::Created {
+            created.push(OwnedFile::record(&pool.path)?);
+        }
     }
     // Nodes and their pools get the ids of the previous incarnation (configuration order).
     for node in &config.nodes {
@@ -47,7 +52,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         .context("binding the QUIC endpoint")?;
     let metrics = Arc::new(Metrics::new()?);
     let replication_metrics = ReplicationMetrics::register(&metrics)?;
-    serve_metrics(section.metrics, metrics.clone()).await?;
+    serve_metrics(metrics_listener, metrics.clone())?;
     let tick_interval = section.tick_interval();
     let certs: Arc<Path> = Arc::from(section.certs.as_path());
     let directory = DirectoryActor::new(
@@ -61,11 +66,11 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     .start();
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     actix_rt::spawn(reload_on_hangup(directory.clone()));
-    let accepting = endpoint.clone();
+    let (accepting, serving) = (endpoint.clone(), directory.clone());
     let counts = ConnectionCounts::default();
     actix_rt::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let (directory, counts, certs) = (directory.clone(), counts.clone(), certs.clone());
+            let (directory, counts, certs) = (serving.clone(), counts.clone(), certs.clone());
             actix_rt::spawn(async move {
                 if let Err(error) = accept(incoming, directory, counts, &certs).await {
                     tracing::warn!(%error, "refused a connection");
@@ -73,9 +78,29 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
             });
         }
     });
-    shutdown_signal().await?;
+    let signal = shutdown_signal().await?;
+    let open_sessions = directory.send(OpenSessions).await.unwrap_or(u64::MAX);
+    tracing::info!(open_sessions, "{signal} received: the directory stops");
     endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
+    remove_created_pools(created, open_sessions);
     Ok(())
+}
+
+/// Removes the CXL pool files this process created (dropping them), unless a node session
+/// is still open: its node maps the pool, and a restarted directory must find what it wrote.
+fn remove_created_pools(created: Vec<OwnedFile>, open_sessions: u64) {
+    if open_sessions == 0 {
+        for file in &created {
+            tracing::info!(path = %file.path().display(), "removing the CXL pool file this directory created");
+        }
+        drop(created);
+    } else {
+        for file in created {
+            tracing::info!(path = %file.path().display(), open_sessions, "keeping the CXL pool file: nodes still map it");
+            // Kept on purpose: dropping it would remove the file.
+            std::mem::forget(file);
+        }
+    }
 }
 
 /// Re-reads the configuration on every SIGHUP, as `kvtier ctl reload` does.
@@ -95,7 +120,11 @@ async fn reload_on_hangup(directory: Addr<DirectoryActor>) {
 
 /// Formats (when new) and registers a CXL pool of the configuration: at start, and when a
 /// reload adds it. A pool that already held data reuses nothing before the recovery window.
-pub(super) fn add_cxl_pool(core: &mut Directory, pool: &CxlPoolSection) -> anyhow::Result<()> {
+/// Says what it found at the pool's path.
+pub(super) fn add_cxl_pool(
+    core: &mut Directory,
+    pool: &CxlPoolSection,
+) -> anyhow::Result<Prepared> {
     let prepared = prepare_cxl_pool(pool)?;
     let spec = PoolSpec {
         name: pool.name.clone(),
@@ -116,13 +145,15 @@ pub(super) fn add_cxl_pool(core: &mut Directory, pool: &CxlPoolSection) -> anyho
         core.hold_extents_until(id, until)?;
         tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
     }
-    Ok(())
+    Ok(prepared)
 }
 
 /// What the directory found at a CXL pool's path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Prepared {
-    /// Formatted now: it holds nothing.
+pub(super) enum Prepared {
+    /// Nothing was there: created and formatted now.
+    Created,
+    /// A blank device, formatted now (`format = true`): it holds nothing.
     Formatted,
     /// Already this pool: it may hold what a previous incarnation let nodes write.
     Existing,
@@ -138,7 +169,7 @@ fn prepare_cxl_pool(pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     match SharedMemory::adopt(&pool.path, Some(uuid)) {
         Ok(mapping) => check_geometry(pool, &mapping).map(|()| Prepared::Existing),
         Err(PoolError::Io { .. }) if !pool.path.exists() => {
-            format_cxl_pool(pool, uuid).map(|()| Prepared::Formatted)
+            format_cxl_pool(pool, uuid).map(|()| Prepared::Created)
         }
         Err(PoolError::WrongMagic { .. }) if pool.format => {
             SharedMemory::format_existing(&pool.path, pool.capacity_bytes, uuid, pool.page_bytes)

@@ -198,12 +198,21 @@ impl StreamHandler<Result<RawFrame, WireError>> for SessionActor {
             Incoming::Refuse(request_id, error) => {
                 return self.reply(request_id, DirectoryReply::Error(error), context)
             }
+            // A connection the node closed (a normal stop) ends its stream too: only a
+            // stream broken on a connection still up broke the framing.
             Incoming::Close(error) => {
-                tracing::warn!(peer = %self.peer, %error, "closing a connection that broke the framing");
-                self.connection.close(
-                    quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
-                    error.to_string().as_bytes(),
-                );
+                match self.connection.close_reason() {
+                    Some(reason) => {
+                        tracing::info!(peer = %self.peer, %reason, "node connection closed")
+                    }
+                    None => {
+                        tracing::warn!(peer = %self.peer, %error, "closing a connection that broke the framing");
+                        self.connection.close(
+                            quinn::VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
+                            error.to_string().as_bytes(),
+                        );
+                    }
+                }
                 return context.stop();
             }
         };

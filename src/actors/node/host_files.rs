@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use futures_util::FutureExt;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -36,6 +36,13 @@ impl OwnedFile {
             path: path.to_path_buf(),
             identity,
         })
+    }
+}
+
+impl OwnedFile {
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -68,11 +75,13 @@ impl InstanceLock {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
+        // 0600: it says only which process holds the node.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("opening the instance lock {}", path.display()))?;
         // SAFETY: flock(2) on a descriptor this function owns; it changes no memory.
@@ -104,11 +113,23 @@ impl InstanceLock {
     }
 }
 
-/// SIGTERM and SIGINT, listened to from the very start of the process: a signal that
-/// arrives during a blocking step (the pool's pre-fault) is seen right after it.
+/// SIGTERM and SIGINT (stop) and SIGHUP (reload), listened to from the very start of the
+/// process: a signal that arrives during a blocking step (the pool's pre-fault) is seen
+/// right after it, and none of them kills the process outright, so its files always go
+/// with it. A SIGHUP before the node serves waits, and is answered once it serves.
 pub struct Stop {
     terminate: Signal,
     interrupt: Signal,
+    hangup: Signal,
+}
+
+/// What a signal asks of a serving node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signalled {
+    /// SIGTERM or SIGINT: stop, removing what the process created.
+    Stop,
+    /// SIGHUP: re-read the configuration.
+    Reload,
 }
 
 impl Stop {
@@ -117,6 +138,7 @@ impl Stop {
         Ok(Stop {
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -125,6 +147,16 @@ impl Stop {
         tokio::select! {
             _ = self.terminate.recv() => {}
             _ = self.interrupt.recv() => {}
+        }
+    }
+
+    /// Resolves with the next stop or reload signal (or one that arrived since the last
+    /// call).
+    pub async fn next(&mut self) -> Signalled {
+        tokio::select! {
+            _ = self.terminate.recv() => Signalled::Stop,
+            _ = self.interrupt.recv() => Signalled::Stop,
+            _ = self.hangup.recv() => Signalled::Reload,
         }
     }
 

@@ -10,6 +10,7 @@
 //! * `link`: the node's connection to the directory (operation ids, resolve, reconnect).
 //! * `rejoin`: a new session after the old one was lost, keeping the cache.
 //! * `host_files`: the instance lock, the files removed by identity, the stop signals.
+//! * `reload`: SIGHUP: what a re-read `cluster.toml` changes for a running node.
 //! * `peer`: the peer endpoint (QUIC, mutual TLS) and the receiving side of copies.
 //! * `replication`: the push and receive tasks of copies between nodes.
 //! * `ssd`: the SSD pool: open and register the store, spill on the directory's demotion,
@@ -25,6 +26,7 @@ pub mod peer;
 pub mod pool;
 pub mod process;
 pub mod rejoin;
+pub mod reload;
 pub mod replication;
 pub mod services;
 pub mod ssd;

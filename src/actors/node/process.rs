@@ -4,12 +4,13 @@
 
 use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
-use super::host_files::{InstanceLock, OwnedFile, Stop};
+use super::host_files::{InstanceLock, OwnedFile, Signalled, Stop};
 use super::link::{DirectoryAddress, DirectoryLink};
 use super::pool::PoolActor;
 use super::rejoin::Registration;
+use super::reload::NodeReload;
 use super::services::{lock_core, NodeServices};
-use crate::actors::process::serve_metrics;
+use crate::actors::process::{bind_metrics, serve_metrics};
 use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
@@ -30,6 +31,7 @@ use crate::wire::{read_frame, write_frame};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,30 +59,29 @@ pub fn fresh_uuid() -> u128 {
     (u128::from(high) << 64) | u128::from(hasher.finish())
 }
 
-/// Runs node `name` until SIGINT, SIGTERM, fencing or a drain. Must run inside an actix
-/// `System`. A stop signal at any step (pre-fault, reaching the directory, starting the
-/// pools, serving) ends it cleanly; whatever the way out, the files it created (pool file,
-/// socket, instance lock) go with it.
-pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
+/// Runs node `name` until SIGINT, SIGTERM, fencing or a drain; SIGHUP re-reads
+/// `config_path` (the file `config` was loaded from, see [`super::reload`]). Must run
+/// inside an actix `System`. A stop signal at any step (pre-fault, reaching the directory,
+/// starting the pools, serving) ends it cleanly; whatever the way out, the files it
+/// created (pool file, socket, instance lock) go with it.
+pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
     let (passwd, group) = (user_database("/etc/passwd")?, user_database("/etc/group")?);
     // SAFETY: getuid has no preconditions and cannot fail.
     let owner_uid = unsafe { libc::getuid() };
     let tenants = config.tenants(owner_uid, &passwd, &group)?;
     let socket_gid = section.socket_gid(&group)?;
-    let target = DirectoryAddress {
-        address: section.directory_address.unwrap_or(config.directory.listen),
-        server_name: config.directory.name.clone(),
-        certs: config.directory.certs.clone(),
-        node_name: section.name.clone(),
-        bind: section.bind,
-        busy_poll_tail: Duration::from_micros(section.busy_poll_us),
-    };
+    let target = directory_address(&config, &section);
     let mut stop = Stop::install()?;
     let _instance = InstanceLock::acquire(&section.socket)?;
+    let metrics_listener = bind_metrics(section.metrics)?;
     log_copy_routines();
     let pool = create_cpu_pool(&section, socket_gid)?;
     let _pool_file = OwnedFile::record(&section.cpu_pool.path)?;
+    let host = HostParts {
+        pool,
+        metrics_listener,
+    };
     if stop.requested() {
         tracing::info!("stopped during the pool's pre-fault");
         return Ok(());
@@ -98,24 +99,27 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     let opened_at = clock.now() - binding.opened.elapsed();
     lock_core(&core).liveness = Liveness::new(opened_at, binding.fence_after);
     tracing::info!(node = %binding.node, epoch = %binding.epoch, session = %binding.session, "session open");
+    let (tenants_in_force, tenants) = tokio::sync::watch::channel(tenants);
     let clients = ClientPolicy {
         socket_gid,
         tenants,
     };
     let started = tokio::select! {
         () = stop.wait() => None,
-        started = start(&config, &section, &link, core, clock, pool, clients) => Some(started?),
+        started = start(&config, &section, &link, core, clock, host, clients) => Some(started?),
     };
     let Some((mut exit, _socket_file)) = started else {
         tracing::info!("stopped while starting");
         let _ = link.call(DirectoryRequest::Close).await;
         return Ok(());
     };
-    let outcome = tokio::select! {
-        () = stop.wait() => None,
-        reason = exit.recv() => reason,
+    let reloads = Reloads {
+        config_path,
+        section: &section,
+        owner_uid,
+        tenants: tenants_in_force,
     };
-    match outcome {
+    match serve_until_stopped(&mut stop, &mut exit, reloads).await {
         Some(NodeExit::RejoinFailed(reason)) => {
             bail!("this node could not rejoin the directory with its cache: {reason}")
         }
@@ -130,10 +134,77 @@ pub async fn run(config: ClusterConfig, name: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Who may connect to the node's socket: its group, and the tenant rules.
+/// Where and as whom node `section` reaches the directory.
+fn directory_address(config: &ClusterConfig, section: &NodeSection) -> DirectoryAddress {
+    DirectoryAddress {
+        address: section.directory_address.unwrap_or(config.directory.listen),
+        server_name: config.directory.name.clone(),
+        certs: config.directory.certs.clone(),
+        node_name: section.name.clone(),
+        bind: section.bind,
+        busy_poll_tail: Duration::from_micros(section.busy_poll_us),
+    }
+}
+
+/// What the node made on its host before reaching the directory: its CPU pool and its
+/// metrics endpoint's socket.
+struct HostParts {
+    pool: MemoryPool,
+    metrics_listener: Option<std::net::TcpListener>,
+}
+
+/// Who may connect to the node's socket: its group, and the tenant rules in force.
 struct ClientPolicy {
     socket_gid: Option<u32>,
-    tenants: Tenants,
+    tenants: tokio::sync::watch::Receiver<Tenants>,
+}
+
+/// What a SIGHUP re-reads, and where the tenant rules it changes go.
+struct Reloads<'a> {
+    config_path: &'a Path,
+    section: &'a NodeSection,
+    owner_uid: u32,
+    tenants: tokio::sync::watch::Sender<Tenants>,
+}
+
+/// Serves until a stop signal (`None`) or the node actor's fatal exit, answering each
+/// SIGHUP with a reload.
+async fn serve_until_stopped(
+    stop: &mut Stop,
+    exit: &mut tokio::sync::mpsc::Receiver<NodeExit>,
+    reloads: Reloads<'_>,
+) -> Option<NodeExit> {
+    loop {
+        let signalled = tokio::select! {
+            signalled = stop.next() => signalled,
+            reason = exit.recv() => return reason,
+        };
+        if signalled == Signalled::Stop {
+            tracing::info!(
+                "stop signal received; closing the session and removing this node's files"
+            );
+            return None;
+        }
+        let databases = user_database("/etc/passwd")
+            .and_then(|passwd| user_database("/etc/group").map(|group| (passwd, group)));
+        let outcome = databases.and_then(|(passwd, group)| {
+            super::reload::read(
+                reloads.config_path,
+                reloads.section,
+                &reloads.tenants.borrow(),
+                reloads.owner_uid,
+                (&passwd, &group),
+            )
+        });
+        super::reload::log(reloads.config_path, &outcome);
+        if let Ok(NodeReload {
+            tenants: Some(tenants),
+            ..
+        }) = outcome
+        {
+            reloads.tenants.send_replace(tenants);
+        }
+    }
 }
 
 /// Maps the CXL pools, registers and probes every pool, starts the node's actors and
@@ -166,9 +237,13 @@ async fn start(
     link: &Arc<DirectoryLink>,
     core: Arc<Mutex<NodeCore>>,
     clock: Clock,
-    pool: MemoryPool,
+    host: HostParts,
     clients: ClientPolicy,
 ) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
+    let HostParts {
+        pool,
+        metrics_listener,
+    } = host;
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
@@ -177,7 +252,7 @@ async fn start(
     let ssd_spec = section.ssd_pool_spec(registration.node);
     let ssd = super::ssd::open(section.ssd.as_ref(), ssd_spec, link, &metrics).await?;
     registration.ssd = ssd.as_ref().map(|ssd| ssd.registration.clone());
-    serve_metrics(section.metrics, metrics.clone()).await?;
+    serve_metrics(metrics_listener, metrics.clone())?;
     let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
     let shared_pools = mappings
         .iter()
@@ -316,7 +391,7 @@ async fn serve_clients(
             match listener.accept().await {
                 Ok((stream, _)) => {
                     backoff.accepted();
-                    admit_client(&services, &tenants, &refusals, stream);
+                    admit_client(&services, &tenants.borrow(), &refusals, stream);
                 }
                 Err(error) => match backoff.failed(&error) {
                     AcceptStep::Continue => tracing::warn!(%error, "accepting a client failed"),

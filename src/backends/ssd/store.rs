@@ -330,7 +330,9 @@ impl SsdStore {
     /// where io_uring cannot be set up, and says so in the report.
     pub fn open(config: SsdConfig) -> Result<(SsdStore, OpenReport), SsdError> {
         let region_count = config.region_count()?;
-        fs::create_dir_all(&config.directory)
+        // Private (0700) where this creates it: the objects are tenants' data.
+        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&config.directory)
             .map_err(|error| SsdError::from_io(config.directory.clone(), error))?;
         let paths: Vec<PathBuf> = (0..region_count)
             .map(|index| config.directory.join(region_file_name(index)))

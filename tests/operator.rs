@@ -1,0 +1,474 @@
+//! An operator's day, over real processes, real signals and real files: a misspelled key
+//! refused at start and on reload, naming its line and the nearest known key; SIGHUP
+//! reloading a node; no stop signal leaving a node's socket, lock or pool file behind; and a
+//! drain that cannot progress ending `ctl drain --wait` with the reason.
+//! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
+
+mod common;
+
+use kvtier::client::StoreOutcome;
+use kvtier::directory::AcquireMode;
+use kvtier::launch::{ClusterSpec, LocalCluster};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_kvtier"))
+}
+
+fn small_cluster() -> LocalCluster {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    LocalCluster::start(exe(), &spec).unwrap()
+}
+
+/// Waits until `condition` holds; panics past [`HANG_GUARD`].
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + HANG_GUARD;
+    while !condition() {
+        assert!(Instant::now() < until, "hung waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `kvtier ctl ARGS --socket SOCKET`.
+fn ctl(socket: &Path, args: &[&str]) -> Output {
+    Command::new(exe())
+        .arg("ctl")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap()
+}
+
+/// `kvtier ctl ARGS --config CONFIG`: an operator's request, under the cluster's operator
+/// certificate.
+fn operator(config: &Path, args: &[&str]) -> Output {
+    Command::new(exe())
+        .arg("ctl")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+/// Runs `kvtier ARGS --config CONFIG`, which must exit (within [`HANG_GUARD`]).
+fn run_to_exit(args: &[&str], config: &Path) -> Output {
+    let mut child = Command::new(exe())
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut exited = false;
+    let until = Instant::now() + HANG_GUARD;
+    while !exited && Instant::now() < until {
+        exited = child.try_wait().unwrap().is_some();
+        if !exited {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if !exited {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(exited, "kvtier {args:?} did not exit: {output:?}");
+    output
+}
+
+/// The 1-based line of the first line of `text` that starts with `prefix`.
+fn line_starting(text: &str, prefix: &str) -> usize {
+    text.lines()
+        .position(|line| line.starts_with(prefix))
+        .unwrap()
+        + 1
+}
+
+#[test]
+fn a_misspelled_key_is_refused_at_start_and_on_reload() {
+    let cluster = small_cluster();
+    let good = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let typo = good.replacen("domains = ", "domain = ", 1);
+    let line = line_starting(&typo, "domain = ");
+    let expected =
+        format!("line {line}: unknown key `domain` in [nodes]; the nearest known key is `domains`");
+
+    // The operator's copy stays good, so the refusal is the directory's own.
+    let operator_copy = cluster.root.join("operator.toml");
+    std::fs::write(&operator_copy, &good).unwrap();
+    std::fs::write(&cluster.config_path, &typo).unwrap();
+    let refused = operator(&operator_copy, &["reload"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    let reason = String::from_utf8_lossy(&refused.stderr);
+    assert!(reason.contains(&expected), "{reason}");
+
+    // Neither process starts from it (a file of its own beside the cluster's).
+    let broken = cluster.root.join("typo.toml");
+    std::fs::write(&broken, &typo).unwrap();
+    for args in [&["directory"][..], &["node", "--name", "node-a"]] {
+        let output = run_to_exit(args, &broken);
+        assert!(!output.status.success(), "{args:?} started");
+        let reason = String::from_utf8_lossy(&output.stderr);
+        assert!(reason.contains(&expected), "{args:?}: {reason}");
+    }
+
+    // A missing field names its line too.
+    let missing = good.replacen("socket = ", "# socket = ", 1);
+    std::fs::write(&broken, &missing).unwrap();
+    let output = run_to_exit(&["node", "--name", "node-a"], &broken);
+    let reason = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && reason.contains("missing field `socket`"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&format!("line {}", line_starting(&missing, "[[nodes]]"))),
+        "{reason}"
+    );
+
+    // The right file reloads.
+    std::fs::write(&cluster.config_path, &good).unwrap();
+    let reloaded = operator(&cluster.config_path, &["reload"]);
+    assert!(reloaded.status.success(), "{reloaded:?}");
+    // `ctl status` with the file alone asks the first node that answers.
+    let status = Command::new(exe())
+        .args(["ctl", "status", "--config"])
+        .arg(&cluster.config_path)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && shown.contains("node-a"),
+        "{status:?}"
+    );
+}
+
+/// The files node `index` of `cluster` creates: socket, instance lock, pool file.
+fn node_files(cluster: &LocalCluster, index: usize) -> [PathBuf; 3] {
+    let socket = cluster.socket(index).unwrap();
+    let mut lock = socket.clone().into_os_string();
+    lock.push(".lock");
+    let pool = cluster.config.nodes[index].cpu_pool.path.clone();
+    [socket, PathBuf::from(lock), pool]
+}
+
+/// Sends `signal` to `pid`.
+fn send(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+}
+
+fn log_of(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn sighup_reloads_a_node_and_no_signal_leaves_its_files() {
+    let mut cluster = small_cluster();
+    let socket = cluster.socket(0).unwrap();
+    let log = cluster.root.join("node-a.log");
+    let pid = cluster.node_pid(0).unwrap();
+    let good = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let reloads = |log: &Path| log_of(log).matches("SIGHUP: reload").count();
+
+    // Nothing changed: said so, and the node serves on.
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its reload", || reloads(&log) == 1);
+    assert!(log_of(&log).contains("nothing changed"), "{}", log_of(&log));
+    assert!(
+        cluster.node_exit(0).unwrap().is_none(),
+        "SIGHUP ended the node"
+    );
+    assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+
+    // New tenant rules that leave this (root) user out apply to the next connection.
+    let rules = "\n[[tenants]]\nname = \"others\"\nuids = [4242]\nnamespaces = [\"*\"]\n";
+    std::fs::write(&cluster.config_path, good.clone() + rules).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its second reload", || reloads(&log) == 2);
+    assert!(
+        log_of(&log).contains("new tenant rules"),
+        "{}",
+        log_of(&log)
+    );
+    let refused = ctl(&socket, &["probe", "--key", "k"]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("uid 0"),
+        "{refused:?}"
+    );
+
+    // A misspelled file is refused by name; the rules in force stay.
+    std::fs::write(
+        &cluster.config_path,
+        good.replacen("domains = ", "domain = ", 1) + rules,
+    )
+    .unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its third reload", || reloads(&log) == 3);
+    assert!(
+        log_of(&log).contains("unknown key `domain`"),
+        "{}",
+        log_of(&log)
+    );
+    assert!(!ctl(&socket, &["probe", "--key", "k"]).status.success());
+    std::fs::write(&cluster.config_path, &good).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its fourth reload", || reloads(&log) == 4);
+    assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+
+    // SIGTERM and SIGINT end it, removing its files; so does each after a SIGHUP.
+    for (signals, what) in [
+        (&[libc::SIGTERM][..], "SIGTERM"),
+        (&[libc::SIGINT][..], "SIGINT"),
+        (&[libc::SIGHUP, libc::SIGTERM][..], "SIGHUP then SIGTERM"),
+    ] {
+        let files = node_files(&cluster, 0);
+        assert!(files.iter().all(|file| file.exists()), "{files:?}");
+        let pid = cluster.node_pid(0).unwrap();
+        for signal in signals {
+            send(pid, *signal);
+        }
+        let mut status = None;
+        eventually("the node exits", || {
+            status = cluster.node_exit(0).unwrap();
+            status.is_some()
+        });
+        assert!(status.unwrap().success(), "{what}: {status:?}");
+        for file in &files {
+            assert!(!file.exists(), "{what} left {}", file.display());
+        }
+        cluster.start_node(0).unwrap();
+    }
+}
+
+#[test]
+fn sighup_while_a_node_starts_neither_kills_it_nor_leaves_its_files() {
+    let mut cluster = small_cluster();
+    cluster.stop_node(0).unwrap();
+    let files = node_files(&cluster, 0);
+    let log = cluster.root.join("node-a-again.log");
+    let mut node = Command::new(exe())
+        .args(["node", "--name", "node-a", "--config"])
+        .arg(&cluster.config_path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The lock exists once the signals are listened to: from then on SIGHUP waits.
+    eventually("the instance lock exists", || files[1].exists());
+    send(node.id(), libc::SIGHUP);
+    eventually("the node serves and answers the SIGHUP", || {
+        log_of(&log).contains("SIGHUP: reloaded")
+    });
+    assert!(node.try_wait().unwrap().is_none(), "{}", log_of(&log));
+    assert!(files.iter().all(|file| file.exists()), "{files:?}");
+    send(node.id(), libc::SIGINT);
+    let mut status = None;
+    eventually("the node exits", || {
+        status = node.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(status.unwrap().success(), "{}", log_of(&log));
+    for file in &files {
+        assert!(!file.exists(), "left {}", file.display());
+    }
+}
+
+#[test]
+fn a_drain_that_cannot_progress_says_why_and_ends_the_wait() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        drain_stall_ms: 1_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let runtime = common::runtime();
+    // An engine of the node holds a lease (30 s by default) on what it stored: that
+    // replica cannot leave.
+    let (client, views) = runtime.block_on(async {
+        let (client, namespace) = common::connect(&cluster, 0).await;
+        let (object, bytes) = common::object(namespace, 1, 36, 64 << 10);
+        assert_eq!(
+            client.store(object, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        let views = client.load(&[object], AcquireMode::Each).await.unwrap();
+        assert!(views[0].is_some());
+        (client, views)
+    });
+
+    let started = Instant::now();
+    let waited = operator(
+        &cluster.config_path,
+        &["drain", "node-a", "--wait", "--timeout-s", "100"],
+    );
+    let reason = String::from_utf8_lossy(&waited.stderr);
+    assert!(!waited.status.success(), "{waited:?}");
+    assert!(
+        reason.contains("the drain of node-a is stuck: 1 replicas stay leased by readers"),
+        "{reason}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(100),
+        "it waited out its timeout"
+    );
+    let status = ctl(&socket, &["status"]);
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains("stuck: 1 replicas stay leased by readers"),
+        "{shown}"
+    );
+    let directory = common::metrics_of(&cluster, "directory");
+    assert_eq!(
+        common::scraped(directory, "kvtier_drains{state=\"stuck\"}"),
+        1.0
+    );
+    let log = log_of(&cluster.root.join("directory.log"));
+    assert!(
+        log.contains("drain stuck: 1 replicas stay leased by readers"),
+        "{log}"
+    );
+
+    // The lease ends: the drain goes on and the node exits, drained.
+    runtime.block_on(async {
+        let leases: Vec<_> = views
+            .into_iter()
+            .flatten()
+            .map(|view| view.into_lease())
+            .collect();
+        client.release(&leases).await.unwrap();
+    });
+    let mut exit = None;
+    eventually("the drained node exits", || {
+        exit = cluster.node_exit(0).unwrap();
+        exit.is_some()
+    });
+    assert!(exit.unwrap().success(), "{exit:?}");
+    assert_eq!(
+        common::scraped(directory, "kvtier_drains{state=\"stuck\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn a_metrics_port_in_use_a_file_too_large_and_private_files_are_handled_up_front() {
+    use std::os::unix::fs::PermissionsExt;
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        ssd_bytes: 16 << 20,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let ssd = cluster.config.nodes[0]
+        .ssd
+        .as_ref()
+        .unwrap()
+        .directory
+        .clone();
+    assert_eq!(mode(&ssd), 0o700, "{}", ssd.display());
+    assert_eq!(
+        mode(&node_files(&cluster, 0)[1]),
+        0o600,
+        "the instance lock"
+    );
+
+    // A file over the bound is refused by its size, before it is read.
+    let large = cluster.root.join("large");
+    std::fs::File::create(&large)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let put = ctl(&socket, &["put", large.to_str().unwrap(), "--key", "k"]);
+    let reason = String::from_utf8_lossy(&put.stderr);
+    assert!(!put.status.success(), "{put:?}");
+    assert!(reason.contains("is 2147483648 bytes"), "{reason}");
+    std::fs::remove_file(&large).unwrap();
+
+    // A metrics address in use fails the start at once, naming it: the node creates no
+    // pool, the directory formats nothing.
+    let directory_metrics = common::metrics_of(&cluster, "directory");
+    let node_metrics = common::metrics_of(&cluster, "node-a");
+    cluster.stop_node(0).unwrap();
+    let pool = node_files(&cluster, 0)[2].clone();
+    let _taken = std::net::TcpListener::bind(node_metrics).unwrap();
+    let output = run_to_exit(&["node", "--name", "node-a"], &cluster.config_path);
+    let reason = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{reason}");
+    assert!(
+        reason.contains(&format!("binding the metrics address {node_metrics}")),
+        "{reason}"
+    );
+    assert!(!reason.contains("pre-fault") && !pool.exists(), "{reason}");
+    let output = run_to_exit(&["directory"], &cluster.config_path);
+    let reason = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && reason.contains(&format!("binding the metrics address {directory_metrics}")),
+        "{reason}"
+    );
+}
+
+/// Sends SIGTERM to `cluster`'s directory and waits for it to exit.
+fn terminate_directory(cluster: &mut LocalCluster) {
+    send(cluster.directory_pid().unwrap(), libc::SIGTERM);
+    eventually("the directory exits", || !cluster.directory_runs());
+}
+
+#[test]
+fn the_directory_takes_a_node_stop_calmly_and_removes_its_cxl_pool_when_no_node_maps_it() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 4 << 20,
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    // A node still maps the pool: the directory keeps it (a restarted one finds it).
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let cxl = cluster.config.cxl_pools[0].path.clone();
+    terminate_directory(&mut cluster);
+    let log = log_of(&cluster.root.join("directory.log"));
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(cxl.exists(), "{log}");
+    drop(cluster);
+
+    // The node stops first: no warning, and the pool it created goes with the directory.
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let cxl = cluster.config.cxl_pools[0].path.clone();
+    let log = cluster.root.join("directory.log");
+    assert!(cluster.stop_node(0).unwrap().success());
+    eventually("the directory sees the node go", || {
+        log_of(&log).contains("node connection closed")
+    });
+    terminate_directory(&mut cluster);
+    let log = log_of(&log);
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(!cxl.exists(), "{log}");
+}
