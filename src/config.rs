@@ -178,8 +178,8 @@ pub struct NodeSection {
 /// The node's CPU DRAM pool.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct CpuPoolSection {
-    /// The shared-memory file (under `/dev/shm`) that local engines map too.
-    pub path: PathBuf,
+    /// Bytes of the pool: a sealed memory file without a path, pre-faulted at start, that
+    /// the node hands to each engine it admits over its socket.
     pub capacity_bytes: u64,
     #[serde(default = "default_page_bytes")]
     pub page_bytes: u64,
@@ -279,7 +279,6 @@ impl ClusterConfig {
         self.directory.certs = base.join(&self.directory.certs);
         for node in &mut self.nodes {
             node.socket = base.join(&node.socket);
-            node.cpu_pool.path = base.join(&node.cpu_pool.path);
             if let Some(ssd) = &mut node.ssd {
                 ssd.directory = base.join(&ssd.directory);
             }
@@ -531,7 +530,7 @@ mod tests {
 
     #[test]
     fn tenant_rules_resolve_names_and_admit_by_credentials() {
-        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
         let directory =
             std::env::temp_dir().join(format!("kvtier-config-tenants-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
@@ -565,7 +564,7 @@ mod tests {
 
     #[test]
     fn the_peer_endpoint_is_optional_and_its_datagram_size_bounded() {
-        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
         let base = Path::new("/");
         let plain = ClusterConfig::parse(node, base).unwrap();
         assert_eq!(plain.nodes[0].peer_reachable_at(), None);
@@ -592,7 +591,7 @@ mod tests {
 
     #[test]
     fn busy_poll_defaults_to_200_us_and_is_bounded() {
-        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
         let base = Path::new("/");
         assert_eq!(
             ClusterConfig::parse(node, base).unwrap().nodes[0].busy_poll_us,
@@ -618,7 +617,7 @@ mod tests {
 
     #[test]
     fn copy_threads_default_to_two_and_are_bounded() {
-        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
         let base = Path::new("/");
         assert_eq!(
             ClusterConfig::parse(node, base).unwrap().nodes[0].copy_threads,
@@ -644,7 +643,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_missing_fields_are_refused_with_their_line() {
-        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+        let node = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
         let base = Path::new("/");
         let typo = node.replace("socket = \"s\"", "socket = \"s\"\nwrite_ordr = [\"cpu\"]");
         let error = format!("{:#}", ClusterConfig::parse(&typo, base).unwrap_err());
@@ -659,7 +658,7 @@ mod tests {
 
     #[test]
     fn duplicate_names_are_refused() {
-        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n[[nodes]]\nname = \"a\"\nsocket = \"t\"\n[nodes.cpu_pool]\npath = \"/dev/shm/y\"\ncapacity_bytes = 65536\n";
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n[[nodes]]\nname = \"a\"\nsocket = \"t\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
         let directory = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
         let path = directory.join("cluster.toml");

@@ -154,6 +154,10 @@ fn store_load_isolation_bad_peers_and_metrics() {
         let mut raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
             .await
             .unwrap();
+        // The node's handoff of its memory files comes first.
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+            .await
+            .unwrap();
         let header = FrameHeader {
             version: 1,
             request_id: 7,
@@ -410,6 +414,10 @@ fn client_requests_before_hello_are_refused() {
         let mut raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
             .await
             .unwrap();
+        // The node's handoff of its memory files comes first.
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+            .await
+            .unwrap();
         let payload = codec::encode(&ClientRequest::Describe).unwrap();
         let header = FrameHeader {
             version: 1,
@@ -435,6 +443,10 @@ fn a_client_that_never_says_hello_is_closed() {
         let mut silent = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
             .await
             .unwrap();
+        // The node's handoff of its memory files comes first.
+        kvtier::wire::handoff::receive(&silent, HANG_GUARD)
+            .await
+            .unwrap();
         let started = Instant::now();
         let mut byte = [0u8; 1];
         let read = tokio::time::timeout(HANG_GUARD, silent.read(&mut byte)).await;
@@ -449,5 +461,62 @@ fn a_client_that_never_says_hello_is_closed() {
         );
         // A client that greets is served as ever.
         assert!(Client::connect(&cluster.socket(0).unwrap()).await.is_ok());
+    });
+}
+
+/// The CPU pool has no path: the node hands each client it admits a memory file, first
+/// thing on the connection, sealed so that no holder can shrink or grow it under the
+/// node's and the other engines' mappings (a `SIGBUS` in each before the seals).
+#[test]
+fn the_cpu_pool_is_handed_over_the_socket_sealed_against_resizing() {
+    let cluster = small_cluster(1);
+    let node_pid = cluster.node_pid(0).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{node_pid}/maps")).unwrap();
+    assert!(maps.contains("/memfd:kvtier-cpu-node-a"), "{maps}");
+    assert!(
+        !maps.contains("/dev/shm/kvtier"),
+        "a pool file under /dev/shm: {maps}"
+    );
+    runtime().block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let (id, bytes) = object(namespace, 1);
+        assert_eq!(
+            client.store(id, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+
+        // A connection of its own, as an engine that misbehaves: it holds the pool's file.
+        let raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
+            .await
+            .unwrap();
+        let handed = kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+            .await
+            .unwrap();
+        assert_eq!(handed.len(), 1);
+        let file = std::fs::File::from(handed.into_iter().next().unwrap());
+        let length = file.metadata().unwrap().len();
+        assert!(length > 16 << 20, "{length}");
+        for target in [0, length / 2, length * 2] {
+            let error = file.set_len(target).unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(libc::EPERM), "set_len({target})");
+        }
+        assert_eq!(file.metadata().unwrap().len(), length);
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain fcntl on a descriptor this test owns.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        let wanted = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(seals & wanted, wanted, "seals {seals:#x}");
+
+        // The node and its clients read on, unharmed.
+        let mut buffer = vec![0u8; CHUNK];
+        assert_eq!(
+            client
+                .load_into(&[id], &mut [&mut buffer[..]])
+                .await
+                .unwrap(),
+            vec![true]
+        );
+        assert_eq!(buffer, bytes);
     });
 }

@@ -157,13 +157,13 @@ fn a_misspelled_key_is_refused_at_start_and_on_reload() {
     );
 }
 
-/// The files node `index` of `cluster` creates: socket, instance lock, pool file.
-fn node_files(cluster: &LocalCluster, index: usize) -> [PathBuf; 3] {
+/// The files node `index` of `cluster` creates: socket, instance lock. (Its CPU pool is a
+/// memory file without a path.)
+fn node_files(cluster: &LocalCluster, index: usize) -> [PathBuf; 2] {
     let socket = cluster.socket(index).unwrap();
     let mut lock = socket.clone().into_os_string();
     lock.push(".lock");
-    let pool = cluster.config.nodes[index].cpu_pool.path.clone();
-    [socket, PathBuf::from(lock), pool]
+    [socket, PathBuf::from(lock)]
 }
 
 /// Sends `signal` to `pid`.
@@ -412,7 +412,6 @@ fn a_metrics_port_in_use_a_file_too_large_and_private_files_are_handled_up_front
     let directory_metrics = common::metrics_of(&cluster, "directory");
     let node_metrics = common::metrics_of(&cluster, "node-a");
     cluster.stop_node(0).unwrap();
-    let pool = node_files(&cluster, 0)[2].clone();
     let _taken = std::net::TcpListener::bind(node_metrics).unwrap();
     let output = run_to_exit(&["node", "--name", "node-a"], &cluster.config_path);
     let reason = String::from_utf8_lossy(&output.stderr);
@@ -421,7 +420,7 @@ fn a_metrics_port_in_use_a_file_too_large_and_private_files_are_handled_up_front
         reason.contains(&format!("binding the metrics address {node_metrics}")),
         "{reason}"
     );
-    assert!(!reason.contains("pre-fault") && !pool.exists(), "{reason}");
+    assert!(!reason.contains("pre-fault"), "{reason}");
     let output = run_to_exit(&["directory"], &cluster.config_path);
     let reason = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -255,11 +255,7 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
     assert_eq!(progress.state, DrainState::Drained);
     eventually("node-b exits", || cluster.node_exit(1).unwrap().is_some());
     assert!(cluster.node_exit(1).unwrap().unwrap().success());
-    let b_pool = cluster.config.node("node-b").unwrap().cpu_pool.path.clone();
-    assert!(
-        !b_pool.exists() && !socket_b.exists(),
-        "node-b removed its files"
-    );
+    assert!(!socket_b.exists(), "node-b removed its socket");
     runtime.block_on(async {
         for (id, bytes) in &on_b {
             assert!(
@@ -297,13 +293,9 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
     assert_eq!((a_status.state.as_str(), a_status.epoch.0), ("live", 1));
 
     // A node stopped while serving removes its files itself.
-    let c_pool = cluster.config.node("node-c").unwrap().cpu_pool.path.clone();
-    assert!(c_pool.exists());
+    assert!(socket_c.exists());
     assert!(cluster.stop_node(c_index).unwrap().success());
-    assert!(
-        !c_pool.exists() && !socket_c.exists(),
-        "node-c removed its files"
-    );
+    assert!(!socket_c.exists(), "node-c removed its socket");
     let not_removed = cluster.shutdown();
     assert!(not_removed.is_empty(), "{not_removed:?}");
 }
@@ -312,7 +304,6 @@ fn a_node_is_added_by_reload_and_another_drained_while_the_cluster_serves() {
 /// may not run, one node, its files under a fresh folder.
 struct LoneNode {
     root: PathBuf,
-    pool: PathBuf,
     socket: PathBuf,
 }
 
@@ -320,7 +311,6 @@ impl LoneNode {
     fn new(tag: &str, pool_bytes: u64) -> LoneNode {
         let root = std::env::temp_dir().join(format!("kvtier-lone-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&root).unwrap();
-        let pool = PathBuf::from(format!("/dev/shm/kvtier-lone-{}-{tag}", std::process::id()));
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -332,12 +322,11 @@ impl LoneNode {
         )
         .unwrap();
         let toml = format!(
-            "[directory]\nlisten = \"{port}\"\ncerts = \"certs\"\n\n[[nodes]]\nname = \"node-a\"\nsocket = \"node-a.sock\"\n\n[nodes.cpu_pool]\npath = \"{}\"\ncapacity_bytes = {pool_bytes}\n",
-            pool.display()
+            "[directory]\nlisten = \"{port}\"\ncerts = \"certs\"\n\n[[nodes]]\nname = \"node-a\"\nsocket = \"node-a.sock\"\n\n[nodes.cpu_pool]\ncapacity_bytes = {pool_bytes}\n"
         );
         std::fs::write(root.join("cluster.toml"), toml).unwrap();
         let socket = root.join("node-a.sock");
-        LoneNode { root, pool, socket }
+        LoneNode { root, socket }
     }
 
     fn spawn(&self, arguments: &[&str]) -> std::process::Child {
@@ -358,9 +347,14 @@ impl LoneNode {
 
 impl Drop for LoneNode {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.pool);
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Whether process `pid` maps a CPU pool (its sealed memory file, which has no path).
+fn maps_a_cpu_pool(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|maps| maps.contains("/memfd:kvtier-cpu-"))
 }
 
 fn terminate(child: &std::process::Child) {
@@ -383,8 +377,8 @@ fn a_node_stopped_before_it_reached_the_directory_removes_its_files() {
     let node = LoneNode::new("unreached", 16 << 20);
     let mut child = node.spawn(&["node", "--name", "node-a"]);
     // The pool is pre-faulted before the directory is tried; the lock is taken first.
-    let created = node.pool.clone();
-    eventually("the pool file exists", || created.exists());
+    let pid = child.id();
+    eventually("the node maps its pool", || maps_a_cpu_pool(pid));
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let log = Arc::new(std::sync::Mutex::new(String::new()));
     let written = log.clone();
@@ -406,35 +400,28 @@ fn a_node_stopped_before_it_reached_the_directory_removes_its_files() {
         log.contains("stopped before reaching the directory"),
         "{log}"
     );
-    assert!(!node.pool.exists() && !node.socket.exists() && !node.lock().exists());
+    assert!(!node.socket.exists() && !node.lock().exists());
 }
 
 #[test]
-fn a_node_stopped_during_its_pre_fault_removes_its_pool_file() {
-    // Large enough that the pre-fault takes a while after the file appears.
+fn a_node_stopped_during_its_pre_fault_removes_its_files() {
+    // Large enough that the pre-fault takes a while after the pool is mapped.
     let node = LoneNode::new("prefault", 1 << 30);
     let mut child = node.spawn(&["node", "--name", "node-a"]);
-    let created = node.pool.clone();
-    eventually("the pool file exists", || created.exists());
+    let pid = child.id();
+    eventually("the node maps its pool", || maps_a_cpu_pool(pid));
     terminate(&child);
     let status = exit_of(&mut child);
     assert!(status.success(), "{status:?}");
-    assert!(!node.pool.exists() && !node.lock().exists());
+    assert!(!node.lock().exists());
 }
 
 #[test]
 fn a_second_instance_of_a_node_is_refused_and_leaves_the_first_ones_files() {
     let node = LoneNode::new("twice", 16 << 20);
     let mut first = node.spawn(&["node", "--name", "node-a"]);
-    let created = node.pool.clone();
-    eventually("the first instance's pool file exists", || created.exists());
-    let identity = |path: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(path)
-            .map(|metadata| (metadata.dev(), metadata.ino()))
-            .ok()
-    };
-    let pool_identity = identity(&node.pool);
+    let pid = first.id();
+    eventually("the first instance maps its pool", || maps_a_cpu_pool(pid));
     let second = node
         .spawn(&["node", "--name", "node-a"])
         .wait_with_output()
@@ -442,13 +429,9 @@ fn a_second_instance_of_a_node_is_refused_and_leaves_the_first_ones_files() {
     assert!(!second.status.success());
     let reason = String::from_utf8_lossy(&second.stderr);
     assert!(reason.contains("another instance of this node"), "{reason}");
-    assert_eq!(
-        identity(&node.pool),
-        pool_identity,
-        "the first one's pool is untouched"
-    );
+    assert!(maps_a_cpu_pool(pid), "the first one's pool is untouched");
     assert!(node.lock().exists());
     terminate(&first);
     assert!(exit_of(&mut first).success());
-    assert!(!node.pool.exists() && !node.lock().exists());
+    assert!(!node.lock().exists());
 }

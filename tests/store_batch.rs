@@ -38,6 +38,9 @@ type RawClient = RpcClient<ClientRequest, ClientReply>;
 /// A connection that speaks the client protocol itself, with the demo namespace registered.
 async fn raw_client(cluster: &LocalCluster) -> (RawClient, NamespaceId) {
     let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
+    kvtier::wire::handoff::receive(&stream, Duration::from_secs(30))
+        .await
+        .unwrap();
     let (reader, writer) = stream.into_split();
     let config = RpcConfig {
         inflight_requests_max: 4,

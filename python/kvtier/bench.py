@@ -11,10 +11,10 @@ start-up measurement found faster on this machine (`copy_routines`: the C librar
 or a streaming copy with non-temporal stores), so `stream_copy_gbps` is kvtier's streaming
 copy between the same buffers, and `store_best_ratio` and `load_best_ratio` are taken against
 the faster of the two copies. Beside these limits, `shm_copy_gbps` is the same copy into (and
-out of, for loads) a `/dev/shm` `MAP_SHARED` mapping like the node's pool, and `pool_pages`
-says which pages back the pool: what the kernel's `shmem_enabled` allows, the `/dev/shm`
-mount's `huge=` option (which decides for pool files there) and the shared memory the kernel
-backed with huge pages during the run. `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
+out of, for loads) a memory file mapped `MAP_SHARED` like the node's pool, and `pool_pages`
+says which pages back the pool: what the kernel's `shmem_enabled` allows (which decides for
+memory files such as the pool) and the shared memory the kernel backed with huge pages
+during the run. `call_overhead_us` is the mean time of a 4 KiB `load_into` beyond a
 4 KiB copy: what one call costs (the round trips to the node, the lease, the GIL hand-off);
 `call_p50_us`, `call_p99_us` and `call_max_us` are the calls' own distribution.
 Without `--socket` it starts its own node (a local cluster of `kvtier` processes, from
@@ -28,7 +28,6 @@ import functools
 import json
 import mmap
 import os
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -71,12 +70,14 @@ def _best(run, passes: int = PASSES) -> float:
 
 
 def shared_mapping(size: int) -> mmap.mmap:
-    """`size` bytes of a `/dev/shm` file mapped `MAP_SHARED` and touched, as the node maps
-    its pool (the file is unlinked at once; the mapping keeps it)."""
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.NamedTemporaryFile(dir=folder, prefix="kvtier-bench-") as file:
-        os.posix_fallocate(file.fileno(), 0, size)
-        mapping = mmap.mmap(file.fileno(), size, flags=mmap.MAP_SHARED)
+    """`size` bytes of a memory file mapped `MAP_SHARED` and touched, as the node maps its
+    pool (the descriptor is closed at once; the mapping keeps the file)."""
+    fd = os.memfd_create("kvtier-bench", os.MFD_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE)
     np.frombuffer(mapping, dtype=np.uint8).fill(0)
@@ -84,9 +85,9 @@ def shared_mapping(size: int) -> mmap.mmap:
 
 
 def pool_pages() -> dict:
-    """The pages that can back a shared-memory pool here: the kernel's `shmem_enabled`
-    choice, the `/dev/shm` mount's `huge=` option (which decides for pool files there;
-    `never` when the mount names none) and the bytes of shared memory on huge pages now."""
+    """The pages that can back a pool here: the kernel's `shmem_enabled` choice (which
+    decides for memory files such as the pool) and the bytes of shared memory on huge pages
+    now."""
     setting = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
     try:
         text = setting.read_text()
@@ -100,26 +101,7 @@ def pool_pages() -> dict:
                 huge = int(line.split()[1]) * KIB
     except (OSError, ValueError, IndexError):
         huge = 0
-    return {"shmem_enabled": chosen, "dev_shm_huge": dev_shm_huge(), "shmem_huge_bytes": huge}
-
-
-def dev_shm_huge() -> str:
-    """The `huge=` option of the `/dev/shm` mount (from `/proc/mounts`): `never` when the
-    mount names none (tmpfs's default), `unknown` when there is no such mount."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    option = "unknown"
-    for line in mounts:
-        fields = line.split()
-        if len(fields) >= 4 and fields[1] == "/dev/shm":
-            # The last mount of the path is the one in effect.
-            option = "never"
-            for field in fields[3].split(","):
-                if field.startswith("huge="):
-                    option = field.removeprefix("huge=")
-    return option
+    return {"shmem_enabled": chosen, "shmem_huge_bytes": huge}
 
 
 def measure(client: Client, size: int, round_: int) -> dict:
@@ -294,7 +276,6 @@ def main() -> None:
     pages = report["pool_pages"]
     print(
         f"pool pages: shmem_enabled {pages['shmem_enabled']}, "
-        f"/dev/shm huge={pages['dev_shm_huge']}, "
         f"{pages['shmem_huge_bytes'] // MIB} MiB of shared memory on huge pages"
     )
 

@@ -171,4 +171,13 @@ pub enum PoolError {
         /// What is wrong with it.
         reason: &'static str,
     },
+
+    /// A pool handed over a socket is not sealed against shrinking and growing: whoever else
+    /// holds it could truncate it under this process's mapping (a `SIGBUS` on the next
+    /// access). Nothing was mapped.
+    #[error("the pool handed over the socket is not sealed against resizing (seals {seals:#x})")]
+    Unsealed {
+        /// The seals it carries.
+        seals: i32,
+    },
 }

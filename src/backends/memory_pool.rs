@@ -1,5 +1,5 @@
-//! The memory pools of a node, CPU DRAM and CXL alike: a [`SharedMemory`] mapping (a file
-//! under `/dev/shm`, or a DAX device) plus the allocator that decides which pages hold what.
+//! The memory pools of a node, CPU DRAM and CXL alike: a [`SharedMemory`] mapping (a sealed
+//! anonymous memory file, or a CXL pool's DAX device or file) plus the allocator that decides which pages hold what.
 //! Only the node allocates; clients receive locations and copy through their own mappings.
 //! The medium is data: a CPU pool is owned whole by its node (one [`PageAllocator`] over
 //! every page), a CXL pool is shared by the nodes of its domain and a node allocates only
@@ -13,14 +13,14 @@ use super::extent_allocator::ExtentAllocator;
 use super::shared_memory::SharedMemory;
 use super::PoolBackend;
 use crate::model::{AllocationId, Generation, Medium};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 /// What a node needs to create its CPU pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuPoolConfig {
-    /// The shared file, normally under `/dev/shm`. Created or truncated.
-    pub path: PathBuf,
+    /// The memory file's name, as `/proc/PID/maps` shows it (the file has no path).
+    pub name: String,
     /// Size of the data area; a positive multiple of `page_bytes`.
     pub capacity_bytes: u64,
     /// Allocation granule; a power of two of at least 4096.
@@ -51,9 +51,10 @@ pub struct MemoryPool {
 }
 
 impl MemoryPool {
-    /// Creates a node's CPU pool: the shared file (destroying previous content),
-    /// pre-faulted, every page free. Errors: `InvalidConfig` for a bad geometry, `Io` when
-    /// the file cannot be created, sized or mapped (for instance `/dev/shm` too small).
+    /// Creates a node's CPU pool: a sealed anonymous memory file
+    /// ([`SharedMemory::create_sealed`]), pre-faulted, every page free. Errors:
+    /// `InvalidConfig` for a bad geometry, `Io` when the file cannot be created, sized or
+    /// mapped (for instance too little memory).
     pub fn create_cpu(config: &CpuPoolConfig) -> Result<Self, PoolError> {
         Self::create_cpu_reporting(config, &mut |_| {})
     }
@@ -68,8 +69,8 @@ impl MemoryPool {
             config.page_bytes,
             config.allocations_max,
         )?;
-        let memory = SharedMemory::create_reporting(
-            &config.path,
+        let memory = SharedMemory::create_sealed(
+            &config.name,
             config.capacity_bytes,
             config.pool_uuid,
             config.page_bytes,
@@ -224,9 +225,9 @@ mod tests {
 
     const PAGE: u64 = 4096;
 
-    fn config(path: &ShmPath, pages: u64, allocations_max: u32) -> CpuPoolConfig {
+    fn config(pages: u64, allocations_max: u32) -> CpuPoolConfig {
         CpuPoolConfig {
-            path: path.0.clone(),
+            name: "kvtier-test-cpu".to_string(),
             capacity_bytes: pages * PAGE,
             page_bytes: PAGE,
             allocations_max,
@@ -236,9 +237,15 @@ mod tests {
 
     #[test]
     fn store_and_load_through_the_trait() {
-        let path = ShmPath::new("cpu");
-        let pool: Box<dyn PoolBackend> =
-            Box::new(MemoryPool::create_cpu(&config(&path, 8, 8)).unwrap());
+        let pool = MemoryPool::create_cpu(&config(8, 8)).unwrap();
+        // A local engine maps the memory file it is handed and sees the bytes.
+        let handle = pool
+            .memory()
+            .handle()
+            .unwrap()
+            .try_clone_to_owned()
+            .unwrap();
+        let pool: Box<dyn PoolBackend> = Box::new(pool);
         assert_eq!(
             (pool.medium(), pool.capacity_bytes()),
             (Medium::Cpu, 8 * PAGE)
@@ -250,8 +257,7 @@ mod tests {
         pool.check(id, generation, allocation.offset, 5000).unwrap();
         assert_eq!(pool.slice(allocation.offset, 5000).unwrap(), &payload[..]);
 
-        // A local engine maps the same file and sees the bytes.
-        let client = SharedMemory::open(&path.0, Some(42)).unwrap();
+        let client = SharedMemory::from_handle(handle, Some(42)).unwrap();
         let mut buffer = vec![0u8; 5000];
         client.read_at(allocation.offset, &mut buffer).unwrap();
         assert_eq!(buffer, payload);
@@ -271,23 +277,20 @@ mod tests {
     }
 
     #[test]
-    fn bad_geometry_creates_no_file() {
-        let path = ShmPath::new("cpu-bad");
-        let mut bad = config(&path, 8, 8);
+    fn bad_geometry_is_refused() {
+        let mut bad = config(8, 8);
         bad.capacity_bytes += 1;
         assert!(matches!(
             MemoryPool::create_cpu(&bad),
             Err(PoolError::InvalidConfig { .. })
         ));
-        assert!(!path.0.exists());
     }
 
     #[test]
     fn concurrent_writers_own_disjoint_ranges() {
         const THREADS: u8 = 4;
         const ROUNDS: usize = 200;
-        let path = ShmPath::new("cpu-threads");
-        let pool = Arc::new(MemoryPool::create_cpu(&config(&path, 64, 64)).unwrap());
+        let pool = Arc::new(MemoryPool::create_cpu(&config(64, 64)).unwrap());
         let workers: Vec<_> = (0..THREADS)
             .map(|thread| {
                 let pool = Arc::clone(&pool);

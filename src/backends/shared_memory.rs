@@ -1,5 +1,6 @@
-//! A pool's `MAP_SHARED` mapping: the CPU pool (a file under `/dev/shm` that local engine
-//! processes map too) and the CXL pools (a DAX device or a shared file). It owns the
+//! A pool's `MAP_SHARED` mapping: the CPU pool (an anonymous memory file, sealed against
+//! resizing, that the node hands to the engines it admits over its socket) and the CXL
+//! pools (a DAX device or a shared file). It owns the
 //! on-media header, the mapping's lifetime and bounds-checked access to the data area; it
 //! knows nothing of allocations (see `allocator`).
 //!
@@ -164,7 +165,14 @@ pub struct SharedMemory {
     path: PathBuf,
     header: Header,
     map: MmapRaw,
+    /// The sealed memory file of a pool [`SharedMemory::create_sealed`] made, to hand to
+    /// the processes that may map it; `None` for a pool mapped from a path.
+    handle: Option<File>,
 }
+
+/// The seals every pool handed over a socket carries: nobody, its creator included, can
+/// shrink or grow it, so no holder can pull pages from under another's mapping.
+const RESIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
 const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
@@ -281,7 +289,73 @@ impl SharedMemory {
             path: path.to_owned(),
             header,
             map,
+            handle: None,
         })
+    }
+
+    /// Creates a pool in an anonymous memory file (`memfd_create`, named `name` in
+    /// `/proc/PID/maps`), as [`SharedMemory::create`] does in a file, then seals it against
+    /// shrinking, growing and further sealing. No path reaches it: the creator hands
+    /// [`SharedMemory::handle`] to whom it chooses (over a Unix socket), and it ends with
+    /// the last process holding it. `Io` when the kernel refuses the file or its memory.
+    pub fn create_sealed(
+        name: &str,
+        data_bytes: u64,
+        pool_uuid: u128,
+        page_bytes: u64,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, PoolError> {
+        use std::os::fd::FromRawFd;
+        let label = PathBuf::from(format!("memfd:{name}"));
+        let io = |source| PoolError::Io {
+            path: label.clone(),
+            source,
+        };
+        let c_name = std::ffi::CString::new(name).map_err(|_| PoolError::InvalidConfig {
+            reason: "a pool's name holds a NUL byte",
+        })?;
+        // SAFETY: `c_name` is a NUL-terminated string that outlives the call.
+        let fd = unsafe {
+            libc::memfd_create(c_name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if fd < 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let mut pool =
+            Self::initialize(&label, &file, data_bytes, pool_uuid, page_bytes, progress)?;
+        let seals = RESIZE_SEALS | libc::F_SEAL_SEAL;
+        // SAFETY: a plain fcntl on a descriptor we own; no memory is passed.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        pool.handle = Some(file);
+        Ok(pool)
+    }
+
+    /// Maps a pool handed over a socket (see [`SharedMemory::create_sealed`]) after checking
+    /// that it is sealed against resizing (`Unsealed`) and verifying its header as
+    /// [`SharedMemory::open`] does. Never writes.
+    pub fn from_handle(
+        handle: std::os::fd::OwnedFd,
+        expected_uuid: Option<u128>,
+    ) -> Result<Self, PoolError> {
+        let file = File::from(handle);
+        let label = PathBuf::from(format!("fd:{}", file.as_raw_fd()));
+        // SAFETY: a plain fcntl on a descriptor we own; no memory is passed.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & RESIZE_SEALS != RESIZE_SEALS {
+            return Err(PoolError::Unsealed { seals });
+        }
+        Self::verify_and_map(&label, &file, expected_uuid)
+    }
+
+    /// The memory file a process may be handed to map this pool: only for a pool made by
+    /// [`SharedMemory::create_sealed`].
+    pub fn handle(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.handle.as_ref().map(|file| file.as_fd())
     }
 
     /// Maps an existing pool at `path` (a file or a DAX device) after verifying its header:
@@ -315,6 +389,20 @@ impl SharedMemory {
         if adopting {
             check_adoptable(path, &file.metadata().map_err(io)?)?;
         }
+        Self::verify_and_map(path, &file, expected_uuid)
+    }
+
+    /// Reads and verifies the header of `file` (named `path` in errors), checks its length,
+    /// and maps it pre-faulted.
+    fn verify_and_map(
+        path: &Path,
+        file: &File,
+        expected_uuid: Option<u128>,
+    ) -> Result<Self, PoolError> {
+        let io = |source| PoolError::Io {
+            path: path.to_owned(),
+            source,
+        };
         let mut bytes = [0u8; HEADER_ENCODED_BYTES];
         match file.read_exact_at(&mut bytes, 0) {
             Ok(()) => {}
@@ -344,11 +432,12 @@ impl SharedMemory {
                 expected_bytes: total_bytes,
             });
         }
-        let map = map_populated(&file, total_bytes, &mut |_| {}).map_err(io)?;
+        let map = map_populated(file, total_bytes, &mut |_| {}).map_err(io)?;
         Ok(Self {
             path: path.to_owned(),
             header,
             map,
+            handle: None,
         })
     }
 
@@ -519,11 +608,12 @@ pub const PREFAULT_STEP_BYTES: usize = 64 << 20;
 ///
 /// Before populating it asks for transparent huge pages (`MADV_HUGEPAGE`): where the kernel
 /// backs the file with them on request, copies into and out of the pool miss the TLB far
-/// less. For a file on a tmpfs mount such as `/dev/shm` that is the mount's `huge=` option
-/// (`advise`, `within_size` or `always`; the default is `never`), not `shmem_enabled`, which
-/// governs only the kernel's internal mount. Elsewhere (`huge=never`, a kernel without
-/// them, a device) the advice is refused or ignored and the pool keeps base pages, which
-/// only costs copy speed.
+/// less. For the CPU pool, a memory file of the kernel's internal mount, that is
+/// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` (`advise`, `within_size` or
+/// `always`); for a file on a tmpfs mount such as `/dev/shm` (an emulated CXL pool) it is
+/// the mount's `huge=` option (the default is `never`). Elsewhere (`never`, a kernel
+/// without them, a device) the advice is refused or ignored and the pool keeps base pages,
+/// which only costs copy speed.
 fn map_populated(
     file: &File,
     total_bytes: u64,
@@ -575,6 +665,7 @@ fn advise_huge_pages(map: &MmapRaw, length: usize) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use std::sync::atomic::AtomicU64;
 
     /// A unique `/dev/shm` path, removed when dropped (also when a test fails).
@@ -677,6 +768,44 @@ pub(crate) mod tests {
 
     /// A pool file someone else planted, or can still rewrite, is never adopted; no pool is
     /// opened through a link.
+    #[test]
+    fn a_sealed_pool_is_shared_through_its_handle_and_cannot_be_resized() {
+        let pool =
+            SharedMemory::create_sealed("kvtier-test-sealed", 4 * PAGE, UUID, PAGE, &mut |_| {})
+                .unwrap();
+        pool.write_at(PAGE, b"handed").unwrap();
+        let handle = pool.handle().unwrap().try_clone_to_owned().unwrap();
+        let file = File::from(handle.try_clone().unwrap());
+        for target in [0, PAGE, 10 * PAGE] {
+            let error = file.set_len(target).unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(libc::EPERM), "set_len({target})");
+        }
+        let mapped = SharedMemory::from_handle(handle, Some(UUID)).unwrap();
+        let mut read = [0u8; 6];
+        mapped.read_at(PAGE, &mut read).unwrap();
+        assert_eq!(&read, b"handed");
+        assert!(matches!(
+            SharedMemory::from_handle(file.into(), Some(UUID ^ 1)),
+            Err(PoolError::WrongPool { .. })
+        ));
+        // A memory file without the seals is refused before it is mapped.
+        // SAFETY: a NUL-terminated literal.
+        let fd = unsafe { libc::memfd_create(c"kvtier-test-unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: just created, owned by nothing else.
+        let unsealed = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        assert!(matches!(
+            SharedMemory::from_handle(unsealed, None),
+            Err(PoolError::Unsealed { .. })
+        ));
+        // A pool from a path has no handle to give.
+        let path = ShmPath::new("no-handle");
+        assert!(SharedMemory::create(&path.0, PAGE, UUID, PAGE)
+            .unwrap()
+            .handle()
+            .is_none());
+    }
+
     #[test]
     fn a_planted_or_linked_pool_file_is_refused() {
         use std::os::unix::fs::PermissionsExt;

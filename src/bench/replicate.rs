@@ -9,7 +9,7 @@
 //! phase: one object at a time, B misses it and probes until it is READY.
 
 use crate::backends::copy::CopyRoutine;
-use crate::backends::SharedMemory;
+use crate::backends::{shared_memory, SharedMemory};
 use crate::client::{Client, StoreOutcome};
 use crate::directory::{AcquireMode, ProbeOutcome};
 use crate::launch::{node_name, ClusterSpec, LocalCluster};
@@ -446,12 +446,16 @@ struct CopyLimits {
 
 /// A memcpy, a streaming copy, and the faster of the two cut in `threads` contiguous shares
 /// copied at once, one thread each, of `bytes` from
-/// the start of node A's CPU pool into the start of the CXL pool, both mapped here as the
-/// nodes map them: the median GB/s of each. Runs after the replicas were verified (it
-/// overwrites them).
+/// the start of a CPU pool made here as node A makes its own (a sealed memory file,
+/// pre-faulted) into the start of the CXL pool, mapped here as the nodes map it: the median
+/// GB/s of each. Runs after the replicas were verified (it overwrites them).
 fn copy_limits(cluster: &LocalCluster, bytes: usize, threads: usize) -> anyhow::Result<CopyLimits> {
-    let cpu_path = &cluster.config.node(&node_name(0))?.cpu_pool.path;
-    let cpu = SharedMemory::open(cpu_path, None)?;
+    let page_bytes = shared_memory::POOL_PAGE_BYTES_MIN;
+    let cpu_bytes = (bytes as u64).next_multiple_of(page_bytes);
+    let cpu =
+        SharedMemory::create_sealed("kvtier-bench-cpu", cpu_bytes, 1, page_bytes, &mut |_| {})?;
+    let pattern: Vec<u8> = (0..cpu_bytes).map(|at| (at % 251) as u8).collect();
+    cpu.write_at(0, &pattern)?;
     let pool = cluster
         .config
         .cxl_pools

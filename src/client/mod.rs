@@ -24,8 +24,10 @@ use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
     Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, SsdExtent};
-use crate::wire::{uds, RpcClient, RpcConfig, WireError};
+use crate::protocol::messages::{
+    ClientReply, ClientRequest, Hello, PoolAccess, ProtocolError, SsdExtent,
+};
+use crate::wire::{handoff, uds, RpcClient, RpcConfig, WireError};
 use releases::DroppedLeases;
 use std::collections::HashMap;
 use std::path::Path;
@@ -99,6 +101,13 @@ impl Client {
     /// (verifying each pool's header and UUID).
     pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
         let stream = uds::connect(socket).await?;
+        // The memory files the node hands this connection (its CPU pool), each mapped once.
+        let mut handed: Vec<Option<std::os::fd::OwnedFd>> =
+            handoff::receive(&stream, CLIENT_REQUEST_TIMEOUT)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect();
         let (reader, writer) = stream.into_split();
         let rpc = RpcClient::spawn(
             reader,
@@ -122,11 +131,26 @@ impl Client {
             .map_err(|error| ClientError::Unexpected(format!("choosing copy routines: {error}")))?;
         let mut pools = HashMap::new();
         for mapping in &description.pools {
-            let memory = SharedMemory::open(Path::new(&mapping.path), Some(mapping.pool_uuid))
-                .map_err(|source| ClientError::Pool {
-                    pool: mapping.pool,
-                    source,
-                })?;
+            let memory = match &mapping.access {
+                PoolAccess::Path(path) => {
+                    SharedMemory::open(Path::new(path), Some(mapping.pool_uuid))
+                }
+                PoolAccess::Handed(index) => {
+                    match handed.get_mut(*index as usize).and_then(Option::take) {
+                        Some(file) => SharedMemory::from_handle(file, Some(mapping.pool_uuid)),
+                        None => {
+                            return Err(ClientError::Unexpected(format!(
+                            "pool {} names memory file {index}, which the node did not hand over",
+                            mapping.pool
+                        )))
+                        }
+                    }
+                }
+            }
+            .map_err(|source| ClientError::Pool {
+                pool: mapping.pool,
+                source,
+            })?;
             pools.insert(mapping.pool, memory);
         }
         let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));

@@ -181,7 +181,7 @@ impl<'de> Deserializer<'de> for FieldNames<'_> {
 mod tests {
     use super::*;
 
-    const NODE: &str = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\ndomains = [0]\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+    const NODE: &str = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\ndomains = [0]\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
 
     #[test]
     fn every_checked_section_has_its_fields() {
@@ -245,19 +245,19 @@ mod tests {
                 ("socket_grup", 9, "[nodes]", "socket_group"),
                 (
                     "suspect_after",
-                    14,
+                    13,
                     "[directory.limits]",
                     "suspect_after_ms"
                 ),
                 (
                     "resident_ttl",
-                    16,
+                    15,
                     "[directory.limits.ttl.cpu]",
                     "resident_ttl_ms"
                 ),
-                ("read_latency", 18, "[profiles.cxl]", "read_latency_us"),
-                ("capacity", 21, "[nodes.ssd]", "capacity_bytes"),
-                ("typo", 22, "the top level", "nodes"),
+                ("read_latency", 17, "[profiles.cxl]", "read_latency_us"),
+                ("capacity", 20, "[nodes.ssd]", "capacity_bytes"),
+                ("typo", 21, "the top level", "nodes"),
             ]
         );
         let message = KeysError::Unknown(unknown).to_string();

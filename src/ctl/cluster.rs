@@ -11,7 +11,7 @@ use crate::model::Scope;
 use crate::protocol::messages::{
     ClientReply, ClientRequest, ClusterStatus, DirectoryReply, DirectoryRequest, Hello,
 };
-use crate::wire::{uds, RpcClient, RpcConfig};
+use crate::wire::{handoff, uds, RpcClient, RpcConfig};
 use anyhow::{bail, Context};
 use clap::Args;
 use std::path::PathBuf;
@@ -122,6 +122,8 @@ impl Control {
             let stream = uds::connect(socket)
                 .await
                 .with_context(|| format!("connecting to the node at {}", socket.display()))?;
+            // The pools' memory files are for engines; this connection maps none.
+            drop(handoff::receive(&stream, request_timeout).await?);
             let (reader, writer) = stream.into_split();
             let config = RpcConfig {
                 inflight_requests_max: 1,

@@ -136,8 +136,7 @@ pub struct LocalCluster {
     pub config_path: PathBuf,
     pub config: ClusterConfig,
     exe: PathBuf,
-    /// What the cluster's file names carry (`/dev/shm/kvtier-<tag>-...`), and its spec.
-    tag: String,
+    /// What the cluster was made from.
     spec: ClusterSpec,
     directory: Option<Child>,
     nodes: Vec<(String, Option<Child>)>,
@@ -254,7 +253,7 @@ fn cluster_toml(
         };
         let reach = reach + &peer_endpoint_toml(spec, host)?;
         let metrics = spec.metrics.then_some(host);
-        toml.push_str(&node_toml(spec, tag, name, &reach, metrics)?);
+        toml.push_str(&node_toml(spec, name, &reach, metrics)?);
     }
     let bench_reach = match network {
         Some(_) => format!(
@@ -264,7 +263,7 @@ fn cluster_toml(
         None => String::new(),
     };
     if spec.bench_peer {
-        toml.push_str(&node_toml(spec, tag, BENCH_PEER, &bench_reach, None)?);
+        toml.push_str(&node_toml(spec, BENCH_PEER, &bench_reach, None)?);
     }
     toml.push_str(&spec.extra_toml);
     Ok(toml)
@@ -287,7 +286,6 @@ fn peer_endpoint_toml(spec: &ClusterSpec, host: IpAddr) -> anyhow::Result<String
 /// serving metrics on a free port of `metrics` when given.
 fn node_toml(
     spec: &ClusterSpec,
-    tag: &str,
     name: &str,
     reach: &str,
     metrics: Option<IpAddr>,
@@ -321,7 +319,7 @@ fn node_toml(
         String::new()
     };
     let section = format!(
-        "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{metrics}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\npath = \"/dev/shm/kvtier-{tag}-{name}\"\ncapacity_bytes = {}\npage_bytes = {}\n",
+        "\n[[nodes]]\nname = \"{name}\"\nsocket = \"{name}.sock\"\n{metrics}{group}{reach}domains = {domains}\nwrite_order = [{}]\n\n[nodes.cpu_pool]\ncapacity_bytes = {}\npage_bytes = {}\n",
         write_order.join(", "),
         spec.cpu_pool_bytes,
         spec.page_bytes,
@@ -415,19 +413,14 @@ impl LocalCluster {
         let toml = cluster_toml(spec, tag, &names, network.as_ref())?;
         std::fs::write(&config_path, toml)?;
         let config = ClusterConfig::load(&config_path)?;
-        created.files.extend(
-            config
-                .nodes
-                .iter()
-                .map(|node| node.cpu_pool.path.clone())
-                .chain(config.cxl_pools.iter().map(|pool| pool.path.clone())),
-        );
+        created
+            .files
+            .extend(config.cxl_pools.iter().map(|pool| pool.path.clone()));
         let mut cluster = LocalCluster {
             root: root.to_path_buf(),
             config_path,
             config,
             exe: exe.to_path_buf(),
-            tag: tag.to_string(),
             spec: spec.clone(),
             directory: None,
             nodes: Vec::new(),
@@ -633,15 +626,12 @@ impl LocalCluster {
         let loopback = IpAddr::from([127, 0, 0, 1]);
         let reach = peer_endpoint_toml(&self.spec, loopback)?;
         let metrics = self.spec.metrics.then_some(loopback);
-        let section = node_toml(&self.spec, &self.tag, &name, &reach, metrics)?;
+        let section = node_toml(&self.spec, &name, &reach, metrics)?;
         let mut file = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.config_path)?;
         std::io::Write::write_all(&mut file, section.as_bytes())?;
         self.config = ClusterConfig::load(&self.config_path)?;
-        self.created
-            .files
-            .push(self.config.node(&name)?.cpu_pool.path.clone());
         self.nodes.push((name, None));
         Ok(index)
     }

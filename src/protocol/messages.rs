@@ -25,8 +25,10 @@ use serde::{Deserialize, Serialize};
 /// node's peer address in the cluster status; 7 added SSD pins (PinOnSsd, UnpinOnSsd:
 /// where an object's bytes are in the node's SSD files, for a reader such as GPUDirect
 /// Storage); 8 took drain and reload off the node's socket (an operator certificate asks the
-/// directory). An older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[8];
+/// directory); 9 hands the CPU pool's memory file over the node's socket before hello
+/// ([`crate::wire::handoff`]) instead of naming a path. An older peer is refused at hello
+/// rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[9];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -403,12 +405,22 @@ pub enum StoreCommitted {
     Refused(ProtocolError),
 }
 
+/// Where a client finds a pool's memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolAccess {
+    /// The memory file at this position of the connection's handoff
+    /// ([`crate::wire::handoff`]): the node's CPU pool, which has no path.
+    Handed(u32),
+    /// A device or file the client opens (a CXL pool).
+    Path(String),
+}
+
 /// A pool the client can map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolMapping {
     pub pool: PoolId,
     pub medium: Medium,
-    pub path: String,
+    pub access: PoolAccess,
     pub pool_uuid: u128,
     pub data_bytes: u64,
 }

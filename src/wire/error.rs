@@ -124,4 +124,12 @@ pub enum WireError {
         /// The offending path.
         path: PathBuf,
     },
+    /// The node's first message on a local connection, the handoff of the memory files its
+    /// client may map ([`super::handoff`]), was missing, malformed or cut short: an older
+    /// node, or something else listening at the socket. The connection is unusable.
+    #[error("the node's handoff of its pools' memory files failed: {reason}")]
+    Handoff {
+        /// What was wrong.
+        reason: &'static str,
+    },
 }

@@ -3,7 +3,7 @@
 //! It owns the payload codec ([`codec`], the only user of bincode), the versioned frame
 //! format and its async readers and writers ([`frame`]), mutual TLS with the cluster CA
 //! ([`tls`]) and its certificates ([`certs`]), QUIC endpoints and session streams ([`quic`]), Unix sockets for local clients
-//! ([`uds`]), the bound on connections per peer certificate ([`admission`]), a pipelined
+//! ([`uds`]) and the memory files handed over them ([`handoff`]), the bound on connections per peer certificate ([`admission`]), a pipelined
 //! request/reply client ([`rpc`]) and the boundary's error type
 //! ([`WireError`]). It is generic over the message types: the protocol's request and reply
 //! enums are defined by their users and only need serde.
@@ -13,6 +13,7 @@ pub mod certs;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod handoff;
 pub mod peer;
 pub mod quic;
 pub mod rpc;

@@ -212,13 +212,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::shared_memory::tests::ShmPath;
     use crate::backends::{CpuPoolConfig, MemoryPool};
 
-    fn pool(path: &ShmPath, uuid: u128) -> Arc<dyn PoolBackend> {
+    fn pool(uuid: u128) -> Arc<dyn PoolBackend> {
         Arc::new(
             MemoryPool::create_cpu(&CpuPoolConfig {
-                path: path.0.clone(),
+                name: format!("kvtier-test-copy-{uuid}"),
                 capacity_bytes: 8 << 20,
                 page_bytes: 4096,
                 allocations_max: 16,
@@ -230,8 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn copies_land_byte_exact_and_bad_ranges_are_errors() {
-        let (source_path, target_path) = (ShmPath::new("copy-from"), ShmPath::new("copy-to"));
-        let (from, to) = (pool(&source_path, 1), pool(&target_path, 2));
+        let (from, to) = (pool(1), pool(2));
         let length = 3 * PIECE_BYTES as usize + 4099;
         let bytes: Vec<u8> = (0..length as u32)
             .map(|at| (at.wrapping_mul(2_654_435_761) >> 24) as u8)

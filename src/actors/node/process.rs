@@ -1,6 +1,7 @@
 //! `kvtier node`: creates the host's CPU pool, opens a session with the directory (a new
 //! epoch), registers the pool, and serves local engines on a Unix socket until a signal.
-//! On exit it closes its session and removes its socket, pool file and instance lock.
+//! On exit it closes its session and removes its socket and instance lock (its CPU pool, a
+//! memory file without a path, ends with the last process that maps it).
 
 use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
@@ -12,7 +13,7 @@ use super::reload::NodeReload;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::{bind_metrics, serve_metrics};
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
+use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -24,13 +25,15 @@ use crate::node::{
 use crate::policy::profiles::Measurement;
 use crate::progress::{Progress, Unit};
 use crate::protocol::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolMapping, ProtocolError,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolAccess, PoolMapping,
+    ProtocolError,
 };
 use crate::wire::uds::{self, SocketMode};
-use crate::wire::{read_frame, write_frame};
+use crate::wire::{handoff, read_frame, write_frame};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -63,7 +66,7 @@ pub fn fresh_uuid() -> u128 {
 /// `config_path` (the file `config` was loaded from, see [`super::reload`]). Must run
 /// inside an actix `System`. A stop signal at any step (pre-fault, reaching the directory,
 /// starting the pools, serving) ends it cleanly; whatever the way out, the files it
-/// created (pool file, socket, instance lock) go with it.
+/// created (socket, instance lock) go with it.
 pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyhow::Result<()> {
     let section = config.node(name)?.clone();
     let (passwd, group) = (user_database("/etc/passwd")?, user_database("/etc/group")?);
@@ -76,8 +79,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
     let _instance = InstanceLock::acquire(&section.socket)?;
     let metrics_listener = bind_metrics(section.metrics)?;
     log_copy_routines();
-    let pool = create_cpu_pool(&section, socket_gid)?;
-    let _pool_file = OwnedFile::record(&section.cpu_pool.path)?;
+    let pool = create_cpu_pool(&section)?;
     let host = HostParts {
         pool,
         metrics_listener,
@@ -247,7 +249,7 @@ async fn start(
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
-    let (pools, mappings, mut registration) =
+    let (pools, mappings, handed, mut registration) =
         start_pools(link, &metrics, section, pool, cxl_pools).await?;
     let ssd_spec = section.ssd_pool_spec(registration.node);
     let ssd = super::ssd::open(section.ssd.as_ref(), ssd_spec, link, &metrics).await?;
@@ -265,6 +267,7 @@ async fn start(
         link: link.clone(),
         pools,
         mappings,
+        handed,
         metrics,
         core,
         clock,
@@ -284,10 +287,12 @@ async fn start(
     Ok((exit, socket_file))
 }
 
-/// The pool actors, what clients map, and what a rejoin registers again.
+/// The pool actors, what clients map, the memory files they are handed, and what a rejoin
+/// registers again.
 type StartedPools = (
     HashMap<PoolId, Addr<PoolActor>>,
     Vec<PoolMapping>,
+    Arc<[OwnedFd]>,
     Registration,
 );
 
@@ -327,7 +332,20 @@ async fn start_pools(
     registration
         .profiles
         .extend(report_probe(link, metrics, pool_id, probed).await);
-    let mut mappings = vec![mapping_of(pool_id, Medium::Cpu, pool.memory())];
+    let cpu_file = pool
+        .memory()
+        .handle()
+        .context("the CPU pool has no memory file to hand to clients")?
+        .try_clone_to_owned()
+        .context("duplicating the CPU pool's memory file")?;
+    let handed: Arc<[OwnedFd]> = Arc::new([cpu_file]);
+    let mut mappings = vec![PoolMapping {
+        pool: pool_id,
+        medium: Medium::Cpu,
+        access: PoolAccess::Handed(0),
+        pool_uuid: pool.memory().pool_uuid(),
+        data_bytes: pool.memory().data_bytes(),
+    }];
     let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
     for (name, pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
         metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
@@ -336,21 +354,16 @@ async fn start_pools(
             .profiles
             .extend(report_probe(link, metrics, pool_id, probed).await);
         registration.shared_pools.push((name, pool_id));
-        mappings.push(mapping_of(pool_id, Medium::Cxl, cxl.memory()));
+        mappings.push(PoolMapping {
+            pool: pool_id,
+            medium: Medium::Cxl,
+            access: PoolAccess::Path(cxl.memory().path().display().to_string()),
+            pool_uuid: cxl.memory().pool_uuid(),
+            data_bytes: cxl.memory().data_bytes(),
+        });
         pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
     }
-    Ok((pools, mappings, registration))
-}
-
-/// What a client maps for `pool`.
-fn mapping_of(pool: PoolId, medium: Medium, memory: &SharedMemory) -> PoolMapping {
-    PoolMapping {
-        pool,
-        medium,
-        path: memory.path().display().to_string(),
-        pool_uuid: memory.pool_uuid(),
-        data_bytes: memory.data_bytes(),
-    }
+    Ok((pools, mappings, handed, registration))
 }
 
 /// The text of a user database (`/etc/passwd`, `/etc/group`); empty where there is none.
@@ -465,6 +478,13 @@ fn admit_client(
     let refusal = match tenants.admit(&peer) {
         Ok(tenant) => match services.core().connect_client(peer.uid) {
             Ok(client) => {
+                let files: Vec<_> = services.handed.iter().map(|file| file.as_fd()).collect();
+                if let Err(error) = handoff::send(&stream, &files) {
+                    tracing::debug!(%error, ?peer, "a client left before its handoff");
+                    // Just connected: it holds nothing to give back.
+                    let _nothing = services.core().disconnect_client(client);
+                    return;
+                }
                 tracing::debug!(?peer, tenant = %tenant.name, "client admitted");
                 ClientSessionActor::new(services.clone(), stream, client, tenant).start();
                 return;
@@ -487,6 +507,10 @@ fn admit_client(
     let Ok(permit) = refusals.clone().try_acquire_owned() else {
         return;
     };
+    // A refused client is handed no memory file; it hears why at hello.
+    if handoff::send(&stream, &[]).is_err() {
+        return;
+    }
     actix_rt::spawn(async move {
         let mut stream = stream;
         let answered = tokio::time::timeout(REFUSED_HANDSHAKE_TIMEOUT, async {
@@ -621,15 +645,9 @@ async fn locate_cxl_pools(
         .collect()
 }
 
-/// Creates the pool file anew: a fresh file (not truncated in place, so engines still
-/// mapping an old incarnation keep valid pages) with a fresh UUID, mode 0660, of group
-/// `group` when set (the engines allowed to map it).
-fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<MemoryPool> {
-    let path = &section.cpu_pool.path;
-    if path.exists() {
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing the old pool file {}", path.display()))?;
-    }
+/// Creates the CPU pool: a sealed anonymous memory file (no path: the node hands it to the
+/// clients it admits) with a fresh UUID, pre-faulted with progress in the log.
+fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<MemoryPool> {
     let started = Instant::now();
     let prefault = Progress::logged(
         "pre-faulting the CPU pool",
@@ -637,7 +655,7 @@ fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<
         Unit::Bytes,
     );
     let config = CpuPoolConfig {
-        path: path.clone(),
+        name: format!("kvtier-cpu-{}", section.name),
         capacity_bytes: section.cpu_pool.capacity_bytes,
         page_bytes: section.cpu_pool.page_bytes,
         allocations_max: ALLOCATIONS_MAX,
@@ -645,14 +663,9 @@ fn create_cpu_pool(section: &NodeSection, group: Option<u32>) -> anyhow::Result<
     };
     let pool =
         MemoryPool::create_cpu_reporting(&config, &mut |done_bytes| prefault.set(done_bytes))
-            .with_context(|| format!("creating the CPU pool at {}", path.display()))?;
+            .context("creating the CPU pool")?;
     prefault.finish();
-    if group.is_some() {
-        // The file this process just created exclusively, not through a link.
-        std::os::unix::fs::lchown(path, None, group)
-            .with_context(|| format!("giving {} its group", path.display()))?;
-    }
-    tracing::info!(path = %path.display(), bytes = section.cpu_pool.capacity_bytes, elapsed = ?started.elapsed(), "CPU pool pre-faulted");
+    tracing::info!(bytes = section.cpu_pool.capacity_bytes, elapsed = ?started.elapsed(), "CPU pool pre-faulted");
     Ok(pool)
 }
 

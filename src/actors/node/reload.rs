@@ -72,7 +72,7 @@ pub fn log(path: &Path, outcome: &anyhow::Result<NodeReload>) {
 mod tests {
     use super::*;
 
-    const NODE: &str = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\npath = \"/dev/shm/x\"\ncapacity_bytes = 65536\n";
+    const NODE: &str = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n";
     const RULE: &str = "[[tenants]]\nname = \"t\"\nuids = [7]\nnamespaces = [\"*\"]\n";
 
     fn loaded(text: &str) -> (NodeSection, Tenants) {

@@ -32,6 +32,9 @@ pub struct NodeServices {
     pub link: Arc<DirectoryLink>,
     pub pools: HashMap<PoolId, Addr<PoolActor>>,
     pub mappings: Vec<PoolMapping>,
+    /// The memory files every admitted client is handed, in the order
+    /// [`PoolAccess::Handed`](crate::protocol::messages::PoolAccess::Handed) numbers them.
+    pub handed: Arc<[std::os::fd::OwnedFd]>,
     pub metrics: Arc<Metrics>,
     /// The node's books; held only for the length of one core call.
     pub core: Arc<Mutex<NodeCore>>,
