@@ -66,6 +66,10 @@ pub enum ClientRefusal {
     /// The request would take the client past [`ClientLimits::leases_max`] leases.
     #[error("this client would hold more than {max} leases")]
     TooManyLeases { max: usize },
+    /// The request would take the clients of this connection's user past
+    /// [`super::LEASES_PER_USER_MAX`] leases, all their connections together.
+    #[error("this client's user would hold more than {max} leases")]
+    TooManyLeasesOfUser { max: usize },
     /// A batch larger than the directory accepts.
     #[error("a batch of {items} items is over the bound of {max}")]
     BatchTooLarge { items: usize, max: usize },
@@ -96,6 +100,7 @@ impl ClientRefusal {
         match self {
             ClientRefusal::TooManyTickets { .. } => "too_many_tickets",
             ClientRefusal::TooManyLeases { .. } => "too_many_leases",
+            ClientRefusal::TooManyLeasesOfUser { .. } => "too_many_leases_of_user",
             ClientRefusal::BatchTooLarge { .. } => "batch_too_large",
             ClientRefusal::ReservedBytes { .. } => "reserved_bytes",
             ClientRefusal::TooManyNamespaces { .. } => "too_many_namespaces",
@@ -377,6 +382,11 @@ impl ClientBooks {
     /// Leases held now.
     pub fn leases_held(&self) -> usize {
         self.leases.len()
+    }
+
+    /// Leases held or being acquired.
+    pub fn leases_outstanding(&self) -> usize {
+        self.leases.len() + self.leases_pending
     }
 
     /// The client left: everything to give back, and the books emptied.

@@ -44,6 +44,12 @@ pub const CLIENTS_MAX: usize = 1024;
 /// connections it opens and leaves idle, takes every slot from the others.
 pub const CLIENTS_PER_USER_MAX: usize = CLIENTS_MAX / 4;
 
+/// Leases the clients of one user hold or are acquiring, all its connections together:
+/// 131,072, half the node's lease window, so no user, however many connections it opens,
+/// takes every lease from the others. (One connection holds at most
+/// [`ClientLimits::leases_max`].)
+pub const LEASES_PER_USER_MAX: usize = 1 << 17;
+
 /// A local client connection, numbered by the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(pub u64);
@@ -71,10 +77,10 @@ pub struct NodeCore {
     clients: HashMap<ClientId, ClientBooks>,
     /// The namespaces each tenant registered (bounded per tenant).
     pub tenant_namespaces: tenants::TenantNamespaces,
-    /// Each connected client's user, and how many clients each user holds (entries of
-    /// users with none are removed): at most [`CLIENTS_MAX`] of each.
+    /// Each connected client's user, and the clients each user holds (entries of users
+    /// with none are removed): at most [`CLIENTS_PER_USER_MAX`] of each.
     client_users: HashMap<ClientId, u32>,
-    clients_per_user: HashMap<u32, usize>,
+    clients_of_user: HashMap<u32, Vec<ClientId>>,
     next_client: u64,
     limits: ClientLimits,
 }
@@ -97,7 +103,7 @@ impl NodeCore {
             clients: HashMap::new(),
             tenant_namespaces: tenants::TenantNamespaces::default(),
             client_users: HashMap::new(),
-            clients_per_user: HashMap::new(),
+            clients_of_user: HashMap::new(),
             next_client: 1,
             limits,
         }
@@ -108,16 +114,38 @@ impl NodeCore {
         if self.clients.len() >= CLIENTS_MAX {
             return Err(NodeRefusal::TooManyClients);
         }
-        let of_user = self.clients_per_user.entry(uid).or_insert(0);
-        if *of_user >= CLIENTS_PER_USER_MAX {
+        let of_user = self.clients_of_user.entry(uid).or_default();
+        if of_user.len() >= CLIENTS_PER_USER_MAX {
             return Err(NodeRefusal::TooManyClientsOfUser);
         }
-        *of_user += 1;
         let id = ClientId(self.next_client);
+        of_user.push(id);
         self.next_client += 1;
         self.clients.insert(id, ClientBooks::new(self.limits));
         self.client_users.insert(id, uid);
         Ok(id)
+    }
+
+    /// Whether the user of `client` may acquire `count` more leases: its clients together
+    /// hold or are acquiring at most [`LEASES_PER_USER_MAX`]. (A sum over the user's
+    /// connections, at most [`CLIENTS_PER_USER_MAX`], one or a few for an engine.)
+    pub fn admit_user_leases(&self, client: ClientId, count: usize) -> Result<(), ClientRefusal> {
+        let Some(uid) = self.client_users.get(&client) else {
+            return Ok(());
+        };
+        let held: usize = self.clients_of_user.get(uid).map_or(0, |clients| {
+            clients
+                .iter()
+                .filter_map(|id| self.clients.get(id))
+                .map(ClientBooks::leases_outstanding)
+                .sum()
+        });
+        if held + count > LEASES_PER_USER_MAX {
+            return Err(ClientRefusal::TooManyLeasesOfUser {
+                max: LEASES_PER_USER_MAX,
+            });
+        }
+        Ok(())
     }
 
     /// A connected client's books.
@@ -128,10 +156,10 @@ impl NodeCore {
     /// The client left: what to give back (nothing for an unknown client).
     pub fn disconnect_client(&mut self, id: ClientId) -> ClientCleanup {
         if let Some(uid) = self.client_users.remove(&id) {
-            if let Some(held) = self.clients_per_user.get_mut(&uid) {
-                *held = held.saturating_sub(1);
-                if *held == 0 {
-                    self.clients_per_user.remove(&uid);
+            if let Some(held) = self.clients_of_user.get_mut(&uid) {
+                held.retain(|client| *client != id);
+                if held.is_empty() {
+                    self.clients_of_user.remove(&uid);
                 }
             }
         }

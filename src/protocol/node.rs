@@ -129,6 +129,11 @@ pub fn handle(
     if let (true, ClientRequest::RegisterNamespace(descriptor)) = (books.greeted(), &request) {
         return register(core, caller, descriptor.clone());
     }
+    if let ClientRequest::Acquire { objects, .. } = &request {
+        if let Err(refusal) = core.admit_user_leases(caller.client, objects.len()) {
+            return refused(refusal);
+        }
+    }
     let Some(books) = core.client(caller.client) else {
         return refuse(gone());
     };
