@@ -33,6 +33,11 @@ pub struct DirectoryConfig {
     pub pools_max: u32,
     /// Registered namespaces (model revisions × layouts in service).
     pub namespaces_max: u32,
+    /// Registered namespaces of one salt (one tenant, or the tenants that share its salt;
+    /// unsalted namespaces count as one salt): a tenant varying its descriptors (revision,
+    /// layers) cannot take the whole namespace table from the others. (`namespaces_max`
+    /// binds first where it is the smaller.)
+    pub namespaces_per_salt_max: u32,
     /// Unacknowledged operation outcomes kept per session: the node's window of
     /// operations in flight. Full means the node must acknowledge before sending more.
     pub ledger_entries_per_session_max: u32,
@@ -200,6 +205,7 @@ impl DirectoryConfig {
             ("leases_per_session_max", self.leases_per_session_max),
             ("sessions_max", self.sessions_max),
             ("pools_per_node_max", self.pools_per_node_max),
+            ("namespaces_per_salt_max", self.namespaces_per_salt_max),
             ("batch_items_max", self.batch_items_max),
             (
                 "ledger_entries_per_session_max",
@@ -266,6 +272,7 @@ impl Default for DirectoryConfig {
             retired_sessions_max: 4096,
             pools_max: 16384,
             namespaces_max: 1024,
+            namespaces_per_salt_max: 256,
             ledger_entries_per_session_max: 1 << 16,
             batch_items_max: 4096,
             tasks_per_poll_max: 1024,

@@ -21,6 +21,8 @@ pub enum Table {
     Extents,
     /// Host pools of one node (`pools_per_node_max`).
     PoolsOfNode,
+    /// Namespaces of one salt, that is of one tenant (`namespaces_per_salt_max`).
+    NamespacesOfSalt,
 }
 
 /// A refused directory request. Nothing changed; the doc of each variant says what the

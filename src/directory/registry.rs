@@ -195,6 +195,15 @@ impl Directory {
             if self.namespaces.len() >= self.config.namespaces_max as usize {
                 return Err(DirectoryError::Full(Table::Namespaces));
             }
+            // A scan of at most `namespaces_max` entries, only for a namespace not seen yet.
+            let of_salt = self
+                .namespaces
+                .values()
+                .filter(|known| known.salt == descriptor.salt)
+                .count();
+            if of_salt >= self.config.namespaces_per_salt_max as usize {
+                return Err(DirectoryError::Full(Table::NamespacesOfSalt));
+            }
             self.namespaces.insert(id, descriptor);
         }
         Ok(id)

@@ -2144,3 +2144,58 @@ fn a_drain_waits_for_leases_of_shared_replicas_and_a_reopen_interrupts_it() {
     );
     fixture.directory.check_invariants();
 }
+
+#[test]
+fn one_salt_cannot_take_the_whole_namespace_table() {
+    let config = DirectoryConfig {
+        namespaces_max: 8,
+        namespaces_per_salt_max: 3,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node("a", 16 * MIB);
+    let salted = |salt: Option<&str>, revision: u32| NamespaceDescriptor {
+        revision: format!("r{revision}"),
+        salt: salt.map(str::to_string),
+        ..descriptor()
+    };
+    for revision in 0..3 {
+        fixture
+            .directory
+            .register_namespace(a.session, salted(Some("greedy"), revision))
+            .unwrap();
+    }
+    // A fourth descriptor of that salt is refused; one it registered already is not.
+    assert_eq!(
+        fixture
+            .directory
+            .register_namespace(a.session, salted(Some("greedy"), 3)),
+        Err(DirectoryError::Full(Table::NamespacesOfSalt))
+    );
+    fixture
+        .directory
+        .register_namespace(a.session, salted(Some("greedy"), 0))
+        .unwrap();
+    // Other salts, and unsalted namespaces, still register.
+    for revision in 0..3 {
+        fixture
+            .directory
+            .register_namespace(a.session, salted(Some("other"), revision))
+            .unwrap();
+    }
+    fixture
+        .directory
+        .register_namespace(a.session, salted(None, 0))
+        .unwrap();
+    fixture
+        .directory
+        .register_namespace(a.session, salted(None, 1))
+        .unwrap();
+    // The whole table binds first where it is smaller.
+    assert_eq!(
+        fixture
+            .directory
+            .register_namespace(a.session, salted(None, 2)),
+        Err(DirectoryError::Full(Table::Namespaces))
+    );
+}
