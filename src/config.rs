@@ -321,14 +321,14 @@ impl ClusterConfig {
                     node.name
                 );
             }
-            let busy_poll_us_max = crate::actors::busy_poll::BUSY_POLL_TAIL_MAX.as_micros();
+            let busy_poll_us_max = crate::limits::BUSY_POLL_TAIL_MAX.as_micros();
             if u128::from(node.busy_poll_us) > busy_poll_us_max {
                 bail!(
                     "node `{}`: busy_poll_us must be 0 to {busy_poll_us_max}",
                     node.name
                 );
             }
-            let copy_threads_max = crate::actors::node::copy_engine::COPY_THREADS_MAX;
+            let copy_threads_max = crate::limits::COPY_THREADS_MAX;
             if !(1..=copy_threads_max).contains(&node.copy_threads) {
                 bail!(
                     "node `{}`: copy_threads must be 1 to {copy_threads_max}",

@@ -16,14 +16,11 @@
 //! The spinning decision is [`keeps_spinning`], a pure function of the clock; the task only
 //! applies it.
 
+use crate::limits::BUSY_POLL_TAIL_MAX;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-
-/// The most a busy poll may be configured to spin after the last request or reply: past
-/// this, polling costs more CPU than any wake-up it saves.
-pub const BUSY_POLL_TAIL_MAX: Duration = Duration::from_millis(10);
 
 /// The spinning state a [`BusyPoll`] shares with its task.
 struct Shared {

@@ -40,6 +40,7 @@ pub mod ops;
 mod pools;
 mod reclaim;
 mod registry;
+pub mod reload;
 mod replicas;
 pub mod replication;
 mod session_ops;

@@ -95,7 +95,9 @@ fn operator(core: &mut Directory, request: DirectoryRequest) -> DirectoryReply {
         Request::Drain { node } => core.drain(&node).map_or_else(refused, Reply::Draining),
         // Reading the file is the directory process's: its actor answers before `handle`.
         Request::Reload => Reply::Error(ProtocolError::Reload(
-            crate::reload::ReloadRefusal::Invalid("this directory has no file to reload".into()),
+            crate::directory::reload::ReloadRefusal::Invalid(
+                "this directory has no file to reload".into(),
+            ),
         )),
         Request::Hello(_) => Reply::Error(ProtocolError::Sequence("hello sent twice".into())),
         _ => Reply::Error(ProtocolError::NotPermitted(

@@ -3,6 +3,7 @@
 //! capabilities for the connection; every later frame is a request answered by exactly
 //! one reply with the same request id.
 
+use crate::directory::reload::{ConfigChange, ReloadRefusal};
 use crate::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, DrainProgress, ExtentReturn,
     NodeStatus, OpenReply, ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem,
@@ -14,7 +15,6 @@ use crate::model::{
 };
 use crate::node::{ClientRefusal, TenantRefusal};
 use crate::policy::profiles::Measurement;
-use crate::reload::{ConfigChange, ReloadRefusal};
 use serde::{Deserialize, Serialize};
 
 /// Message-set versions this build speaks, newest last. 2 added profile reports and the

@@ -1,11 +1,13 @@
 //! The `DirectoryActor`: owns the directory core and serializes every change of lease and
 //! publication state. Session actors send it [`Call`]s; a timer advances the core's time.
 //! It also owns the configuration in force: a [`Reload`] (SIGHUP, or `kvtier ctl reload`
-//! through a node) re-reads the file, and applies what [`crate::reload::diff`] says when the
+//! through a node) re-reads the file, and applies what [`super::reload::diff`] says when the
 //! whole file is acceptable: new nodes' grants, new CXL pools, drains of removed nodes.
 
 use super::process::add_cxl_pool;
+use super::reload;
 use crate::config::ClusterConfig;
+use crate::directory::reload::{ConfigChange, ReloadRefusal};
 use crate::directory::{Directory, DirectoryCounts, DrainState, PoolReport};
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
@@ -13,7 +15,6 @@ use crate::model::{Clock, Medium, PoolUsage, SessionId};
 use crate::policy::profiles::Measurement;
 use crate::protocol::directory::{NodeGrant, PeerRole};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
-use crate::reload::{self, ConfigChange, ReloadRefusal};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::path::PathBuf;

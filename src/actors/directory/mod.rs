@@ -7,4 +7,5 @@
 
 pub mod actor;
 pub mod process;
+pub mod reload;
 pub mod session;

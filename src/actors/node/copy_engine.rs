@@ -10,6 +10,7 @@
 //! (`copy_threads` in the node's section), whatever the number of copies asked for.
 
 use crate::backends::PoolBackend;
+use crate::limits::COPY_THREADS_MAX;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -21,8 +22,6 @@ pub const COPY_QUEUE_MAX: usize = super::actor::TASKS_IN_FLIGHT_MAX;
 /// Bytes a worker copies at once: 1 MiB (about 0.1 ms at memory speed), so a 4 MiB object
 /// is shared between up to four workers and a worker is never held by one copy for longer.
 pub const PIECE_BYTES: u64 = 1 << 20;
-/// Most worker threads a node may ask for: 16.
-pub const COPY_THREADS_MAX: usize = 16;
 
 /// `length_bytes` at `source_offset` of `from` to `target_offset` of `to`.
 pub struct CopyRequest {
