@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::{ctl, operator};
 use kvtier::client::StoreOutcome;
 use kvtier::directory::AcquireMode;
 use kvtier::launch::{ClusterSpec, LocalCluster};
@@ -39,29 +40,6 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(Instant::now() < until, "hung waiting for: {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Runs `kvtier ctl ARGS --socket SOCKET`.
-fn ctl(socket: &Path, args: &[&str]) -> Output {
-    Command::new(exe())
-        .arg("ctl")
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap()
-}
-
-/// `kvtier ctl ARGS --config CONFIG`: an operator's request, under the cluster's operator
-/// certificate.
-fn operator(config: &Path, args: &[&str]) -> Output {
-    Command::new(exe())
-        .arg("ctl")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap()
 }
 
 /// Runs `kvtier ARGS --config CONFIG`, which must exit (within [`HANG_GUARD`]).

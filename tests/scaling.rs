@@ -3,6 +3,9 @@
 //! file refused; and a node stopped at each point of its life removes what it created.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
+mod common;
+
+use common::{ctl, operator};
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::{AcquireMode, DrainProgress, DrainState, ProbeOutcome};
 use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster};
@@ -11,7 +14,7 @@ use kvtier::protocol::messages::ClusterStatus;
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,29 +47,6 @@ fn object(namespace: NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
     let mut bytes = vec![0u8; CHUNK];
     chunk::fill(&id, &mut bytes);
     (id, bytes)
-}
-
-/// Runs `kvtier ctl ARGS` against `socket`.
-fn ctl(socket: &Path, args: &[&str]) -> Output {
-    Command::new(exe())
-        .arg("ctl")
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap()
-}
-
-/// `kvtier ctl ARGS --config CONFIG`: an operator's request, under the cluster's operator
-/// certificate.
-fn operator(config: &Path, args: &[&str]) -> Output {
-    Command::new(exe())
-        .arg("ctl")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap()
 }
 
 fn status(socket: &Path) -> ClusterStatus {

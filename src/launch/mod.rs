@@ -199,34 +199,8 @@ fn cluster_toml(
     names: &[String],
     network: Option<&Network>,
 ) -> anyhow::Result<String> {
-    let metrics_address = |enabled: bool| -> anyhow::Result<String> {
-        Ok(if enabled {
-            format!("metrics = \"{}\"\n", free_tcp_port()?)
-        } else {
-            String::new()
-        })
-    };
     let directory_address = free_udp_port()?;
-    let listen = match network {
-        None => directory_address,
-        Some(_) => SocketAddr::from(([0, 0, 0, 0], directory_address.port())),
-    };
-    let mut toml = format!(
-        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",
-        listen,
-        metrics_address(spec.metrics)?,
-        spec.suspect_after_ms,
-        spec.fence_after_ms,
-        spec.high_watermark_percent,
-        spec.low_watermark_percent,
-        spec.policy_time_scale,
-        spec.reservation_duration_ms,
-        spec.replicate_after_misses,
-        spec.drain_stall_ms,
-    );
-    if let Some(max) = spec.batch_items_max {
-        toml.push_str(&format!("batch_items_max = {max}\n"));
-    }
+    let mut toml = directory_toml(spec, directory_address, network.is_some())?;
     if spec.cxl_pool_bytes > 0 {
         toml.push_str(&format!(
             "\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/kvtier-{tag}-cxl0\"\ncapacity_bytes = {}\npage_bytes = {}\nextent_bytes = {}\nuuid = \"{:032x}\"\n",
@@ -266,6 +240,43 @@ fn cluster_toml(
         toml.push_str(&node_toml(spec, BENCH_PEER, &bench_reach, None)?);
     }
     toml.push_str(&spec.extra_toml);
+    Ok(toml)
+}
+
+/// The `[directory]` section of a local cluster whose directory is reached at
+/// `directory_address` (listening on every address when the nodes are in network
+/// namespaces), with its limits from `spec`.
+fn directory_toml(
+    spec: &ClusterSpec,
+    directory_address: SocketAddr,
+    namespaced: bool,
+) -> anyhow::Result<String> {
+    let listen = if namespaced {
+        SocketAddr::from(([0, 0, 0, 0], directory_address.port()))
+    } else {
+        directory_address
+    };
+    let metrics = if spec.metrics {
+        format!("metrics = \"{}\"\n", free_tcp_port()?)
+    } else {
+        String::new()
+    };
+    let mut toml = format!(
+        "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",
+        listen,
+        metrics,
+        spec.suspect_after_ms,
+        spec.fence_after_ms,
+        spec.high_watermark_percent,
+        spec.low_watermark_percent,
+        spec.policy_time_scale,
+        spec.reservation_duration_ms,
+        spec.replicate_after_misses,
+        spec.drain_stall_ms,
+    );
+    if let Some(max) = spec.batch_items_max {
+        toml.push_str(&format!("batch_items_max = {max}\n"));
+    }
     Ok(toml)
 }
 

@@ -91,3 +91,26 @@ macro_rules! on_loopback_and_between_hosts {
         }
     )+};
 }
+
+/// Runs `kvtier ctl ARGS --socket SOCKET`: an engine's or the node owner's request.
+pub fn ctl(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("ctl")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap()
+}
+
+/// Runs `kvtier ctl ARGS --config CONFIG`: an operator's request, under the cluster's
+/// operator certificate.
+pub fn operator(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("ctl")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
