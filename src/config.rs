@@ -81,6 +81,11 @@ pub struct CxlPoolSection {
     /// A path that does not exist is always created; a pool is never formatted away.
     #[serde(default)]
     pub format: bool,
+    /// The tenants (names of `[[tenants]]`) whose engines may use this pool. Absent, every
+    /// tenant of the nodes that map it: the pool's domain is then one trust domain. A node
+    /// that maps the pool refuses every tenant the list leaves out.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
 }
 
 impl CxlPoolSection {
@@ -336,6 +341,24 @@ impl ClusterConfig {
                 );
             }
         }
+        let tenants: std::collections::HashSet<&str> = self
+            .tenants
+            .iter()
+            .map(|tenant| tenant.name.as_str())
+            .collect();
+        for pool in &self.cxl_pools {
+            let unknown = pool
+                .tenants
+                .iter()
+                .flatten()
+                .find(|name| !tenants.contains(name.as_str()));
+            if let Some(name) = unknown {
+                bail!(
+                    "cxl_pools.{}: tenant `{name}` is not a [[tenants]] name",
+                    pool.name
+                );
+            }
+        }
         self.directory
             .limits
             .validate()
@@ -373,10 +396,12 @@ impl ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The tenant rules with user and group names resolved through `passwd` and `group`
-    /// (the texts of `/etc/passwd` and `/etc/group`); `owner_uid` is the node's own uid.
+    /// The tenant rules of `node` with user and group names resolved through `passwd` and
+    /// `group` (the texts of `/etc/passwd` and `/etc/group`); `owner_uid` is the node's own
+    /// uid. A tenant a CXL pool of the node leaves out of its `tenants` is refused there.
     pub fn tenants(
         &self,
+        node: &NodeSection,
         owner_uid: u32,
         passwd: &str,
         group: &str,
@@ -412,7 +437,17 @@ impl ClusterConfig {
                 })
             })
             .collect::<anyhow::Result<Vec<Tenant>>>()?;
-        Ok(crate::node::Tenants::new(owner_uid, rules)?)
+        let mut tenants = crate::node::Tenants::new(owner_uid, rules)?;
+        let names: Vec<String> = tenants.names().map(str::to_string).collect();
+        for (pool, _) in self.cxl_pools_of(node) {
+            let Some(listed) = &pool.tenants else {
+                continue;
+            };
+            for name in names.iter().filter(|name| !listed.contains(name)) {
+                tenants.shut_out(name, &pool.name);
+            }
+        }
+        Ok(tenants)
     }
 }
 
@@ -540,7 +575,7 @@ mod tests {
         std::fs::remove_dir_all(directory).unwrap();
         let (passwd, group) = ("vllm:x:1001:1001::/:/bin/false\n", "engines:x:2001:\n");
         assert_eq!(config.nodes[0].socket_gid(group).unwrap(), Some(2001));
-        let tenants = config.tenants(0, passwd, group).unwrap();
+        let tenants = config.tenants(&config.nodes[0], 0, passwd, group).unwrap();
         let peer = |uid, gid| crate::node::PeerIdentity {
             uid,
             gid,
@@ -558,8 +593,44 @@ mod tests {
             tenants.admit(&peer(0, 0)).is_err(),
             "rules replace the owner default"
         );
-        let error = config.tenants(0, "", group).unwrap_err();
+        let error = config.tenants(&config.nodes[0], 0, "", group).unwrap_err();
         assert!(error.to_string().contains("no user `vllm`"), "{error}");
+    }
+
+    #[test]
+    fn a_cxl_pool_listing_its_tenants_shuts_the_others_out_of_its_nodes() {
+        let text = |listed: &str| {
+            format!(
+                "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/x\"\ncapacity_bytes = 67108864\nuuid = \"000000000000000000000000000000aa\"\ntenants = [{listed}]\n[[nodes]]\nname = \"in-domain\"\nsocket = \"s\"\ndomains = [0]\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n[[nodes]]\nname = \"outside\"\nsocket = \"t\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n[[tenants]]\nname = \"a\"\nuids = [7]\nnamespaces = [\"*\"]\n[[tenants]]\nname = \"b\"\nuids = [8]\nnamespaces = [\"*\"]\n"
+            )
+        };
+        let config = ClusterConfig::parse(&text("\"a\""), Path::new("/")).unwrap();
+        let peer = |uid| crate::node::PeerIdentity {
+            uid,
+            gid: uid,
+            groups: Vec::new(),
+            pid: None,
+        };
+        let in_domain = config.tenants(&config.nodes[0], 0, "", "").unwrap();
+        assert_eq!(in_domain.admit(&peer(7)).unwrap().name, "a");
+        assert_eq!(
+            in_domain.admit(&peer(8)).unwrap_err(),
+            crate::node::TenantRefusal::NotInCxlPool {
+                tenant: "b".into(),
+                pool: "cxl0".into()
+            }
+        );
+        // A node that does not map the pool serves both.
+        let outside = config.tenants(&config.nodes[1], 0, "", "").unwrap();
+        assert_eq!(outside.admit(&peer(8)).unwrap().name, "b");
+        // A name that is no tenant is refused when the file is read.
+        let error = ClusterConfig::parse(&text("\"a\", \"c\""), Path::new("/")).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("tenant `c` is not a [[tenants]] name"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -449,3 +449,48 @@ fn the_directory_takes_a_node_stop_calmly_and_removes_its_cxl_pool_when_no_node_
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(!cxl.exists(), "{log}");
 }
+
+#[test]
+fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        cxl_pool_bytes: 32 << 20,
+        cxl_extent_bytes: 4 << 20,
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let log = cluster.root.join("node-a.log");
+    let pid = cluster.node_pid(0).unwrap();
+    let good = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let reloads = |log: &Path| log_of(log).matches("SIGHUP: reload").count();
+    let rules = "\n[[tenants]]\nname = \"root\"\nuids = [0]\nnamespaces = [\"*\"]\n\n[[tenants]]\nname = \"other\"\nuids = [4242]\nnamespaces = [\"*\"]\n";
+
+    // Both tenants may use the pool: root is served.
+    std::fs::write(&cluster.config_path, good.clone() + rules).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its reload", || reloads(&log) == 1);
+    assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+
+    // The pool lists only the other tenant: root is refused by this node, saying why.
+    let listed = good.replacen(
+        "[[cxl_pools]]\n",
+        "[[cxl_pools]]\ntenants = [\"other\"]\n",
+        1,
+    );
+    assert_ne!(listed, good, "the cluster has a CXL pool section");
+    std::fs::write(&cluster.config_path, listed + rules).unwrap();
+    send(pid, libc::SIGHUP);
+    eventually("the node logs its second reload", || reloads(&log) == 2);
+    let refused = ctl(&socket, &["probe", "--key", "k"]);
+    let reason = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        reason.contains("tenant `root` may not use CXL pool `cxl0`"),
+        "{reason}"
+    );
+}

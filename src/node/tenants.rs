@@ -11,6 +11,7 @@
 
 use crate::model::{NamespaceDescriptor, NamespaceId, NAMESPACE_TEXT_BYTES_MAX};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -87,6 +88,10 @@ pub enum TenantRefusal {
     /// The client's tenant may not use this model.
     #[error("tenant `{tenant}` may not use model `{model}`")]
     NamespaceDenied { tenant: String, model: String },
+    /// A CXL pool this node maps does not list the client's tenant: the pool's domain is a
+    /// trust domain of the tenants it lists, and this node serves no other.
+    #[error("tenant `{tenant}` may not use CXL pool `{pool}`, which this node maps")]
+    NotInCxlPool { tenant: String, pool: String },
     /// The tenant registered [`NAMESPACES_PER_TENANT_MAX`] namespaces on this node.
     #[error("tenant `{tenant}` registered {max} namespaces on this node, as many as it may")]
     TooManyNamespaces { tenant: String, max: usize },
@@ -150,6 +155,8 @@ pub enum TenantConfigError {
 pub struct Tenants {
     owner_uid: u32,
     rules: Vec<Arc<Tenant>>,
+    /// Tenants this node refuses, each with the CXL pool it maps that does not list them.
+    shut_out: HashMap<String, String>,
 }
 
 impl Tenants {
@@ -189,6 +196,7 @@ impl Tenants {
         Ok(Tenants {
             owner_uid,
             rules: rules.into_iter().map(Arc::new).collect(),
+            shut_out: HashMap::new(),
         })
     }
 
@@ -213,12 +221,32 @@ impl Tenants {
                 Err(refused)
             };
         }
-        self.rules
+        let tenant = self
+            .rules
             .iter()
             .find(|rule| rule.uids.contains(&peer.uid))
             .or_else(|| self.rules.iter().find(|rule| rule.names_group_of(peer)))
-            .cloned()
-            .ok_or(refused)
+            .ok_or(refused)?;
+        if let Some(pool) = self.shut_out.get(&tenant.name) {
+            return Err(TenantRefusal::NotInCxlPool {
+                tenant: tenant.name.clone(),
+                pool: pool.clone(),
+            });
+        }
+        Ok(tenant.clone())
+    }
+
+    /// Refuses `tenant` on this node from now on: `pool`, a CXL pool the node maps, does
+    /// not list it.
+    pub fn shut_out(&mut self, tenant: &str, pool: &str) {
+        self.shut_out
+            .entry(tenant.to_string())
+            .or_insert_with(|| pool.to_string());
+    }
+
+    /// The names of the tenant rules.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|rule| rule.name.as_str())
     }
 }
 

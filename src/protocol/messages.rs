@@ -519,6 +519,7 @@ impl ProtocolError {
             ProtocolError::Tenant(TenantRefusal::UnknownPeer { .. }) => "unknown_peer",
             ProtocolError::Tenant(TenantRefusal::NamespaceDenied { .. }) => "namespace_denied",
             ProtocolError::Tenant(TenantRefusal::TooManyNamespaces { .. }) => "tenant_namespaces",
+            ProtocolError::Tenant(TenantRefusal::NotInCxlPool { .. }) => "tenant_not_in_cxl_pool",
             ProtocolError::Client(refusal) => refusal.label(),
             ProtocolError::Reload(_) => "reload",
             ProtocolError::NotPermitted(_) => "not_permitted",

@@ -292,6 +292,7 @@ mod tests {
             extent_bytes: 256 << 10,
             uuid: format!("{:032x}", 0x5eed_u128),
             format: false,
+            tenants: None,
         };
         let refused = prepare_cxl_pool(&pool);
         assert!(refused.is_err(), "a headerless path was formatted");

@@ -20,7 +20,8 @@ use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
 use crate::node::{
-    ExtentAction, Liveness, NodeCore, NodeRefusal, PeerIdentity, Tenants, CLIENT_LIMITS,
+    ExtentAction, Liveness, NodeCore, NodeRefusal, PeerIdentity, TenantRefusal, Tenants,
+    CLIENT_LIMITS,
 };
 use crate::policy::profiles::Measurement;
 use crate::progress::{Progress, Unit};
@@ -72,7 +73,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
     let (passwd, group) = (user_database("/etc/passwd")?, user_database("/etc/group")?);
     // SAFETY: getuid has no preconditions and cannot fail.
     let owner_uid = unsafe { libc::getuid() };
-    let tenants = config.tenants(owner_uid, &passwd, &group)?;
+    let tenants = config.tenants(&section, owner_uid, &passwd, &group)?;
     let socket_gid = section.socket_gid(&group)?;
     let target = directory_address(&config, &section);
     let mut stop = Stop::install()?;
@@ -499,8 +500,11 @@ fn admit_client(
             }
         },
         Err(refusal) => {
-            services.metrics.refuse_client("unknown_peer");
-            tracing::warn!(?peer, %refusal, "refusing a client no tenant rule admits");
+            services.metrics.refuse_client(match refusal {
+                TenantRefusal::NotInCxlPool { .. } => "tenant_not_in_cxl_pool",
+                _ => "unknown_peer",
+            });
+            tracing::warn!(?peer, %refusal, "refusing a client its tenant rules do not admit here");
             ProtocolError::Tenant(refusal)
         }
     };

@@ -41,7 +41,7 @@ pub fn read(
 ) -> anyhow::Result<NodeReload> {
     let config = ClusterConfig::load(path)?;
     let new_section = config.node(&section.name)?;
-    let new_tenants = config.tenants(owner_uid, passwd, group)?;
+    let new_tenants = config.tenants(new_section, owner_uid, passwd, group)?;
     Ok(plan(section, tenants, new_section, new_tenants))
 }
 
@@ -77,7 +77,7 @@ mod tests {
 
     fn loaded(text: &str) -> (NodeSection, Tenants) {
         let config = ClusterConfig::parse(text, Path::new("/")).unwrap();
-        let tenants = config.tenants(0, "", "").unwrap();
+        let tenants = config.tenants(&config.nodes[0], 0, "", "").unwrap();
         (config.nodes[0].clone(), tenants)
     }
 
