@@ -470,11 +470,17 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
     let reloads = |log: &Path| log_of(log).matches("SIGHUP: reload").count();
     let rules = "\n[[tenants]]\nname = \"root\"\nuids = [0]\nnamespaces = [\"*\"]\n\n[[tenants]]\nname = \"other\"\nuids = [4242]\nnamespaces = [\"*\"]\n";
 
-    // Both tenants may use the pool: root is served.
+    // Both tenants may use the pool: root is served, and handed the CPU pool and the CXL
+    // pool's file (no path to open).
     std::fs::write(&cluster.config_path, good.clone() + rules).unwrap();
     send(pid, libc::SIGHUP);
     eventually("the node logs its reload", || reloads(&log) == 1);
     assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
+    let handed = common::runtime().block_on(async {
+        let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD).await.unwrap()
+    });
+    assert_eq!(handed.len(), 2, "{handed:?}");
 
     // The pool lists only the other tenant: root is refused by this node, saying why.
     let listed = good.replacen(
@@ -493,4 +499,10 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
         reason.contains("tenant `root` may not use CXL pool `cxl0`"),
         "{reason}"
     );
+    // It was handed no pool: neither the CPU pool nor the CXL pool's file.
+    let handed = common::runtime().block_on(async {
+        let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD).await.unwrap()
+    });
+    assert!(handed.is_empty(), "{handed:?}");
 }

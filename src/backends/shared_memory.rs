@@ -334,25 +334,31 @@ impl SharedMemory {
         Ok(pool)
     }
 
-    /// Maps a pool handed over a socket (see [`SharedMemory::create_sealed`]) after checking
-    /// that it is sealed against resizing (`Unsealed`) and verifying its header as
-    /// [`SharedMemory::open`] does. Never writes.
+    /// Maps a pool handed over a socket (a node's CPU pool from
+    /// [`SharedMemory::create_sealed`], or a CXL pool it adopted), verifying its header as
+    /// [`SharedMemory::open`] does. With `sealed`, the file must carry the resize seals
+    /// (`Unsealed` otherwise): a CPU pool always does; a CXL pool is a device or a shared
+    /// file that cannot carry them. Never writes.
     pub fn from_handle(
         handle: std::os::fd::OwnedFd,
         expected_uuid: Option<u128>,
+        sealed: bool,
     ) -> Result<Self, PoolError> {
         let file = File::from(handle);
         let label = PathBuf::from(format!("fd:{}", file.as_raw_fd()));
-        // SAFETY: a plain fcntl on a descriptor we own; no memory is passed.
-        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & RESIZE_SEALS != RESIZE_SEALS {
-            return Err(PoolError::Unsealed { seals });
+        if sealed {
+            // SAFETY: a plain fcntl on a descriptor we own; no memory is passed.
+            let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+            if seals < 0 || seals & RESIZE_SEALS != RESIZE_SEALS {
+                return Err(PoolError::Unsealed { seals });
+            }
         }
         Self::verify_and_map(&label, &file, expected_uuid)
     }
 
-    /// The memory file a process may be handed to map this pool: only for a pool made by
-    /// [`SharedMemory::create_sealed`].
+    /// The file a process may be handed to map this pool: for a pool made by
+    /// [`SharedMemory::create_sealed`] or adopted ([`SharedMemory::adopt`]), not for one
+    /// only opened by path.
     pub fn handle(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.handle.as_ref().map(|file| file.as_fd())
@@ -386,10 +392,13 @@ impl SharedMemory {
             source,
         };
         let file = open_pool_file(path, false)?;
-        if adopting {
-            check_adoptable(path, &file.metadata().map_err(io)?)?;
+        if !adopting {
+            return Self::verify_and_map(path, &file, expected_uuid);
         }
-        Self::verify_and_map(path, &file, expected_uuid)
+        check_adoptable(path, &file.metadata().map_err(io)?)?;
+        let mut pool = Self::verify_and_map(path, &file, expected_uuid)?;
+        pool.handle = Some(file);
+        Ok(pool)
     }
 
     /// Reads and verifies the header of `file` (named `path` in errors), checks its length,
@@ -780,12 +789,12 @@ pub(crate) mod tests {
             let error = file.set_len(target).unwrap_err();
             assert_eq!(error.raw_os_error(), Some(libc::EPERM), "set_len({target})");
         }
-        let mapped = SharedMemory::from_handle(handle, Some(UUID)).unwrap();
+        let mapped = SharedMemory::from_handle(handle, Some(UUID), true).unwrap();
         let mut read = [0u8; 6];
         mapped.read_at(PAGE, &mut read).unwrap();
         assert_eq!(&read, b"handed");
         assert!(matches!(
-            SharedMemory::from_handle(file.into(), Some(UUID ^ 1)),
+            SharedMemory::from_handle(file.into(), Some(UUID ^ 1), true),
             Err(PoolError::WrongPool { .. })
         ));
         // A memory file without the seals is refused before it is mapped.
@@ -795,15 +804,28 @@ pub(crate) mod tests {
         // SAFETY: just created, owned by nothing else.
         let unsealed = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         assert!(matches!(
-            SharedMemory::from_handle(unsealed, None),
+            SharedMemory::from_handle(unsealed, None, true),
             Err(PoolError::Unsealed { .. })
         ));
-        // A pool from a path has no handle to give.
+        // A pool only opened by path has no handle to give; an adopted one has.
         let path = ShmPath::new("no-handle");
-        assert!(SharedMemory::create(&path.0, PAGE, UUID, PAGE)
+        SharedMemory::create(&path.0, PAGE, UUID, PAGE).unwrap();
+        assert!(SharedMemory::open(&path.0, Some(UUID))
             .unwrap()
             .handle()
             .is_none());
+        let adopted = SharedMemory::adopt(&path.0, Some(UUID)).unwrap();
+        let handle = adopted.handle().unwrap().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            SharedMemory::from_handle(handle.try_clone().unwrap(), Some(UUID), true),
+            Err(PoolError::Unsealed { .. })
+        ));
+        assert_eq!(
+            SharedMemory::from_handle(handle, Some(UUID), false)
+                .unwrap()
+                .data_bytes(),
+            PAGE
+        );
     }
 
     #[test]

@@ -22,11 +22,9 @@ pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 use crate::backends::{PoolError, SharedMemory};
 use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
-    Epoch, LeaseId, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
+    Epoch, LeaseId, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
-use crate::protocol::messages::{
-    ClientReply, ClientRequest, Hello, PoolAccess, ProtocolError, SsdExtent,
-};
+use crate::protocol::messages::{ClientReply, ClientRequest, Hello, ProtocolError, SsdExtent};
 use crate::wire::{handoff, uds, RpcClient, RpcConfig, WireError};
 use releases::DroppedLeases;
 use std::collections::HashMap;
@@ -131,26 +129,21 @@ impl Client {
             .map_err(|error| ClientError::Unexpected(format!("choosing copy routines: {error}")))?;
         let mut pools = HashMap::new();
         for mapping in &description.pools {
-            let memory = match &mapping.access {
-                PoolAccess::Path(path) => {
-                    SharedMemory::open(Path::new(path), Some(mapping.pool_uuid))
-                }
-                PoolAccess::Handed(index) => {
-                    match handed.get_mut(*index as usize).and_then(Option::take) {
-                        Some(file) => SharedMemory::from_handle(file, Some(mapping.pool_uuid)),
-                        None => {
-                            return Err(ClientError::Unexpected(format!(
-                            "pool {} names memory file {index}, which the node did not hand over",
-                            mapping.pool
-                        )))
-                        }
-                    }
-                }
-            }
-            .map_err(|source| ClientError::Pool {
-                pool: mapping.pool,
-                source,
-            })?;
+            let index = mapping.handed as usize;
+            let Some(file) = handed.get_mut(index).and_then(Option::take) else {
+                return Err(ClientError::Unexpected(format!(
+                    "pool {} names file {index} of the handoff, which did not carry it",
+                    mapping.pool
+                )));
+            };
+            // The CPU pool must be sealed against resizing; a CXL pool cannot be.
+            let sealed = mapping.medium == Medium::Cpu;
+            let memory = SharedMemory::from_handle(file, Some(mapping.pool_uuid), sealed).map_err(
+                |source| ClientError::Pool {
+                    pool: mapping.pool,
+                    source,
+                },
+            )?;
             pools.insert(mapping.pool, memory);
         }
         let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));

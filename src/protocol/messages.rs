@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 /// node's peer address in the cluster status; 7 added SSD pins (PinOnSsd, UnpinOnSsd:
 /// where an object's bytes are in the node's SSD files, for a reader such as GPUDirect
 /// Storage); 8 took drain and reload off the node's socket (an operator certificate asks the
-/// directory); 9 hands the CPU pool's memory file over the node's socket before hello
-/// ([`crate::wire::handoff`]) instead of naming a path. An older peer is refused at hello
+/// directory); 9 hands the pools' files over the node's socket before hello
+/// ([`crate::wire::handoff`]) instead of naming paths. An older peer is refused at hello
 /// rather than misread.
 pub const SUPPORTED_VERSIONS: &[u16] = &[9];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
@@ -405,22 +405,15 @@ pub enum StoreCommitted {
     Refused(ProtocolError),
 }
 
-/// Where a client finds a pool's memory.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PoolAccess {
-    /// The memory file at this position of the connection's handoff
-    /// ([`crate::wire::handoff`]): the node's CPU pool, which has no path.
-    Handed(u32),
-    /// A device or file the client opens (a CXL pool).
-    Path(String),
-}
-
 /// A pool the client can map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolMapping {
     pub pool: PoolId,
     pub medium: Medium,
-    pub access: PoolAccess,
+    /// The position of the pool's file among those the connection's handoff carried
+    /// ([`crate::wire::handoff`]): the node's sealed CPU pool, and the CXL pools it maps.
+    /// The client opens no path.
+    pub handed: u32,
     pub pool_uuid: u128,
     pub data_bytes: u64,
 }

@@ -13,7 +13,7 @@ use super::reload::NodeReload;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::{bind_metrics, serve_metrics};
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend};
+use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
@@ -26,8 +26,7 @@ use crate::node::{
 use crate::policy::profiles::Measurement;
 use crate::progress::{Progress, Unit};
 use crate::protocol::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolAccess, PoolMapping,
-    ProtocolError,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolMapping, ProtocolError,
 };
 use crate::wire::uds::{self, SocketMode};
 use crate::wire::{handoff, read_frame, write_frame};
@@ -333,20 +332,13 @@ async fn start_pools(
     registration
         .profiles
         .extend(report_probe(link, metrics, pool_id, probed).await);
-    let cpu_file = pool
-        .memory()
-        .handle()
-        .context("the CPU pool has no memory file to hand to clients")?
-        .try_clone_to_owned()
-        .context("duplicating the CPU pool's memory file")?;
-    let handed: Arc<[OwnedFd]> = Arc::new([cpu_file]);
-    let mut mappings = vec![PoolMapping {
-        pool: pool_id,
-        medium: Medium::Cpu,
-        access: PoolAccess::Handed(0),
-        pool_uuid: pool.memory().pool_uuid(),
-        data_bytes: pool.memory().data_bytes(),
-    }];
+    let mut handed = Vec::new();
+    let mut mappings = vec![mapping_of(
+        pool_id,
+        Medium::Cpu,
+        pool.memory(),
+        &mut handed,
+    )?];
     let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
     for (name, pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
         metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
@@ -355,16 +347,33 @@ async fn start_pools(
             .profiles
             .extend(report_probe(link, metrics, pool_id, probed).await);
         registration.shared_pools.push((name, pool_id));
-        mappings.push(PoolMapping {
-            pool: pool_id,
-            medium: Medium::Cxl,
-            access: PoolAccess::Path(cxl.memory().path().display().to_string()),
-            pool_uuid: cxl.memory().pool_uuid(),
-            data_bytes: cxl.memory().data_bytes(),
-        });
+        mappings.push(mapping_of(pool_id, Medium::Cxl, cxl.memory(), &mut handed)?);
         pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
     }
-    Ok((pools, mappings, handed, registration))
+    Ok((pools, mappings, handed.into(), registration))
+}
+
+/// What a client maps for `pool`: its file, duplicated into `handed` (what each admitted
+/// client's handoff carries), and the position it has there.
+fn mapping_of(
+    pool: PoolId,
+    medium: Medium,
+    memory: &SharedMemory,
+    handed: &mut Vec<OwnedFd>,
+) -> anyhow::Result<PoolMapping> {
+    let file = memory
+        .handle()
+        .with_context(|| format!("pool {pool} has no file to hand to clients"))?
+        .try_clone_to_owned()
+        .with_context(|| format!("duplicating pool {pool}'s file"))?;
+    handed.push(file);
+    Ok(PoolMapping {
+        pool,
+        medium,
+        handed: u32::try_from(handed.len() - 1).context("too many pools to hand over")?,
+        pool_uuid: memory.pool_uuid(),
+        data_bytes: memory.data_bytes(),
+    })
 }
 
 /// The text of a user database (`/etc/passwd`, `/etc/group`); empty where there is none.
