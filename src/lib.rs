@@ -10,6 +10,7 @@
 pub mod actors;
 pub mod backends;
 pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod ctl;

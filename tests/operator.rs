@@ -478,7 +478,9 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
     assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
     let handed = common::runtime().block_on(async {
         let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD).await.unwrap()
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+            .await
+            .unwrap()
     });
     assert_eq!(handed.len(), 2, "{handed:?}");
 
@@ -502,7 +504,9 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
     // It was handed no pool: neither the CPU pool nor the CXL pool's file.
     let handed = common::runtime().block_on(async {
         let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD).await.unwrap()
+        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+            .await
+            .unwrap()
     });
     assert!(handed.is_empty(), "{handed:?}");
 }

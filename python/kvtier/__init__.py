@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from ._kvtier import (
@@ -63,9 +64,11 @@ __all__ = [
 
 
 def find_executable() -> Path:
-    """The `kvtier` executable: `$KVTIER_BIN`, else `kvtier` on the PATH.
+    """The `kvtier` executable: `$KVTIER_BIN`, else `kvtier` on the PATH, else the `kvtier`
+    script this package installed beside the running interpreter (an environment used
+    without being activated).
 
-    Raises FileNotFoundError naming both when neither is there.
+    Raises FileNotFoundError naming them when none is there.
     """
     named = os.environ.get("KVTIER_BIN")
     if named:
@@ -75,6 +78,9 @@ def find_executable() -> Path:
         return path
     found = shutil.which("kvtier")
     if found is None:
+        beside = Path(sys.executable).parent / "kvtier"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return beside
         raise FileNotFoundError(
             "no kvtier executable: set KVTIER_BIN or put kvtier on the PATH "
             "(cargo build --release builds target/release/kvtier)"

@@ -158,3 +158,7 @@ def copy_streaming(source: _Buffer, target: _Buffer) -> None:
 def copy_routines() -> dict[str, str]:
     """The copy routines this process uses, `{"store": name, "load": name}` (`memcpy` or
     `streaming`), chosen by a short measurement on the first call."""
+
+def run_cli(argv: list[str]) -> int:
+    """Runs the `kvtier` command line `argv` (the program's name first) in this process, as
+    the `kvtier` binary does; its exit status."""

@@ -73,6 +73,20 @@ fn copy_routines(py: Python<'_>) -> std::collections::HashMap<&'static str, &'st
     [("store", routines.store.name()), ("load", routines.load.name())].into()
 }
 
+/// Runs the `kvtier` command line `argv` (the program's name first) in this process, as
+/// the `kvtier` binary does, with the GIL released; its exit status (an error is printed
+/// as the binary prints it). The package's `kvtier` script calls it.
+#[pyfunction]
+fn run_cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.allow_threads(|| match kvtier::cli::run(argv.into_iter().map(Into::into)) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("Error: {error:?}");
+            1
+        }
+    })
+}
+
 /// The extension module.
 #[pymodule]
 fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -87,6 +101,7 @@ fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(keys::prefix_digest, module)?)?;
     module.add_function(wrap_pyfunction!(copy_streaming, module)?)?;
     module.add_function(wrap_pyfunction!(copy_routines, module)?)?;
+    module.add_function(wrap_pyfunction!(run_cli, module)?)?;
     module.add("JOBS_INFLIGHT_MAX", jobs::JOBS_INFLIGHT_MAX)?;
     Ok(())
 }
