@@ -3,7 +3,7 @@
 //! overridden by an environment variable `KVTIER_<SECTION>__<KEY>`, e.g.
 //! `KVTIER_DIRECTORY__LISTEN=0.0.0.0:7400`. Relative paths are relative to the file.
 
-use crate::directory::{DirectoryConfig, NamespaceAccess};
+use crate::directory::{DirectoryConfig, NamespaceAccess, RecomputeCost};
 use crate::model::{DomainId, Medium, NodeId, PoolSpec, Scope};
 use crate::policy::profiles::ProfileFigures;
 use anyhow::{bail, Context};
@@ -33,6 +33,39 @@ pub struct ClusterConfig {
     /// None: only the uid the node runs as.
     #[serde(default)]
     pub tenants: Vec<TenantSection>,
+    /// What recomputing an object costs, by the model name of its namespace
+    /// (`[namespaces."kvtier-ctl"]`): what decides whether a copy is kept in a colder tier.
+    /// A reload applies a change.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, NamespaceSection>,
+}
+
+/// The recompute cost of one namespace's objects, by model name: exactly one of the two.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct NamespaceSection {
+    /// Prefill time of one token, in microseconds (times the tokens of the namespace's
+    /// chunk): for a model's KV.
+    pub prefill_us_per_token: Option<f64>,
+    /// Microseconds to recompute (or fetch again) 1 MiB of an object: for opaque objects,
+    /// such as those of `kvtier ctl put` (model `kvtier-ctl`), whose tokens say nothing.
+    pub recompute_us_per_mib: Option<f64>,
+}
+
+impl NamespaceSection {
+    /// The cost this section sets, or why it sets none or two.
+    pub fn cost(&self) -> Result<RecomputeCost, String> {
+        let cost = match (self.prefill_us_per_token, self.recompute_us_per_mib) {
+            (Some(us), None) => RecomputeCost::PerToken(us),
+            (None, Some(us)) => RecomputeCost::PerMib(us),
+            _ => {
+                return Err(
+                    "set exactly one of prefill_us_per_token and recompute_us_per_mib".into(),
+                )
+            }
+        };
+        cost.validate()?;
+        Ok(cost)
+    }
 }
 
 /// One tenant rule: the local users or groups whose engines are this tenant, the models
@@ -295,6 +328,16 @@ impl ClusterConfig {
             pool.path = base.join(&pool.path);
         }
         self.directory.limits.profiles = self.profiles.clone();
+        self.directory.limits.namespace_costs = self
+            .namespaces
+            .iter()
+            .map(|(model, section)| {
+                let cost = section
+                    .cost()
+                    .map_err(|reason| anyhow::anyhow!("namespaces.\"{model}\": {reason}"))?;
+                Ok((model.clone(), cost))
+            })
+            .collect::<anyhow::Result<_>>()?;
         self.validate()?;
         Ok(self)
     }

@@ -129,7 +129,7 @@ async fn replay(
                     tally.chunks_stored += 1;
                     tally.bytes_moved += chunk_bytes as u64;
                 }
-                StoreOutcome::Skipped => tally.chunks_skipped += 1,
+                StoreOutcome::Skipped(_) => tally.chunks_skipped += 1,
                 StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
             }
         }

@@ -2,7 +2,7 @@
 //! CXL device) and share a KV cache through it without copying bytes over the network.
 //! Every wait is on a condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
-use kvtier::client::{Client, StoreOutcome};
+use kvtier::client::{Client, StoreOutcome, StoreSkip};
 use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
 use kvtier::launch::{
     metric_value, network_namespaces_unavailable, wait_for_metrics, ClusterSpec, LocalCluster,
@@ -108,7 +108,7 @@ fn share_cxl(cluster: &LocalCluster) {
         for index in 0..12 {
             let (id, bytes) = object(namespace, index);
             let outcome = a.store(id, &bytes).await.unwrap();
-            if outcome == StoreOutcome::Skipped {
+            if matches!(outcome, StoreOutcome::Skipped(_)) {
                 break;
             }
             assert_eq!(outcome, StoreOutcome::Stored);
@@ -127,7 +127,10 @@ fn share_cxl(cluster: &LocalCluster) {
         );
         // Both full: skipped, and existing hits stay.
         let (extra, bytes) = object(namespace, 99);
-        assert_eq!(a.store(extra, &bytes).await.unwrap(), StoreOutcome::Skipped);
+        assert_eq!(
+            a.store(extra, &bytes).await.unwrap(),
+            StoreOutcome::Skipped(StoreSkip::NoRoom)
+        );
         // A's CPU replicas are misses for B; its CXL replicas are byte-exact hits, read
         // zero-copy from B's own mapping.
         assert_eq!(

@@ -1,7 +1,8 @@
 //! An operator's day, over real processes, real signals and real files: a misspelled key
 //! refused at start and on reload, naming its line and the nearest known key; SIGHUP
 //! reloading a node; no stop signal leaving a node's socket, lock or pool file behind; and a
-//! drain that cannot progress ending `ctl drain --wait` with the reason.
+//! drain that cannot progress ending `ctl drain --wait` with the reason; `ctl put` objects
+//! moving down the tiers at their namespace's cost, and a skipped put failing with its reason.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 mod common;
@@ -509,4 +510,96 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
             .unwrap()
     });
     assert!(handed.is_empty(), "{handed:?}");
+}
+
+/// `kvtier ctl put FILE --key KEY` of `bytes` bytes through node `socket`.
+fn put_bytes(root: &Path, socket: &Path, key: &str, bytes: usize) -> Output {
+    let file = root.join(format!("put-{key}"));
+    let fill = key.bytes().fold(0u8, |sum, byte| sum.wrapping_add(byte));
+    std::fs::write(&file, vec![fill; bytes]).unwrap();
+    let put = ctl(socket, &["put", file.to_str().unwrap(), "--key", key]);
+    std::fs::remove_file(&file).unwrap();
+    put
+}
+
+#[test]
+fn ctl_objects_take_the_tier_path_their_namespace_cost_sets_and_a_skip_says_why() {
+    // Whole CXL extents of whole objects: the node's extents hold what the directory counts.
+    const OBJECT_BYTES: usize = 1 << 20;
+    let cheap = "\n[namespaces.\"kvtier-ctl\"]\nrecompute_us_per_mib = 0.001\n";
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 8 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 4 << 20,
+        ssd_bytes: 32 << 20,
+        ssd_admit_after_accesses: 1,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        // The extent the node's start-up probe gives back cools this long before it is
+        // granted again.
+        reservation_duration_ms: 2_000,
+        extra_toml: cheap.into(),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let node = common::metrics_of(&cluster, "node-a");
+    let demoted = || common::scraped(node, "kvtier_bytes_moved_total{direction=\"demote\"}");
+    let spilled = || common::scraped(node, "kvtier_ssd_spills_total");
+
+    // Priced as nearly free to recompute, what the full CPU pool evicts is freed.
+    for index in 0..16 {
+        let put = put_bytes(
+            &cluster.root,
+            &socket,
+            &format!("cheap-{index}"),
+            OBJECT_BYTES,
+        );
+        assert!(put.status.success(), "{put:?}");
+    }
+    assert_eq!((demoted(), spilled()), (0.0, 0.0));
+
+    // The operator raises the namespace's cost; a reload applies it at once.
+    let text = std::fs::read_to_string(&cluster.config_path).unwrap();
+    std::fs::write(
+        &cluster.config_path,
+        text.replace(
+            "recompute_us_per_mib = 0.001",
+            "recompute_us_per_mib = 100000.0",
+        ),
+    )
+    .unwrap();
+    let reload = operator(&cluster.config_path, &["reload"]);
+    let said = String::from_utf8_lossy(&reload.stdout);
+    assert!(reload.status.success(), "{reload:?}");
+    assert!(
+        said.contains("namespaces repriced [\"kvtier-ctl\"]"),
+        "{said}"
+    );
+
+    // Now worth keeping: evicted from the CPU pool they move to CXL, and from there to SSD.
+    for index in 0..48 {
+        let put = put_bytes(
+            &cluster.root,
+            &socket,
+            &format!("dear-{index}"),
+            OBJECT_BYTES,
+        );
+        assert!(put.status.success(), "{put:?}");
+    }
+    eventually("ctl objects demoted into CXL and spilled to SSD", || {
+        demoted() > 0.0 && spilled() > 0.0
+    });
+
+    // A store the node skips fails the command, saying why.
+    let put = put_bytes(&cluster.root, &socket, "too-large", 40 << 20);
+    let reason = String::from_utf8_lossy(&put.stderr);
+    assert!(!put.status.success(), "{put:?}");
+    assert!(
+        reason.contains("skipped: it is larger than every pool the node may write"),
+        "{reason}"
+    );
+    let shown = String::from_utf8_lossy(&put.stdout);
+    assert!(shown.contains("skipped (too_large)"), "{shown}");
 }

@@ -119,7 +119,7 @@ fn a_directory_restart_keeps_the_cache_and_the_nodes() {
         let outcome = clients[0].store(id, &bytes).await.unwrap();
         assert!(matches!(
             outcome,
-            StoreOutcome::Skipped | StoreOutcome::Stored
+            StoreOutcome::Skipped(_) | StoreOutcome::Stored
         ));
     });
     cluster.restart_directory().unwrap();
@@ -154,7 +154,7 @@ fn a_directory_restart_keeps_the_cache_and_the_nodes() {
         let outcome = clients[1].store(id, &bytes).await.unwrap();
         assert!(matches!(
             outcome,
-            StoreOutcome::Stored | StoreOutcome::Skipped
+            StoreOutcome::Stored | StoreOutcome::Skipped(_)
         ));
     });
     assert_eq!(

@@ -22,7 +22,7 @@ pub(crate) fn store_status(outcome: StoreOutcome) -> &'static str {
         StoreOutcome::Stored => "stored",
         StoreOutcome::AlreadyPresent => "already_present",
         StoreOutcome::Pending => "pending",
-        StoreOutcome::Skipped => "skipped",
+        StoreOutcome::Skipped(_) => "skipped",
     }
 }
 

@@ -142,7 +142,7 @@ async fn step(
     chunk::fill(&object, buffer);
     counts.stores += 1;
     match client.store(object, buffer).await {
-        Ok(StoreOutcome::Skipped) => counts.skipped_stores += 1,
+        Ok(StoreOutcome::Skipped(_)) => counts.skipped_stores += 1,
         Ok(_) => {}
         Err(error) if lost(&error) => return false,
         Err(error) => {

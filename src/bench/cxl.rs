@@ -222,7 +222,7 @@ fn pressure_phase(exe: &Path, args: &CxlBenchArgs) -> anyhow::Result<PressureRep
             match outcome {
                 Ok(StoreOutcome::Stored | StoreOutcome::AlreadyPresent | StoreOutcome::Pending) => {
                 }
-                Ok(StoreOutcome::Skipped) => report.skipped_stores += 1,
+                Ok(StoreOutcome::Skipped(_)) => report.skipped_stores += 1,
                 Err(_) => report.failed_stores += 1,
             }
         }

@@ -5,7 +5,7 @@
 //! Store: `begin` (the node reserves room and allocates pages) → the client writes the
 //! bytes into its own mapping → `commit` (READY). Load: `acquire` (leases) → the client
 //! reads from its mapping → `release`. A full cluster answers a store with
-//! [`StoreOutcome::Skipped`], never an error: the engine simply recomputes later.
+//! [`StoreOutcome::Skipped`] (with its [`StoreSkip`] reason), never an error: the engine simply recomputes later.
 
 mod batches;
 mod blocking;
@@ -20,6 +20,8 @@ pub use releases::DROPPED_LEASES_QUEUED_MAX;
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 
 use crate::backends::{PoolError, SharedMemory};
+pub use crate::directory::StoreSkip;
+
 use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
 use crate::model::{
     Epoch, LeaseId, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
@@ -75,8 +77,9 @@ pub enum StoreOutcome {
     AlreadyPresent,
     /// Being written by someone else right now (nothing written).
     Pending,
-    /// No room in any eligible pool: skipped; existing hits stay.
-    Skipped,
+    /// Not stored, for the reason given (most often no room in any eligible pool);
+    /// existing hits stay.
+    Skipped(StoreSkip),
 }
 
 /// A connection to the local node, with the node's pools mapped. Cheap to share: clone it

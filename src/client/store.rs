@@ -2,7 +2,7 @@
 //! batches (`BeginStoreMany`, the copies, `CommitStoreMany`).
 
 use super::batches::batch_lengths;
-use super::{call, unexpected, Client, ClientError, StoreOutcome, LEASE_MARGIN_DIVISOR};
+use super::{call, unexpected, Client, ClientError, StoreOutcome, StoreSkip, LEASE_MARGIN_DIVISOR};
 use crate::directory::{CommitOutcome, ReserveItem};
 use crate::model::{Location, ObjectId};
 use crate::protocol::messages::{
@@ -47,7 +47,7 @@ impl Client {
             Ok(true) => {}
             written => {
                 let _ = self.call(ClientRequest::AbortStore { ticket }).await;
-                return written.map(|_| StoreOutcome::Skipped);
+                return written.map(|_| StoreOutcome::Skipped(StoreSkip::GrantExpired));
             }
         }
         match self.call(ClientRequest::CommitStore { ticket }).await? {
@@ -183,7 +183,7 @@ impl Client {
                     }
                     written => {
                         copied.aborts.push(ticket);
-                        written.map(|_| StoreOutcome::Skipped)
+                        written.map(|_| StoreOutcome::Skipped(StoreSkip::GrantExpired))
                     }
                 },
             });
@@ -366,7 +366,7 @@ fn granted(sent: Instant, grant: Result<StoreGrant, ProtocolError>) -> Granted {
         },
         Ok(StoreGrant::AlreadyPresent) => Granted::Done(Ok(StoreOutcome::AlreadyPresent)),
         Ok(StoreGrant::Pending) => Granted::Done(Ok(StoreOutcome::Pending)),
-        Ok(StoreGrant::Skip) => Granted::Done(Ok(StoreOutcome::Skipped)),
+        Ok(StoreGrant::Skip(skip)) => Granted::Done(Ok(StoreOutcome::Skipped(skip))),
         Err(refused) => Granted::Done(Err(ClientError::Refused(refused))),
     }
 }
@@ -376,7 +376,7 @@ fn outcome(committed: StoreCommitted) -> Result<StoreOutcome, ClientError> {
     match committed {
         StoreCommitted::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
         StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
-        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped),
+        StoreCommitted::NotStored => Ok(StoreOutcome::Skipped(StoreSkip::NotPublished)),
         StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
     }
 }

@@ -4,7 +4,7 @@
 //! The known keys come from the structs themselves, never from a list kept by hand.
 
 use super::{ClusterConfig, CpuPoolSection, CxlPoolSection, DirectorySection};
-use super::{NodeSection, TenantSection};
+use super::{NamespaceSection, NodeSection, TenantSection};
 use crate::backends::ssd::SsdConfig;
 use crate::directory::DirectoryConfig;
 use crate::policy::lifecycle::LifecyclePolicy;
@@ -66,6 +66,7 @@ fn known_keys(pattern: &str) -> Option<&'static [&'static str]> {
         "cxl_pools" => field_names::<CxlPoolSection>(),
         "tenants" => field_names::<TenantSection>(),
         "profiles.*" => field_names::<ProfileFigures>(),
+        "namespaces.*" => field_names::<NamespaceSection>(),
         _ => return None,
     })
 }
@@ -196,6 +197,7 @@ mod tests {
             "cxl_pools",
             "tenants",
             "profiles.*",
+            "namespaces.*",
         ] {
             let known = known_keys(pattern).unwrap();
             assert!(known.len() >= 2, "{pattern}: {known:?}");
@@ -221,7 +223,7 @@ mod tests {
         let text = NODE
             .replace("domains = [0]", "domain = [0]\nsocket_grup = \"g\"")
             .replace("certs = \"c\"", "certs = \"c\"\ntick_intervall_ms = 5")
-            + "[directory.limits]\nsuspect_after = 3\n[directory.limits.ttl.cpu]\nresident_ttl = 1\n[profiles.cxl]\nread_latency = 1.0\n[nodes.ssd]\ndirectory = \"d\"\ncapacity = 1\n[typo]\n";
+            + "[directory.limits]\nsuspect_after = 3\n[directory.limits.ttl.cpu]\nresident_ttl = 1\n[profiles.cxl]\nread_latency = 1.0\n[nodes.ssd]\ndirectory = \"d\"\ncapacity = 1\n[typo]\n[namespaces.\"kvtier-ctl\"]\nrecompute_us_per_mb = 1.0\n";
         let Err(KeysError::Unknown(unknown)) = check_keys(&text) else {
             panic!("accepted: {text}");
         };
@@ -258,6 +260,12 @@ mod tests {
                 ("read_latency", 17, "[profiles.cxl]", "read_latency_us"),
                 ("capacity", 20, "[nodes.ssd]", "capacity_bytes"),
                 ("typo", 21, "the top level", "nodes"),
+                (
+                    "recompute_us_per_mb",
+                    23,
+                    "[namespaces.kvtier-ctl]",
+                    "recompute_us_per_mib"
+                ),
             ]
         );
         let message = KeysError::Unknown(unknown).to_string();

@@ -215,11 +215,12 @@ pub fn reload(args: &ReloadArgs) -> anyhow::Result<()> {
         println!("reloaded: nothing changed");
     } else {
         println!(
-            "reloaded: nodes added {:?}, removed (draining) {:?}, regranted {:?}; CXL pools added {:?}",
+            "reloaded: nodes added {:?}, removed (draining) {:?}, regranted {:?}; CXL pools added {:?}; namespaces repriced {:?}",
             change.added_nodes,
             change.removed_nodes,
             change.regranted_nodes,
-            change.added_cxl_pools
+            change.added_cxl_pools,
+            change.repriced_namespaces
         );
     }
     Ok(())

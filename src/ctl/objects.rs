@@ -5,6 +5,10 @@
 //! salted by the node with the caller's tenant salt like any namespace), with the prefix
 //! digest of the key's bytes (`PrefixDigest::ROOT.chain`, one token per byte), shard 0,
 //! part 0. The same key from two tenants with different salts is two objects.
+//!
+//! Its objects are priced by their bytes, not their one token
+//! ([`crate::directory::CTL_RECOMPUTE_US_PER_MIB`], or `[namespaces."kvtier-ctl"]` of
+//! `cluster.toml`), so they move down the tiers as an engine's chunks of their size would.
 
 use crate::client::{Client, ClientError, StoreOutcome};
 use crate::config::ClusterConfig;
@@ -15,6 +19,7 @@ use clap::Args;
 use serde_json::json;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The longest key, in bytes.
 pub const KEY_BYTES_MAX: usize = 4096;
@@ -22,6 +27,12 @@ pub const KEY_BYTES_MAX: usize = 4096;
 /// directory's [`OBJECT_BYTES_MAX`].
 pub const CTL_OBJECT_BYTES_MAX: u64 = 1 << 30;
 const _: () = assert!(CTL_OBJECT_BYTES_MAX <= OBJECT_BYTES_MAX);
+
+/// How long `ctl put` asks again while its store is skipped for a passing reason
+/// ([`crate::client::StoreSkip::is_transient`]: room being made, the directory out of reach).
+pub const PUT_RETRY_WAIT: Duration = Duration::from_secs(5);
+/// The pause between two asks of `ctl put`.
+const PUT_ROOM_RETRY: Duration = Duration::from_millis(50);
 
 /// Which node to talk to, and how to print.
 #[derive(Args, Clone, Debug)]
@@ -76,7 +87,7 @@ pub struct ProbeArgs {
 /// per byte), in a geometry no model has.
 pub fn ctl_namespace() -> NamespaceDescriptor {
     NamespaceDescriptor {
-        model: "kvtier-ctl".into(),
+        model: crate::directory::CTL_MODEL.into(),
         revision: "1".into(),
         adapter: None,
         kv_dtype: KvDtype::Int8,
@@ -99,7 +110,8 @@ pub fn key_digest(key: &str) -> PrefixDigest {
     PrefixDigest::ROOT.chain(&tokens)
 }
 
-/// Stores the file under the key.
+/// Stores the file under the key. A store the node skips fails the command with the
+/// reason; one skipped for a passing reason is asked again for up to [`PUT_RETRY_WAIT`].
 pub fn put(args: &PutArgs) -> anyhow::Result<()> {
     let file = std::fs::File::open(&args.file)
         .with_context(|| format!("opening {}", args.file.display()))?;
@@ -127,12 +139,31 @@ pub fn put(args: &PutArgs) -> anyhow::Result<()> {
         &args.target,
         false,
         |client, object| async move {
-            let outcome = client.store(object, &bytes).await?;
+            // A full pool is making room (its evictions and demotions started with the
+            // skip): ask again, for a bounded time, as an engine's next store would.
+            let deadline = tokio::time::Instant::now() + PUT_RETRY_WAIT;
+            let outcome = loop {
+                match client.store(object, &bytes).await? {
+                    StoreOutcome::Skipped(skip)
+                        if skip.is_transient() && tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(PUT_ROOM_RETRY).await;
+                    }
+                    outcome => break outcome,
+                }
+            };
             let outcome = match outcome {
                 StoreOutcome::Stored => "stored",
                 StoreOutcome::AlreadyPresent => "already_present",
                 StoreOutcome::Pending => "pending",
-                StoreOutcome::Skipped => "skipped",
+                StoreOutcome::Skipped(skip) => {
+                    return Ok(json!({
+                        "outcome": "skipped",
+                        "reason": skip.label(),
+                        "message": format!("skipped: {skip}"),
+                        "bytes": bytes.len(),
+                    }))
+                }
             };
             Ok(json!({ "outcome": outcome, "bytes": bytes.len() }))
         },
@@ -223,7 +254,9 @@ where
         }
     };
     report["key"] = json!(key);
-    let failed = report.get("error").is_some() || miss_fails && report["outcome"] == "miss";
+    let failed = report.get("error").is_some()
+        || report["outcome"] == "skipped"
+        || miss_fails && report["outcome"] == "miss";
     if target.json {
         println!("{report}");
     } else {
@@ -247,6 +280,9 @@ fn print_text(report: &serde_json::Value) {
             let mut line = format!("{}: {outcome}", report["key"]);
             if let Some(medium) = field("medium") {
                 line.push_str(&format!(" in {medium}"));
+            }
+            if let Some(reason) = field("reason") {
+                line.push_str(&format!(" ({reason})"));
             }
             if let Some(bytes) = report["bytes"].as_u64() {
                 line.push_str(&format!(", {bytes} bytes"));

@@ -3,12 +3,52 @@
 //! error, and nothing already admitted is dropped.
 
 use crate::model::Medium;
+use crate::policy::cost::CostModel;
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::placement::PlacementConfig;
 use crate::policy::profiles::{ProfileFigures, TierKind, TierProfile};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The model name of the namespace of objects stored by `kvtier ctl put`
+/// ([`crate::ctl::objects::ctl_namespace`]).
+pub const CTL_MODEL: &str = "kvtier-ctl";
+
+/// What recomputing (fetching again) 1 MiB of a `kvtier ctl` object costs, in
+/// microseconds, when the operator set no cost for [`CTL_MODEL`]: as much as 1 MiB of KV
+/// of a representative model (8 tokens of a Llama-3.1-8B in 16-bit, 128 KiB each) at the
+/// default `prefill_us_per_token` (100 µs), so a `ctl` object takes the tier path an
+/// engine's chunk of its size would.
+pub const CTL_RECOMPUTE_US_PER_MIB: f64 = 800.0;
+
+/// What recomputing one object of a namespace costs, set by the operator per model name
+/// (`[namespaces."<model>"]` of `cluster.toml`; a reload applies it). Demotion, SSD spills
+/// and replication keep a copy only where keeping it costs less.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RecomputeCost {
+    /// Prefill time of one token of the namespace, in microseconds, times the tokens of
+    /// its chunk (`prefill_us_per_token`).
+    PerToken(f64),
+    /// Microseconds per MiB of the object, whatever its tokens (`recompute_us_per_mib`):
+    /// for objects whose tokens say nothing of their worth, such as `kvtier ctl`'s.
+    PerMib(f64),
+}
+
+impl RecomputeCost {
+    /// Checks that the cost is a positive, finite number.
+    pub fn validate(&self) -> Result<(), String> {
+        let (name, value) = match self {
+            RecomputeCost::PerToken(value) => ("prefill_us_per_token", *value),
+            RecomputeCost::PerMib(value) => ("recompute_us_per_mib", *value),
+        };
+        if value.is_finite() && value > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{name} must be a positive number"))
+        }
+    }
+}
 
 /// Limits and timings of one directory. The defaults size a directory for a few hundred
 /// nodes and tens of millions of cached chunks on one host.
@@ -118,6 +158,11 @@ pub struct DirectoryConfig {
     /// Prefill time per token by model name (the namespace's `model`), measured by the
     /// operator on the serving hardware. Bounded by the configuration file.
     pub prefill_us_per_token_by_model: BTreeMap<String, f64>,
+    /// What recomputing an object of a namespace costs, by model name (`[namespaces."<model>"]`
+    /// of `cluster.toml`): wins over `prefill_us_per_token_by_model`, and a reload applies it
+    /// ([`RecomputeCost`]).
+    #[serde(skip)]
+    pub namespace_costs: BTreeMap<String, RecomputeCost>,
     /// How many seconds of policy time one second of the directory's clock is: 1 in
     /// service. A trace replayed N times faster than recorded (`kvtier replay --live`)
     /// sets N, so idle times weigh in eviction as they did in the trace.
@@ -170,6 +215,10 @@ impl DirectoryConfig {
                     "prefill_us_per_token of {model} must be a positive number"
                 ));
             }
+        }
+        for (model, cost) in &self.namespace_costs {
+            cost.validate()
+                .map_err(|reason| format!("namespaces.\"{model}\": {reason}"))?;
         }
         if !(self.policy_time_scale.is_finite() && self.policy_time_scale > 0.0) {
             return Err("policy_time_scale must be a positive number".into());
@@ -242,12 +291,52 @@ impl DirectoryConfig {
         }
     }
 
-    /// The prefill time per token of `model`, in microseconds.
+    /// The prefill time per token of `model`, in microseconds, from the directory's limits
+    /// (`prefill_us_per_token_by_model`, else `prefill_us_per_token`).
     pub fn prefill_us_per_token_of(&self, model: &str) -> f64 {
         self.prefill_us_per_token_by_model
             .get(model)
             .copied()
             .unwrap_or(self.prefill_us_per_token)
+    }
+
+    /// What recomputing an object of `model` costs: the namespace's cost
+    /// (`[namespaces."<model>"]`), else the prefill time of the limits; the objects of
+    /// `kvtier ctl` ([`CTL_MODEL`]) are priced by their bytes
+    /// ([`CTL_RECOMPUTE_US_PER_MIB`]) unless the operator says otherwise.
+    pub fn recompute_cost_of(&self, model: &str) -> RecomputeCost {
+        if let Some(cost) = self.namespace_costs.get(model) {
+            return *cost;
+        }
+        if model == CTL_MODEL && !self.prefill_us_per_token_by_model.contains_key(model) {
+            return RecomputeCost::PerMib(CTL_RECOMPUTE_US_PER_MIB);
+        }
+        RecomputeCost::PerToken(self.prefill_us_per_token_of(model))
+    }
+
+    /// The cost model and token count that price recomputing one object of `model`, of
+    /// `chunk_tokens` tokens and `bytes` bytes ([`Directory`](super::Directory)'s demotion
+    /// and replication decisions): a cost by bytes is spread over the object's tokens (at
+    /// least one).
+    pub fn recompute_model(&self, model: &str, chunk_tokens: u32, bytes: u64) -> (CostModel, u32) {
+        match self.recompute_cost_of(model) {
+            RecomputeCost::PerToken(prefill_us_per_token) => (
+                CostModel {
+                    prefill_us_per_token,
+                },
+                chunk_tokens,
+            ),
+            RecomputeCost::PerMib(us_per_mib) => {
+                let tokens = chunk_tokens.max(1);
+                let object_us = us_per_mib * bytes as f64 / (1u64 << 20) as f64;
+                (
+                    CostModel {
+                        prefill_us_per_token: object_us / f64::from(tokens),
+                    },
+                    tokens,
+                )
+            }
+        }
     }
 
     /// The profile a pool of `medium` has before any node measured it: the representative
@@ -295,6 +384,7 @@ impl Default for DirectoryConfig {
             pools_per_node_max: 8,
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
+            namespace_costs: BTreeMap::new(),
             profiles: BTreeMap::new(),
             ttl: BTreeMap::new(),
             policy_time_scale: 1.0,

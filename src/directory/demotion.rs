@@ -12,7 +12,6 @@ use super::pools::PoolRecord;
 use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, Task, TaskKind};
 use crate::model::{DomainId, Medium, PoolId, ReplicaId, Scope, TaskId, Tier, Timestamp};
-use crate::policy::cost::CostModel;
 use crate::policy::placement::{self, Action, ColderTier, PlacementConfig, Victim};
 
 /// How a replica chosen to leave its pool (by eviction or by its time to live) left.
@@ -77,9 +76,11 @@ impl Directory {
             .get(&session_id)
             .filter(|session| session.is_open())?;
         let descriptor = self.namespaces.get(&victim.object.namespace)?;
-        let cost = CostModel {
-            prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
-        };
+        let (cost, tokens) = self.config.recompute_model(
+            &descriptor.model,
+            descriptor.chunk_tokens,
+            victim.length_bytes,
+        );
         let frequency = self.access_count(&victim.object);
         let domains: &[DomainId] = if source == Medium::Cpu {
             &session.domains
@@ -89,7 +90,7 @@ impl Directory {
         let colder = self.colder_pools(victim, domains, frequency);
         let placed = Victim {
             bytes: victim.allocated_bytes,
-            tokens: descriptor.chunk_tokens,
+            tokens,
             frequency,
         };
         // Admission is each pool's (`has_room` below): placement admits every candidate.

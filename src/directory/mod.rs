@@ -51,7 +51,7 @@ mod store;
 mod store_batch;
 
 pub use adoption::{AdoptOutcome, Holding};
-pub use config::DirectoryConfig;
+pub use config::{DirectoryConfig, RecomputeCost, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
 pub use ops::*;
@@ -71,7 +71,7 @@ use leases::LeaseTable;
 use pools::PoolRecord;
 use replicas::ReplicaTable;
 use sessions::{NodeRecord, Session};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// Largest accepted object, in bytes: a chunk of KV state is megabytes, never terabytes.
 pub const OBJECT_BYTES_MAX: u64 = 1 << 32;
@@ -211,6 +211,12 @@ impl Directory {
     /// The configuration in force.
     pub fn config(&self) -> &DirectoryConfig {
         &self.config
+    }
+
+    /// Replaces the namespaces' recompute costs (a reload of `[namespaces]`): later
+    /// demotion, spill and replication decisions use them.
+    pub fn set_namespace_costs(&mut self, costs: BTreeMap<String, RecomputeCost>) {
+        self.config.namespace_costs = costs;
     }
 
     /// The `now` of the latest `tick` (zero before the first): a time no later than now.

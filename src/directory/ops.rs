@@ -74,8 +74,67 @@ pub enum ReserveOutcome {
     AlreadyPresent,
     /// A replica this node can read is being written by someone: nothing to store.
     Pending,
-    /// No pool in the node's write order has room: the store is skipped, existing hits stay.
-    Skip,
+    /// The store is skipped, for the reason given; existing hits stay.
+    Skip(StoreSkip),
+}
+
+/// Why a store was skipped: nothing was written, and an engine recomputes later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+pub enum StoreSkip {
+    /// The node is being drained: it takes no new objects.
+    #[error("the node is being drained and takes no new objects")]
+    Draining,
+    /// No pool of the node's write order may take the object: the node writes none (its
+    /// write order names no medium it has, or it holds no extent of a shared pool), or
+    /// none admits it.
+    #[error("no pool of the node's write order may take it")]
+    NoPool,
+    /// The object is larger than every pool the node may write.
+    #[error("it is larger than every pool the node may write")]
+    TooLarge,
+    /// Every pool the node may write is full; room is being made (evictions and
+    /// demotions started): a later store may find it.
+    #[error("every pool the node may write is full; room is being made, try again")]
+    NoRoom,
+    /// The node could not reach the directory, or is rejoining it.
+    #[error("the node cannot reach the directory now")]
+    DirectoryUnavailable,
+    /// The node's own pool refused the pages the directory granted (its figures lagged).
+    #[error("the node's pool had no pages for it")]
+    PoolRefused,
+    /// The grant ran out before the bytes were written.
+    #[error("the grant ran out before the bytes were written")]
+    GrantExpired,
+    /// The written object was not published: the node's session was replaced, or the
+    /// directory could not be reached.
+    #[error("the written object was not published (the node's session changed or the directory was unreachable)")]
+    NotPublished,
+}
+
+impl StoreSkip {
+    /// Whether the same store may pass if asked again shortly: room being made, a
+    /// directory being reached again, a grant or session that changed. A draining node,
+    /// no pool to write, or an object larger than every pool skip it again.
+    pub fn is_transient(self) -> bool {
+        !matches!(
+            self,
+            StoreSkip::Draining | StoreSkip::NoPool | StoreSkip::TooLarge
+        )
+    }
+
+    /// Its label in metrics and JSON: `no_room`, `draining`, ...
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreSkip::Draining => "draining",
+            StoreSkip::NoPool => "no_pool",
+            StoreSkip::TooLarge => "too_large",
+            StoreSkip::NoRoom => "no_room",
+            StoreSkip::DirectoryUnavailable => "directory_unavailable",
+            StoreSkip::PoolRefused => "pool_refused",
+            StoreSkip::GrantExpired => "grant_expired",
+            StoreSkip::NotPublished => "not_published",
+        }
+    }
 }
 
 /// The outcome of `commit`.

@@ -15,6 +15,10 @@ pub struct ConfigChange {
     pub regranted_nodes: Vec<String>,
     /// CXL pools the new file adds: formatted and registered now.
     pub added_cxl_pools: Vec<String>,
+    /// Namespaces (by model name) whose recompute cost (`[namespaces."<model>"]`) the new
+    /// file sets, changes or removes: the directory's next demotion and replication
+    /// decisions price them so.
+    pub repriced_namespaces: Vec<String>,
 }
 
 impl ConfigChange {

@@ -23,7 +23,6 @@ use crate::model::{
     Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, Scope, SessionId, TaskId, Tier,
     Timestamp,
 };
-use crate::policy::cost::CostModel;
 use crate::policy::replication::{most_demanded_first, ReplicationCost, Route};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -322,17 +321,17 @@ impl Directory {
         let Some(descriptor) = self.namespaces.get(&object.namespace) else {
             return Decision::Drop;
         };
+        let (cost, tokens) = self.config.recompute_model(
+            &descriptor.model,
+            descriptor.chunk_tokens,
+            source.length_bytes,
+        );
         let wanted = WantedCopy {
             object,
             node,
             source_id,
             source,
-            cost: ReplicationCost {
-                cost: CostModel {
-                    prefill_us_per_token: self.config.prefill_us_per_token_of(&descriptor.model),
-                },
-                tokens: descriptor.chunk_tokens,
-            },
+            cost: ReplicationCost { cost, tokens },
         };
         match self.shared_plan(&wanted, owner, requester) {
             Ok(plan) => Decision::Start(plan),

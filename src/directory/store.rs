@@ -7,7 +7,7 @@ use super::replicas::NewReplica;
 use super::sessions::Session;
 use super::{
     AbortOutcome, CommitOutcome, Directory, DirectoryError, ReplicaState, ReserveItem,
-    ReserveOutcome, ResolveOutcome, Table, OBJECT_BYTES_MAX,
+    ReserveOutcome, ResolveOutcome, StoreSkip, Table, OBJECT_BYTES_MAX,
 };
 use crate::model::{
     Location, ObjectId, OperationId, PoolId, ReplicaId, Scope, SessionId, Timestamp,
@@ -38,8 +38,8 @@ impl Directory {
         let (outcome, present) = match self.existing_for(session, &item.object) {
             Some(existing) => existing,
             None => match self.placement(session_id, session, &item.object, item.length_bytes)? {
-                None => (ReserveOutcome::Skip, None),
-                Some((pool, allocated_bytes)) => {
+                Err(skip) => (ReserveOutcome::Skip(skip), None),
+                Ok((pool, allocated_bytes)) => {
                     let replica = NewReplica {
                         object: item.object,
                         pool,
@@ -53,7 +53,7 @@ impl Directory {
             },
         };
         self.record_store(now, &item.object, present);
-        if outcome == ReserveOutcome::Skip {
+        if outcome == ReserveOutcome::Skip(StoreSkip::NoRoom) {
             // Make room now rather than at the next tick: this store is skipped, the next
             // ones find the space once the owners reclaim.
             self.evictions_unreported += self.evict(now);
@@ -63,17 +63,18 @@ impl Directory {
     }
 
     /// Where a new reservation of `length_bytes` for `object` goes ([`Directory::place`]):
-    /// `None` when no pool admits it with room, `Full` when the replica table or the
-    /// session's reservations are at their bound.
+    /// why it is skipped when no pool admits it with room, `Full` when the replica table or
+    /// the session's reservations are at their bound.
     fn placement(
         &self,
         session_id: SessionId,
         session: &Session,
         object: &ObjectId,
         length_bytes: u64,
-    ) -> Result<Option<(PoolId, u64)>, DirectoryError> {
-        let Some(placed) = self.place(session_id, session, object, length_bytes) else {
-            return Ok(None);
+    ) -> Result<Result<(PoolId, u64), StoreSkip>, DirectoryError> {
+        let placed = match self.place(session_id, session, object, length_bytes) {
+            Ok(placed) => placed,
+            Err(skip) => return Ok(Err(skip)),
         };
         if !self.replicas.has_room() {
             return Err(DirectoryError::Full(Table::Replicas));
@@ -81,7 +82,7 @@ impl Directory {
         if session.reservations.len() >= self.config.reservations_per_session_max as usize {
             return Err(DirectoryError::Full(Table::Reservations));
         }
-        Ok(Some(placed))
+        Ok(Ok(placed))
     }
 
     /// Grants `replica` to `session_id`, whose bounds [`Directory::placement`] checked.
@@ -142,20 +143,21 @@ impl Directory {
     /// Where kvtier's placement ([`placement::write_target`]) writes `object`: the first
     /// pool of the node's write order that it may write, that admits the object (a
     /// wear-limited pool only once it is reused) and has room for `length_bytes` rounded
-    /// to the pool's pages. Returns the pool and the rounded bytes. The directory cannot
-    /// tell a partial chunk, so placement's partial rule never refuses here.
+    /// to the pool's pages. Returns the pool and the rounded bytes, or why the store is
+    /// skipped. The directory cannot tell a partial chunk, so placement's partial rule
+    /// never refuses here.
     fn place(
         &self,
         session_id: SessionId,
         session: &Session,
         object: &ObjectId,
         length_bytes: u64,
-    ) -> Option<(PoolId, u64)> {
+    ) -> Result<(PoolId, u64), StoreSkip> {
         // A node being drained gets nothing new: its stores are skipped.
         if self.is_draining(session_id) {
-            return None;
+            return Err(StoreSkip::Draining);
         }
-        let candidates = session
+        let candidates: Vec<_> = session
             .write_order
             .iter()
             .flat_map(|medium| {
@@ -175,15 +177,27 @@ impl Directory {
                     wear_limited: record.profile.wear_limited,
                     has_room: record.free_bytes() >= bytes,
                 };
-                ((pool, bytes), candidate)
-            });
+                (
+                    (pool, bytes, bytes <= record.spec.capacity_bytes),
+                    candidate,
+                )
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Err(StoreSkip::NoPool);
+        }
+        let fits_somewhere = candidates.iter().any(|((_, _, fits), _)| *fits);
         let incoming = Incoming {
             // This store is an access too.
             frequency: self.access_count(object).saturating_add(1),
             // A reservation carries the chunk's length, not its tokens.
             partial: false,
         };
-        placement::write_target(candidates, &incoming, &self.config.placement()).0
+        match placement::write_target(candidates, &incoming, &self.config.placement()).0 {
+            Some((pool, bytes, _)) => Ok((pool, bytes)),
+            None if !fits_somewhere => Err(StoreSkip::TooLarge),
+            None => Err(StoreSkip::NoRoom),
+        }
     }
 
     fn can_write(&self, session_id: SessionId, session: &Session, pool: PoolId) -> bool {

@@ -313,7 +313,7 @@ fn full_pools_skip_and_existing_hits_stay() {
     fixture.store(&a, fixture.object(2), MIB);
     assert_eq!(
         fixture.reserve(&a, fixture.object(3), 1),
-        ReserveOutcome::Skip
+        ReserveOutcome::Skip(StoreSkip::NoRoom)
     );
     assert!(matches!(
         fixture.acquire_one(&a, fixture.object(1)),
@@ -341,7 +341,12 @@ fn write_order_fills_cpu_then_cxl() {
     assert_eq!(media, vec![Medium::Cpu, Medium::Cxl, Medium::Cxl]);
     assert_eq!(
         fixture.reserve(&a, fixture.object(9), MIB),
-        ReserveOutcome::Skip
+        ReserveOutcome::Skip(StoreSkip::NoRoom)
+    );
+    assert_eq!(
+        fixture.reserve(&a, fixture.object(10), 4 * MIB),
+        ReserveOutcome::Skip(StoreSkip::TooLarge),
+        "larger than the CPU pool and the CXL pool"
     );
 }
 
@@ -2039,7 +2044,7 @@ fn a_drain_relocates_what_is_worth_keeping_waits_for_leases_then_ends_as_drained
     );
     assert_eq!(
         fixture.reserve(&a, fixture.object(9), MIB),
-        ReserveOutcome::Skip,
+        ReserveOutcome::Skip(StoreSkip::Draining),
         "nothing new is placed on a draining node"
     );
     fixture.directory.tick(fixture.now);

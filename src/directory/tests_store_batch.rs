@@ -32,7 +32,10 @@ fn a_batch_reserves_each_item_and_a_full_pool_skips_only_those_past_it() {
     assert_eq!(outcomes.len(), 4);
     assert_eq!(outcomes[0], Ok(ReserveOutcome::AlreadyPresent));
     assert!(matches!(outcomes[1], Ok(ReserveOutcome::Granted { .. })));
-    assert_eq!(outcomes[2], Ok(ReserveOutcome::Skip));
+    assert_eq!(
+        outcomes[2],
+        Ok(ReserveOutcome::Skip(crate::directory::StoreSkip::NoRoom))
+    );
     assert_eq!(
         outcomes[3],
         Err(DirectoryError::InvalidLength { length_bytes: 0 })

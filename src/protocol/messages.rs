@@ -26,8 +26,9 @@ use serde::{Deserialize, Serialize};
 /// where an object's bytes are in the node's SSD files, for a reader such as GPUDirect
 /// Storage); 8 took drain and reload off the node's socket (an operator certificate asks the
 /// directory); 9 hands the pools' files over the node's socket before hello
-/// ([`crate::wire::handoff`]) instead of naming paths. An older peer is refused at hello
-/// rather than misread.
+/// ([`crate::wire::handoff`]) instead of naming paths, gives a skipped store its reason
+/// (reserve and store grants) and a reload its repriced namespaces. An older peer is
+/// refused at hello rather than misread.
 pub const SUPPORTED_VERSIONS: &[u16] = &[9];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
@@ -440,8 +441,8 @@ pub enum StoreGrant {
     },
     AlreadyPresent,
     Pending,
-    /// Every eligible pool is full: the store is skipped, existing hits stay.
-    Skip,
+    /// The store is skipped, for the reason given; existing hits stay.
+    Skip(crate::directory::StoreSkip),
 }
 
 /// The node's reply to a client, one per request.

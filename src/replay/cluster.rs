@@ -681,7 +681,7 @@ impl SimulatedCluster {
             let reserved = loop {
                 let operation = self.operation();
                 match self.directory.reserve(now, session, operation, item)? {
-                    ReserveOutcome::Skip if polls_left > 0 => {
+                    ReserveOutcome::Skip(_) if polls_left > 0 => {
                         polls_left -= 1;
                         self.poll(node, now)?;
                     }
@@ -763,7 +763,7 @@ impl SimulatedCluster {
                         CommitOutcome::AlreadyPresent => {}
                     }
                 }
-                ReserveOutcome::Skip => tally.skipped += 1,
+                ReserveOutcome::Skip(_) => tally.skipped += 1,
                 ReserveOutcome::AlreadyPresent | ReserveOutcome::Pending => {}
             }
         }

@@ -225,7 +225,7 @@ async fn drive(
         for outcome in stored.await? {
             match outcome {
                 StoreOutcome::Stored => tally.stored += 1,
-                StoreOutcome::Skipped => tally.skipped += 1,
+                StoreOutcome::Skipped(_) => tally.skipped += 1,
                 StoreOutcome::AlreadyPresent | StoreOutcome::Pending => {}
             }
         }

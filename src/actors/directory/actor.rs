@@ -191,6 +191,8 @@ impl DirectoryActor {
                 .set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
         }
         self.grants = grants_of(&new);
+        self.core
+            .set_namespace_costs(new.directory.limits.namespace_costs.clone());
         for name in &change.removed_nodes {
             let Some(grant) = grants_of(&self.config).remove(name) else {
                 continue;

@@ -41,6 +41,18 @@ pub fn diff(current: &ClusterConfig, new: &ClusterConfig) -> Result<ConfigChange
         .filter(|old| !new.nodes.iter().any(|node| node.name == old.name))
         .map(|old| old.name.clone())
         .collect();
+    let (old_costs, new_costs) = (
+        &current.directory.limits.namespace_costs,
+        &new.directory.limits.namespace_costs,
+    );
+    let mut models: Vec<&String> = old_costs.keys().chain(new_costs.keys()).collect();
+    models.sort();
+    models.dedup();
+    change.repriced_namespaces = models
+        .into_iter()
+        .filter(|model| old_costs.get(*model) != new_costs.get(*model))
+        .cloned()
+        .collect();
     Ok(change)
 }
 
@@ -48,7 +60,8 @@ fn not_live(name: String) -> ReloadRefusal {
     ReloadRefusal::NotLive(name)
 }
 
-/// The directory's own section (its identity, addresses, limits and profiles) is read once.
+/// The directory's own section (its identity, addresses, limits and profiles) is read once;
+/// the namespaces' costs, kept with the limits, change live.
 fn check_directory_section(
     current: &ClusterConfig,
     new: &ClusterConfig,
@@ -63,12 +76,22 @@ fn check_directory_section(
             "directory.tick_interval_ms",
             old.tick_interval_ms == new.tick_interval_ms,
         ),
-        ("directory.limits", old.limits == new.limits),
+        (
+            "directory.limits",
+            without_costs(&old.limits) == without_costs(&new.limits),
+        ),
     ];
     match fields.into_iter().find(|(_, same)| !same) {
         Some((name, _)) => Err(not_live(name.into())),
         None => Ok(()),
     }
+}
+
+/// The limits less what a reload applies (the namespaces' costs).
+fn without_costs(limits: &crate::directory::DirectoryConfig) -> crate::directory::DirectoryConfig {
+    let mut limits = limits.clone();
+    limits.namespace_costs.clear();
+    limits
 }
 
 /// A registered CXL pool keeps its geometry and identity: nodes have mapped it and the
@@ -192,6 +215,40 @@ capacity_bytes = 65536
             diff(&current, &load(&extent).unwrap()),
             Err(ReloadRefusal::NotLive("cxl_pools.cxl0.extent_bytes".into()))
         );
+    }
+
+    #[test]
+    fn a_namespace_cost_changes_live_and_an_invalid_one_is_refused() {
+        let current = load(BASE).unwrap();
+        let ctl = "\n[namespaces.\"kvtier-ctl\"]\nrecompute_us_per_mib = 5000.0\n";
+        let priced = load(&format!("{BASE}{ctl}")).unwrap();
+        let change = diff(&current, &priced).unwrap();
+        assert_eq!(change.repriced_namespaces, ["kvtier-ctl"]);
+        assert_eq!(
+            change,
+            ConfigChange {
+                repriced_namespaces: vec!["kvtier-ctl".into()],
+                ..ConfigChange::default()
+            }
+        );
+        let cheaper = load(&format!("{BASE}{}", ctl.replace("5000.0", "2.5"))).unwrap();
+        assert_eq!(
+            diff(&priced, &cheaper).unwrap().repriced_namespaces,
+            ["kvtier-ctl"]
+        );
+        assert!(diff(&priced, &priced).unwrap().is_empty());
+        assert_eq!(
+            diff(&priced, &current).unwrap().repriced_namespaces,
+            ["kvtier-ctl"]
+        );
+        for invalid in [
+            ctl.replace("5000.0", "0.0"),
+            ctl.replace("recompute_us_per_mib = 5000.0", ""),
+            format!("{ctl}prefill_us_per_token = 1.0\n"),
+        ] {
+            let error = load(&format!("{BASE}{invalid}")).unwrap_err();
+            assert!(error.contains("namespaces.\"kvtier-ctl\""), "{error}");
+        }
     }
 
     #[test]

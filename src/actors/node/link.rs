@@ -9,7 +9,7 @@ use crate::actors::busy_poll::BusyPoll;
 use crate::actors::frames::INFLIGHT_REQUESTS_MAX;
 use crate::directory::{
     CommitOutcome, DirectoryError, ExtentGrant, ExtentReturn, OpenReply, ReserveItem,
-    ReserveOutcome, ResolveOutcome,
+    ReserveOutcome, ResolveOutcome, StoreSkip,
 };
 use crate::model::{Epoch, Location, Medium, NodeId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{ExtentAction, NodeCore};
@@ -499,7 +499,9 @@ impl DirectoryLink {
     ) -> Result<ReserveOutcome, LinkError> {
         match self.resolve(session, operation).await {
             Ok(ResolveOutcome::Reserved(outcome)) => Ok(outcome),
-            Ok(ResolveOutcome::NotApplied) => Ok(ReserveOutcome::Skip),
+            Ok(ResolveOutcome::NotApplied) => {
+                Ok(ReserveOutcome::Skip(StoreSkip::DirectoryUnavailable))
+            }
             Ok(_) | Err(_) => Err(LinkError::Unresolved(operation)),
         }
     }

@@ -335,7 +335,7 @@ async fn reserve(
             (session, Ok(ReserveOutcome::Granted { replica, pool, .. })) => {
                 break (session, replica, pool)
             }
-            (_, Ok(ReserveOutcome::Skip)) if tokio::time::Instant::now() < deadline => {
+            (_, Ok(ReserveOutcome::Skip(_))) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(RESTORE_RETRY).await;
             }
             _ => return None,

@@ -10,7 +10,7 @@ use super::actor::commit_result;
 use super::client_session::{give_back, refusal};
 use super::link::{CommitRequest, LinkError};
 use super::services::{AllocationRefused, NodeServices};
-use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome};
+use crate::directory::{CommitOutcome, ReserveItem, ReserveOutcome, StoreSkip};
 use crate::metrics::Direction;
 use crate::model::{Location, SessionId};
 use crate::node::{after_commit, ClientId, ClientRefusal, PagesAfterCommit, Ticket};
@@ -86,9 +86,11 @@ async fn grant(
         Ok(ReserveOutcome::Granted { replica, pool, .. }) => (replica, pool),
         Ok(ReserveOutcome::AlreadyPresent) => return (Ok(StoreGrant::AlreadyPresent), None),
         Ok(ReserveOutcome::Pending) => return (Ok(StoreGrant::Pending), None),
-        Ok(ReserveOutcome::Skip) => return (Ok(StoreGrant::Skip), None),
+        Ok(ReserveOutcome::Skip(skip)) => return (Ok(StoreGrant::Skip(skip)), None),
         // Out of reach or rejoining: the store is skipped, as when the cluster is full.
-        Err(error) if error.is_unavailable() => return (Ok(StoreGrant::Skip), None),
+        Err(error) if error.is_unavailable() => {
+            return (Ok(StoreGrant::Skip(StoreSkip::DirectoryUnavailable)), None)
+        }
         Err(error) => return (Err(refusal(Err(error))), None),
     };
     let Some(actor) = services.pools.get(&pool) else {
@@ -133,7 +135,7 @@ async fn grant(
                 "local pool refused an allocation the directory granted"
             );
             services.link.abort(session, replica).await;
-            (Ok(StoreGrant::Skip), None)
+            (Ok(StoreGrant::Skip(StoreSkip::PoolRefused)), None)
         }
     }
 }
