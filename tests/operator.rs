@@ -2,7 +2,8 @@
 //! refused at start and on reload, naming its line and the nearest known key; SIGHUP
 //! reloading a node; no stop signal leaving a node's socket, lock or pool file behind; and a
 //! drain that cannot progress ending `ctl drain --wait` with the reason; `ctl put` objects
-//! moving down the tiers at their namespace's cost, and a skipped put failing with its reason.
+//! moving down the tiers at their namespace's cost, and a skipped put failing with its reason;
+//! a full CXL pool at a node's start logged as the normal case it is.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 mod common;
@@ -11,6 +12,7 @@ use common::{ctl, operator};
 use kvtier::client::StoreOutcome;
 use kvtier::directory::AcquireMode;
 use kvtier::launch::{ClusterSpec, LocalCluster};
+use kvtier::model::Medium;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -602,4 +604,32 @@ fn ctl_objects_take_the_tier_path_their_namespace_cost_sets_and_a_skip_says_why(
     );
     let shown = String::from_utf8_lossy(&put.stdout);
     assert!(shown.contains("skipped (too_large)"), "{shown}");
+}
+
+#[test]
+fn a_full_cxl_pool_is_not_a_probe_failure() {
+    // One extent, which the node's object holds: killed and started again, the node finds
+    // none free (its earlier session keeps it until it is fenced).
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 16 << 20,
+        cxl_pool_bytes: 4 << 20,
+        cxl_extent_bytes: 4 << 20,
+        write_order: vec![Medium::Cxl],
+        metrics: false,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(exe(), &spec).unwrap();
+    let socket = cluster.socket(0).unwrap();
+    let put = put_bytes(&cluster.root, &socket, "in-cxl", 2 << 20);
+    assert!(put.status.success(), "{put:?}");
+    let probe = ctl(&socket, &["probe", "--key", "in-cxl"]);
+    let shown = String::from_utf8_lossy(&probe.stdout);
+    assert!(shown.contains("hit in cxl"), "{shown}");
+    cluster.restart_node(0).unwrap();
+    let log = log_of(&cluster.root.join("node-a.log"));
+    assert!(!log.contains("probing the pool failed"), "{log}");
+    assert!(!log.contains("WARN"), "{log}");
 }

@@ -48,8 +48,12 @@ pub enum ProbeError {
     #[error("probe region: {0}")]
     Region(#[from] PoolError),
     /// A shared pool had no free extent to probe in: it keeps the directory's figures.
+    /// Normal when the pool is full, or after a restart while the node's extents are held.
     #[error("no free extent to probe in")]
     NoRoom,
+    /// The directory did not answer the request for an extent to probe in.
+    #[error("asking the directory for an extent to probe in: {0}")]
+    Directory(String),
     /// The SSD scratch file could not be written or read (no space, no direct I/O on this
     /// file system, no permission).
     #[error("SSD probe at {path}: {source}")]

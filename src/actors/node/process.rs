@@ -547,8 +547,10 @@ async fn probe_shared_pool(
     pool: PoolId,
     cxl: &MemoryPool,
 ) -> Result<Measurement, probe::ProbeError> {
-    let Ok(ExtentGrant::Granted(extent)) = link.grant_extent(pool).await else {
-        return Err(probe::ProbeError::NoRoom);
+    let extent = match link.grant_extent(pool).await {
+        Ok(ExtentGrant::Granted(extent)) => extent,
+        Ok(ExtentGrant::Full) => return Err(probe::ProbeError::NoRoom),
+        Err(error) => return Err(probe::ProbeError::Directory(error.to_string())),
     };
     let region = ProbeRegion {
         offset: extent.offset_bytes,
@@ -583,6 +585,15 @@ async fn report_probe(
 ) -> Option<(PoolId, Measurement)> {
     let measured = match probed {
         Ok(measured) => measured,
+        // Every extent held (a full pool, or this node's own extents kept over a restart):
+        // a normal case, not a fault.
+        Err(probe::ProbeError::NoRoom) => {
+            tracing::debug!(
+                ?pool,
+                "no free extent to probe the pool in; it keeps the directory's figures"
+            );
+            return None;
+        }
         Err(error) => {
             tracing::warn!(%error, ?pool, "probing the pool failed; it keeps default figures");
             return None;
