@@ -3,7 +3,8 @@
 //! reloading a node; no stop signal leaving a node's socket, lock or pool file behind; and a
 //! drain that cannot progress ending `ctl drain --wait` with the reason; `ctl put` objects
 //! moving down the tiers at their namespace's cost, and a skipped put failing with its reason;
-//! a full CXL pool at a node's start logged as the normal case it is.
+//! a full CXL pool at a node's start logged as the normal case it is; a drained node started
+//! again rejoining.
 //! Waits are on conditions; a deadline is a hang guard only ([`HANG_GUARD`]).
 
 mod common;
@@ -632,4 +633,72 @@ fn a_full_cxl_pool_is_not_a_probe_failure() {
     let log = log_of(&cluster.root.join("node-a.log"));
     assert!(!log.contains("probing the pool failed"), "{log}");
     assert!(!log.contains("WARN"), "{log}");
+}
+
+#[test]
+fn a_drained_node_started_again_rejoins_under_a_new_epoch() {
+    let mut cluster = small_cluster();
+    let socket = cluster.socket(0).unwrap();
+    let drained = operator(&cluster.config_path, &["drain", "node-a", "--wait"]);
+    assert!(drained.status.success(), "{drained:?}");
+    let mut exit = None;
+    eventually("the drained node exits", || {
+        exit = cluster.node_exit(0).unwrap();
+        exit.is_some()
+    });
+    assert!(exit.unwrap().success(), "{exit:?}");
+
+    // Started again, it opens a new session (epoch 2) and serves: a drain is a way out
+    // for maintenance; removing the node's section is what keeps it out.
+    cluster.start_node(0).unwrap();
+    let status = ctl(&socket, &["status", "--json"]);
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{status:?}");
+    let status: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let node = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["name"] == "node-a")
+        .unwrap();
+    assert_eq!(
+        (node["state"].as_str(), node["epoch"].as_u64()),
+        (Some("live"), Some(2)),
+        "{shown}"
+    );
+    let put = put_bytes(&cluster.root, &socket, "after-drain", 64 << 10);
+    assert!(put.status.success(), "{put:?}");
+
+    // Its section removed and the file reloaded, it is drained again and then refused, even
+    // started from a copy of the file that still names it (a host's stale copy).
+    let text = std::fs::read_to_string(&cluster.config_path).unwrap();
+    let stale = cluster.root.join("stale.toml");
+    std::fs::write(&stale, &text).unwrap();
+    let start = text.find("\n[[nodes]]\nname = \"node-a\"").unwrap();
+    let end = text[start + 1..]
+        .find("\n[[")
+        .map_or(text.len(), |offset| start + 1 + offset);
+    std::fs::write(
+        &cluster.config_path,
+        format!("{}{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    let reload = operator(&cluster.config_path, &["reload"]);
+    let said = String::from_utf8_lossy(&reload.stdout);
+    assert!(
+        said.contains("removed (draining) [\"node-a\"]"),
+        "{reload:?}"
+    );
+    eventually("the removed node exits, drained", || {
+        exit = cluster.node_exit(0).unwrap();
+        exit.is_some()
+    });
+    assert!(exit.unwrap().success(), "{exit:?}");
+    let refused = run_to_exit(&["node", "--name", "node-a"], &stale);
+    let reason = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{reason}");
+    assert!(
+        reason.contains("peer `node-a` is not a node of this cluster"),
+        "{reason}"
+    );
 }
