@@ -306,6 +306,25 @@ mod tests {
     }
 
     #[test]
+    fn issue_writes_private_keys_and_public_certificates() {
+        let directory = temp_directory("issue-files");
+        init_cluster_certs(&directory, &["directory".into()], false).unwrap();
+        // A renewal over a key left readable resets it to 0600.
+        let stale = directory.join("node-c.key");
+        fs::write(&stale, "old").unwrap();
+        fs::set_permissions(&stale, fs::Permissions::from_mode(0o644)).unwrap();
+        issue_certificates(&directory, &["node-c".into(), "node-d".into()], 30).unwrap();
+        let mode = |path: PathBuf| fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        for name in ["node-c", "node-d"] {
+            assert_eq!(mode(directory.join(format!("{name}.key"))), 0o600, "{name}");
+            assert_eq!(mode(directory.join(format!("{name}.pem"))), 0o644, "{name}");
+        }
+        assert_eq!(mode(directory.join("ca.pem")), 0o644);
+        assert_ne!(fs::read_to_string(&stale).unwrap(), "old");
+        fs::remove_dir_all(&directory).unwrap();
+    }
+
+    #[test]
     fn existing_ca_is_kept_unless_forced() {
         let directory = temp_directory("init-force");
         init_cluster_certs(&directory, &["directory".into()], false).unwrap();
