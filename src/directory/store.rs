@@ -157,46 +157,54 @@ impl Directory {
         if self.is_draining(session_id) {
             return Err(StoreSkip::Draining);
         }
-        let candidates: Vec<_> = session
-            .write_order
-            .iter()
-            .flat_map(|medium| {
-                self.pools
-                    .iter()
-                    .enumerate()
-                    // A client's store never lands in a staged (L2) pool: only spills do.
-                    .filter(move |(_, record)| {
-                        record.spec.medium == *medium && medium.tier() == crate::model::Tier::L1
-                    })
-            })
-            .map(|(index, record)| (PoolId(index as u32), record))
-            .filter(|(pool, _)| self.can_write(session_id, session, *pool))
-            .map(|(pool, record)| {
-                let bytes = record.spec.rounded_bytes(length_bytes);
-                let candidate = WriteCandidate {
-                    wear_limited: record.profile.wear_limited,
-                    has_room: record.free_bytes() >= bytes,
-                };
-                (
-                    (pool, bytes, bytes <= record.spec.capacity_bytes),
-                    candidate,
-                )
-            })
-            .collect();
-        if candidates.is_empty() {
-            return Err(StoreSkip::NoPool);
-        }
-        let fits_somewhere = candidates.iter().any(|((_, _, fits), _)| *fits);
+        // Lazily, as the placement walks them: a reserve allocates nothing. Only a store
+        // that is skipped walks them again, to say why.
+        let candidates = || {
+            session
+                .write_order
+                .iter()
+                .flat_map(|medium| {
+                    self.pools
+                        .iter()
+                        .enumerate()
+                        // A client's store never lands in a staged (L2) pool: only spills do.
+                        .filter(move |(_, record)| {
+                            record.spec.medium == *medium && medium.tier() == crate::model::Tier::L1
+                        })
+                })
+                .map(|(index, record)| (PoolId(index as u32), record))
+                .filter(|(pool, _)| self.can_write(session_id, session, *pool))
+                .map(|(pool, record)| {
+                    let bytes = record.spec.rounded_bytes(length_bytes);
+                    let candidate = WriteCandidate {
+                        wear_limited: record.profile.wear_limited,
+                        has_room: record.free_bytes() >= bytes,
+                    };
+                    (
+                        (pool, bytes, bytes <= record.spec.capacity_bytes),
+                        candidate,
+                    )
+                })
+        };
         let incoming = Incoming {
             // This store is an access too.
             frequency: self.access_count(object).saturating_add(1),
             // A reservation carries the chunk's length, not its tokens.
             partial: false,
         };
-        match placement::write_target(candidates, &incoming, &self.config.placement()).0 {
-            Some((pool, bytes, _)) => Ok((pool, bytes)),
-            None if !fits_somewhere => Err(StoreSkip::TooLarge),
-            None => Err(StoreSkip::NoRoom),
+        if let Some((pool, bytes, _)) =
+            placement::write_target(candidates(), &incoming, &self.config.placement()).0
+        {
+            return Ok((pool, bytes));
+        }
+        let mut fits = candidates().map(|((_, _, fits), _)| fits).peekable();
+        if fits.peek().is_none() {
+            return Err(StoreSkip::NoPool);
+        }
+        if fits.any(|fits| fits) {
+            Err(StoreSkip::NoRoom)
+        } else {
+            Err(StoreSkip::TooLarge)
         }
     }
 
