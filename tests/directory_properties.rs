@@ -536,6 +536,8 @@ impl Harness {
         for task in polled.unwrap() {
             let replica = match task.kind {
                 TaskKind::Reclaim { replica, .. } => replica,
+                // This model's engines ask for no delegation.
+                TaskKind::Recall { .. } => continue,
                 TaskKind::Demote {
                     source,
                     target,

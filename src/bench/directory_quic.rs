@@ -64,6 +64,8 @@ pub struct QuicReport {
     /// p50 of all floor round trips (transport + framing, answered by the session actor).
     pub floor_p50_us: f64,
     pub batches: Vec<BatchReport>,
+    /// Probes and acquires the node answers under its delegations.
+    pub local_hits: super::local_hits::LocalHitReport,
 }
 
 /// Starts a local cluster, connects as the benchmark peer and measures; `seed` draws the
@@ -136,7 +138,10 @@ async fn measure(
         batches.push(report);
     }
     drop(heartbeats);
+    let local_hits =
+        super::local_hits::measure(cluster, args.round_trips, args.concurrency, seed).await?;
     Ok(QuicReport {
+        local_hits,
         floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
         batches,
     })
@@ -295,6 +300,20 @@ pub fn print(report: &QuicReport) {
             batch.requests_per_s / batch.floor_requests_per_s.max(1e-9)
         );
     }
+    let local = &report.local_hits;
+    println!(
+        "local hits (node's delegated index, over its socket): probe+acquire p50 {:.1} us \
+         (p99 {:.1}; {:.2} x the QUIC floor p50 {:.1} us), acquire alone p50 {:.1} us, \
+         {:.0}% local; batch-64 probes {:.0} keys/s over the socket, {:.0} keys/s in the index",
+        local.probe_acquire_p50_us,
+        local.probe_acquire_p99_us,
+        local.probe_acquire_p50_us / report.floor_p50_us.max(1e-9),
+        report.floor_p50_us,
+        local.acquire_p50_us,
+        local.local_fraction * 100.0,
+        local.socket_batch64_keys_per_s,
+        local.index_batch64_keys_per_s,
+    );
     println!(
         "floor: a round trip the session actor answers alone (a repeated hello), interleaved \
          one for one with the probes; throughput floor: as many of them in flight (same run)"

@@ -8,6 +8,7 @@ pub mod cxl;
 pub mod data;
 pub mod directory;
 pub mod directory_quic;
+pub mod local_hits;
 pub mod peer;
 pub mod replicate;
 pub mod ssd;

@@ -63,6 +63,10 @@ pub struct DirectoryConfig {
     pub leases_max: u32,
     /// Live leases of one session: keeps one runaway engine from taking every lease.
     pub leases_per_session_max: u32,
+    /// Delegations one node session holds at once (each also a lease of the session): the
+    /// replicas it answers hits on without asking ([`super::delegations`]). 0 turns
+    /// delegation off: every hit then asks the directory.
+    pub delegations_per_session_max: u32,
     /// Node names ever seen; node ids are never reused while the directory runs.
     pub nodes_max: u32,
     /// Live and suspect sessions (about one per node).
@@ -356,6 +360,7 @@ impl Default for DirectoryConfig {
             replicas_max: 64 << 20,
             leases_max: 1 << 20,
             leases_per_session_max: 1 << 18,
+            delegations_per_session_max: 1 << 16,
             nodes_max: 4096,
             sessions_max: 4096,
             retired_sessions_max: 4096,

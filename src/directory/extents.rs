@@ -101,12 +101,19 @@ impl Directory {
     }
 
     /// The longest window the previous incarnation of a directory with this configuration
-    /// could have left open: a lease, an unwritten grant, or a silent node not yet fenced.
+    /// could have left open: a lease, an unwritten grant, or a silent node not yet fenced;
+    /// with delegations, a local lease a node granted under one until it stopped on its own
+    /// (at most `fence_after` after the old incarnation last answered it), so a lease more.
     pub fn recovery_window(&self) -> std::time::Duration {
         let config = &self.config;
+        let local_leases = match config.delegations_per_session_max {
+            0 => std::time::Duration::ZERO,
+            _ => config.fence_after + config.lease_duration,
+        };
         config
             .lease_duration
             .max(config.reservation_duration)
             .max(config.fence_after)
+            .max(local_leases)
     }
 }

@@ -1,5 +1,6 @@
 //! The lease table: a slab of leases with ids that go stale on reuse, and a deadline queue.
-//! All leases have the same duration, so the queue is in deadline order; released leases
+//! Leases of one kind have the same duration, so each kind's queue is in deadline order (a
+//! node's delegation lasts longer than an engine's lease, see [`super::delegations`]); released leases
 //! leave dead entries that are skipped on expiry and compacted when they outnumber the
 //! live ones, which bounds the queue at twice the live leases. Each session's leases form an
 //! intrusive list through their slots, so ending a session costs what it holds, not a scan
@@ -16,7 +17,13 @@ pub struct LeaseRecord {
     pub replica: ReplicaId,
     pub session: SessionId,
     pub deadline: Timestamp,
+    /// A delegation: the node's own lease, under which it grants local leases.
+    pub delegation: bool,
 }
+
+/// Lease ids leave their top bit clear: a node numbers its local leases with it set, so the
+/// two never meet ([`crate::node::delegations`]).
+const GENERATION_MASK: u32 = u32::MAX >> 1;
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
@@ -36,7 +43,8 @@ pub struct LeaseTable {
     free_tail: u32,
     live: u32,
     leases_max: u32,
-    deadlines: VecDeque<(Timestamp, LeaseId)>,
+    /// The deadline queues of engine leases and of delegations.
+    deadlines: [VecDeque<(Timestamp, LeaseId)>; 2],
     /// The first lease slot of each session holding a lease: at most one entry per live
     /// lease, removed with the session's last lease.
     session_heads: HashMap<SessionId, u32>,
@@ -55,7 +63,7 @@ impl LeaseTable {
             free_tail: NONE,
             live: 0,
             leases_max: leases_max.min(NONE - 1),
-            deadlines: VecDeque::new(),
+            deadlines: [VecDeque::new(), VecDeque::new()],
             session_heads: HashMap::new(),
         }
     }
@@ -103,7 +111,7 @@ impl LeaseTable {
         }
         self.live += 1;
         let id = LeaseId(u64::from(self.slots[slot].generation) << 32 | slot as u64);
-        self.deadlines.push_back((record.deadline, id));
+        self.deadlines[usize::from(record.delegation)].push_back((record.deadline, id));
         id
     }
 
@@ -138,7 +146,7 @@ impl LeaseTable {
         }
         let slot = &mut self.slots[index];
         let record = slot.lease.take();
-        slot.generation = slot.generation.wrapping_add(1);
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
         slot.next_free = NONE;
         if self.free_tail == NONE {
             self.free_head = index as u32;
@@ -147,28 +155,31 @@ impl LeaseTable {
         }
         self.free_tail = index as u32;
         self.live -= 1;
-        if self.deadlines.len() > 2 * self.live as usize + 1024 {
+        let queued = self.deadlines[0].len() + self.deadlines[1].len();
+        if queued > 2 * self.live as usize + 1024 {
             let slots = &self.slots;
-            self.deadlines.retain(|(_, id)| {
-                let (slot, generation) = split(*id);
-                slots[slot].generation == generation && slots[slot].lease.is_some()
-            });
+            for queue in &mut self.deadlines {
+                queue.retain(|(_, id)| {
+                    let (slot, generation) = split(*id);
+                    slots[slot].generation == generation && slots[slot].lease.is_some()
+                });
+            }
         }
         record
     }
 
     /// Removes and returns one lease whose deadline is at or before `now`, if any.
     pub fn pop_expired(&mut self, now: Timestamp) -> Option<(LeaseId, LeaseRecord)> {
-        while let Some(&(deadline, id)) = self.deadlines.front() {
-            if deadline > now {
-                return None;
-            }
-            self.deadlines.pop_front();
+        loop {
+            let due = (0..2)
+                .filter_map(|kind| Some((self.deadlines[kind].front()?.0, kind)))
+                .filter(|(deadline, _)| *deadline <= now)
+                .min()?;
+            let (_, id) = self.deadlines[due.1].pop_front()?;
             if let Some(record) = self.remove(id) {
                 return Some((id, record));
             }
         }
-        None
     }
 
     /// The live leases of `session`, newest first, in time proportional to their number.

@@ -183,6 +183,7 @@ impl Directory {
             replica: replica_id,
             session,
             deadline,
+            delegation: false,
         });
         let replica = self
             .replicas
@@ -235,6 +236,9 @@ impl Directory {
         let Some(record) = self.leases.remove(lease) else {
             return;
         };
+        if record.delegation {
+            self.delegation_ended(lease, &record);
+        }
         self.after_lease_removed(record.replica);
     }
 
@@ -242,8 +246,11 @@ impl Directory {
     /// many.
     pub(super) fn expire_leases(&mut self, now: Timestamp) -> u32 {
         let mut expired = 0;
-        while let Some((_, lease)) = self.leases.pop_expired(now) {
+        while let Some((id, lease)) = self.leases.pop_expired(now) {
             expired += 1;
+            if lease.delegation {
+                self.delegation_ended(id, &lease);
+            }
             if let Some(session) = self.sessions.get_mut(&lease.session) {
                 session.leases = session.leases.saturating_sub(1);
             }

@@ -1,6 +1,7 @@
 //! Time and pressure: `tick` (expiry of leases, reservations and silent sessions), eviction
 //! under pressure, the access history the policies learn from, and the reports for metrics.
 
+use super::delegations::RecallReason;
 use super::demotion::Departure;
 use super::pools::PoolRecord;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
@@ -61,6 +62,7 @@ impl Directory {
                 && self.used_above(pool, leaving, low)
             {
                 let window = self.victim_window(now, pool);
+                self.recall_cold_delegations(&window);
                 let candidates: Vec<VictimCandidate> =
                     window.iter().map(|(_, candidate)| *candidate).collect();
                 let (Some(chosen), _) = kvtier::choose(&candidates, &victim_config) else {
@@ -137,6 +139,23 @@ impl Directory {
                 (id, candidate)
             })
             .collect()
+    }
+
+    /// Recalls the delegations of the replicas in an eviction window that only
+    /// delegations hold: once their holders release them, eviction may choose them.
+    fn recall_cold_delegations(&mut self, window: &[(ReplicaId, VictimCandidate)]) {
+        for (id, candidate) in window {
+            if !candidate.leased || self.demoting.contains(id) {
+                continue;
+            }
+            let leases = self
+                .replicas
+                .get(*id)
+                .map_or(0, |replica| replica.lease_count);
+            if self.only_delegated(*id, leases) {
+                self.recall_delegations(*id, RecallReason::Evict);
+            }
+        }
     }
 
     /// Records an access to `object` in the history; returns its frequency class.

@@ -17,7 +17,7 @@
 //! Layout, one operation family per module, each an `impl Directory` block: `session_ops`
 //! (open, heartbeat, close, fencing), `registry` (pools, profiles, namespaces), `store`
 //! (reserve, commit, abort, resolve, reservation deadlines), `load` (probe, acquire,
-//! release, leases), `reclaim` (retire, reclaim tasks, freeing), `extents` (shared-pool
+//! release, leases), `delegations` (hits a node answers itself, and their recall), `reclaim` (retire, reclaim tasks, freeing), `extents` (shared-pool
 //! extents), `maintenance` (tick, eviction, access history, reports), `drain` (a node's graceful way out), `status` (nodes as `ctl status` shows them), `demotion`, `replication` (copies on remote demand) and
 //! `expiry` (leaving a tier), `idempotency` (the ledger check of reserve, commit and
 //! grant_extent) and `invariants`. The records they work on are in `sessions`, `pools`,
@@ -25,6 +25,7 @@
 
 mod adoption;
 pub mod config;
+mod delegations;
 mod demotion;
 pub mod drain;
 pub mod error;
@@ -52,6 +53,7 @@ mod store_batch;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::{DirectoryConfig, RecomputeCost, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
+pub use delegations::{Delegation, LocalHits, RecallReason};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
 pub use ops::*;
@@ -172,6 +174,8 @@ pub struct Directory {
     drains: HashMap<NodeId, drain::DrainRecord>,
     /// Remote demands and replications in flight ([`replication`]), each bounded there.
     replication: replication::Replications,
+    /// Delegations in force and recalled ([`delegations`]): each a live lease.
+    delegations: delegations::Delegations,
 }
 
 impl Directory {
@@ -204,6 +208,7 @@ impl Directory {
             },
             drains: HashMap::new(),
             replication: replication::Replications::default(),
+            delegations: delegations::Delegations::default(),
             config,
         }
     }
@@ -227,6 +232,8 @@ impl Directory {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_delegations;
 #[cfg(test)]
 mod tests_evictions;
 #[cfg(test)]

@@ -237,7 +237,9 @@ pub enum AbortOutcome {
 pub enum RetireOutcome {
     /// No reader holds it: a reclaim task is queued for its owner.
     Reclaimable,
-    /// Readers hold it; the reclaim is queued when the last one releases.
+    /// Readers hold it; the reclaim is queued when the last one releases. `leases` counts
+    /// engines' leases; nodes' delegations on it, recalled now, hold it too (and may be
+    /// all that does: then `leases` is 0).
     AwaitingReaders { leases: u32 },
 }
 
@@ -285,6 +287,13 @@ pub enum TaskKind {
         target_pool: PoolId,
         length_bytes: u64,
         from: NodeId,
+    },
+    /// Stop granting local leases under `delegation` (on `replica`) and release it once no
+    /// local lease under it is live ([`super::delegations`]). Handed out again until the
+    /// delegation ends: acting on it twice changes nothing.
+    Recall {
+        delegation: LeaseId,
+        replica: ReplicaId,
     },
 }
 

@@ -1,6 +1,7 @@
 //! Retirement and reclaim: retiring READY replicas, the owners' reclaim task queues
 //! (handed out, re-handed when overdue, acknowledged), and freeing a replica's bytes.
 
+use super::delegations::RecallReason;
 use super::replicas::Replica;
 use super::sessions::Session;
 use super::{
@@ -105,7 +106,16 @@ impl Directory {
             self.queue_reclaim(replica_id);
             Ok(RetireOutcome::Reclaimable)
         } else {
-            Ok(RetireOutcome::AwaitingReaders { leases })
+            let reason = if session_id.is_some() {
+                RecallReason::Retire
+            } else {
+                RecallReason::Evict
+            };
+            self.recall_delegations(replica_id, reason);
+            let delegated = self.delegations_on(replica_id);
+            Ok(RetireOutcome::AwaitingReaders {
+                leases: leases - delegated,
+            })
         }
     }
 
@@ -216,6 +226,7 @@ impl Directory {
                 self.nodes[index].handed_out.pop_front();
                 let waiting = match task.kind {
                     TaskKind::Reclaim { replica, .. } => self.awaits_reclaim(replica),
+                    TaskKind::Recall { delegation, .. } => self.delegation_live(delegation),
                     TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
                     TaskKind::Replicate { target, .. }
                     | TaskKind::Push { target, .. }

@@ -761,6 +761,6 @@ fn replication_target(kind: &TaskKind) -> Option<ReplicaId> {
         TaskKind::Replicate { target, .. }
         | TaskKind::Push { target, .. }
         | TaskKind::Receive { target, .. } => Some(target),
-        TaskKind::Reclaim { .. } | TaskKind::Demote { .. } => None,
+        TaskKind::Reclaim { .. } | TaskKind::Demote { .. } | TaskKind::Recall { .. } => None,
     }
 }

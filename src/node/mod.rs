@@ -7,6 +7,7 @@
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
 //! * `accept`: how an accept loop backs off when descriptors run out.
 //! * `clients`: one local client's tickets, leases and bounds.
+//! * `delegations`: the replicas this node answers hits on itself, and their local leases.
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
 //! * `tenants`: who a local client is (its peer credentials) and what its tenant may use.
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
@@ -17,6 +18,7 @@
 
 pub mod accept;
 pub mod clients;
+pub mod delegations;
 pub mod extents;
 pub mod holdings;
 pub mod liveness;
@@ -27,6 +29,7 @@ pub mod tenants;
 pub mod transfers;
 
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
+pub use delegations::Delegations;
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
 pub use holdings::Holdings;
 pub use liveness::Liveness;
@@ -35,7 +38,7 @@ pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
 pub use tenants::{PeerIdentity, Tenant, TenantRefusal, Tenants};
 
 use crate::directory::{ExtentReturn, ResolveOutcome};
-use crate::model::{OperationId, PoolId};
+use crate::model::{OperationId, PoolId, Timestamp};
 use std::collections::HashMap;
 
 /// Local clients one node serves at once: each holds a socket, a session actor and books.
@@ -75,6 +78,8 @@ pub struct NodeCore {
     /// What the node reports when it rejoins.
     pub holdings: Holdings,
     clients: HashMap<ClientId, ClientBooks>,
+    /// The replicas this node answers hits on itself, and the local leases under them.
+    pub delegations: Delegations,
     /// The namespaces each tenant registered (bounded per tenant).
     pub tenant_namespaces: tenants::TenantNamespaces,
     /// Each connected client's user, and the clients each user holds (entries of users
@@ -101,6 +106,7 @@ impl NodeCore {
             liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
             holdings: Holdings::default(),
             clients: HashMap::new(),
+            delegations: Delegations::default(),
             tenant_namespaces: tenants::TenantNamespaces::default(),
             client_users: HashMap::new(),
             clients_of_user: HashMap::new(),
@@ -153,8 +159,16 @@ impl NodeCore {
         self.clients.get_mut(&id)
     }
 
+    /// A connected client's books, with the node's delegations (a local hit changes both).
+    pub fn client_with_delegations(
+        &mut self,
+        id: ClientId,
+    ) -> Option<(&mut ClientBooks, &mut Delegations)> {
+        Some((self.clients.get_mut(&id)?, &mut self.delegations))
+    }
+
     /// The client left: what to give back (nothing for an unknown client).
-    pub fn disconnect_client(&mut self, id: ClientId) -> ClientCleanup {
+    pub fn disconnect_client(&mut self, id: ClientId, now: Timestamp) -> ClientCleanup {
         if let Some(uid) = self.client_users.remove(&id) {
             if let Some(held) = self.clients_of_user.get_mut(&uid) {
                 held.retain(|client| *client != id);
@@ -163,10 +177,20 @@ impl NodeCore {
                 }
             }
         }
-        self.clients
+        let mut cleanup = self
+            .clients
             .remove(&id)
             .map(|mut books| books.close())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // Local leases end here; only the directory's go to the directory.
+        cleanup.leases.retain(|lease| {
+            let local = delegations::is_local(*lease);
+            if local {
+                self.delegations.release_local(now, *lease);
+            }
+            !local
+        });
+        cleanup
     }
 
     /// The node lost its session: what only that session could answer is forgotten. Extent
@@ -183,6 +207,7 @@ impl NodeCore {
         for books in self.clients.values_mut() {
             books.forget_leases();
         }
+        self.delegations.clear();
     }
 
     /// Clients connected.
@@ -253,7 +278,7 @@ mod tests {
         assert_eq!(core.connect_client(users), Err(NodeRefusal::TooManyClients));
         let first = ids[0];
         core.client(first).unwrap().admit_namespace().unwrap();
-        core.disconnect_client(first);
+        core.disconnect_client(first, Timestamp::ZERO);
         assert!(core.client(first).is_none());
         assert_eq!(core.clients(), CLIENTS_MAX - 1);
         // The slot freed is user 0's; user 1 is at its own bound.

@@ -189,7 +189,23 @@ fn data(
             Reply::Acquired(core.acquire(now, session, &objects, mode)?)
         }
         Request::Release { leases } => Reply::Released(core.release(session, &leases)?),
-        Request::Retire { object, replica } => {
+        Request::AcquireDelegating { objects, mode } => {
+            let (outcomes, delegations) = core.acquire_delegating(now, session, &objects, mode)?;
+            Reply::AcquiredDelegating {
+                outcomes,
+                delegations,
+            }
+        }
+        Request::ReportHits { hits } => {
+            core.report_local_hits(now, session, &hits)?;
+            Reply::HitsReported
+        }
+        Request::Retire {
+            object,
+            replica,
+            released,
+        } => {
+            core.release(session, &released)?;
             Reply::Retired(core.retire_object(session, &object, replica)?)
         }
         Request::RetireHeld { holdings } => {

@@ -5,9 +5,9 @@
 
 use crate::directory::reload::{ConfigChange, ReloadRefusal};
 use crate::directory::{
-    AcquireMode, AcquireOutcome, CommitOutcome, DirectoryError, DrainProgress, ExtentReturn,
-    NodeStatus, OpenReply, ProbeOutcome, ReclaimOutcome, ReleaseOutcome, ReserveItem,
-    ResolveOutcome, RetireOutcome, Task,
+    AcquireMode, AcquireOutcome, CommitOutcome, Delegation, DirectoryError, DrainProgress,
+    ExtentReturn, LocalHits, NodeStatus, OpenReply, ProbeOutcome, ReclaimOutcome, ReleaseOutcome,
+    ReserveItem, ResolveOutcome, RetireOutcome, Task,
 };
 use crate::model::{
     Epoch, LeaseId, Location, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId,
@@ -27,9 +27,10 @@ use serde::{Deserialize, Serialize};
 /// Storage); 8 took drain and reload off the node's socket (an operator certificate asks the
 /// directory); 9 hands the pools' files over the node's socket before hello
 /// ([`crate::wire::handoff`]) instead of naming paths, gives a skipped store its reason
-/// (reserve and store grants) and a reload its repriced namespaces. An older peer is
+/// (reserve and store grants) and a reload its repriced namespaces; 10 added delegations
+/// (AcquireDelegating, ReportHits, the Recall task, local leases). An older peer is
 /// refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[9];
+pub const SUPPORTED_VERSIONS: &[u16] = &[10];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -115,10 +116,22 @@ pub enum DirectoryRequest {
     Release {
         leases: Vec<LeaseId>,
     },
-    /// Retires `replica`, which must be a replica of `object`.
+    /// `Acquire`, and with each lease a delegation where the session holds none fresh on
+    /// its replica ([`crate::directory::Delegation`]).
+    AcquireDelegating {
+        objects: Vec<ObjectId>,
+        mode: AcquireMode,
+    },
+    /// The hits the node answered under its delegations since its last report.
+    ReportHits {
+        hits: Vec<LocalHits>,
+    },
+    /// Releases the session's `released` leases (delegations the node gave up for this
+    /// retire), then retires `replica`, which must be a replica of `object`.
     Retire {
         object: ObjectId,
         replica: ReplicaId,
+        released: Vec<LeaseId>,
     },
     /// Gives an unwritten reservation back.
     Abort {
@@ -234,6 +247,13 @@ pub enum DirectoryReply {
     Resolved(ResolveOutcome),
     Probed(Vec<ProbeOutcome>),
     Acquired(Vec<AcquireOutcome>),
+    /// An `AcquireDelegating`'s outcomes, and per outcome its delegation if one was granted.
+    AcquiredDelegating {
+        outcomes: Vec<AcquireOutcome>,
+        delegations: Vec<Option<Delegation>>,
+    },
+    /// A `ReportHits` was counted.
+    HitsReported,
     Released(Vec<ReleaseOutcome>),
     Retired(RetireOutcome),
     Aborted(crate::directory::AbortOutcome),

@@ -297,6 +297,8 @@ impl SimulatedCluster {
                     self.directory.reclaim_ack(session, replica)?;
                     continue;
                 }
+                // The replay's nodes ask for no delegation.
+                TaskKind::Recall { .. } => continue,
                 TaskKind::Demote {
                     source,
                     target,

@@ -71,7 +71,8 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
              {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
              {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
              {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents, \
-             {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}",
+             {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
+             {} delegations, {} local hits, {} recalls",
             summary.seeds,
             summary.steps,
             summary.elapsed_ms as f64 / 1e3,
@@ -98,7 +99,10 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.answered_beside_rejoins,
             summary.covered.storms,
             summary.covered.storm_items,
-            summary.storm_nearest_bound
+            summary.storm_nearest_bound,
+            summary.covered.delegations,
+            summary.covered.local_hits,
+            summary.covered.recalls,
         );
     }
     match summary.first_failing_seed {
@@ -116,6 +120,10 @@ pub struct Coverage {
     pub stores_committed: u64,
     /// Reads whose bytes were checked against the object they claim.
     pub reads_verified: u64,
+    /// Delegations granted to nodes, hits they answered under them, and recalls they got.
+    pub delegations: u64,
+    pub local_hits: u64,
+    pub recalls: u64,
     /// Extents given back and taken by the directory.
     pub extents_returned: u64,
     /// Extent returns whose reply was lost, held out of the allocator until resolved.
@@ -161,6 +169,9 @@ impl Coverage {
     fn add(&mut self, other: &Coverage) {
         self.stores_committed += other.stores_committed;
         self.reads_verified += other.reads_verified;
+        self.delegations += other.delegations;
+        self.local_hits += other.local_hits;
+        self.recalls += other.recalls;
         self.extents_returned += other.extents_returned;
         self.extent_returns_quarantined += other.extent_returns_quarantined;
         self.node_restarts += other.node_restarts;

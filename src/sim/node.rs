@@ -7,7 +7,7 @@
 //! process and a new epoch.
 
 use super::network::Payload;
-use super::world::{descriptor, Space, World, CPU_POOL_OBJECTS, OBJECT_BYTES};
+use super::world::{descriptor, Space, World, BATCH_ITEMS_MAX, CPU_POOL_OBJECTS, OBJECT_BYTES};
 use crate::backends::extent_allocator::ExtentAllocator;
 use crate::backends::PageAllocator;
 use crate::directory::{
@@ -17,6 +17,7 @@ use crate::model::{
     DomainId, Location, Medium, NodeId, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
     SessionId, Timestamp,
 };
+use crate::node::delegations::is_local;
 use crate::node::{ClientId, CommitResult, Liveness, NodeCore};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use std::collections::{BTreeMap, HashMap};
@@ -307,11 +308,14 @@ impl World {
             28..=49 => self.begin_acquire(node),
             50..=62 => self.release_one(node),
             63..=68 => self.retire_one(node),
-            69..=80 => self.send(
-                node,
-                DirectoryRequest::PollTasks { max: 16 },
-                Purpose::Plain,
-            ),
+            69..=80 => {
+                self.tidy_delegations(node);
+                self.send(
+                    node,
+                    DirectoryRequest::PollTasks { max: 16 },
+                    Purpose::Plain,
+                )
+            }
             81..=92 => self.heartbeat(node),
             93..=97 => self.return_empty_extents(node),
             _ => {
@@ -387,14 +391,50 @@ impl World {
         };
         let now = self.now;
         let state = &mut self.nodes[node];
-        let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
+        let Some((books, delegations)) = state
+            .client
+            .and_then(|client| state.core.client_with_delegations(client))
+        else {
             return;
         };
         if books.admit_acquire(&objects, now).is_err() {
             return;
         }
-        let request = DirectoryRequest::Acquire { objects, mode };
+        if delegations.probe(now, &objects).is_some() {
+            // Every object is a hit under the node's delegations: no message.
+            let leases = delegations.acquire(now, &objects).unwrap_or_default();
+            let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
+            books.leases_granted(count, granted.collect());
+            for (object, lease) in objects.iter().zip(leases) {
+                let held = self.held_lease(node, lease, *object, now);
+                self.verify(&held);
+                self.nodes[node].leases.push(held);
+                self.stats.covered.local_hits += 1;
+            }
+            return;
+        }
+        let request = DirectoryRequest::AcquireDelegating { objects, mode };
         self.send(node, request, Purpose::Acquire { count });
+    }
+
+    /// Releases at the directory what the node's delegations no longer need.
+    pub(super) fn send_delegation_releases(&mut self, node: usize) {
+        let leases = self.nodes[node].core.delegations.take_releases();
+        if !leases.is_empty() {
+            self.send(node, DirectoryRequest::Release { leases }, Purpose::Plain);
+        }
+    }
+
+    /// The node's periodic delegation work: expiry, and the hits it answered reported.
+    fn tidy_delegations(&mut self, node: usize) {
+        let now = self.now;
+        let delegations = &mut self.nodes[node].core.delegations;
+        delegations.expire(now);
+        let hits = delegations.take_hit_reports(BATCH_ITEMS_MAX as usize);
+        self.send_delegation_releases(node);
+        if !hits.is_empty() {
+            self.send(node, DirectoryRequest::ReportHits { hits }, Purpose::Plain);
+        }
     }
 
     fn release_one(&mut self, node: usize) {
@@ -406,9 +446,14 @@ impl World {
         if held.trusted_until > self.now {
             self.verify(&held);
         }
+        let now = self.now;
         let state = &mut self.nodes[node];
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
             books.release(&[held.lease.lease], usize::MAX).ok();
+        }
+        if is_local(held.lease.lease) {
+            state.core.delegations.release_local(now, held.lease.lease);
+            return self.send_delegation_releases(node);
         }
         let request = DirectoryRequest::Release {
             leases: vec![held.lease.lease],
@@ -422,7 +467,11 @@ impl World {
         }
         let index = self.rng.below(self.nodes[node].committed.len() as u64) as usize;
         let (object, replica) = self.nodes[node].committed[index];
-        let request = DirectoryRequest::Retire { object, replica };
+        let request = DirectoryRequest::Retire {
+            object,
+            replica,
+            released: Vec::new(),
+        };
         self.send(node, request, Purpose::Plain);
     }
 
@@ -529,7 +578,10 @@ impl World {
     /// A request without an operation id went unanswered: its slots are given back.
     fn gave_up(&mut self, node: usize, pending: Pending) {
         match (pending.request, pending.purpose) {
-            (DirectoryRequest::Acquire { .. }, Purpose::Acquire { count }) => {
+            (
+                DirectoryRequest::Acquire { .. } | DirectoryRequest::AcquireDelegating { .. },
+                Purpose::Acquire { count },
+            ) => {
                 let state = &mut self.nodes[node];
                 if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
                     books.leases_granted(count, Vec::new());
@@ -595,6 +647,10 @@ impl World {
                 self.extent_returned(node, operation, Some(answer), pending.purpose);
             }
             (DirectoryRequest::Acquire { objects, .. }, reply) => {
+                self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
+            }
+            (DirectoryRequest::AcquireDelegating { objects, .. }, reply) => {
+                let reply = self.take_delegations(node, &objects, reply, pending.sent_at);
                 self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
             }
             (DirectoryRequest::PollTasks { .. }, DirectoryReply::Tasks(tasks)) => {

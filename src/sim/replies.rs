@@ -201,8 +201,43 @@ impl World {
         }
     }
 
+    /// An `AcquireDelegating`'s answer: its delegations join the node's (asked for at
+    /// `asked`), and its outcomes are answered as an acquire's.
+    pub(super) fn take_delegations(
+        &mut self,
+        node: usize,
+        objects: &[ObjectId],
+        reply: DirectoryReply,
+        asked: crate::model::Timestamp,
+    ) -> DirectoryReply {
+        let DirectoryReply::AcquiredDelegating {
+            outcomes,
+            delegations,
+        } = reply
+        else {
+            return reply;
+        };
+        let core = &mut self.nodes[node].core;
+        for ((object, outcome), delegation) in objects.iter().zip(&outcomes).zip(&delegations) {
+            if let (AcquireOutcome::Leased(lease), Some(delegation)) = (outcome, delegation) {
+                core.delegations.granted(asked, *object, lease, *delegation);
+                self.stats.covered.delegations += 1;
+            }
+        }
+        self.send_delegation_releases(node);
+        DirectoryReply::Acquired(outcomes)
+    }
+
+    /// The directory recalls one of node `node`'s delegations.
+    fn recall(&mut self, node: usize, delegation: crate::model::LeaseId) {
+        self.stats.covered.recalls += 1;
+        let now = self.now;
+        self.nodes[node].core.delegations.recall(now, delegation);
+        self.send_delegation_releases(node);
+    }
+
     /// A lease as the engine holds it; a replica it cannot map is a violation.
-    fn held_lease(
+    pub(super) fn held_lease(
         &self,
         node: usize,
         lease: crate::directory::Lease,
@@ -260,6 +295,7 @@ impl World {
                     target_pool,
                     ..
                 } => self.receive(node, target, target_pool),
+                TaskKind::Recall { delegation, .. } => self.recall(node, delegation),
             }
         }
     }

@@ -440,7 +440,8 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         }
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,
-        Request::Acquire { .. } => Operation::Acquire,
+        Request::Acquire { .. } | Request::AcquireDelegating { .. } => Operation::Acquire,
+        Request::ReportHits { .. } => Operation::ReportHits,
         Request::Release { .. } => Operation::Release,
         Request::Retire { .. } | Request::RetireHeld { .. } => Operation::Retire,
         Request::ReclaimAck { .. } => Operation::ReclaimAck,

@@ -226,6 +226,7 @@ async fn heartbeat(services: &NodeServices) -> Beat {
 /// sends again the SSD's retirements that failed, gives back extents that emptied, and
 /// publishes the pools' usage.
 async fn tidy(services: &NodeServices) {
+    tidy_delegations(services).await;
     let due = services.core().holdings.due_frees(services.clock.now());
     for location in due {
         services.free(location).await;
@@ -235,6 +236,37 @@ async fn tidy(services: &NodeServices) {
     }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
+}
+
+/// Ends the local leases and delegations whose time is up, releases what is owed, reports
+/// the hits answered locally (in batches the directory accepts; the rest wait for the next
+/// tidy), and publishes the delegation metrics.
+async fn tidy_delegations(services: &NodeServices) {
+    let now = services.clock.now();
+    let batch = services.link.batch_items_max().max(1);
+    let (reports, counts, held, latencies) = {
+        let mut core = services.core();
+        core.delegations.expire(now);
+        let reports = core.delegations.take_hit_reports(batch);
+        let latencies = core.delegations.take_recall_latencies();
+        (
+            reports,
+            core.delegations.counts(),
+            core.delegations.len(),
+            latencies,
+        )
+    };
+    services.send_delegation_releases();
+    services
+        .delegation_metrics
+        .publish(&counts, held, services.metrics.lookup_hits(), &latencies);
+    if !reports.is_empty() {
+        // Lost reports only make the eviction order a little less informed.
+        let _ = services
+            .link
+            .call(DirectoryRequest::ReportHits { hits: reports })
+            .await;
+    }
 }
 
 /// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once.
@@ -251,6 +283,11 @@ async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
     match task.kind {
         TaskKind::Reclaim { replica, location } => {
             reclaim(services, session, replica, location).await
+        }
+        TaskKind::Recall { delegation, .. } => {
+            let now = services.clock.now();
+            services.core().delegations.recall(now, delegation);
+            services.send_delegation_releases();
         }
         TaskKind::Demote {
             source,

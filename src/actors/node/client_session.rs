@@ -160,8 +160,20 @@ impl ClientSessionActor {
             request,
         );
         self.send_aborts();
+        self.services.send_delegation_releases();
         let (running, slots) = match decision {
-            Decision::Reply(reply) => return self.reply(request_id, reply, context),
+            Decision::Reply(reply) => {
+                if let ClientReply::Acquired(outcomes) = &reply {
+                    // Answered here, under the node's delegations.
+                    count_lookups(&self.services, outcomes);
+                }
+                if let Some(operation) = operation {
+                    self.services
+                        .metrics
+                        .observe_request(operation, started.elapsed(), None);
+                }
+                return self.reply(request_id, reply, context);
+            }
             Decision::ReplyAndClose(reply) => {
                 self.reply(request_id, reply, context);
                 return context.stop();
@@ -222,7 +234,11 @@ impl ClientSessionActor {
                 (ClientReply::Aborted, Change::None)
             }),
             Work::Acquire { objects, mode } => Box::pin(acquire(services, objects, mode)),
-            Work::Release { leases, owned } => Box::pin(release(services, leases, owned)),
+            Work::Release {
+                leases,
+                owned,
+                released_here,
+            } => Box::pin(release(services, leases, owned, released_here)),
             Work::Forward(request) => Box::pin(forward(services, request)),
             Work::Prefetch(objects) => Box::pin(async move {
                 let started = super::ssd_restore::prefetch(&services, &objects).await;
@@ -332,6 +348,7 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
         DirectoryRequest::Probe { objects } => objects.len(),
         _ => 0,
     };
+
     let reply = match services.link.call(request).await {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
@@ -386,12 +403,17 @@ async fn acquire(
 ) -> (ClientReply, Change) {
     let sent = services.clock.now();
     let wanted = objects.len();
-    let request = DirectoryRequest::Acquire {
+    let request = DirectoryRequest::AcquireDelegating {
         objects: objects.clone(),
         mode,
     };
+    services.core().delegations.count_directory_lookup();
     match services.link.call(request).await {
-        Ok(DirectoryReply::Acquired(outcomes)) => {
+        Ok(DirectoryReply::AcquiredDelegating {
+            outcomes,
+            delegations,
+        }) => {
+            take_delegations(&services, sent, &objects, &outcomes, &delegations);
             let outcomes =
                 super::ssd_restore::restore_misses(&services, &objects, mode, outcomes).await;
             count_lookups(&services, &outcomes);
@@ -417,6 +439,24 @@ async fn acquire(
     }
 }
 
+/// Keeps the delegations an acquire brought: later hits on their objects are answered here.
+fn take_delegations(
+    services: &NodeServices,
+    asked: crate::model::Timestamp,
+    objects: &[ObjectId],
+    outcomes: &[AcquireOutcome],
+    delegations: &[Option<crate::directory::Delegation>],
+) {
+    let mut core = services.core();
+    for ((object, outcome), delegation) in objects.iter().zip(outcomes).zip(delegations) {
+        if let (AcquireOutcome::Leased(lease), Some(delegation)) = (outcome, delegation) {
+            core.delegations.granted(asked, *object, lease, *delegation);
+        }
+    }
+    drop(core);
+    services.send_delegation_releases();
+}
+
 /// Counts an acquire's hits and misses, and the bytes its leases let the client load.
 fn count_lookups(services: &NodeServices, outcomes: &[AcquireOutcome]) {
     let mut hits = 0;
@@ -438,6 +478,7 @@ async fn release(
     services: NodeServices,
     leases: Vec<LeaseId>,
     owned: Vec<bool>,
+    released_here: Vec<bool>,
 ) -> (ClientReply, Change) {
     let mine: Vec<LeaseId> = leases
         .iter()
@@ -457,12 +498,11 @@ async fn release(
     };
     let merged = owned
         .iter()
-        .map(|owned| {
-            if *owned {
-                outcomes.next().unwrap_or(ReleaseOutcome::Unknown)
-            } else {
-                ReleaseOutcome::Unknown
-            }
+        .zip(&released_here)
+        .map(|(owned, here)| match (owned, here) {
+            (true, _) => outcomes.next().unwrap_or(ReleaseOutcome::Unknown),
+            (false, true) => ReleaseOutcome::Released,
+            (false, false) => ReleaseOutcome::Unknown,
         })
         .collect();
     (ClientReply::Released(merged), Change::None)
@@ -497,7 +537,9 @@ impl Actor for ClientSessionActor {
             self.ssd_pins.end_all(ssd);
         }
         let services = self.services.clone();
-        let cleanup = services.core().disconnect_client(self.client);
+        let cleanup = services
+            .core()
+            .disconnect_client(self.client, services.clock.now());
         actix_rt::spawn(async move {
             for ticket in cleanup.tickets {
                 give_back(&services, ticket).await;

@@ -16,6 +16,7 @@ use crate::backends::probe::{self, ProbeRegion};
 use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
 use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::ExtentGrant;
+use crate::metrics::delegation::NodeDelegationMetrics;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
@@ -262,7 +263,9 @@ async fn start(
         .map(|mapping| (mapping.pool, Arc::default()))
         .collect();
     let peer = super::peer::PeerTransport::bind(config, section, &metrics)?;
+    let delegation_metrics = Arc::new(NodeDelegationMetrics::register(&metrics)?);
     let services = NodeServices {
+        delegation_metrics,
         shared_pools,
         link: link.clone(),
         pools,
@@ -492,7 +495,9 @@ fn admit_client(
                 if let Err(error) = handoff::send(&stream, &files) {
                     tracing::debug!(%error, ?peer, "a client left before its handoff");
                     // Just connected: it holds nothing to give back.
-                    let _nothing = services.core().disconnect_client(client);
+                    let _nothing = services
+                        .core()
+                        .disconnect_client(client, services.clock.now());
                     return;
                 }
                 tracing::debug!(?peer, tenant = %tenant.name, "client admitted");

@@ -36,6 +36,8 @@ pub struct NodeServices {
     /// [`PoolAccess::Handed`](crate::protocol::messages::PoolAccess::Handed) numbers them.
     pub handed: Arc<[std::os::fd::OwnedFd]>,
     pub metrics: Arc<Metrics>,
+    /// The delegation families of `metrics`.
+    pub delegation_metrics: Arc<crate::metrics::delegation::NodeDelegationMetrics>,
     /// The node's books; held only for the length of one core call.
     pub core: Arc<Mutex<NodeCore>>,
     /// The clock every core call is given.
@@ -61,6 +63,26 @@ impl NodeServices {
     /// The node core, for one call.
     pub fn core(&self) -> MutexGuard<'_, NodeCore> {
         lock_core(&self.core)
+    }
+
+    /// Releases at the directory the delegations the core no longer needs (recalled or
+    /// superseded, with no local lease under them), off the caller's path.
+    pub fn send_delegation_releases(&self) {
+        let releases = self.core().delegations.take_releases();
+        if releases.is_empty() {
+            return;
+        }
+        let services = self.clone();
+        actix_rt::spawn(async move {
+            for chunk in releases.chunks(services.link.batch_items_max().max(1)) {
+                let leases = chunk.to_vec();
+                // A delegation not released (the directory out of reach) ends at its deadline.
+                let _ = services
+                    .link
+                    .call(crate::protocol::messages::DirectoryRequest::Release { leases })
+                    .await;
+            }
+        });
     }
 
     /// A replica this node wrote was published at `location`: the node holds it, and

@@ -1,0 +1,170 @@
+//! Delegations' metrics. On a node: hits it answered itself, lookups it asked the directory,
+//! the directory requests per hit, recalls and how long they took, delegations held. On the
+//! directory: recalls by reason and delegations in force. Labels are the fixed reason set.
+
+use super::Metrics;
+use crate::directory::RecallReason;
+use crate::node::delegations::DelegationCounts;
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use std::time::Duration;
+
+/// Bounds of the recall histogram, in seconds: a recall of an idle delegation is released
+/// within a task poll (milliseconds); one with readers waits for them, up to a lease (30 s).
+const RECALL_BUCKETS_SECONDS: [f64; 11] = [
+    1e-3, 5e-3, 25e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Raises `counter` to `value` (the cores' counters only grow).
+fn catch_up(counter: &IntCounter, value: u64) {
+    counter.inc_by(value.saturating_sub(counter.get()));
+}
+
+/// A node's delegation families, registered in its [`Metrics`].
+#[derive(Debug)]
+pub struct NodeDelegationMetrics {
+    local_hits_total: IntCounter,
+    directory_lookups_total: IntCounter,
+    directory_requests_per_hit: Gauge,
+    recalls_total: IntCounter,
+    recall_seconds: Histogram,
+    delegations: IntGauge,
+}
+
+impl NodeDelegationMetrics {
+    /// Registers the families in `metrics`. Errors only on a malformed or repeated family.
+    pub fn register(metrics: &Metrics) -> Result<NodeDelegationMetrics, prometheus::Error> {
+        let families = NodeDelegationMetrics {
+            local_hits_total: IntCounter::new(
+                "kvtier_local_hits_total",
+                "Objects this node's clients acquired under the node's delegations, with no request to the directory.",
+            )?,
+            directory_lookups_total: IntCounter::new(
+                "kvtier_directory_lookups_total",
+                "Probes and acquires this node asked the directory for its clients.",
+            )?,
+            directory_requests_per_hit: Gauge::new(
+                "kvtier_directory_requests_per_hit",
+                "Directory probes and acquires per hit (local and directory hits), since the node started.",
+            )?,
+            recalls_total: IntCounter::new(
+                "kvtier_recalls_total",
+                "Delegations the directory recalled from this node.",
+            )?,
+            recall_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "kvtier_recall_seconds",
+                    "Time from a recall's arrival to the release of its delegation (its local leases ended).",
+                )
+                .buckets(RECALL_BUCKETS_SECONDS.to_vec()),
+            )?,
+            delegations: IntGauge::new(
+                "kvtier_delegations",
+                "Delegations this node holds: replicas it answers hits on itself.",
+            )?,
+        };
+        metrics.register(Box::new(families.local_hits_total.clone()))?;
+        metrics.register(Box::new(families.directory_lookups_total.clone()))?;
+        metrics.register(Box::new(families.directory_requests_per_hit.clone()))?;
+        metrics.register(Box::new(families.recalls_total.clone()))?;
+        metrics.register(Box::new(families.recall_seconds.clone()))?;
+        metrics.register(Box::new(families.delegations.clone()))?;
+        Ok(families)
+    }
+
+    /// Exports the node core's counts, `held` delegations, `hits` (every hit the node's
+    /// clients had, local or not) and the recall latencies since the last call.
+    pub fn publish(
+        &self,
+        counts: &DelegationCounts,
+        held: usize,
+        hits: u64,
+        latencies: &[Duration],
+    ) {
+        catch_up(&self.local_hits_total, counts.local_hits);
+        catch_up(&self.directory_lookups_total, counts.directory_lookups);
+        catch_up(&self.recalls_total, counts.recalls);
+        if hits > 0 {
+            self.directory_requests_per_hit
+                .set(counts.directory_lookups as f64 / hits as f64);
+        }
+        self.delegations
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        for latency in latencies {
+            self.recall_seconds.observe(latency.as_secs_f64());
+        }
+    }
+}
+
+/// The directory's delegation families, registered in its [`Metrics`].
+#[derive(Debug)]
+pub struct DirectoryRecallMetrics {
+    recalls_total: IntCounterVec,
+    delegations: IntGauge,
+}
+
+impl DirectoryRecallMetrics {
+    /// Registers the families in `metrics` with every reason at zero. Errors only on a
+    /// malformed or repeated family.
+    pub fn register(metrics: &Metrics) -> Result<DirectoryRecallMetrics, prometheus::Error> {
+        let families = DirectoryRecallMetrics {
+            recalls_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_directory_recalls_total",
+                    "Delegations the directory recalled, by reason (retire, evict).",
+                ),
+                &["reason"],
+            )?,
+            delegations: IntGauge::new(
+                "kvtier_directory_delegations",
+                "Delegations in force over all nodes.",
+            )?,
+        };
+        for reason in RecallReason::ALL {
+            families.recalls_total.with_label_values(&[reason.label()]);
+        }
+        metrics.register(Box::new(families.recalls_total.clone()))?;
+        metrics.register(Box::new(families.delegations.clone()))?;
+        Ok(families)
+    }
+
+    /// Exports the directory's recall counts and delegations in force.
+    pub fn publish(&self, recalls: &[(RecallReason, u64)], live: u64) {
+        for (reason, count) in recalls {
+            catch_up(
+                &self.recalls_total.with_label_values(&[reason.label()]),
+                *count,
+            );
+        }
+        self.delegations
+            .set(i64::try_from(live).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counts_reach_the_text_format() {
+        let metrics = Metrics::new().unwrap();
+        let node = NodeDelegationMetrics::register(&metrics).unwrap();
+        let directory = DirectoryRecallMetrics::register(&metrics).unwrap();
+        let counts = DelegationCounts {
+            local_hits: 7,
+            recalls: 2,
+            directory_lookups: 1,
+        };
+        node.publish(&counts, 3, 8, &[Duration::from_millis(2)]);
+        directory.publish(&[(RecallReason::Retire, 1), (RecallReason::Evict, 4)], 3);
+        let text = metrics.render();
+        for line in [
+            "kvtier_local_hits_total 7",
+            "kvtier_directory_requests_per_hit 0.125",
+            "kvtier_recall_seconds_count 1",
+            "kvtier_delegations 3",
+            "kvtier_directory_recalls_total{reason=\"evict\"} 4",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The node's half of delegations ([`crate::directory`]'s `delegations` has the contract):
+//! the replicas this node answers hits on itself, the local leases it granted under each,
+//! and what it owes the directory (delegations to release, hits to report).
+//!
+//! A local hit costs one lookup here and no message to the directory. The rules that keep
+//! it safe, each checked by the tests below and by the simulation:
+//!
+//! * a local lease is granted only while its whole length fits in what is left of the
+//!   delegation (on this node's clock, measured from before the delegation was asked for,
+//!   so never later than the directory's deadline);
+//! * once recalled, a delegation grants nothing more, and it is released only when no local
+//!   lease under it is live (released, or its deadline passed);
+//! * a recall of a delegation this node has not heard of yet is remembered, so a grant
+//!   that arrives after its recall is released at once instead of served.
+//!
+//! Bounds: [`DELEGATIONS_MAX`] delegations, the local leases of the clients' books (each
+//! client's and each user's lease bounds), [`EARLY_RECALLS_MAX`] early recalls, and the
+//! outboxes by the entries they come from.
+
+use crate::directory::{Delegation, Lease, LocalHits, ProbeOutcome};
+use crate::model::{LeaseId, ObjectId, Timestamp};
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+/// The top bit of a local lease's id: directory lease ids never set it.
+pub const LOCAL_LEASE_BIT: u64 = 1 << 63;
+/// Delegations one node holds: the directory's default bound for a session.
+pub const DELEGATIONS_MAX: usize = 1 << 16;
+/// Recalls remembered for delegations whose grant has not arrived yet.
+pub const EARLY_RECALLS_MAX: usize = 4096;
+/// An early recall is kept at least this long (or as long as the longest delegation).
+const EARLY_RECALL_KEPT_MIN: Duration = Duration::from_secs(120);
+
+/// Whether `lease` is a local lease (granted by a node under a delegation).
+pub fn is_local(lease: LeaseId) -> bool {
+    lease.0 & LOCAL_LEASE_BIT != 0
+}
+
+#[derive(Debug)]
+struct Delegated {
+    object: ObjectId,
+    /// The lease the delegation came with: what a local lease says (replica, medium,
+    /// location), and the length of a local lease.
+    template: Lease,
+    /// Until when the delegation lasts, on this node's clock.
+    valid_until: Timestamp,
+    /// When its recall arrived.
+    recalled: Option<Timestamp>,
+    /// Whether it is the one `index` names for its object (a newer grant supersedes it).
+    current: bool,
+    /// Local leases under it still live.
+    readers: u32,
+    unreported_hits: u32,
+}
+
+impl Delegated {
+    fn local_duration(&self) -> Duration {
+        Duration::from_millis(self.template.duration_ms)
+    }
+
+    /// Whether a local lease granted at `now` fits in what is left.
+    fn grants_at(&self, now: Timestamp) -> bool {
+        self.recalled.is_none() && now + self.local_duration() <= self.valid_until
+    }
+}
+
+/// What the node counted since its start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DelegationCounts {
+    /// Objects acquired under a delegation, with no message to the directory.
+    pub local_hits: u64,
+    /// Recalls received (a repeated recall of one delegation counts once).
+    pub recalls: u64,
+    /// Acquires this node asked the directory for (its clients' misses of the index).
+    pub directory_lookups: u64,
+}
+
+/// The delegations this node holds. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Delegations {
+    delegated: HashMap<LeaseId, Delegated, foldhash::fast::RandomState>,
+    /// The delegation each object's hits are answered under.
+    index: HashMap<ObjectId, LeaseId, foldhash::fast::RandomState>,
+    /// Each live local lease's delegation.
+    local: HashMap<LeaseId, LeaseId, foldhash::fast::RandomState>,
+    /// Local leases in grant order, with their deadlines.
+    local_deadlines: VecDeque<(Timestamp, LeaseId)>,
+    /// Delegations in grant order, with their ends (about in order: a late end only
+    /// forgets late, it never lets a lease be granted past it).
+    delegation_ends: VecDeque<(Timestamp, LeaseId)>,
+    next_local: u64,
+    /// Recalls of delegations not heard of yet, each kept until this node's instant.
+    early_recalls: HashMap<LeaseId, Timestamp>,
+    /// Delegations to release at the directory.
+    releases: Vec<LeaseId>,
+    /// Delegations with hits not reported yet.
+    hit_list: Vec<LeaseId>,
+    /// How long recalled delegations took to be released, not yet taken for metrics
+    /// (at most one per delegation).
+    recall_latencies: Vec<Duration>,
+    counts: DelegationCounts,
+    /// The longest delegation granted so far: how long an early recall is kept.
+    longest: Duration,
+}
+
+impl Delegations {
+    /// The answers to a probe of `objects` at `now` when every one is a hit under a
+    /// delegation; `None` (ask the directory) otherwise.
+    pub fn probe(&self, now: Timestamp, objects: &[ObjectId]) -> Option<Vec<ProbeOutcome>> {
+        objects
+            .iter()
+            .map(|object| {
+                let delegated = self.usable(now, object)?;
+                Some(ProbeOutcome::Hit {
+                    medium: delegated.template.medium,
+                    length_bytes: delegated.template.location.length_bytes,
+                })
+            })
+            .collect()
+    }
+
+    fn usable(&self, now: Timestamp, object: &ObjectId) -> Option<&Delegated> {
+        let lease = self.index.get(object)?;
+        self.delegated
+            .get(lease)
+            .filter(|delegated| delegated.grants_at(now))
+    }
+
+    /// Local leases on `objects` at `now`, one per object in order, when every one is a
+    /// hit under a delegation; `None` (and nothing granted) otherwise. Each lease's
+    /// `deadline` is on this node's clock.
+    pub fn acquire(&mut self, now: Timestamp, objects: &[ObjectId]) -> Option<Vec<Lease>> {
+        let delegations: Vec<LeaseId> = objects
+            .iter()
+            .map(|object| {
+                self.usable(now, object)?;
+                self.index.get(object).copied()
+            })
+            .collect::<Option<_>>()?;
+        Some(
+            delegations
+                .into_iter()
+                .filter_map(|delegation| self.grant_local(now, delegation))
+                .collect(),
+        )
+    }
+
+    fn grant_local(&mut self, now: Timestamp, delegation: LeaseId) -> Option<Lease> {
+        let delegated = self.delegated.get_mut(&delegation)?;
+        self.next_local = self.next_local.wrapping_add(1) & !LOCAL_LEASE_BIT;
+        let lease = LeaseId(LOCAL_LEASE_BIT | self.next_local);
+        let deadline = now + delegated.local_duration();
+        delegated.readers += 1;
+        if delegated.unreported_hits == 0 {
+            self.hit_list.push(delegation);
+        }
+        delegated.unreported_hits = delegated.unreported_hits.saturating_add(1);
+        self.local.insert(lease, delegation);
+        self.local_deadlines.push_back((deadline, lease));
+        self.counts.local_hits += 1;
+        Some(Lease {
+            lease,
+            deadline,
+            ..delegated.template
+        })
+    }
+
+    /// A delegation arrived for `object` with `lease` (asked for at `asked`, on this
+    /// node's clock). It answers the object's hits from now on; the one it supersedes is
+    /// released once no local lease under it is live.
+    pub fn granted(
+        &mut self,
+        asked: Timestamp,
+        object: ObjectId,
+        lease: &Lease,
+        delegation: Delegation,
+    ) {
+        if self.early_recalls.remove(&delegation.lease).is_some()
+            || self.delegated.len() >= DELEGATIONS_MAX
+            || self.delegated.contains_key(&delegation.lease)
+        {
+            self.releases.push(delegation.lease);
+            return;
+        }
+        let length = Duration::from_millis(delegation.duration_ms);
+        self.longest = self.longest.max(length);
+        if let Some(previous) = self.index.insert(object, delegation.lease) {
+            if let Some(superseded) = self.delegated.get_mut(&previous) {
+                superseded.current = false;
+            }
+            self.release_if_idle(asked, previous);
+        }
+        self.delegation_ends
+            .push_back((asked + length, delegation.lease));
+        self.delegated.insert(
+            delegation.lease,
+            Delegated {
+                object,
+                template: *lease,
+                valid_until: asked + length,
+                recalled: None,
+                current: true,
+                readers: 0,
+                unreported_hits: 0,
+            },
+        );
+    }
+
+    /// The client gave a local lease back (or its deadline passed, or its client left):
+    /// `true` when it was a live local lease.
+    pub fn release_local(&mut self, now: Timestamp, lease: LeaseId) -> bool {
+        let Some(delegation) = self.local.remove(&lease) else {
+            return false;
+        };
+        if let Some(delegated) = self.delegated.get_mut(&delegation) {
+            delegated.readers = delegated.readers.saturating_sub(1);
+        }
+        self.release_if_idle(now, delegation);
+        true
+    }
+
+    /// Releases `delegation` when it grants no more (recalled or superseded) and no local
+    /// lease under it is live.
+    fn release_if_idle(&mut self, now: Timestamp, delegation: LeaseId) {
+        let Some(delegated) = self.delegated.get(&delegation) else {
+            return;
+        };
+        if delegated.readers > 0 || (delegated.current && delegated.recalled.is_none()) {
+            return;
+        }
+        if let Some(recalled) = delegated.recalled {
+            self.recall_latencies.push(now.saturating_since(recalled));
+        }
+        self.forget(delegation);
+        self.releases.push(delegation);
+    }
+
+    fn forget(&mut self, delegation: LeaseId) {
+        if let Some(delegated) = self.delegated.remove(&delegation) {
+            if delegated.current && self.index.get(&delegated.object) == Some(&delegation) {
+                self.index.remove(&delegated.object);
+            }
+        }
+    }
+
+    /// The directory recalls `delegation` at `now`: it grants nothing more, and is
+    /// released once no local lease under it is live. One not heard of yet is remembered
+    /// (until it would have ended) so that its grant is released on arrival.
+    pub fn recall(&mut self, now: Timestamp, delegation: LeaseId) {
+        match self.delegated.get_mut(&delegation) {
+            Some(delegated) => {
+                if delegated.recalled.is_none() {
+                    delegated.recalled = Some(now);
+                    self.counts.recalls += 1;
+                }
+                if delegated.current {
+                    delegated.current = false;
+                    let object = delegated.object;
+                    if self.index.get(&object) == Some(&delegation) {
+                        self.index.remove(&object);
+                    }
+                }
+                self.release_if_idle(now, delegation);
+            }
+            None if self.early_recalls.len() < EARLY_RECALLS_MAX => {
+                let longest = self.longest.max(EARLY_RECALL_KEPT_MIN);
+                self.early_recalls.insert(delegation, now + longest);
+            }
+            // Full: the directory hands the recall out again.
+            None => {}
+        }
+    }
+
+    /// A client of this node retires `object`: its delegation here grants nothing more and
+    /// is released at once if no local lease under it is live, so that the retire does not
+    /// wait for a recall of it.
+    pub fn give_up(&mut self, now: Timestamp, object: &ObjectId) {
+        let Some(delegation) = self.index.remove(object) else {
+            return;
+        };
+        if let Some(delegated) = self.delegated.get_mut(&delegation) {
+            delegated.current = false;
+        }
+        self.release_if_idle(now, delegation);
+    }
+
+    /// Ends the local leases whose deadline passed and forgets the delegations that ended
+    /// (the directory's copy of each has ended too, so nothing is released for them).
+    pub fn expire(&mut self, now: Timestamp) {
+        while let Some(&(deadline, lease)) = self.local_deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.local_deadlines.pop_front();
+            self.release_local(now, lease);
+        }
+        let mut ended = false;
+        while let Some(&(end, delegation)) = self.delegation_ends.front() {
+            if end > now {
+                break;
+            }
+            self.delegation_ends.pop_front();
+            if self.delegated.contains_key(&delegation) {
+                self.forget(delegation);
+                ended = true;
+            }
+        }
+        if self.delegation_ends.len() > 2 * self.delegated.len() + 1024 {
+            let delegated = &self.delegated;
+            self.delegation_ends
+                .retain(|(_, delegation)| delegated.contains_key(delegation));
+        }
+        if ended {
+            let delegated = &self.delegated;
+            self.local
+                .retain(|_, delegation| delegated.contains_key(delegation));
+        }
+        self.early_recalls.retain(|_, until| *until > now);
+        self.hit_list
+            .retain(|delegation| self.delegated.contains_key(delegation));
+    }
+
+    /// The delegations to release at the directory, taken.
+    pub fn take_releases(&mut self) -> Vec<LeaseId> {
+        std::mem::take(&mut self.releases)
+    }
+
+    /// Up to `max` reports of hits answered here, taken (the rest wait for the next).
+    pub fn take_hit_reports(&mut self, max: usize) -> Vec<LocalHits> {
+        let count = max.min(self.hit_list.len());
+        self.hit_list
+            .drain(..count)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|delegation| {
+                let delegated = self.delegated.get_mut(&delegation)?;
+                let hits = std::mem::take(&mut delegated.unreported_hits);
+                (hits > 0).then_some(LocalHits {
+                    delegation,
+                    object: delegated.object,
+                    hits,
+                })
+            })
+            .collect()
+    }
+
+    /// How long recalls took to be released, taken.
+    pub fn take_recall_latencies(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut self.recall_latencies)
+    }
+
+    /// The session that held the delegations ended: they ended with it.
+    pub fn clear(&mut self) {
+        *self = Delegations {
+            next_local: self.next_local,
+            counts: self.counts,
+            longest: self.longest,
+            ..Delegations::default()
+        };
+    }
+
+    /// Delegations held.
+    pub fn len(&self) -> usize {
+        self.delegated.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.delegated.is_empty()
+    }
+
+    /// Local leases live.
+    pub fn local_leases(&self) -> usize {
+        self.local.len()
+    }
+
+    /// An acquire went to the directory.
+    pub fn count_directory_lookup(&mut self) {
+        self.counts.directory_lookups += 1;
+    }
+
+    /// What was counted since the start.
+    pub fn counts(&self) -> DelegationCounts {
+        self.counts
+    }
+}
+
+#[cfg(test)]
+mod tests;
