@@ -37,6 +37,9 @@ pub struct LocalHitReport {
     pub socket_batch64_keys_per_s: f64,
     /// Batch-64 lookups in the node's delegated index itself (in process, one thread).
     pub index_batch64_keys_per_s: f64,
+    /// The same batches in a `dashmap::DashMap` of the same keys (object → delegation id),
+    /// the concurrent map the index could have been: an answer per key, as a probe builds.
+    pub dashmap_batch64_keys_per_s: f64,
     /// Of the measured acquires, how many were answered under a delegation (local leases).
     pub local_fraction: f64,
 }
@@ -106,8 +109,45 @@ pub async fn measure(
         acquire_p50_us: micros(acquire.quantile(0.5)),
         socket_batch64_keys_per_s: socket_keys_per_s,
         index_batch64_keys_per_s: index_keys_per_s(&ids, seed).context("the index alone")?,
+        dashmap_batch64_keys_per_s: dashmap_keys_per_s(&ids, seed),
         local_fraction: local as f64 / f64::from(round_trips.max(1)),
     })
+}
+
+/// Batches of [`BATCH`] keys drawn from `ids`.
+fn batches(ids: &[ObjectId], seed: u64) -> Vec<Vec<ObjectId>> {
+    let mut rng = SplitMix64::new(seed);
+    (0..4096)
+        .map(|_| {
+            (0..BATCH)
+                .map(|_| ids[rng.below(ids.len() as u64) as usize])
+                .collect()
+        })
+        .collect()
+}
+
+/// Rounds over the batches in each in-process measurement.
+const ROUNDS: usize = 16;
+
+/// Batch-64 lookups in a `DashMap` of `ids` (object → a delegation's id), the batches
+/// [`index_keys_per_s`] probes.
+fn dashmap_keys_per_s(ids: &[ObjectId], seed: u64) -> f64 {
+    let map: dashmap::DashMap<ObjectId, u64> = ids
+        .iter()
+        .enumerate()
+        .map(|(index, id)| (*id, index as u64))
+        .collect();
+    let batches = batches(ids, seed);
+    let started = Instant::now();
+    let mut hits = 0usize;
+    for _ in 0..ROUNDS {
+        for batch in &batches {
+            // An answer per key, as the index's probe builds one.
+            let found: Option<Vec<u64>> = batch.iter().map(|id| map.get(id).map(|v| *v)).collect();
+            hits += found.map_or(0, |found| found.len());
+        }
+    }
+    hits as f64 / started.elapsed().as_secs_f64()
 }
 
 fn micros(duration: Duration) -> f64 {
@@ -140,18 +180,10 @@ fn index_keys_per_s(ids: &[ObjectId], seed: u64) -> anyhow::Result<f64> {
         };
         delegations.granted(now, *id, &lease, delegation);
     }
-    let mut rng = SplitMix64::new(seed);
-    let batches: Vec<Vec<ObjectId>> = (0..4096)
-        .map(|_| {
-            (0..BATCH)
-                .map(|_| ids[rng.below(ids.len() as u64) as usize])
-                .collect()
-        })
-        .collect();
-    let rounds = 16;
+    let batches = batches(ids, seed);
     let started = Instant::now();
     let mut hits = 0usize;
-    for _ in 0..rounds {
+    for _ in 0..ROUNDS {
         for batch in &batches {
             hits += delegations
                 .probe(now, batch)
@@ -159,7 +191,7 @@ fn index_keys_per_s(ids: &[ObjectId], seed: u64) -> anyhow::Result<f64> {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
-    if hits != rounds * batches.len() * BATCH {
+    if hits != ROUNDS * batches.len() * BATCH {
         bail!("the index missed delegated objects");
     }
     Ok(hits as f64 / elapsed)

@@ -158,23 +158,16 @@ impl Directory {
         replica_id: ReplicaId,
         deadline: Timestamp,
     ) -> Option<LeaseId> {
-        let replica = self.replicas.get_mut(replica_id)?;
-        replica.lease_count += 1;
-        replica.last_access = now;
-        let (pool, bytes, first) = (
-            replica.pool,
-            replica.allocated_bytes,
-            replica.lease_count == 1,
+        self.replicas.get(replica_id)?;
+        let lease = self.hold(
+            now,
+            LeaseRecord {
+                replica: replica_id,
+                session: session_id,
+                deadline,
+                delegation: true,
+            },
         );
-        if first {
-            self.pools[pool.0 as usize].pin(bytes, true);
-        }
-        let lease = self.leases.insert(LeaseRecord {
-            replica: replica_id,
-            session: session_id,
-            deadline,
-            delegation: true,
-        });
         if let Some(session) = self.sessions.get_mut(&session_id) {
             session.leases += 1;
         }

@@ -179,32 +179,43 @@ impl Directory {
         replica_id: ReplicaId,
         deadline: Timestamp,
     ) -> Lease {
-        let lease = self.leases.insert(LeaseRecord {
+        let record = LeaseRecord {
             replica: replica_id,
             session,
             deadline,
             delegation: false,
-        });
-        let replica = self
+        };
+        let lease = self.hold(now, record);
+        let location = self
             .replicas
-            .get_mut(replica_id)
-            .expect("selected replica is live");
-        replica.lease_count += 1;
-        replica.last_access = now;
-        let (location, first) = (replica.location(), replica.lease_count == 1);
-        let bytes = replica.allocated_bytes;
-        let record = &mut self.pools[location.pool.0 as usize];
-        if first {
-            record.pin(bytes, true);
-        }
+            .get(replica_id)
+            .expect("selected replica is live")
+            .location();
         Lease {
             lease,
             duration_ms: u64::try_from(self.config.lease_duration.as_millis()).unwrap_or(u64::MAX),
             replica: replica_id,
-            medium: record.spec.medium,
+            medium: self.pools[location.pool.0 as usize].spec.medium,
             location,
             deadline,
         }
+    }
+
+    /// Inserts the lease `record` of a live replica (an engine's or a delegation): the
+    /// replica counts it and is accessed, and its first lease pins its bytes.
+    pub(super) fn hold(&mut self, now: Timestamp, record: LeaseRecord) -> LeaseId {
+        let lease = self.leases.insert(record);
+        let replica = self
+            .replicas
+            .get_mut(record.replica)
+            .expect("a leased replica is live");
+        replica.lease_count += 1;
+        replica.last_access = now;
+        if replica.lease_count == 1 {
+            let (pool, bytes) = (replica.pool, replica.allocated_bytes);
+            self.pools[pool.0 as usize].pin(bytes, true);
+        }
+        lease
     }
 
     /// Releases leases held by this session. The last release of a retiring replica
@@ -236,10 +247,7 @@ impl Directory {
         let Some(record) = self.leases.remove(lease) else {
             return;
         };
-        if record.delegation {
-            self.delegation_ended(lease, &record);
-        }
-        self.after_lease_removed(record.replica);
+        self.after_lease_removed(lease, &record);
     }
 
     /// Removes the leases whose deadline passed, with their sessions' counts; returns how
@@ -248,20 +256,22 @@ impl Directory {
         let mut expired = 0;
         while let Some((id, lease)) = self.leases.pop_expired(now) {
             expired += 1;
-            if lease.delegation {
-                self.delegation_ended(id, &lease);
-            }
             if let Some(session) = self.sessions.get_mut(&lease.session) {
                 session.leases = session.leases.saturating_sub(1);
             }
-            self.after_lease_removed(lease.replica);
+            self.after_lease_removed(id, &lease);
         }
         expired
     }
 
-    /// A lease of `replica_id` was removed (released, voided or expired): the last one
-    /// unpins the replica's bytes and lets a retiring replica be reclaimed.
-    fn after_lease_removed(&mut self, replica_id: ReplicaId) {
+    /// `lease` (`record`) was removed (released, voided or expired): a delegation leaves its
+    /// books; the replica's last lease unpins its bytes and lets a retiring replica be
+    /// reclaimed.
+    fn after_lease_removed(&mut self, lease: LeaseId, record: &LeaseRecord) {
+        if record.delegation {
+            self.delegation_ended(lease, record);
+        }
+        let replica_id = record.replica;
         let Some(replica) = self.replicas.get_mut(replica_id) else {
             return;
         };

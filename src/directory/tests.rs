@@ -66,6 +66,34 @@ impl Fixture {
         }
     }
 
+    /// A directory evicting above `high` percent of a pool down to `low`.
+    pub(super) fn with_watermarks(high: u8, low: u8) -> Fixture {
+        Fixture::with_config(DirectoryConfig {
+            high_watermark_percent: high,
+            low_watermark_percent: low,
+            ..DirectoryConfig::default()
+        })
+    }
+
+    /// Moves time on by `by`, `node` heartbeats, and the directory ticks.
+    pub(super) fn advance(&mut self, by: Duration, node: &NodeHandle) -> TickReport {
+        self.now = self.now + by;
+        self.directory
+            .heartbeat(self.now, node.session, None)
+            .unwrap();
+        self.directory.tick(self.now)
+    }
+
+    /// The kinds of the tasks `node` polls now.
+    pub(super) fn polled(&mut self, node: &NodeHandle) -> Vec<TaskKind> {
+        self.directory
+            .poll_tasks(self.now, node.session, 64)
+            .unwrap()
+            .into_iter()
+            .map(|task| task.kind)
+            .collect()
+    }
+
     pub(super) fn node(&mut self, name: &str, cpu_bytes: u64) -> NodeHandle {
         self.node_with(
             name,
@@ -1080,12 +1108,7 @@ fn a_dead_writers_cxl_replicas_stay_readable_and_are_reclaimed_by_the_directory(
 
 #[test]
 fn pressure_evicts_the_least_valuable_unleased_replicas_down_to_the_low_watermark() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 50,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 50);
     let a = fixture.node("a", 10 * MIB);
     for index in 0..10 {
         fixture.store(&a, fixture.object(index), MIB);
@@ -1286,12 +1309,7 @@ fn an_owner_gives_back_empty_extents() {
 
 #[test]
 fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 50,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 50);
     let cxl = fixture.cxl(8 * MIB);
     let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
     let b = fixture.node_with("b", MIB, vec![Medium::Cpu], vec![DomainId(0)]);
@@ -1558,12 +1576,7 @@ impl Fixture {
 
 #[test]
 fn eviction_keeps_what_is_reused_over_what_is_recent() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 50,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 50);
     let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![]);
     let objects: Vec<ObjectId> = (0..4).map(|index| fixture.object(index)).collect();
     for object in &objects[..2] {
@@ -1587,12 +1600,7 @@ fn eviction_keeps_what_is_reused_over_what_is_recent() {
 
 #[test]
 fn a_prefix_loses_its_tail_before_its_head() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 75,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 75);
     let a = fixture.node_with("a", 4 * MIB, vec![Medium::Cpu], vec![]);
     let objects: Vec<ObjectId> = (0..4).map(|index| fixture.object(index)).collect();
     for object in &objects {

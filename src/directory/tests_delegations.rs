@@ -28,11 +28,9 @@ fn object(index: u32) -> ObjectId {
 
 fn recalls(fixture: &mut Fixture, node: &NodeHandle) -> Vec<LeaseId> {
     fixture
-        .directory
-        .poll_tasks(fixture.now, node.session, 100)
-        .unwrap()
+        .polled(node)
         .into_iter()
-        .filter_map(|task| match task.kind {
+        .filter_map(|kind| match kind {
             TaskKind::Recall { delegation, .. } => Some(delegation),
             _ => None,
         })
@@ -66,8 +64,8 @@ fn a_delegation_holds_its_replica_until_recalled_and_released() {
     assert_eq!(recalls(&mut fixture, &a), vec![delegation.lease]);
     assert_eq!(fixture.directory.recalls_by_reason()[0].1, 1);
     // Not released: the recall is handed out again once its acknowledgement is overdue.
-    fixture.now = fixture.now + fixture.directory.config().task_ack_timeout;
-    fixture.directory.tick(fixture.now);
+    let overdue = fixture.directory.config().task_ack_timeout;
+    fixture.advance(overdue, &a);
     assert_eq!(recalls(&mut fixture, &a), vec![delegation.lease]);
     fixture
         .directory
@@ -100,31 +98,25 @@ fn a_delegation_not_released_ends_at_its_deadline() {
     fixture.directory.retire(Some(a.session), replica).unwrap();
     let lease_duration = fixture.directory.config().lease_duration;
     // Past an engine lease the delegation still holds the replica; past its own, not.
-    fixture.now = fixture.now + lease_duration + Duration::from_millis(1);
-    fixture
-        .directory
-        .heartbeat(fixture.now, a.session, None)
-        .unwrap();
-    fixture.directory.tick(fixture.now);
+    let reclaims = |fixture: &mut Fixture| {
+        let kinds = fixture.polled(&a);
+        kinds
+            .iter()
+            .filter(|kind| matches!(kind, TaskKind::Reclaim { .. }))
+            .count()
+    };
+    fixture.advance(lease_duration + Duration::from_millis(1), &a);
     assert_eq!(fixture.directory.delegations_live(), 1);
-    fixture.now = fixture.now + lease_duration;
-    fixture
-        .directory
-        .heartbeat(fixture.now, a.session, None)
-        .unwrap();
-    fixture.directory.tick(fixture.now);
+    assert_eq!(reclaims(&mut fixture), 0, "the delegation still holds it");
+    fixture.advance(lease_duration, &a);
     assert_eq!(fixture.directory.delegations_live(), 0);
+    assert_eq!(reclaims(&mut fixture), 1, "freed once the delegation ended");
     fixture.directory.check_invariants();
 }
 
 #[test]
 fn eviction_recalls_the_cold_delegated_replicas_it_cannot_choose() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 50,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 50);
     let a = fixture.node("a", 10 * MIB);
     for index in 0..10 {
         fixture.store(&a, fixture.object(index), MIB);
@@ -138,26 +130,17 @@ fn eviction_recalls_the_cold_delegated_replicas_it_cannot_choose() {
             .unwrap();
         delegations.push(delegation.unwrap().lease);
     }
-    fixture.now = fixture.now + Duration::from_secs(1);
-    fixture
-        .directory
-        .heartbeat(fixture.now, a.session, None)
-        .unwrap();
     assert_eq!(
-        fixture.directory.tick(fixture.now).evicted,
+        fixture.advance(Duration::from_secs(1), &a).evicted,
         0,
         "all delegated"
     );
     let recalled = recalls(&mut fixture, &a);
     assert!(!recalled.is_empty(), "the coldest are recalled");
+    assert!(recalled.iter().all(|lease| delegations.contains(lease)));
     fixture.directory.release(a.session, &recalled).unwrap();
-    fixture.now = fixture.now + Duration::from_secs(1);
-    fixture
-        .directory
-        .heartbeat(fixture.now, a.session, None)
-        .unwrap();
     assert!(
-        fixture.directory.tick(fixture.now).evicted > 0,
+        fixture.advance(Duration::from_secs(1), &a).evicted > 0,
         "released, then evicted"
     );
     assert_eq!(

@@ -1,18 +1,12 @@
 //! Evictions counted by the medium of the pool they left.
 
 use super::tests::{Fixture, MIB};
-use super::*;
 use crate::model::Medium;
 use std::time::Duration;
 
 #[test]
 fn evictions_are_counted_by_the_medium_of_their_pool() {
-    let config = DirectoryConfig {
-        high_watermark_percent: 90,
-        low_watermark_percent: 50,
-        ..DirectoryConfig::default()
-    };
-    let mut fixture = Fixture::with_config(config);
+    let mut fixture = Fixture::with_watermarks(90, 50);
     let a = fixture.node("a", 10 * MIB);
     let counted = |fixture: &Fixture| fixture.directory.evictions_by_medium();
     assert_eq!(

@@ -18,16 +18,6 @@ fn cluster(config: DirectoryConfig) -> (Fixture, NodeHandle, PoolId, ObjectId) {
     (fixture, a, cxl, object)
 }
 
-fn polled(fixture: &mut Fixture, node: &NodeHandle) -> Vec<TaskKind> {
-    fixture
-        .directory
-        .poll_tasks(fixture.now, node.session, 64)
-        .unwrap()
-        .into_iter()
-        .map(|task| task.kind)
-        .collect()
-}
-
 /// Commits a replication target at the start of a fresh extent of `pool` (CXL) or at
 /// offset 0 (a CPU pool).
 fn commit_target(
@@ -72,8 +62,8 @@ fn a_remote_miss_copies_into_the_shared_pool_and_the_source_stays() {
         fixture.directory.probe(b.session, &[object]).unwrap(),
         vec![ProbeOutcome::Pending]
     );
-    assert!(polled(&mut fixture, &b).is_empty());
-    let (source, target, target_pool) = replicate_task(&polled(&mut fixture, &a));
+    assert!(fixture.polled(&b).is_empty());
+    let (source, target, target_pool) = replicate_task(&fixture.polled(&a));
     assert_eq!((source.pool, target_pool), (a.cpu, cxl));
     fixture.directory.check_invariants();
     // A second miss while the copy runs plans nothing more.
@@ -123,7 +113,7 @@ fn without_a_shared_domain_the_copy_goes_over_the_network_into_the_requesters_cp
     let (mut fixture, a, _, object) = cluster(DirectoryConfig::default());
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    let target = match polled(&mut fixture, &a).as_slice() {
+    let target = match fixture.polled(&a).as_slice() {
         [TaskKind::Push {
             source,
             target,
@@ -136,7 +126,7 @@ fn without_a_shared_domain_the_copy_goes_over_the_network_into_the_requesters_cp
         other => panic!("expected a push, got {other:?}"),
     };
     assert_eq!(
-        polled(&mut fixture, &b),
+        fixture.polled(&b),
         vec![TaskKind::Receive {
             object,
             target,
@@ -191,7 +181,7 @@ fn the_threshold_and_the_switches_decide_whether_a_miss_replicates() {
         let seen: Vec<usize> = (0..3)
             .map(|_| {
                 assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-                polled(&mut fixture, &a).len()
+                fixture.polled(&a).len()
             })
             .collect();
         assert_eq!(seen, tasks, "row {after} {network} {shared}");
@@ -218,14 +208,11 @@ fn a_lookup_names_a_consumer_once_and_repeated_lookups_add_no_demand() {
             .probe_noting_demand(now, b.session, &[object])
             .unwrap();
         assert_eq!(probed, vec![ProbeOutcome::Miss]);
-        assert!(
-            polled(&mut fixture, &a).is_empty(),
-            "polling inflated demand"
-        );
+        assert!(fixture.polled(&a).is_empty(), "polling inflated demand");
     }
     // The lookup counted once; one load's miss makes two.
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    replicate_task(&polled(&mut fixture, &a));
+    replicate_task(&fixture.polled(&a));
     fixture.directory.check_invariants();
 }
 
@@ -258,7 +245,7 @@ fn a_full_target_or_a_copy_that_does_not_pay_is_skipped_and_counted() {
     });
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    assert!(polled(&mut fixture, &a).is_empty());
+    assert!(fixture.polled(&a).is_empty());
     assert_eq!(
         fixture.directory.replication_counts().skipped,
         [0, 1, 0, 0],
@@ -273,7 +260,7 @@ fn retiring_the_source_cancels_the_copy_and_frees_the_target() {
     let (mut fixture, a, cxl, object) = cluster(DirectoryConfig::default());
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    let (_, target, _) = replicate_task(&polled(&mut fixture, &a));
+    let (_, target, _) = replicate_task(&fixture.polled(&a));
     let source = fixture
         .directory
         .replicas
@@ -353,7 +340,7 @@ fn a_fenced_sender_or_receiver_or_an_expired_reservation_cancels_the_copy() {
             assert_eq!(b_cpu_reserved(&fixture), 0, "{case}");
             // The survivor's queue holds no half of the cancelled copy.
             let survivor = if case == "sender" { &b } else { &a };
-            assert!(polled(&mut fixture, survivor).is_empty(), "{case}");
+            assert!(fixture.polled(survivor).is_empty(), "{case}");
         }
         fixture.directory.check_invariants();
     }
@@ -366,7 +353,7 @@ fn one_copy_per_object_at_a_time_and_a_waiting_demand_is_planned_by_a_tick() {
     let c = fixture.node_with("c", 16 * MIB, vec![Medium::Cpu], vec![]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
     assert_eq!(fixture.acquire_one(&c, object), AcquireOutcome::Miss);
-    let (_, target, _) = replicate_task(&polled(&mut fixture, &a));
+    let (_, target, _) = replicate_task(&fixture.polled(&a));
     assert_eq!(fixture.directory.replication_counts().planned, 1);
     assert_eq!(
         commit_target(&mut fixture, &a, target, cxl),
@@ -375,7 +362,7 @@ fn one_copy_per_object_at_a_time_and_a_waiting_demand_is_planned_by_a_tick() {
     fixture.directory.tick(fixture.now);
     // C's demand waited; now it goes over the network.
     assert!(matches!(
-        polled(&mut fixture, &a).as_slice(),
+        fixture.polled(&a).as_slice(),
         [TaskKind::Push { to, .. }] if *to == c.node
     ));
     assert_eq!(fixture.directory.replication_counts().planned, 2);
@@ -387,13 +374,14 @@ fn a_replica_made_by_replication_is_evicted_like_any_other() {
     let (mut fixture, a, cxl, object) = cluster(DirectoryConfig::default());
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![DomainId(0)]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    let (_, target, _) = replicate_task(&polled(&mut fixture, &a));
+    let (_, target, _) = replicate_task(&fixture.polled(&a));
     commit_target(&mut fixture, &a, target, cxl).unwrap();
     assert_eq!(
         fixture.directory.retire(None, target),
         Ok(RetireOutcome::Reclaimable)
     );
-    assert!(polled(&mut fixture, &a)
+    assert!(fixture
+        .polled(&a)
         .iter()
         .any(|task| matches!(task, TaskKind::Reclaim { replica, .. } if *replica == target)));
     fixture.directory.check_invariants();
@@ -406,8 +394,8 @@ fn a_planned_copy_tells_each_of_its_nodes_it_has_a_task_until_it_polls() {
     let has_tasks = |fixture: &Fixture, node: &NodeHandle| {
         fixture.directory.has_tasks(fixture.now, node.session)
     };
-    polled(&mut fixture, &a);
-    polled(&mut fixture, &b);
+    fixture.polled(&a);
+    fixture.polled(&b);
     assert!(!has_tasks(&fixture, &a) && !has_tasks(&fixture, &b));
     let queued = fixture.directory.tasks_queued();
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
@@ -417,8 +405,8 @@ fn a_planned_copy_tells_each_of_its_nodes_it_has_a_task_until_it_polls() {
         "a push and a receive"
     );
     assert!(has_tasks(&fixture, &a) && has_tasks(&fixture, &b));
-    assert_eq!(polled(&mut fixture, &a).len(), 1);
+    assert_eq!(fixture.polled(&a).len(), 1);
     assert!(!has_tasks(&fixture, &a) && has_tasks(&fixture, &b));
-    assert_eq!(polled(&mut fixture, &b).len(), 1);
+    assert_eq!(fixture.polled(&b).len(), 1);
     assert!(!has_tasks(&fixture, &b));
 }

@@ -119,6 +119,13 @@ impl Delegations {
             .collect()
     }
 
+    /// Whether every one of `objects` is a hit under a delegation at `now`.
+    pub fn covers(&self, now: Timestamp, objects: &[ObjectId]) -> bool {
+        objects
+            .iter()
+            .all(|object| self.usable(now, object).is_some())
+    }
+
     fn usable(&self, now: Timestamp, object: &ObjectId) -> Option<&Delegated> {
         let lease = self.index.get(object)?;
         self.delegated
@@ -130,22 +137,18 @@ impl Delegations {
     /// hit under a delegation; `None` (and nothing granted) otherwise. Each lease's
     /// `deadline` is on this node's clock.
     pub fn acquire(&mut self, now: Timestamp, objects: &[ObjectId]) -> Option<Vec<Lease>> {
-        let delegations: Vec<LeaseId> = objects
+        if !self.covers(now, objects) {
+            return None;
+        }
+        objects
             .iter()
-            .map(|object| {
-                self.usable(now, object)?;
-                self.index.get(object).copied()
-            })
-            .collect::<Option<_>>()?;
-        Some(
-            delegations
-                .into_iter()
-                .filter_map(|delegation| self.grant_local(now, delegation))
-                .collect(),
-        )
+            .map(|object| self.grant_local(now, object))
+            .collect()
     }
 
-    fn grant_local(&mut self, now: Timestamp, delegation: LeaseId) -> Option<Lease> {
+    /// A local lease on `object`, which [`Delegations::covers`] just found delegated.
+    fn grant_local(&mut self, now: Timestamp, object: &ObjectId) -> Option<Lease> {
+        let delegation = *self.index.get(object)?;
         let delegated = self.delegated.get_mut(&delegation)?;
         self.next_local = self.next_local.wrapping_add(1) & !LOCAL_LEASE_BIT;
         let lease = LeaseId(LOCAL_LEASE_BIT | self.next_local);
@@ -175,9 +178,12 @@ impl Delegations {
         lease: &Lease,
         delegation: Delegation,
     ) {
+        if self.delegated.contains_key(&delegation.lease) {
+            // The same grant twice: it is held already (releasing it would end it).
+            return;
+        }
         if self.early_recalls.remove(&delegation.lease).is_some()
             || self.delegated.len() >= DELEGATIONS_MAX
-            || self.delegated.contains_key(&delegation.lease)
         {
             self.releases.push(delegation.lease);
             return;

@@ -183,19 +183,18 @@ fn local(
                 None => Err(Box::new(ClientRequest::Probe { objects })),
             }
         }
-        ClientRequest::Acquire { objects, mode }
-            if fresh && delegations.probe(now, &objects).is_some() =>
-        {
+        ClientRequest::Acquire { objects, mode } if fresh && delegations.covers(now, &objects) => {
             if let Err(refusal) = books.admit_acquire(&objects, now) {
                 return Ok(refused(refusal));
             }
-            let leases = delegations.acquire(now, &objects).unwrap_or_default();
+            let Some(leases) = delegations.acquire(now, &objects) else {
+                // Covered a moment ago at the same instant: not reached. The admission
+                // goes back and the directory answers.
+                books.leases_granted(objects.len(), Vec::new());
+                return Err(Box::new(ClientRequest::Acquire { objects, mode }));
+            };
             let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
             books.leases_granted(objects.len(), granted.collect());
-            if leases.len() < objects.len() {
-                // Not reached: the probe just said every object is a hit.
-                return Err(Box::new(ClientRequest::Acquire { objects, mode }));
-            }
             let outcomes = leases.into_iter().map(AcquireOutcome::Leased).collect();
             Ok(Decision::Reply(ClientReply::Acquired(outcomes)))
         }

@@ -400,7 +400,7 @@ impl World {
         if books.admit_acquire(&objects, now).is_err() {
             return;
         }
-        if delegations.probe(now, &objects).is_some() {
+        if delegations.covers(now, &objects) {
             // Every object is a hit under the node's delegations: no message.
             let leases = delegations.acquire(now, &objects).unwrap_or_default();
             let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));

@@ -167,7 +167,10 @@ impl ClientSessionActor {
                     // Answered here, under the node's delegations.
                     count_lookups(&self.services, outcomes);
                 }
-                if let Some(operation) = operation {
+                // Answered here without an error: observed as the directory's answers are.
+                if let (Some(operation), false) =
+                    (operation, matches!(reply, ClientReply::Error(_)))
+                {
                     self.services
                         .metrics
                         .observe_request(operation, started.elapsed(), None);
@@ -348,7 +351,6 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
         DirectoryRequest::Probe { objects } => objects.len(),
         _ => 0,
     };
-
     let reply = match services.link.call(request).await {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),

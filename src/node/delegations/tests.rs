@@ -158,3 +158,11 @@ fn hits_are_reported_once_and_delegations_end_with_their_time_or_session() {
     delegations.clear();
     assert!(delegations.probe(at(1), &[object(1)]).is_none());
 }
+
+#[test]
+fn the_same_grant_twice_is_kept_not_released() {
+    let mut delegations = delegated();
+    delegations.granted(at(0), object(1), &lease(1), delegation(7));
+    assert!(delegations.take_releases().is_empty());
+    assert!(delegations.acquire(at(1), &[object(1)]).is_some());
+}
