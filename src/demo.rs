@@ -9,6 +9,7 @@
 
 use crate::client::{Client, StoreOutcome};
 use crate::launch::{ClusterSpec, LocalCluster};
+use crate::metrics::scrape::{metric_value, scrape_metrics, wait_for_metrics};
 use crate::workload::histogram::Histogram;
 use crate::workload::namespace::demo_namespace;
 use crate::workload::prefix::chain;
@@ -87,6 +88,7 @@ pub fn run(exe: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     let tally = runtime.block_on(replay(&cluster, requests, args.chunk_bytes))?;
     let elapsed = started.elapsed();
     print_summary(&tally, elapsed);
+    print_local_hits(&cluster);
     drop(cluster);
     println!("cluster stopped; its files are removed");
     Ok(())
@@ -147,6 +149,37 @@ async fn replay(
         eprintln!();
     }
     Ok(tally)
+}
+
+/// Each node's hits answered under its delegations, and its directory requests per hit,
+/// from its metrics (waited for: a node publishes them every task interval).
+fn print_local_hits(cluster: &LocalCluster) {
+    const HIT: &str = "kvtier_lookups_total{result=\"hit\"}";
+    for (name, address) in cluster.metrics_addresses() {
+        if name == "directory" {
+            continue;
+        }
+        // Published after the last hit: the gauge agrees with the counters.
+        let settled = |body: &str| {
+            let value = |name| metric_value(body, name).unwrap_or(0.0);
+            let (hits, asked) = (value(HIT), value("kvtier_directory_lookups_total"));
+            let per_hit = value("kvtier_directory_requests_per_hit");
+            hits == 0.0 || (per_hit * hits - asked).abs() < 0.5
+        };
+        let Some(body) = wait_for_metrics(address, Duration::from_secs(2), settled)
+            .then(|| scrape_metrics(address).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let value = |name| metric_value(&body, name).unwrap_or(0.0);
+        println!(
+            "  {name:<10} {:.0} of {:.0} hits answered by the node itself; {:.3} directory requests per hit",
+            value("kvtier_local_hits_total"),
+            value(HIT),
+            value("kvtier_directory_requests_per_hit"),
+        );
+    }
 }
 
 fn print_summary(tally: &Tally, elapsed: Duration) {

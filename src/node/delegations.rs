@@ -71,7 +71,8 @@ pub struct DelegationCounts {
     pub local_hits: u64,
     /// Recalls received (a repeated recall of one delegation counts once).
     pub recalls: u64,
-    /// Acquires this node asked the directory for (its clients' misses of the index).
+    /// Probes and acquires this node asked the directory for (its clients' misses of the
+    /// index).
     pub directory_lookups: u64,
 }
 
@@ -380,7 +381,7 @@ impl Delegations {
         self.local.len()
     }
 
-    /// An acquire went to the directory.
+    /// A probe or an acquire went to the directory.
     pub fn count_directory_lookup(&mut self) {
         self.counts.directory_lookups += 1;
     }

@@ -351,6 +351,9 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
         DirectoryRequest::Probe { objects } => objects.len(),
         _ => 0,
     };
+    if probed > 0 {
+        services.core().delegations.count_directory_lookup();
+    }
     let reply = match services.link.call(request).await {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
