@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod keys;
+mod partitions;
 pub use keys::{check_keys, KeysError, UnknownKey};
+pub use partitions::{CpuPartition, CPU_PARTITIONS_MAX};
 
 /// The whole cluster's configuration.
 #[derive(Clone, Debug, Deserialize)]
@@ -87,8 +89,13 @@ pub struct TenantSection {
     /// Model names of the namespaces the tenant may register; `"*"` for any.
     pub namespaces: Vec<String>,
     /// Mixed by the node into every namespace the tenant registers (as vLLM's
-    /// `cache_salt`): tenants with different salts never share objects or probe answers.
+    /// `cache_salt`): tenants with different salts never share objects or probe answers,
+    /// nor memory: each salt group has its own partition of every node's CPU pool.
     pub salt: Option<String>,
+    /// Bytes of each node's CPU pool for this tenant's partition (added to those of the
+    /// other rules of its salt). Absent: the salt groups that state none share equally what
+    /// the others leave.
+    pub cpu_bytes: Option<u64>,
 }
 
 /// One shared CXL pool.
@@ -402,6 +409,15 @@ impl ClusterConfig {
                 );
             }
         }
+        for node in &self.nodes {
+            let host_pools = self.cpu_partitions(node)?.len() + usize::from(node.ssd.is_some());
+            if host_pools > self.directory.limits.pools_per_node_max as usize {
+                bail!(
+                    "node `{}` has {host_pools} pools (a CPU partition per salt group, and its SSD), more than directory.limits.pools_per_node_max",
+                    node.name
+                );
+            }
+        }
         self.directory
             .limits
             .validate()
@@ -502,18 +518,6 @@ impl DirectorySection {
 }
 
 impl NodeSection {
-    /// The node's CPU pool as it registers it (the directory declares the same at start).
-    pub fn cpu_pool_spec(&self, node: NodeId) -> PoolSpec {
-        PoolSpec {
-            name: format!("{}-cpu", self.name),
-            medium: Medium::Cpu,
-            scope: Scope::Host(node),
-            capacity_bytes: self.cpu_pool.capacity_bytes,
-            page_bytes: self.cpu_pool.page_bytes,
-            extent_bytes: None,
-        }
-    }
-
     /// The node's SSD store as a pool (`None` without `[nodes.ssd]` or with a store whose
     /// configuration is invalid): medium `ssd`, private to the node, its capacity the
     /// store's whole regions, 4 KiB pages.
@@ -526,15 +530,8 @@ impl NodeSection {
             capacity_bytes: ssd.usable_bytes().ok()?,
             page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
             extent_bytes: None,
+            tenancy: crate::model::PoolTenancy::Shared,
         })
-    }
-
-    /// The node's host pools as the directory declares them at start, in a fixed order
-    /// (so a restarted directory gives them the same ids): the CPU pool, then the SSD pool.
-    pub fn host_pool_specs(&self, node: NodeId) -> Vec<PoolSpec> {
-        let mut specs = vec![self.cpu_pool_spec(node)];
-        specs.extend(self.ssd_pool_spec(node));
-        specs
     }
 
     /// The gid of [`NodeSection::socket_group`] (a number, or a name in `group`, the text
@@ -608,7 +605,7 @@ mod tests {
 
     #[test]
     fn tenant_rules_resolve_names_and_admit_by_credentials() {
-        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\ncapacity_bytes = 65536\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
+        let text = "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\nsocket_group = \"engines\"\n[nodes.cpu_pool]\ncapacity_bytes = 131072\n[[tenants]]\nname = \"chat\"\nusers = [\"vllm\"]\ngroups = [\"engines\"]\nnamespaces = [\"m\"]\nsalt = \"s1\"\n[[tenants]]\nname = \"any\"\nuids = [7]\nnamespaces = [\"*\"]\n";
         let directory =
             std::env::temp_dir().join(format!("kvtier-config-tenants-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();

@@ -158,6 +158,51 @@ fn share_cxl(cluster: &LocalCluster) {
 
 /// A view dropped just before its own client retires the replica is released first: the
 /// background releaser lingers before it sends, and the retire flushes it.
+/// Where the node's write order leaves CXL out, its engines never write there: the node
+/// hands the CXL pool through a read-only descriptor (which cannot write, map writable or
+/// truncate the file), the CPU partition read-write, and stores and loads still work.
+#[test]
+fn a_pool_engines_never_write_is_handed_read_only() {
+    use std::os::fd::AsRawFd;
+    let cluster = cluster(false, vec![Medium::Cpu], 8 << 20, 8 << 20);
+    runtime().block_on(async {
+        let socket = cluster.socket(0).unwrap();
+        let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let files = kvtier::wire::handoff::receive(&stream, HANG_GUARD)
+            .await
+            .unwrap();
+        // SAFETY: F_GETFL on descriptors this test owns.
+        let modes: Vec<i32> = files
+            .iter()
+            .map(|file| unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE)
+            .collect();
+        assert_eq!(
+            modes,
+            vec![libc::O_RDWR, libc::O_RDONLY],
+            "CPU partition, CXL pool"
+        );
+        let cxl = std::fs::File::from(files.into_iter().nth(1).unwrap());
+        let length = cxl.metadata().unwrap().len();
+        assert!(
+            cxl.set_len(0).is_err(),
+            "truncated the CXL pool through a handed file"
+        );
+        assert_eq!(cxl.metadata().unwrap().len(), length);
+        drop(stream);
+
+        let (client, namespace) = connect(&cluster, 0).await;
+        let (id, bytes) = object(namespace, 1);
+        assert_eq!(
+            client.store(id, &bytes).await.unwrap(),
+            StoreOutcome::Stored
+        );
+        let views = client.load(&[id], AcquireMode::Each).await.unwrap();
+        let view = views[0].as_ref().expect("a hit");
+        assert_eq!(view.lease().medium, Medium::Cpu);
+        assert_eq!(view.bytes().unwrap(), &bytes[..]);
+    });
+}
+
 #[test]
 fn a_dropped_view_does_not_hold_up_its_own_clients_retire() {
     let cluster = cluster(false, vec![Medium::Cxl], 2 << 20, 8 << 20);

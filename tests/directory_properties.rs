@@ -220,17 +220,26 @@ struct Harness {
     directory: Directory,
     now: Timestamp,
     nodes: Vec<NodeState>,
-    namespace: NamespaceId,
+    /// An unsalted namespace and a salted one: objects alternate between the two, and each
+    /// node's CPU memory is a partition per salt group.
+    namespaces: [NamespaceId; 2],
     cxl_pool: PoolId,
     /// First location seen for each replica: content (and its place) never changes.
     locations: HashMap<ReplicaId, Location>,
     cpu_owner: HashMap<PoolId, NodeId>,
+    /// The salt group (index into `namespaces`) of each CPU partition.
+    partition_of: HashMap<PoolId, usize>,
     /// Leases on CXL replicas of sessions that ended: they stay until their deadline.
     orphan_leases: Vec<Lease>,
     tally: Tally,
 }
 
-fn descriptor() -> NamespaceDescriptor {
+/// The salt of group `group` (0: unsalted).
+fn salt(group: usize) -> Option<String> {
+    (group == 1).then(|| "tenant-b".to_string())
+}
+
+fn descriptor(group: usize) -> NamespaceDescriptor {
     NamespaceDescriptor {
         model: "prop".into(),
         revision: "1".into(),
@@ -245,7 +254,7 @@ fn descriptor() -> NamespaceDescriptor {
         chunk_tokens: 16,
         tensor_parallel: 1,
         pipeline_parallel: 1,
-        salt: None,
+        salt: salt(group),
     }
 }
 
@@ -273,6 +282,7 @@ impl Harness {
                     capacity_bytes: CXL_BYTES,
                     page_bytes: 4096,
                     extent_bytes: Some(EXTENT_BYTES),
+                    tenancy: kvtier::model::PoolTenancy::Shared,
                 },
             )
             .unwrap();
@@ -280,10 +290,11 @@ impl Harness {
             directory,
             now: Timestamp::ZERO,
             nodes: Vec::new(),
-            namespace: descriptor().id().unwrap(),
+            namespaces: [descriptor(0).id().unwrap(), descriptor(1).id().unwrap()],
             cxl_pool,
             locations: HashMap::new(),
             cpu_owner: HashMap::new(),
+            partition_of: HashMap::new(),
             orphan_leases: Vec::new(),
             tally: Tally::default(),
         };
@@ -311,22 +322,26 @@ impl Harness {
             namespaces: NamespaceAccess::Any,
         };
         let reply = self.directory.open(self.now, request).unwrap();
-        let spec = PoolSpec {
-            name: format!("cpu{node}"),
-            medium: Medium::Cpu,
-            scope: Scope::Host(reply.node),
-            capacity_bytes: 3 * BYTES,
-            page_bytes: 4096,
-            extent_bytes: None,
-        };
-        let pool = self
-            .directory
-            .register_pool(Some(reply.session), spec)
-            .unwrap();
-        self.cpu_owner.insert(pool, reply.node);
-        self.directory
-            .register_namespace(reply.session, descriptor())
-            .unwrap();
+        for group in 0..2 {
+            let spec = PoolSpec {
+                name: format!("cpu{node}-{group}"),
+                medium: Medium::Cpu,
+                scope: Scope::Host(reply.node),
+                capacity_bytes: 3 * BYTES,
+                page_bytes: 4096,
+                extent_bytes: None,
+                tenancy: PoolTenancy::Partition(SaltGroup::of(salt(group).as_deref())),
+            };
+            let pool = self
+                .directory
+                .register_pool(Some(reply.session), spec)
+                .unwrap();
+            self.cpu_owner.insert(pool, reply.node);
+            self.partition_of.insert(pool, group);
+            self.directory
+                .register_namespace(reply.session, descriptor(group))
+                .unwrap();
+        }
         NodeState {
             session: reply.session,
             open: true,
@@ -356,7 +371,7 @@ impl Harness {
 
     fn object(&self, index: u8) -> ObjectId {
         ObjectId {
-            namespace: self.namespace,
+            namespace: self.namespaces[usize::from(index % 2)],
             prefix: PrefixDigest::ROOT.chain(&[u32::from(index)]),
             shard: 0,
             part: 0,
@@ -806,6 +821,12 @@ impl Harness {
             self.tally.reserves_granted += 1;
             assert_eq!(allocated_bytes, BYTES);
             assert_eq!(medium == Medium::Cxl, pool == self.cxl_pool);
+            assert!(
+                self.partition_of
+                    .get(&pool)
+                    .is_none_or(|group| *group == usize::from(object % 2)),
+                "object {object} granted in the CPU partition of another salt group"
+            );
             assert!(
                 in_domain(node) || pool != self.cxl_pool,
                 "node {node} outside the domain was granted CXL bytes"

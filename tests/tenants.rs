@@ -3,7 +3,8 @@
 //! user cannot read a pool file nor reach a node that does not let it in; a peer no rule
 //! admits is refused at the handshake with a typed error; admitted as tenant B, it cannot
 //! see, probe, load or retire tenant A's objects, and the same key stored by both is two
-//! objects. Needs root (to create the user and run processes as it): skipped, saying so,
+//! objects, nor find A's bytes anywhere in the memory the node hands it (its tenant's CPU
+//! partition: A's is never handed to it). Needs root (to create the user and run processes as it): skipped, saying so,
 //! otherwise. What that user runs is linked or copied first into a fresh folder it can
 //! reach, so the tests do not depend on where the clone lives (a clone in a private `0700`
 //! folder keeps `target/` out of its reach).
@@ -21,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const OTHER: &str = "kvtier-other";
+/// What tenant A stores: tenant B must find these bytes nowhere in the memory it is handed.
+const A_PROMPT: &[u8] = b"tenant A's prompt";
 /// Where the tenant-B helper finds tenant A's object and replica (JSON).
 const HELPER_INPUT: &str = "KVTIER_TENANT_A_OBJECT";
 
@@ -215,7 +218,7 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
     };
     let cluster = small_cluster(Some(OTHER), &tenant_rules());
     let socket = cluster.socket(0).unwrap();
-    let a_file = scratch_file("a", b"tenant A's prompt");
+    let a_file = scratch_file("a", A_PROMPT);
     let b_file = scratch_file("b", b"tenant B's different prompt");
     let (output, a_put) = ctl_as(
         &programs,
@@ -261,6 +264,12 @@ fn tenants_neither_share_nor_touch_each_others_objects() {
         .enable_all()
         .build()
         .unwrap();
+    // A finds its bytes in the memory the node hands it: B's search below can succeed.
+    let (files, found) = runtime.block_on(search_handed_memory(&socket, A_PROMPT));
+    assert!(
+        files >= 1 && found,
+        "A's bytes are not in A's own partition"
+    );
     let (a_object, a_replica) = runtime.block_on(async {
         let client = Client::connect(&socket).await.unwrap();
         let namespace = client.register_namespace(ctl_namespace()).await.unwrap();
@@ -316,6 +325,13 @@ fn tenant_b_helper() {
         .unwrap();
     runtime.block_on(async {
         let client = Client::connect(&socket).await.unwrap();
+        // B is handed one memory file, its own partition, and A's bytes are nowhere in it.
+        let (files, found) = search_handed_memory(&socket, A_PROMPT).await;
+        assert_eq!(files, 1, "B was handed more than its own partition");
+        assert!(
+            !found,
+            "B can read tenant A's bytes in the memory it is handed"
+        );
         let own = client.register_namespace(ctl_namespace()).await.unwrap();
         assert_ne!(
             own, a_object.namespace,
@@ -355,4 +371,38 @@ fn tenant_b_helper() {
             other => panic!("registered a denied model: {other:?}"),
         }
     });
+}
+
+/// Connects to `socket` as a bare client, takes the memory files the node hands it, and
+/// reads each whole looking for `needle`: how many files it was handed, and whether any
+/// holds the bytes.
+async fn search_handed_memory(socket: &Path, needle: &[u8]) -> (usize, bool) {
+    use std::os::unix::fs::FileExt;
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let files = kvtier::wire::handoff::receive(&stream, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let count = files.len();
+    let found = files.into_iter().any(|file| {
+        let file = std::fs::File::from(file);
+        let length = file.metadata().unwrap().len();
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut offset = 0;
+        while offset < length {
+            // Chunks overlap by the needle's length, so bytes across a boundary are seen.
+            let read = file.read_at(&mut chunk, offset).unwrap();
+            if read == 0 {
+                break;
+            }
+            if chunk[..read]
+                .windows(needle.len())
+                .any(|window| window == needle)
+            {
+                return true;
+            }
+            offset += (read.saturating_sub(needle.len()).max(1)) as u64;
+        }
+        false
+    });
+    (count, found)
 }

@@ -68,6 +68,7 @@ fn seeds() -> Vec<Vec<u8>> {
         capacity_bytes: 1 << 30,
         page_bytes: 64 << 10,
         extent_bytes: Some(64 << 20),
+        tenancy: kvtier::model::PoolTenancy::Shared,
     };
     vec![
         codec::encode(&Hello::ours()).unwrap(),

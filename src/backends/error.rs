@@ -171,7 +171,9 @@ pub enum PoolError {
         /// What is wrong with it.
         reason: &'static str,
     },
-
+    /// A write into a pool this process mapped read-only (one it only reads from).
+    #[error("the pool is mapped read-only here")]
+    ReadOnly,
     /// A pool handed over a socket is not sealed against shrinking and growing: whoever else
     /// holds it could truncate it under this process's mapping (a `SIGBUS` on the next
     /// access). Nothing was mapped.

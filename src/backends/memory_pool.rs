@@ -257,7 +257,9 @@ mod tests {
         pool.check(id, generation, allocation.offset, 5000).unwrap();
         assert_eq!(pool.slice(allocation.offset, 5000).unwrap(), &payload[..]);
 
-        let client = SharedMemory::from_handle(handle, Some(42), true).unwrap();
+        let client =
+            SharedMemory::from_handle(handle, Some(42), true, crate::backends::Access::ReadWrite)
+                .unwrap();
         let mut buffer = vec![0u8; 5000];
         client.read_at(allocation.offset, &mut buffer).unwrap();
         assert_eq!(buffer, payload);

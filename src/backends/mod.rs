@@ -26,7 +26,7 @@ pub mod ssd;
 pub use allocator::{Allocation, AllocatorUsage, PageAllocator};
 pub use error::PoolError;
 pub use memory_pool::{CpuPoolConfig, MemoryPool};
-pub use shared_memory::SharedMemory;
+pub use shared_memory::{Access, SharedMemory};
 
 use crate::model::{AllocationId, Generation, Medium};
 

@@ -168,6 +168,18 @@ pub struct SharedMemory {
     /// The sealed memory file of a pool [`SharedMemory::create_sealed`] made, to hand to
     /// the processes that may map it; `None` for a pool mapped from a path.
     handle: Option<File>,
+    /// Whether the mapping may be written ([`Access::ReadOnly`] maps it read-only).
+    writable: bool,
+}
+
+/// How a process maps a pool handed to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read and write: a pool the process stores into.
+    ReadWrite,
+    /// Read only, through a read-only descriptor: every write is refused (`ReadOnly`), and
+    /// the kernel would fault one through a stray pointer.
+    ReadOnly,
 }
 
 /// The seals every pool handed over a socket carries: nobody, its creator included, can
@@ -290,6 +302,7 @@ impl SharedMemory {
             header,
             map,
             handle: None,
+            writable: true,
         })
     }
 
@@ -334,15 +347,18 @@ impl SharedMemory {
         Ok(pool)
     }
 
-    /// Maps a pool handed over a socket (a node's CPU pool from
+    /// Maps a pool handed over a socket (a node's CPU partition from
     /// [`SharedMemory::create_sealed`], or a CXL pool it adopted), verifying its header as
     /// [`SharedMemory::open`] does. With `sealed`, the file must carry the resize seals
     /// (`Unsealed` otherwise): a CPU pool always does; a CXL pool is a device or a shared
-    /// file that cannot carry them. Never writes.
+    /// file that cannot carry them. With [`Access::ReadOnly`] the mapping is read-only (the
+    /// descriptor may be open read-only); otherwise `Io` when the descriptor is. Never
+    /// writes.
     pub fn from_handle(
         handle: std::os::fd::OwnedFd,
         expected_uuid: Option<u128>,
         sealed: bool,
+        access: Access,
     ) -> Result<Self, PoolError> {
         let file = File::from(handle);
         let label = PathBuf::from(format!("fd:{}", file.as_raw_fd()));
@@ -353,7 +369,7 @@ impl SharedMemory {
                 return Err(PoolError::Unsealed { seals });
             }
         }
-        Self::verify_and_map(&label, &file, expected_uuid)
+        Self::verify_and_map(&label, &file, expected_uuid, access)
     }
 
     /// The file a process may be handed to map this pool: for a pool made by
@@ -393,20 +409,21 @@ impl SharedMemory {
         };
         let file = open_pool_file(path, false)?;
         if !adopting {
-            return Self::verify_and_map(path, &file, expected_uuid);
+            return Self::verify_and_map(path, &file, expected_uuid, Access::ReadWrite);
         }
         check_adoptable(path, &file.metadata().map_err(io)?)?;
-        let mut pool = Self::verify_and_map(path, &file, expected_uuid)?;
+        let mut pool = Self::verify_and_map(path, &file, expected_uuid, Access::ReadWrite)?;
         pool.handle = Some(file);
         Ok(pool)
     }
 
     /// Reads and verifies the header of `file` (named `path` in errors), checks its length,
-    /// and maps it pre-faulted.
+    /// and maps it pre-faulted, with `access`.
     fn verify_and_map(
         path: &Path,
         file: &File,
         expected_uuid: Option<u128>,
+        access: Access,
     ) -> Result<Self, PoolError> {
         let io = |source| PoolError::Io {
             path: path.to_owned(),
@@ -441,12 +458,17 @@ impl SharedMemory {
                 expected_bytes: total_bytes,
             });
         }
-        let map = map_populated(file, total_bytes, &mut |_| {}).map_err(io)?;
+        let map = match access {
+            Access::ReadWrite => map_populated(file, total_bytes, &mut |_| {}),
+            Access::ReadOnly => map_read_only(file, total_bytes),
+        }
+        .map_err(io)?;
         Ok(Self {
             path: path.to_owned(),
             header,
             map,
             handle: None,
+            writable: access == Access::ReadWrite,
         })
     }
 
@@ -474,7 +496,7 @@ impl SharedMemory {
     /// nothing written) if the range leaves it. The caller must own the range under the
     /// module's access contract: an allocation it is writing, that no reader reads yet.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
-        let start = self.data_pointer(offset, data.len() as u64)?;
+        let start = self.writable_pointer(offset, data.len() as u64)?;
         // SAFETY: `data_pointer` checked the range lies inside the mapping, which lives as
         // long as `self`; `data` is process-private memory, so the ranges cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), start, data.len()) };
@@ -490,7 +512,7 @@ impl SharedMemory {
 
     /// [`SharedMemory::write_at`] with the given copy routine (a benchmark's limits).
     pub fn copy_at(&self, routine: CopyRoutine, offset: u64, data: &[u8]) -> Result<(), PoolError> {
-        let start = self.data_pointer(offset, data.len() as u64)?;
+        let start = self.writable_pointer(offset, data.len() as u64)?;
         // SAFETY: as in `write_at`: the range lies inside the mapping and cannot overlap
         // `data`, which lies in another mapping or in process-private memory.
         unsafe { routine.copy(data.as_ptr(), start, data.len()) };
@@ -516,6 +538,19 @@ impl SharedMemory {
         // `u8` has no invalid values; immutability for the view's lifetime is the caller's
         // contract above. `data_pointer` proved `length_bytes` fits in the mapping's usize.
         Ok(unsafe { std::slice::from_raw_parts(start, length_bytes as usize) })
+    }
+
+    /// Whether this mapping may be written (not mapped with [`Access::ReadOnly`]).
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// [`SharedMemory::data_pointer`] for a write: `ReadOnly` on a read-only mapping.
+    fn writable_pointer(&self, offset: u64, length_bytes: u64) -> Result<*mut u8, PoolError> {
+        if !self.writable {
+            return Err(PoolError::ReadOnly);
+        }
+        self.data_pointer(offset, length_bytes)
     }
 
     /// The address of data-area `offset`, after checking `offset..offset + length_bytes`
@@ -656,6 +691,29 @@ fn map_populated(
         }
         done += step;
         progress(done as u64);
+    }
+    Ok(map)
+}
+
+/// Maps `total_bytes` of `file` read-only `MAP_SHARED` and pre-faults it for reading
+/// (`MADV_POPULATE_READ`; a kernel without it, before 5.14, gets `MAP_POPULATE`), with the
+/// huge-page advice of [`map_populated`].
+fn map_read_only(file: &File, total_bytes: u64) -> std::io::Result<MmapRaw> {
+    let length = usize::try_from(total_bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let map = MmapOptions::new().len(length).map_raw_read_only(file)?;
+    advise_huge_pages(&map, length);
+    // SAFETY: the range is exactly the mapping `map` owns; populating reads nothing.
+    let result =
+        unsafe { libc::madvise(map.as_mut_ptr().cast(), length, libc::MADV_POPULATE_READ) };
+    if result != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        drop(map);
+        let map = MmapOptions::new()
+            .len(length)
+            .populate()
+            .map_raw_read_only(file)?;
+        advise_huge_pages(&map, length);
+        return Ok(map);
     }
     Ok(map)
 }

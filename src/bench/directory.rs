@@ -143,6 +143,7 @@ fn bench_directory(objects: u64) -> anyhow::Result<(Directory, SessionId, PoolId
             capacity_bytes: objects.saturating_add(1024) * OBJECT_BYTES,
             page_bytes: 4096,
             extent_bytes: None,
+            tenancy: crate::model::PoolTenancy::Shared,
         },
     )?;
     Ok((directory, open.session, pool))

@@ -117,6 +117,7 @@ async fn measure(
         capacity_bytes: (args.stored_objects + 1) * OBJECT_BYTES,
         page_bytes: 4096,
         extent_bytes: None,
+        tenancy: crate::model::PoolTenancy::Shared,
     };
     let DirectoryReply::Pool(pool) = link.call(DirectoryRequest::RegisterPool(pool_spec)).await?
     else {

@@ -19,7 +19,7 @@ pub use load::{LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MA
 pub use releases::DROPPED_LEASES_QUEUED_MAX;
 pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 
-use crate::backends::{PoolError, SharedMemory};
+use crate::backends::{Access, PoolError, SharedMemory};
 pub use crate::directory::StoreSkip;
 
 use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
@@ -139,14 +139,19 @@ impl Client {
                     mapping.pool
                 )));
             };
-            // The CPU pool must be sealed against resizing; a CXL pool cannot be.
+            // The CPU pool must be sealed against resizing; a CXL pool cannot be. A pool the
+            // client never writes comes read-only, and is mapped so.
             let sealed = mapping.medium == Medium::Cpu;
-            let memory = SharedMemory::from_handle(file, Some(mapping.pool_uuid), sealed).map_err(
-                |source| ClientError::Pool {
-                    pool: mapping.pool,
-                    source,
-                },
-            )?;
+            let access = if mapping.writable {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            };
+            let memory = SharedMemory::from_handle(file, Some(mapping.pool_uuid), sealed, access)
+                .map_err(|source| ClientError::Pool {
+                pool: mapping.pool,
+                source,
+            })?;
             pools.insert(mapping.pool, memory);
         }
         let batch_items_max = Arc::new(AtomicUsize::new(usize::MAX));

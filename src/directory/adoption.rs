@@ -157,6 +157,7 @@ impl Directory {
         let location = holding.location;
         if !self.namespaces.contains_key(&holding.object.namespace)
             || !self.holds_location(session_id, session, holding)
+            || !self.pool_admits(location.pool, &holding.object)
         {
             return Ok(AdoptOutcome::Refused);
         }

@@ -152,8 +152,9 @@ pub struct DirectoryConfig {
     /// a random one, so clients cannot choose object ids that collide in the index; a
     /// simulation or a property test sets it so that runs replay.
     pub hash_seed: Option<u64>,
-    /// Host pools one node may register (a CPU pool, an SSD pool or two): bounds what one
-    /// node certificate can add to the pool table.
+    /// Host pools one node may register (its CPU partitions, at most
+    /// [`crate::config::CPU_PARTITIONS_MAX`], and an SSD pool): bounds what one node
+    /// certificate can add to the pool table.
     pub pools_per_node_max: u32,
     /// Prefill time of one token, in microseconds, for a model not named in
     /// `prefill_us_per_token_by_model`: what recomputing an evicted chunk costs. A
@@ -386,7 +387,7 @@ impl Default for DirectoryConfig {
             incarnation: default_incarnation(),
             adopt_items_per_tick: 16_384,
             hash_seed: None,
-            pools_per_node_max: 8,
+            pools_per_node_max: 40,
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             namespace_costs: BTreeMap::new(),

@@ -75,7 +75,7 @@ impl Directory {
             .sessions
             .get(&session_id)
             .filter(|session| session.is_open())?;
-        let descriptor = self.namespaces.get(&victim.object.namespace)?;
+        let descriptor = &self.namespaces.get(&victim.object.namespace)?.descriptor;
         let (cost, tokens) = self.config.recompute_model(
             &descriptor.model,
             descriptor.chunk_tokens,
@@ -122,10 +122,10 @@ impl Directory {
         };
         let mut colder = Vec::new();
         for (index, record) in self.pools.iter().enumerate() {
-            if !writable(record) {
+            let pool = PoolId(index as u32);
+            if !writable(record) || !self.pool_admits(pool, &victim.object) {
                 continue;
             }
-            let pool = PoolId(index as u32);
             let bytes = record.spec.rounded_bytes(victim.length_bytes);
             let holds_object = self.replicas.of_object(&victim.object).any(|(_, replica)| {
                 replica.pool == pool && replica.state != ReplicaState::Retiring

@@ -96,6 +96,10 @@ impl Directory {
                     .any(|(other, _)| other == id),
                 "replica {id:?} not reachable from its object"
             );
+            assert!(
+                self.pool_admits(replica.pool, &replica.object),
+                "replica {id:?} in the CPU partition of another salt group"
+            );
             let pool = &self.pools[replica.pool.0 as usize];
             if let Scope::Host(node) = pool.spec.scope {
                 assert_eq!(node, replica.owner, "host replica owned by another node");

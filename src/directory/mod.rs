@@ -64,8 +64,7 @@ pub use status::NodeStatus;
 pub use store_batch::{CommitBatchItem, ReserveBatchItem};
 
 use crate::model::{
-    NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope,
-    SessionId, Timestamp,
+    NamespaceId, NodeId, PoolId, PoolSpec, PoolUsage, ReplicaId, Scope, SessionId, Timestamp,
 };
 use crate::policy::history::History;
 use crate::policy::profiles::TierProfile;
@@ -147,7 +146,7 @@ pub struct Directory {
     /// Tasks queued for nodes so far (hand-outs again included): a change tells the
     /// caller that some node may have tasks to fetch ([`Directory::tasks_queued`]).
     tasks_queued: u64,
-    namespaces: HashMap<NamespaceId, NamespaceDescriptor>,
+    namespaces: HashMap<NamespaceId, registry::RegisteredNamespace>,
     /// Reservation deadlines in grant order (all reservations have the same duration).
     /// Entries of committed or aborted reservations are skipped; the queue holds at most
     /// one entry per reservation granted within `reservation_duration`.
@@ -236,6 +235,8 @@ mod tests;
 mod tests_delegations;
 #[cfg(test)]
 mod tests_evictions;
+#[cfg(test)]
+mod tests_partitions;
 #[cfg(test)]
 mod tests_peer_path;
 #[cfg(test)]

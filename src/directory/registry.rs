@@ -8,11 +8,40 @@ use super::{
     Directory, DirectoryError, NamespaceAccess, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX,
     POOL_CAPACITY_BYTES_MAX,
 };
-use crate::model::{NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, Scope, SessionId};
+use crate::model::{
+    NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, PoolTenancy, SaltGroup, Scope,
+    SessionId,
+};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
 use std::net::SocketAddr;
 
+/// A namespace the directory knows, with the salt group its objects belong to (the CPU
+/// partitions they may be placed in).
+pub(super) struct RegisteredNamespace {
+    pub descriptor: NamespaceDescriptor,
+    pub group: SaltGroup,
+}
+
 impl Directory {
+    /// The salt group of `namespace`'s objects (`None`: not registered).
+    pub(super) fn group_of(&self, namespace: &NamespaceId) -> Option<SaltGroup> {
+        self.namespaces.get(namespace).map(|known| known.group)
+    }
+
+    /// Whether `object` may be placed in `pool`: a shared pool takes any namespace's, a
+    /// CPU partition only its salt group's.
+    pub(super) fn pool_admits(&self, pool: PoolId, object: &crate::model::ObjectId) -> bool {
+        match self
+            .pools
+            .get(pool.0 as usize)
+            .map(|record| record.spec.tenancy)
+        {
+            Some(PoolTenancy::Shared) => true,
+            Some(PoolTenancy::Partition(group)) => self.group_of(&object.namespace) == Some(group),
+            None => false,
+        }
+    }
+
     /// Registers a pool. A host pool must belong to the session's node; a node
     /// re-registering the same pool name after a restart gets the same pool id back.
     /// A shared (domain) pool is registered by the directory itself with `session = None`.
@@ -196,15 +225,17 @@ impl Directory {
                 return Err(DirectoryError::Full(Table::Namespaces));
             }
             // A scan of at most `namespaces_max` entries, only for a namespace not seen yet.
+            let group = SaltGroup::of(descriptor.salt.as_deref());
             let of_salt = self
                 .namespaces
                 .values()
-                .filter(|known| known.salt == descriptor.salt)
+                .filter(|known| known.group == group)
                 .count();
             if of_salt >= self.config.namespaces_per_salt_max as usize {
                 return Err(DirectoryError::Full(Table::NamespacesOfSalt));
             }
-            self.namespaces.insert(id, descriptor);
+            self.namespaces
+                .insert(id, RegisteredNamespace { descriptor, group });
         }
         Ok(id)
     }
@@ -216,7 +247,7 @@ impl Directory {
     ) -> Result<(), DirectoryError> {
         match self.namespaces.get(&namespace) {
             None => Err(DirectoryError::UnknownNamespace),
-            Some(descriptor) if !permits(&session.namespaces, descriptor) => {
+            Some(known) if !permits(&session.namespaces, &known.descriptor) => {
                 Err(DirectoryError::NamespaceDenied)
             }
             Some(_) => Ok(()),
@@ -247,6 +278,11 @@ fn check_pool_spec(spec: &PoolSpec) -> Result<(), DirectoryError> {
         return Err(DirectoryError::InvalidPool(format!(
             "capacity must be 1 to {POOL_CAPACITY_BYTES_MAX} bytes"
         )));
+    }
+    if matches!(spec.tenancy, PoolTenancy::Partition(_)) && !matches!(spec.scope, Scope::Host(_)) {
+        return Err(DirectoryError::InvalidPool(
+            "only a node's own pool is a tenant's partition".into(),
+        ));
     }
     match (spec.scope, spec.extent_bytes) {
         (Scope::Host(_), None) => {}

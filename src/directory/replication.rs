@@ -318,7 +318,11 @@ impl Directory {
         let Some(owner) = self.live_session_of(source.owner) else {
             return Decision::Drop;
         };
-        let Some(descriptor) = self.namespaces.get(&object.namespace) else {
+        let Some(descriptor) = self
+            .namespaces
+            .get(&object.namespace)
+            .map(|known| &known.descriptor)
+        else {
             return Decision::Drop;
         };
         let (cost, tokens) = self.config.recompute_model(
@@ -382,7 +386,8 @@ impl Directory {
 
     /// The decision once no shared pool took the copy (`refusal` the nearest shared
     /// candidate's reason): with `replicate_over_network` and a peer endpoint on both
-    /// nodes, a copy over the network into the requester's own CPU pool when it pays and
+    /// nodes, a copy over the network into the requester's own CPU pool (the partition of
+    /// the object's salt group) when it pays and
     /// fits; else a skip for the nearest reason.
     fn network_decision(&self, wanted: &WantedCopy<'_>, refusal: SkipReason) -> Decision {
         let node = wanted.node;
@@ -392,10 +397,11 @@ impl Directory {
         if !network {
             return Decision::Skip(refusal);
         }
-        let own_cpu = self.pools.iter().enumerate().find(|(_, record)| {
+        let own_cpu = self.pools.iter().enumerate().find(|(index, record)| {
             record.spec.scope == Scope::Host(node)
                 && record.spec.medium == Medium::Cpu
                 && record.owner_session == self.nodes[node.0 as usize].session
+                && self.pool_admits(PoolId(*index as u32), wanted.object)
         });
         let Some((index, record)) = own_cpu else {
             return Decision::Skip(refusal);

@@ -141,8 +141,8 @@ impl Directory {
     }
 
     /// Where kvtier's placement ([`placement::write_target`]) writes `object`: the first
-    /// pool of the node's write order that it may write, that admits the object (a
-    /// wear-limited pool only once it is reused) and has room for `length_bytes` rounded
+    /// pool of the node's write order that it may write, that may hold the object's salt
+    /// group, that admits the object (a wear-limited pool only once it is reused) and has room for `length_bytes` rounded
     /// to the pool's pages. Returns the pool and the rounded bytes, or why the store is
     /// skipped. The directory cannot tell a partial chunk, so placement's partial rule
     /// never refuses here.
@@ -173,7 +173,9 @@ impl Directory {
                         })
                 })
                 .map(|(index, record)| (PoolId(index as u32), record))
-                .filter(|(pool, _)| self.can_write(session_id, session, *pool))
+                .filter(|(pool, _)| {
+                    self.can_write(session_id, session, *pool) && self.pool_admits(*pool, object)
+                })
                 .map(|(pool, record)| {
                     let bytes = record.spec.rounded_bytes(length_bytes);
                     let candidate = WriteCandidate {

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::model::{
-    DomainId, Epoch, KvDtype, LeaseId, Location, Medium, ObjectId, OperationId, PrefixDigest,
+    DomainId, Epoch, KvDtype, LeaseId, Location, Medium, NamespaceDescriptor, ObjectId,
+    OperationId, PrefixDigest,
 };
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::profiles::{Measurement, ProfileFigures, TierKind};
@@ -125,6 +126,7 @@ impl Fixture {
                     capacity_bytes: cpu_bytes,
                     page_bytes: 4096,
                     extent_bytes: None,
+                    tenancy: crate::model::PoolTenancy::Shared,
                 },
             )
             .unwrap();
@@ -149,6 +151,7 @@ impl Fixture {
                     capacity_bytes: bytes,
                     page_bytes: 4096,
                     extent_bytes: Some(MIB),
+                    tenancy: crate::model::PoolTenancy::Shared,
                 },
             )
             .unwrap()
@@ -847,6 +850,7 @@ fn bad_input_gets_typed_errors() {
         capacity_bytes: MIB,
         page_bytes: 3000,
         extent_bytes: None,
+        tenancy: crate::model::PoolTenancy::Shared,
     };
     assert!(matches!(
         fixture.directory.register_pool(Some(a.session), bad_pool),
@@ -856,6 +860,7 @@ fn bad_input_gets_typed_errors() {
         scope: Scope::Host(NodeId(77)),
         page_bytes: 4096,
         extent_bytes: None,
+        tenancy: crate::model::PoolTenancy::Shared,
         name: "y".into(),
         medium: Medium::Cpu,
         capacity_bytes: MIB,
@@ -1891,6 +1896,7 @@ fn host_pool(node: NodeId, name: &str, capacity_bytes: u64) -> PoolSpec {
         capacity_bytes,
         page_bytes: 4096,
         extent_bytes: None,
+        tenancy: crate::model::PoolTenancy::Shared,
     }
 }
 

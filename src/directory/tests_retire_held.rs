@@ -28,6 +28,7 @@ fn ssd_pool(fixture: &mut Fixture, node: &NodeHandle, name: &str) -> PoolId {
                 capacity_bytes: 64 * MIB,
                 page_bytes: 4096,
                 extent_bytes: None,
+                tenancy: crate::model::PoolTenancy::Shared,
             },
         )
         .unwrap()

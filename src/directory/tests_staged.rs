@@ -46,6 +46,7 @@ impl Node {
             capacity_bytes,
             page_bytes: 4096,
             extent_bytes: None,
+            tenancy: crate::model::PoolTenancy::Shared,
         };
         let session = Some(reply.session);
         let cpu = directory

@@ -608,7 +608,8 @@ impl Metrics {
     }
 
     /// Counts a refused local client connection. `reason` must be a fixed kind name
-    /// (`unknown_peer`, `tenant_not_in_cxl_pool`, `too_many_clients`, `no_credentials`),
+    /// (`unknown_peer`, `tenant_not_in_cxl_pool`, `tenant_without_partition`,
+    /// `too_many_clients`, `no_credentials`),
     /// never text built from data.
     pub fn refuse_client(&self, reason: &'static str) {
         self.client_refusals_total

@@ -14,5 +14,5 @@ pub use namespace::{
     KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId, NAMESPACE_TEXT_BYTES_MAX,
 };
 pub use object::{Location, ObjectId, PrefixDigest};
-pub use pool::{Medium, PoolSpec, PoolUsage, Scope, Tier};
+pub use pool::{Medium, PoolSpec, PoolTenancy, PoolUsage, SaltGroup, Scope, Tier};
 pub use time::{Clock, Timestamp};

@@ -53,6 +53,47 @@ pub enum Scope {
     Domain(DomainId),
 }
 
+/// The objects of the namespaces registered with one salt (or with none): the tenants
+/// sharing a salt share objects, so they may share memory; tenants of different salts
+/// never do. Derived from the salt by a keyed hash, so a pool's description names no salt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SaltGroup(pub [u8; 16]);
+
+impl SaltGroup {
+    /// The group of the namespaces registered with `salt` (`None`: unsalted).
+    pub fn of(salt: Option<&str>) -> SaltGroup {
+        let mut hasher = blake3::Hasher::new_derive_key("kvtier salt group v1");
+        match salt {
+            None => hasher.update(&[0]),
+            Some(salt) => hasher.update(&[1]).update(salt.as_bytes()),
+        };
+        let mut group = [0u8; 16];
+        group.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        SaltGroup(group)
+    }
+}
+
+/// Whose objects a pool may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PoolTenancy {
+    /// Any namespace's: a CXL pool (its sharing domain is one trust domain, of the
+    /// tenants the pool lists) or an SSD store (private to its node).
+    Shared,
+    /// Only the objects of one salt group: a partition of a node's CPU memory, which only
+    /// the processes of that group's tenants are handed.
+    Partition(SaltGroup),
+}
+
+impl PoolTenancy {
+    /// Whether an object of `group` may be placed in this pool.
+    pub fn admits(self, group: SaltGroup) -> bool {
+        match self {
+            PoolTenancy::Shared => true,
+            PoolTenancy::Partition(own) => own == group,
+        }
+    }
+}
+
 /// A pool as registered with the directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSpec {
@@ -66,6 +107,8 @@ pub struct PoolSpec {
     /// For a shared pool, the size of the extents the directory grants to nodes (a
     /// multiple of `page_bytes`); `None` for a host pool.
     pub extent_bytes: Option<u64>,
+    /// Whose objects it may hold: the directory places nothing else there.
+    pub tenancy: PoolTenancy,
 }
 
 impl PoolSpec {

@@ -68,6 +68,11 @@ impl Tenant {
         }
     }
 
+    /// The salt group of this tenant's objects, whose CPU partition its clients map.
+    pub fn group(&self) -> crate::model::SaltGroup {
+        crate::model::SaltGroup::of(self.salt.as_deref())
+    }
+
     /// The descriptor the node registers for this tenant: its salt, never the client's.
     pub fn salted(&self, mut descriptor: NamespaceDescriptor) -> NamespaceDescriptor {
         descriptor.salt = self.salt.clone();
@@ -92,6 +97,10 @@ pub enum TenantRefusal {
     /// trust domain of the tenants it lists, and this node serves no other.
     #[error("tenant `{tenant}` may not use CXL pool `{pool}`, which this node maps")]
     NotInCxlPool { tenant: String, pool: String },
+    /// The node has no CPU partition for the tenant's salt: its rule came with a reload,
+    /// and partitions are made when the node starts.
+    #[error("tenant `{tenant}` has no memory on this node yet: restart the node to give its salt a CPU partition")]
+    NoPartition { tenant: String },
     /// The tenant registered [`NAMESPACES_PER_TENANT_MAX`] namespaces on this node.
     #[error("tenant `{tenant}` registered {max} namespaces on this node, as many as it may")]
     TooManyNamespaces { tenant: String, max: usize },

@@ -28,9 +28,10 @@ use serde::{Deserialize, Serialize};
 /// directory); 9 hands the pools' files over the node's socket before hello
 /// ([`crate::wire::handoff`]) instead of naming paths, gives a skipped store its reason
 /// (reserve and store grants) and a reload its repriced namespaces; 10 added delegations
-/// (AcquireDelegating, ReportHits, the Recall task, local leases). An older peer is
-/// refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[10];
+/// (AcquireDelegating, ReportHits, the Recall task, local leases); 11 partitions a node's
+/// CPU memory by salt group (a pool's tenancy, a mapping's write permission). An older
+/// peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[11];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -432,9 +433,13 @@ pub struct PoolMapping {
     pub pool: PoolId,
     pub medium: Medium,
     /// The position of the pool's file among those the connection's handoff carried
-    /// ([`crate::wire::handoff`]): the node's sealed CPU pool, and the CXL pools it maps.
-    /// The client opens no path.
+    /// ([`crate::wire::handoff`]): the sealed CPU partition of the client's tenant, and the
+    /// CXL pools the node maps. The client opens no path.
     pub handed: u32,
+    /// Whether the client may write the pool (its medium is in the node's write order).
+    /// Otherwise the handed file is open read-only and the client maps it read-only: a
+    /// load's view cannot change the bytes, nor the client truncate the file.
+    pub writable: bool,
     pub pool_uuid: u128,
     pub data_bytes: u64,
 }
@@ -534,6 +539,7 @@ impl ProtocolError {
             ProtocolError::Tenant(TenantRefusal::NamespaceDenied { .. }) => "namespace_denied",
             ProtocolError::Tenant(TenantRefusal::TooManyNamespaces { .. }) => "tenant_namespaces",
             ProtocolError::Tenant(TenantRefusal::NotInCxlPool { .. }) => "tenant_not_in_cxl_pool",
+            ProtocolError::Tenant(TenantRefusal::NoPartition { .. }) => "tenant_without_partition",
             ProtocolError::Client(refusal) => refusal.label(),
             ProtocolError::Reload(_) => "reload",
             ProtocolError::NotPermitted(_) => "not_permitted",

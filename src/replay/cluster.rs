@@ -130,6 +130,7 @@ fn register_cxl_pool(
             capacity_bytes: config.cxl_blocks.saturating_mul(config.chunk_bytes),
             page_bytes: config.chunk_bytes,
             extent_bytes: Some(extent_bytes),
+            tenancy: crate::model::PoolTenancy::Shared,
         },
     )?;
     Ok(Some((pool, extent_bytes)))
@@ -161,6 +162,7 @@ fn open_engine(
             capacity_bytes: config.blocks.saturating_mul(config.chunk_bytes),
             page_bytes: config.chunk_bytes,
             extent_bytes: None,
+            tenancy: crate::model::PoolTenancy::Shared,
         },
     )?;
     let ssd = if config.ssd_blocks > 0 {
@@ -195,6 +197,7 @@ fn register_node_ssd(
             capacity_bytes: store_bytes,
             page_bytes: crate::backends::ssd::layout::BLOCK_BYTES,
             extent_bytes: None,
+            tenancy: crate::model::PoolTenancy::Shared,
         },
     )?;
     directory.admit_after(opened.session, pool, config.ssd_admit_after_accesses)?;

@@ -140,6 +140,7 @@ pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
         capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
         page_bytes: 4096,
         extent_bytes: None,
+        tenancy: crate::model::PoolTenancy::Shared,
     }
 }
 

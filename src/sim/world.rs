@@ -181,6 +181,7 @@ impl World {
                 capacity_bytes: CXL_POOL_OBJECTS * OBJECT_BYTES,
                 page_bytes: 4096,
                 extent_bytes: Some(EXTENT_OBJECTS * OBJECT_BYTES),
+                tenancy: crate::model::PoolTenancy::Shared,
             };
             let pool = self
                 .directory

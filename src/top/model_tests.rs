@@ -53,6 +53,7 @@ fn status() -> ClusterStatus {
                 capacity_bytes: 1000,
                 page_bytes: 10,
                 extent_bytes: None,
+                tenancy: crate::model::PoolTenancy::Shared,
             },
             usage: PoolUsage {
                 capacity_bytes: 1000,

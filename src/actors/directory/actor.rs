@@ -178,7 +178,9 @@ impl DirectoryActor {
         // and the nodes above them, so their ids agree when the file only grew at its end.
         for name in &change.added_nodes {
             if let Ok(section) = new.node(name) {
-                let specs = section.host_pool_specs(crate::model::NodeId(0));
+                let specs = new
+                    .host_pool_specs(section, crate::model::NodeId(0))
+                    .map_err(|error| ReloadRefusal::Invalid(format!("{error:#}")))?;
                 if let Err(error) = self.core.declare_node(name, specs) {
                     return Err(ReloadRefusal::Invalid(format!(
                         "declaring node `{name}`: {error}"

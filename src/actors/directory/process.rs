@@ -42,7 +42,7 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
     }
     // Nodes and their pools get the ids of the previous incarnation (configuration order).
     for node in &config.nodes {
-        let specs = node.host_pool_specs(crate::model::NodeId(0));
+        let specs = config.host_pool_specs(node, crate::model::NodeId(0))?;
         core.declare_node(&node.name, specs)
             .with_context(|| format!("declaring node `{}`", node.name))?;
         core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
@@ -133,6 +133,7 @@ pub(super) fn add_cxl_pool(
         capacity_bytes: pool.capacity_bytes,
         page_bytes: pool.page_bytes,
         extent_bytes: Some(pool.extent_bytes),
+        tenancy: crate::model::PoolTenancy::Shared,
     };
     let id = core
         .register_pool(None, spec)

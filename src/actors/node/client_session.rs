@@ -208,13 +208,20 @@ impl ClientSessionActor {
         });
     }
 
-    /// The node's identity and the pools a client maps.
+    /// The node's identity and the pools this client maps: those its handoff carried (its
+    /// tenant's CPU partition and the CXL pools).
     fn describe(&self) -> ClientReply {
         let binding = self.services.link.binding();
+        let pools = self
+            .services
+            .handoffs
+            .of(self.tenant.group())
+            .map(|handoff| handoff.mappings.clone())
+            .unwrap_or_default();
         ClientReply::Described(NodeDescription {
             node: binding.node,
             epoch: binding.epoch,
-            pools: self.services.mappings.clone(),
+            pools,
         })
     }
 

@@ -22,6 +22,7 @@ pub mod client_session;
 pub mod copy_engine;
 pub mod host_files;
 pub mod link;
+pub mod partitions;
 pub mod peer;
 pub mod pool;
 pub mod process;

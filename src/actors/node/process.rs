@@ -7,14 +7,15 @@ use super::actor::{NodeActor, NodeExit};
 use super::client_session::ClientSessionActor;
 use super::host_files::{InstanceLock, OwnedFile, Signalled, Stop};
 use super::link::{DirectoryAddress, DirectoryLink};
+use super::partitions::{HandedPool, Handoffs};
 use super::pool::PoolActor;
 use super::rejoin::Registration;
 use super::reload::NodeReload;
 use super::services::{lock_core, NodeServices};
 use crate::actors::process::{bind_metrics, serve_metrics};
 use crate::backends::probe::{self, ProbeRegion};
-use crate::backends::{CpuPoolConfig, MemoryPool, PoolBackend, SharedMemory};
-use crate::config::{ClusterConfig, NodeSection};
+use crate::backends::{MemoryPool, PoolBackend};
+use crate::config::{ClusterConfig, CpuPartition, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::delegation::NodeDelegationMetrics;
 use crate::metrics::Metrics;
@@ -25,16 +26,15 @@ use crate::node::{
     CLIENT_LIMITS,
 };
 use crate::policy::profiles::Measurement;
-use crate::progress::{Progress, Unit};
 use crate::protocol::messages::{
-    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, PoolMapping, ProtocolError,
+    ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, ProtocolError,
 };
 use crate::wire::uds::{self, SocketMode};
 use crate::wire::{handoff, read_frame, write_frame};
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,8 +45,6 @@ const DIRECTORY_WAIT: Duration = Duration::from_secs(30);
 /// one (the fallback poll: a wait answers at once when tasks are pending); the same as the
 /// directory's default tick (`tick_interval_ms`).
 pub const TASK_INTERVAL: Duration = Duration::from_millis(50);
-/// Live allocations per CPU pool (one per stored chunk): 4M at 64 KiB pages is 256 GiB.
-const ALLOCATIONS_MAX: u32 = 1 << 22;
 
 /// A fresh 128-bit id for a pool incarnation (unique, not secret).
 pub fn fresh_uuid() -> u128 {
@@ -80,9 +78,9 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
     let _instance = InstanceLock::acquire(&section.socket)?;
     let metrics_listener = bind_metrics(section.metrics)?;
     log_copy_routines();
-    let pool = create_cpu_pool(&section)?;
+    let partitions = super::partitions::create_cpu_partitions(&config, &section)?;
     let host = HostParts {
-        pool,
+        partitions,
         metrics_listener,
     };
     if stop.requested() {
@@ -149,10 +147,10 @@ fn directory_address(config: &ClusterConfig, section: &NodeSection) -> Directory
     }
 }
 
-/// What the node made on its host before reaching the directory: its CPU pool and its
-/// metrics endpoint's socket.
+/// What the node made on its host before reaching the directory: its CPU partitions and
+/// its metrics endpoint's socket.
 struct HostParts {
-    pool: MemoryPool,
+    partitions: Vec<(CpuPartition, MemoryPool)>,
     metrics_listener: Option<std::net::TcpListener>,
 }
 
@@ -244,23 +242,23 @@ async fn start(
     clients: ClientPolicy,
 ) -> anyhow::Result<(tokio::sync::mpsc::Receiver<NodeExit>, OwnedFile)> {
     let HostParts {
-        pool,
+        partitions,
         metrics_listener,
     } = host;
     // The directory formats the CXL pools before it accepts nodes: map them now.
     let cxl_pools = map_cxl_pools(config, section)?;
     let metrics = Arc::new(Metrics::new()?);
-    let (pools, mappings, handed, mut registration) =
-        start_pools(link, &metrics, section, pool, cxl_pools).await?;
+    let (pools, handoffs, mut registration) =
+        start_pools(link, &metrics, section, partitions, cxl_pools).await?;
     let ssd_spec = section.ssd_pool_spec(registration.node);
     let ssd = super::ssd::open(section.ssd.as_ref(), ssd_spec, link, &metrics).await?;
     registration.ssd = ssd.as_ref().map(|ssd| ssd.registration.clone());
     serve_metrics(metrics_listener, metrics.clone())?;
     let (exit_sender, exit) = tokio::sync::mpsc::channel(1);
-    let shared_pools = mappings
+    let shared_pools = registration
+        .shared_pools
         .iter()
-        .filter(|mapping| mapping.medium == Medium::Cxl)
-        .map(|mapping| (mapping.pool, Arc::default()))
+        .map(|(_, pool)| (*pool, Arc::default()))
         .collect();
     let peer = super::peer::PeerTransport::bind(config, section, &metrics)?;
     let delegation_metrics = Arc::new(NodeDelegationMetrics::register(&metrics)?);
@@ -269,8 +267,7 @@ async fn start(
         shared_pools,
         link: link.clone(),
         pools,
-        mappings,
-        handed,
+        handoffs,
         metrics,
         core,
         clock,
@@ -290,93 +287,96 @@ async fn start(
     Ok((exit, socket_file))
 }
 
-/// The pool actors, what clients map, the memory files they are handed, and what a rejoin
-/// registers again.
+/// The pool actors, what each tenant's clients are handed, and what a rejoin registers
+/// again.
 type StartedPools = (
     HashMap<PoolId, Addr<PoolActor>>,
-    Vec<PoolMapping>,
-    Arc<[OwnedFd]>,
+    Arc<Handoffs>,
     Registration,
 );
 
-/// Registers the CPU pool, probes every pool and reports what it measured, and starts a
-/// pool actor per pool.
+/// Registers the CPU partitions, probes every pool and reports what it measured, and
+/// starts a pool actor per pool.
 async fn start_pools(
     link: &DirectoryLink,
     metrics: &Metrics,
     section: &NodeSection,
-    pool: MemoryPool,
+    partitions: Vec<(CpuPartition, MemoryPool)>,
     cxl_pools: Vec<(String, MemoryPool)>,
 ) -> anyhow::Result<StartedPools> {
     let node = link.binding().node;
-    let spec = section.cpu_pool_spec(node);
-    let pool_id = match link
-        .call(DirectoryRequest::RegisterPool(spec.clone()))
-        .await?
-    {
-        DirectoryReply::Pool(pool_id) => pool_id,
-        other => bail!("pool registration answered {other:?}"),
-    };
-    metrics.set_pool_capacity(pool_id, Medium::Cpu, section.cpu_pool.capacity_bytes);
-    // The pool is fresh: nothing is allocated in it yet, so the probe may write anywhere.
-    let region = ProbeRegion {
-        offset: 0,
-        length: pool.memory().data_bytes(),
-    };
-    let probed = probe::probe_memory(pool.memory(), region);
     let mut registration = Registration {
         node,
-        cpu_spec: spec,
-        cpu_pool: pool_id,
+        cpu_pools: Vec::new(),
         shared_pools: Vec::new(),
         profiles: Vec::new(),
         ssd: None,
     };
-    registration
-        .profiles
-        .extend(report_probe(link, metrics, pool_id, probed).await);
-    let mut handed = Vec::new();
-    let mut mappings = vec![mapping_of(
-        pool_id,
-        Medium::Cpu,
-        pool.memory(),
-        &mut handed,
-    )?];
-    let mut pools = HashMap::from([(pool_id, PoolActor::new(Box::new(pool)).start())]);
-    for (name, pool_id, cxl) in locate_cxl_pools(link, cxl_pools).await? {
-        metrics.set_pool_capacity(pool_id, Medium::Cxl, cxl.memory().data_bytes());
-        let probed = probe_shared_pool(link, pool_id, &cxl).await;
+    // One probe of the CPU memory (the largest partition, fresh: the probe may write
+    // anywhere), reported for every partition.
+    let probed = partitions
+        .iter()
+        .max_by_key(|(partition, _)| partition.capacity_bytes)
+        .map(|(_, pool)| {
+            let region = ProbeRegion {
+                offset: 0,
+                length: pool.memory().data_bytes(),
+            };
+            probe::probe_memory(pool.memory(), region)
+        });
+    let mut cpu = Vec::new();
+    for (partition, pool) in partitions {
+        let spec = partition.spec(node, section.cpu_pool.page_bytes);
+        let pool_id = match link
+            .call(DirectoryRequest::RegisterPool(spec.clone()))
+            .await?
+        {
+            DirectoryReply::Pool(pool_id) => pool_id,
+            other => bail!(
+                "registering CPU partition `{}` answered {other:?}",
+                spec.name
+            ),
+        };
+        metrics.set_pool_capacity(pool_id, Medium::Cpu, partition.capacity_bytes);
+        if let Some(Ok(measured)) = &probed {
+            registration
+                .profiles
+                .extend(report_probe(link, metrics, pool_id, Ok(*measured)).await);
+        }
+        registration.cpu_pools.push((spec, pool_id));
+        cpu.push((partition.group, pool_id, pool));
+    }
+    if let Some(Err(error)) = probed {
+        tracing::warn!(%error, "probing the CPU memory failed; its partitions keep default figures");
+    }
+    let mut cxl = Vec::new();
+    for (name, pool_id, pool) in locate_cxl_pools(link, cxl_pools).await? {
+        metrics.set_pool_capacity(pool_id, Medium::Cxl, pool.memory().data_bytes());
+        let probed = probe_shared_pool(link, pool_id, &pool).await;
         registration
             .profiles
             .extend(report_probe(link, metrics, pool_id, probed).await);
         registration.shared_pools.push((name, pool_id));
-        mappings.push(mapping_of(pool_id, Medium::Cxl, cxl.memory(), &mut handed)?);
-        pools.insert(pool_id, PoolActor::new(Box::new(cxl)).start());
+        cxl.push((pool_id, pool));
     }
-    Ok((pools, mappings, handed.into(), registration))
-}
-
-/// What a client maps for `pool`: its file, duplicated into `handed` (what each admitted
-/// client's handoff carries), and the position it has there.
-fn mapping_of(
-    pool: PoolId,
-    medium: Medium,
-    memory: &SharedMemory,
-    handed: &mut Vec<OwnedFd>,
-) -> anyhow::Result<PoolMapping> {
-    let file = memory
-        .handle()
-        .with_context(|| format!("pool {pool} has no file to hand to clients"))?
-        .try_clone_to_owned()
-        .with_context(|| format!("duplicating pool {pool}'s file"))?;
-    handed.push(file);
-    Ok(PoolMapping {
-        pool,
-        medium,
-        handed: u32::try_from(handed.len() - 1).context("too many pools to hand over")?,
-        pool_uuid: memory.pool_uuid(),
-        data_bytes: memory.data_bytes(),
-    })
+    let handoffs = Handoffs::new(
+        &cpu.iter()
+            .map(|(group, pool_id, pool)| (*group, handed(*pool_id, Medium::Cpu, pool)))
+            .collect::<Vec<_>>(),
+        &cxl.iter()
+            .map(|(pool_id, pool)| handed(*pool_id, Medium::Cxl, pool))
+            .collect::<Vec<_>>(),
+        &section.write_order,
+    )?;
+    let mut pools = HashMap::new();
+    for (pool_id, pool) in cpu
+        .into_iter()
+        .map(|(_, pool_id, pool)| (pool_id, pool))
+        .chain(cxl)
+    {
+        pools.insert(pool_id, PoolActor::new(Box::new(pool)).start());
+    }
+    Ok((pools, Arc::new(handoffs), registration))
 }
 
 /// The text of a user database (`/etc/passwd`, `/etc/group`); empty where there is none.
@@ -488,10 +488,19 @@ fn admit_client(
             return;
         }
     };
-    let refusal = match tenants.admit(&peer) {
-        Ok(tenant) => match services.core().connect_client(peer.uid) {
+    let admitted =
+        tenants
+            .admit(&peer)
+            .and_then(|tenant| match services.handoffs.of(tenant.group()) {
+                Some(handoff) => Ok((tenant, handoff)),
+                None => Err(TenantRefusal::NoPartition {
+                    tenant: tenant.name.clone(),
+                }),
+            });
+    let refusal = match admitted {
+        Ok((tenant, handoff)) => match services.core().connect_client(peer.uid) {
             Ok(client) => {
-                let files: Vec<_> = services.handed.iter().map(|file| file.as_fd()).collect();
+                let files: Vec<_> = handoff.files.iter().map(|file| file.as_fd()).collect();
                 if let Err(error) = handoff::send(&stream, &files) {
                     tracing::debug!(%error, ?peer, "a client left before its handoff");
                     // Just connected: it holds nothing to give back.
@@ -516,6 +525,7 @@ fn admit_client(
         Err(refusal) => {
             services.metrics.refuse_client(match refusal {
                 TenantRefusal::NotInCxlPool { .. } => "tenant_not_in_cxl_pool",
+                TenantRefusal::NoPartition { .. } => "tenant_without_partition",
                 _ => "unknown_peer",
             });
             tracing::warn!(?peer, %refusal, "refusing a client its tenant rules do not admit here");
@@ -636,18 +646,28 @@ fn map_cxl_pools(
         .into_iter()
         .map(|(pool, path)| {
             let uuid = pool.uuid()?;
-            let mapped = MemoryPool::open_cxl(&path, uuid, ALLOCATIONS_MAX).with_context(|| {
-                format!(
+            let mapped = MemoryPool::open_cxl(&path, uuid, super::partitions::ALLOCATIONS_MAX)
+                .with_context(|| {
+                    format!(
                     "node `{}`: CXL pool `{}` at {} is not the configured pool; refusing to start",
                     section.name,
                     pool.name,
                     path.display()
                 )
-            })?;
+                })?;
             crate::actors::directory::process::check_geometry(&pool, mapped.memory())?;
             Ok((pool.name, mapped))
         })
         .collect()
+}
+
+/// `memory`, pool `pool` of `medium`, as the node hands it to clients.
+fn handed(pool: PoolId, medium: Medium, memory: &MemoryPool) -> HandedPool<'_> {
+    HandedPool {
+        pool,
+        medium,
+        memory: memory.memory(),
+    }
 }
 
 /// Finds the directory's id of each mapped CXL pool by its name.
@@ -672,30 +692,6 @@ async fn locate_cxl_pools(
             Ok((name, report.pool, pool))
         })
         .collect()
-}
-
-/// Creates the CPU pool: a sealed anonymous memory file (no path: the node hands it to the
-/// clients it admits) with a fresh UUID, pre-faulted with progress in the log.
-fn create_cpu_pool(section: &NodeSection) -> anyhow::Result<MemoryPool> {
-    let started = Instant::now();
-    let prefault = Progress::logged(
-        "pre-faulting the CPU pool",
-        section.cpu_pool.capacity_bytes,
-        Unit::Bytes,
-    );
-    let config = CpuPoolConfig {
-        name: format!("kvtier-cpu-{}", section.name),
-        capacity_bytes: section.cpu_pool.capacity_bytes,
-        page_bytes: section.cpu_pool.page_bytes,
-        allocations_max: ALLOCATIONS_MAX,
-        pool_uuid: fresh_uuid(),
-    };
-    let pool =
-        MemoryPool::create_cpu_reporting(&config, &mut |done_bytes| prefault.set(done_bytes))
-            .context("creating the CPU pool")?;
-    prefault.finish();
-    tracing::info!(bytes = section.cpu_pool.capacity_bytes, elapsed = ?started.elapsed(), "CPU pool pre-faulted");
-    Ok(pool)
 }
 
 /// Opens the session, retrying while the directory is not up yet.

@@ -33,9 +33,8 @@ const PACED_BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub struct Registration {
     /// The node's id, which a new session must give it again.
     pub node: NodeId,
-    /// The CPU pool as registered, and the id its clients know it by.
-    pub cpu_spec: PoolSpec,
-    pub cpu_pool: PoolId,
+    /// The CPU partitions as registered, each with the id its clients know it by.
+    pub cpu_pools: Vec<(PoolSpec, PoolId)>,
     /// The shared pools the node maps, by name, with the ids its clients know them by.
     pub shared_pools: Vec<(String, PoolId)>,
     /// What the node measured of its pools.
@@ -133,10 +132,19 @@ async fn register_again(
     if binding.node != registration.node {
         return Err(RejoinError::IdentityChanged("this node".into()));
     }
-    let spec = registration.cpu_spec.clone();
-    match link.send(DirectoryRequest::RegisterPool(spec)).await? {
-        DirectoryReply::Pool(pool) if pool == registration.cpu_pool => {}
-        _ => return Err(RejoinError::IdentityChanged("the CPU pool".into())),
+    for (spec, id) in &registration.cpu_pools {
+        match link
+            .send(DirectoryRequest::RegisterPool(spec.clone()))
+            .await?
+        {
+            DirectoryReply::Pool(pool) if pool == *id => {}
+            _ => {
+                return Err(RejoinError::IdentityChanged(format!(
+                    "CPU partition `{}`",
+                    spec.name
+                )))
+            }
+        }
     }
     if let Some(ssd) = &registration.ssd {
         match super::ssd::register(link, &ssd.spec, ssd.admit_after_accesses).await {

@@ -10,7 +10,6 @@ use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::{Clock, Location, ObjectId, PoolId};
 use crate::node::{ClientId, ClientRefusal, ExtentAction, NodeCore};
-use crate::protocol::messages::PoolMapping;
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,10 +30,9 @@ pub enum AllocationRefused {
 pub struct NodeServices {
     pub link: Arc<DirectoryLink>,
     pub pools: HashMap<PoolId, Addr<PoolActor>>,
-    pub mappings: Vec<PoolMapping>,
-    /// The memory files every admitted client is handed, in the order
-    /// [`PoolAccess::Handed`](crate::protocol::messages::PoolAccess::Handed) numbers them.
-    pub handed: Arc<[std::os::fd::OwnedFd]>,
+    /// What each admitted client is handed, by its tenant's salt group: that group's CPU
+    /// partition and the CXL pools, never another tenant's partition.
+    pub handoffs: Arc<super::partitions::Handoffs>,
     pub metrics: Arc<Metrics>,
     /// The delegation families of `metrics`.
     pub delegation_metrics: Arc<crate::metrics::delegation::NodeDelegationMetrics>,

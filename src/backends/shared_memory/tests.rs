@@ -115,12 +115,12 @@ fn a_sealed_pool_is_shared_through_its_handle_and_cannot_be_resized() {
         let error = file.set_len(target).unwrap_err();
         assert_eq!(error.raw_os_error(), Some(libc::EPERM), "set_len({target})");
     }
-    let mapped = SharedMemory::from_handle(handle, Some(UUID), true).unwrap();
+    let mapped = SharedMemory::from_handle(handle, Some(UUID), true, Access::ReadWrite).unwrap();
     let mut read = [0u8; 6];
     mapped.read_at(PAGE, &mut read).unwrap();
     assert_eq!(&read, b"handed");
     assert!(matches!(
-        SharedMemory::from_handle(file.into(), Some(UUID ^ 1), true),
+        SharedMemory::from_handle(file.into(), Some(UUID ^ 1), true, Access::ReadWrite),
         Err(PoolError::WrongPool { .. })
     ));
     // A memory file without the seals is refused before it is mapped.
@@ -130,7 +130,7 @@ fn a_sealed_pool_is_shared_through_its_handle_and_cannot_be_resized() {
     // SAFETY: just created, owned by nothing else.
     let unsealed = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     assert!(matches!(
-        SharedMemory::from_handle(unsealed, None, true),
+        SharedMemory::from_handle(unsealed, None, true, Access::ReadWrite),
         Err(PoolError::Unsealed { .. })
     ));
     // A pool only opened by path has no handle to give; an adopted one has.
@@ -143,15 +143,69 @@ fn a_sealed_pool_is_shared_through_its_handle_and_cannot_be_resized() {
     let adopted = SharedMemory::adopt(&path.0, Some(UUID)).unwrap();
     let handle = adopted.handle().unwrap().try_clone_to_owned().unwrap();
     assert!(matches!(
-        SharedMemory::from_handle(handle.try_clone().unwrap(), Some(UUID), true),
+        SharedMemory::from_handle(
+            handle.try_clone().unwrap(),
+            Some(UUID),
+            true,
+            Access::ReadWrite
+        ),
         Err(PoolError::Unsealed { .. })
     ));
     assert_eq!(
-        SharedMemory::from_handle(handle, Some(UUID), false)
+        SharedMemory::from_handle(handle, Some(UUID), false, Access::ReadWrite)
             .unwrap()
             .data_bytes(),
         PAGE
     );
+}
+
+/// A pool handed through a read-only descriptor is mapped read-only: it reads what the
+/// writer writes, refuses every write with a typed error, and its descriptor can neither
+/// write nor truncate the file; a read-write mapping through it is refused by the kernel.
+#[test]
+fn a_pool_handed_read_only_reads_and_refuses_writes() {
+    use std::os::unix::fs::FileExt;
+    let pool =
+        SharedMemory::create_sealed("kvtier-test-read-only", 4 * PAGE, UUID, PAGE, &mut |_| {})
+            .unwrap();
+    pool.write_at(PAGE, b"shared").unwrap();
+    let reopen = || {
+        File::open(format!(
+            "/proc/self/fd/{}",
+            pool.handle().unwrap().as_raw_fd()
+        ))
+    };
+    let read_only = reopen().unwrap();
+    assert!(
+        read_only.set_len(0).is_err(),
+        "truncated through a read-only descriptor"
+    );
+    assert!(read_only.write_at(b"x", PAGE).is_err());
+    let mapped =
+        SharedMemory::from_handle(read_only.into(), Some(UUID), true, Access::ReadOnly).unwrap();
+    assert!(!mapped.is_writable() && pool.is_writable());
+    let mut read = [0u8; 6];
+    mapped.read_at(PAGE, &mut read).unwrap();
+    assert_eq!(&read, b"shared");
+    assert!(matches!(
+        mapped.write_at(PAGE, b"x"),
+        Err(PoolError::ReadOnly)
+    ));
+    assert!(matches!(
+        mapped.store_at(PAGE, b"x"),
+        Err(PoolError::ReadOnly)
+    ));
+    pool.write_at(PAGE, b"SHARED").unwrap();
+    assert_eq!(mapped.slice(PAGE, 6).unwrap(), b"SHARED");
+    assert!(matches!(
+        SharedMemory::from_handle(
+            reopen().unwrap().into(),
+            Some(UUID),
+            true,
+            Access::ReadWrite
+        ),
+        Err(PoolError::Io { .. })
+    ));
 }
 
 #[test]
