@@ -96,6 +96,11 @@ pub struct TenantSection {
     /// other rules of its salt). Absent: the salt groups that state none share equally what
     /// the others leave.
     pub cpu_bytes: Option<u64>,
+    /// The most bytes of this tenant's salt group (added to those of the other rules of
+    /// its salt) in each CXL pool; absent: no bound but the pool's. A reload applies it.
+    pub cxl_bytes: Option<u64>,
+    /// The same in each node's SSD store.
+    pub ssd_bytes: Option<u64>,
 }
 
 /// One shared CXL pool.
@@ -345,8 +350,31 @@ impl ClusterConfig {
                 Ok((model.clone(), cost))
             })
             .collect::<anyhow::Result<_>>()?;
+        self.directory.limits.group_quotas = self.group_quotas();
         self.validate()?;
         Ok(self)
+    }
+
+    /// Each salt group's quotas by medium: the sums of its rules' `cxl_bytes` and
+    /// `ssd_bytes` (a group none of whose rules states one has none there).
+    fn group_quotas(&self) -> BTreeMap<crate::model::SaltGroup, crate::directory::TierQuota> {
+        let mut quotas: BTreeMap<_, crate::directory::TierQuota> = BTreeMap::new();
+        let add = |total: &mut Option<u64>, bytes: Option<u64>| {
+            if let Some(bytes) = bytes {
+                *total = Some(total.unwrap_or(0).saturating_add(bytes));
+            }
+        };
+        for rule in &self.tenants {
+            if rule.cxl_bytes.is_none() && rule.ssd_bytes.is_none() {
+                continue;
+            }
+            let quota = quotas
+                .entry(crate::model::SaltGroup::of(rule.salt.as_deref()))
+                .or_default();
+            add(&mut quota.cxl_bytes, rule.cxl_bytes);
+            add(&mut quota.ssd_bytes, rule.ssd_bytes);
+        }
+        quotas
     }
 
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.

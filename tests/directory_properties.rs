@@ -264,12 +264,18 @@ fn in_domain(node: usize) -> bool {
 
 impl Harness {
     fn new() -> Harness {
+        // The salted group may hold at most one extent's worth of the CXL pool.
+        let quota = TierQuota {
+            cxl_bytes: Some(EXTENT_BYTES),
+            ssd_bytes: None,
+        };
         let mut directory = Directory::new(DirectoryConfig {
             lease_duration: LEASE,
             reservation_duration: RESERVATION,
             suspect_after: SUSPECT_AFTER,
             fence_after: FENCE_AFTER,
             hash_seed: Some(7),
+            group_quotas: [(SaltGroup::of(salt(1).as_deref()), quota)].into(),
             ..DirectoryConfig::default()
         });
         let cxl_pool = directory

@@ -281,6 +281,26 @@ mod tests {
     }
 
     #[test]
+    fn quotas_in_shared_pools_add_up_over_the_rules_of_a_salt() {
+        let rules = [
+            rule("chat", 1, Some("s1"), None),
+            "cxl_bytes = 1000\nssd_bytes = 5\n".into(),
+            rule("chat-too", 2, Some("s1"), None),
+            "cxl_bytes = 24\n".into(),
+            rule("batch", 3, Some("s2"), None),
+        ]
+        .concat();
+        let config = ClusterConfig::parse(&format!("{NODE}{rules}"), Path::new("/")).unwrap();
+        let quotas = &config.directory.limits.group_quotas;
+        assert_eq!(quotas.len(), 1, "s2 states no quota");
+        let s1 = quotas[&SaltGroup::of(Some("s1"))];
+        assert_eq!(
+            (s1.of(Medium::Cxl), s1.of(Medium::Ssd), s1.of(Medium::Cpu)),
+            (Some(1024), Some(5), None)
+        );
+    }
+
+    #[test]
     fn a_group_the_node_refuses_gets_no_memory_there() {
         let text = format!(
             "[directory]\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\n[[cxl_pools]]\nname = \"cxl0\"\ndomain = 0\npath = \"/dev/shm/x\"\ncapacity_bytes = 67108864\nuuid = \"000000000000000000000000000000aa\"\ntenants = [\"in\"]\n[[nodes]]\nname = \"a\"\nsocket = \"s\"\ndomains = [0]\n[nodes.cpu_pool]\ncapacity_bytes = 1048576\n{}{}",

@@ -50,6 +50,25 @@ impl RecomputeCost {
     }
 }
 
+/// A salt group's quota in each pool of a medium (`None`: no bound but the pool's). A CPU
+/// partition is its group's quota on its node already, so CPU pools take none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierQuota {
+    pub cxl_bytes: Option<u64>,
+    pub ssd_bytes: Option<u64>,
+}
+
+impl TierQuota {
+    /// The quota in a pool of `medium`.
+    pub fn of(&self, medium: crate::model::Medium) -> Option<u64> {
+        match medium {
+            crate::model::Medium::Cpu => None,
+            crate::model::Medium::Cxl => self.cxl_bytes,
+            crate::model::Medium::Ssd => self.ssd_bytes,
+        }
+    }
+}
+
 /// Limits and timings of one directory. The defaults size a directory for a few hundred
 /// nodes and tens of millions of cached chunks on one host.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,6 +187,12 @@ pub struct DirectoryConfig {
     /// ([`RecomputeCost`]).
     #[serde(skip)]
     pub namespace_costs: BTreeMap<String, RecomputeCost>,
+    /// The most bytes each salt group's live objects may take in one pool, by medium (the
+    /// `cxl_bytes` and `ssd_bytes` of its `[[tenants]]` rules; a reload applies them): a
+    /// group at its quota in a pool gets no more room there, and eviction takes its own
+    /// coldest replicas there ([`TierQuota`]).
+    #[serde(skip)]
+    pub group_quotas: BTreeMap<crate::model::SaltGroup, TierQuota>,
     /// How many seconds of policy time one second of the directory's clock is: 1 in
     /// service. A trace replayed N times faster than recorded (`kvtier replay --live`)
     /// sets N, so idle times weigh in eviction as they did in the trace.
@@ -391,6 +416,7 @@ impl Default for DirectoryConfig {
             prefill_us_per_token: 100.0,
             prefill_us_per_token_by_model: BTreeMap::new(),
             namespace_costs: BTreeMap::new(),
+            group_quotas: BTreeMap::new(),
             profiles: BTreeMap::new(),
             ttl: BTreeMap::new(),
             policy_time_scale: 1.0,

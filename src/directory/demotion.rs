@@ -133,6 +133,7 @@ impl Directory {
             let tier = ColderTier {
                 profile: &record.profile,
                 has_room: self.room_below_high_watermark(record, bytes)
+                    && self.within_quota(pool, &victim.object, bytes)
                     && frequency >= self.admission_of(pool),
                 holds_object,
             };

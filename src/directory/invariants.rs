@@ -32,6 +32,7 @@ impl Directory {
             })
             .collect();
         self.check_pool_books(&per_pool, &listed);
+        self.check_group_bytes();
         self.check_sessions(&leases_per_session);
         self.check_demotions();
         self.check_replications();
@@ -121,6 +122,32 @@ impl Directory {
             }
         }
         per_pool
+    }
+
+    /// Each pool's live bytes per salt group (for quotas) are those of its reserved and
+    /// READY replicas of that group's objects, and it lists no group without any.
+    fn check_group_bytes(&self) {
+        let mut counted: HashMap<(u32, crate::model::SaltGroup), u64> = HashMap::new();
+        for (_, replica) in self.replicas.iter() {
+            if matches!(replica.state, ReplicaState::Reserved | ReplicaState::Ready) {
+                *counted
+                    .entry((replica.pool.0, self.group_of_object(&replica.object)))
+                    .or_default() += replica.allocated_bytes;
+            }
+        }
+        for (index, record) in self.pools.iter().enumerate() {
+            for (group, bytes) in record.groups() {
+                assert_eq!(
+                    counted.remove(&(index as u32, group)),
+                    Some(bytes),
+                    "pool {index}'s bytes of a salt group"
+                );
+            }
+        }
+        assert!(
+            counted.is_empty(),
+            "live bytes of a group no pool counts: {counted:?}"
+        );
     }
 
     /// Every replica on pool `index`'s recency lists is READY and of that pool. Returns the

@@ -2,11 +2,11 @@
 //! under pressure, the access history the policies learn from, and the reports for metrics.
 
 use super::delegations::RecallReason;
-use super::demotion::Departure;
 use super::pools::PoolRecord;
+use super::quotas::QUOTA_SCAN_FACTOR;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
-use crate::model::{Medium, ObjectId, PoolId, ReplicaId, Scope, Timestamp};
-use crate::policy::eviction::{self as kvtier, KvtierConfig, VictimCandidate};
+use crate::model::{Medium, ObjectId, PoolId, ReplicaId, SaltGroup, Scope, Timestamp};
+use crate::policy::eviction::{KvtierConfig, VictimCandidate};
 use crate::policy::history::{frequency_class, FREQUENCY_CLASSES};
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ impl Directory {
                 continue;
             }
             // Bytes on their way out to a colder tier (demotions in flight) count as gone.
-            let mut leaving = self.demoting_bytes(pool);
+            let mut leaving = self.demoting_bytes_of(pool, None);
             if !self.used_above(pool, leaving, high) {
                 continue;
             }
@@ -61,28 +61,24 @@ impl Directory {
             while evicted < self.config.evictions_per_tick_max
                 && self.used_above(pool, leaving, low)
             {
-                let window = self.victim_window(now, pool);
-                self.recall_cold_delegations(&window);
-                let candidates: Vec<VictimCandidate> =
-                    window.iter().map(|(_, candidate)| *candidate).collect();
-                let (Some(chosen), _) = kvtier::choose(&candidates, &victim_config) else {
+                let window = self.victim_window(now, pool, None);
+                let Some(departed) = self.evict_one(now, pool, &window, &victim_config) else {
                     break;
                 };
-                match self.demote_or_retire(now, window[chosen].0, true) {
-                    Departure::Demoted {
-                        allocated_bytes, ..
-                    } => leaving += allocated_bytes,
-                    Departure::Retired => {}
-                    Departure::Refused => break,
-                }
+                leaving += departed;
                 evicted += 1;
-                let medium = self.pools[index].spec.medium;
-                if let Some(position) = Medium::ALL.iter().position(|each| *each == medium) {
-                    self.evictions_by_medium[position] += 1;
-                }
             }
         }
-        evicted
+        let budget = self.config.evictions_per_tick_max.saturating_sub(evicted);
+        evicted + self.evict_over_quota(now, budget)
+    }
+
+    /// Counts an eviction from `pool` under its medium.
+    pub(super) fn count_eviction(&mut self, pool: PoolId) {
+        let medium = self.pools[pool.0 as usize].spec.medium;
+        if let Some(position) = Medium::ALL.iter().position(|each| *each == medium) {
+            self.evictions_by_medium[position] += 1;
+        }
     }
 
     /// Replicas evicted under pressure so far (retired or demoted), by the medium of the
@@ -101,26 +97,44 @@ impl Directory {
             > u128::from(percent) * u128::from(record.spec.capacity_bytes)
     }
 
-    /// Bytes of `pool`'s replicas being demoted.
-    fn demoting_bytes(&self, pool: PoolId) -> u64 {
+    /// Bytes of `pool`'s replicas (of `group`'s objects, when given) being demoted.
+    pub(super) fn demoting_bytes_of(&self, pool: PoolId, group: Option<SaltGroup>) -> u64 {
         self.demoting
             .iter()
             .filter_map(|source| self.replicas.get(*source))
             .filter(|replica| replica.pool == pool)
+            .filter(|replica| {
+                group.is_none_or(|group| self.group_of_object(&replica.object) == group)
+            })
             .map(|replica| replica.allocated_bytes)
             .sum()
     }
 
     /// What kvtier's eviction order chooses from in `pool`: the first `eviction_window`
-    /// least recently used READY replicas of each frequency class, least recent first,
-    /// priced by their class's reuse probability, idle time and age.
-    fn victim_window(&self, now: Timestamp, pool: PoolId) -> Vec<(ReplicaId, VictimCandidate)> {
+    /// least recently used READY replicas of each frequency class (of `group`'s objects,
+    /// when given, among the first [`QUOTA_SCAN_FACTOR`] times as many), least recent
+    /// first, priced by their class's reuse probability, idle time and age.
+    pub(super) fn victim_window(
+        &self,
+        now: Timestamp,
+        pool: PoolId,
+        group: Option<SaltGroup>,
+    ) -> Vec<(ReplicaId, VictimCandidate)> {
+        let window = self.config.eviction_window as usize;
+        let scanned = match group {
+            None => window,
+            Some(_) => window.saturating_mul(QUOTA_SCAN_FACTOR),
+        };
         (0..FREQUENCY_CLASSES)
             .flat_map(|class| {
                 let reuse_probability = self.history.reuse_probability(class as u32 + 1);
                 self.replicas
                     .coldest(pool, class)
-                    .take(self.config.eviction_window as usize)
+                    .take(scanned)
+                    .filter(move |(_, replica)| {
+                        group.is_none_or(|group| self.group_of_object(&replica.object) == group)
+                    })
+                    .take(window)
                     .map(move |(id, replica)| (id, replica, reuse_probability))
             })
             .map(|(id, replica, reuse_probability)| {
@@ -143,7 +157,7 @@ impl Directory {
 
     /// Recalls the delegations of the replicas in an eviction window that only
     /// delegations hold: once their holders release them, eviction may choose them.
-    fn recall_cold_delegations(&mut self, window: &[(ReplicaId, VictimCandidate)]) {
+    pub(super) fn recall_cold_delegations(&mut self, window: &[(ReplicaId, VictimCandidate)]) {
         for (id, candidate) in window {
             if !candidate.leased || self.demoting.contains(id) {
                 continue;

@@ -39,6 +39,7 @@ mod load;
 mod maintenance;
 pub mod ops;
 mod pools;
+mod quotas;
 mod reclaim;
 mod registry;
 pub mod reload;
@@ -52,7 +53,7 @@ mod store;
 mod store_batch;
 
 pub use adoption::{AdoptOutcome, Holding};
-pub use config::{DirectoryConfig, RecomputeCost, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
+pub use config::{DirectoryConfig, RecomputeCost, TierQuota, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
 pub use delegations::{Delegation, LocalHits, RecallReason};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
@@ -221,6 +222,12 @@ impl Directory {
     /// demotion, spill and replication decisions use them.
     pub fn set_namespace_costs(&mut self, costs: BTreeMap<String, RecomputeCost>) {
         self.config.namespace_costs = costs;
+    }
+
+    /// Replaces the salt groups' quotas (a reload of the tenant rules' `cxl_bytes` and
+    /// `ssd_bytes`): placement and eviction follow the new ones from the next call.
+    pub fn set_group_quotas(&mut self, quotas: BTreeMap<crate::model::SaltGroup, TierQuota>) {
+        self.config.group_quotas = quotas;
     }
 
     /// The `now` of the latest `tick` (zero before the first): a time no later than now.

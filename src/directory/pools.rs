@@ -3,9 +3,9 @@
 //! holds by construction and is asserted.
 
 use super::ops::ExtentReturn;
-use crate::model::{NodeId, PoolSpec, PoolUsage, SessionId, Timestamp};
+use crate::model::{NodeId, PoolSpec, PoolUsage, SaltGroup, SessionId, Timestamp};
 use crate::policy::profiles::TierProfile;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The extents of a shared pool: fixed-size ranges the directory grants to one session at a
 /// time, so two nodes never allocate the same bytes. An extent whose session ended stays
@@ -247,6 +247,9 @@ pub struct PoolRecord {
     /// node's `[nodes.ssd] admit_after_accesses`); `None`: the directory's
     /// `wear_admit_frequency_min`.
     pub admit_after_accesses: Option<u32>,
+    /// Live bytes (reserved and READY) of each salt group here, for the groups' quotas;
+    /// only groups with bytes here (at most one per registered namespace).
+    group_bytes: HashMap<SaltGroup, u64>,
 }
 
 impl PoolRecord {
@@ -271,7 +274,35 @@ impl PoolRecord {
             profile,
             reports: BTreeMap::new(),
             admit_after_accesses: None,
+            group_bytes: HashMap::new(),
         }
+    }
+
+    /// Counts `bytes` more of `group` here.
+    pub fn charge(&mut self, group: SaltGroup, bytes: u64) {
+        *self.group_bytes.entry(group).or_default() += bytes;
+    }
+
+    /// Counts `bytes` fewer of `group` here; a group left with none is forgotten.
+    pub fn refund(&mut self, group: SaltGroup, bytes: u64) {
+        if let Some(held) = self.group_bytes.get_mut(&group) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                self.group_bytes.remove(&group);
+            }
+        }
+    }
+
+    /// Live bytes of `group` here.
+    pub fn group_bytes(&self, group: SaltGroup) -> u64 {
+        self.group_bytes.get(&group).copied().unwrap_or(0)
+    }
+
+    /// The groups with live bytes here, and those bytes.
+    pub fn groups(&self) -> impl Iterator<Item = (SaltGroup, u64)> + '_ {
+        self.group_bytes
+            .iter()
+            .map(|(group, bytes)| (*group, *bytes))
     }
 
     /// Bytes not reserved and not allocated.

@@ -95,12 +95,19 @@ impl Directory {
                 needed: "ready".into(),
             });
         }
-        let (pool, bytes, leases) = (replica.pool, replica.allocated_bytes, replica.lease_count);
+        let (pool, bytes, leases, object) = (
+            replica.pool,
+            replica.allocated_bytes,
+            replica.lease_count,
+            replica.object,
+        );
         self.replicas.unlink_recency(replica_id);
         if let Some(replica) = self.replicas.get_mut(replica_id) {
             replica.state = ReplicaState::Retiring;
         }
         self.pools[pool.0 as usize].retire(bytes);
+        // Retiring bytes are on their way out: they no longer count against a quota.
+        self.refund_group(pool, &object, bytes);
         self.cancel_replications_from(replica_id);
         if leases == 0 {
             self.queue_reclaim(replica_id);
@@ -280,6 +287,9 @@ impl Directory {
         let Some(replica) = self.replicas.remove(replica_id) else {
             return;
         };
+        if matches!(replica.state, ReplicaState::Reserved | ReplicaState::Ready) {
+            self.refund_group(replica.pool, &replica.object, replica.allocated_bytes);
+        }
         let record = &mut self.pools[replica.pool.0 as usize];
         match replica.state {
             ReplicaState::Reserved => record.abort(replica.allocated_bytes),

@@ -368,7 +368,8 @@ impl Directory {
             }
             let bytes = record.spec.rounded_bytes(wanted.source.length_bytes);
             let pays = wanted.cost.pays(&record.profile, bytes, Route::Shared);
-            let room = self.room_below_high_watermark(record, bytes);
+            let room = self.room_below_high_watermark(record, bytes)
+                && self.within_quota(pool, wanted.object, bytes);
             match candidate_refusal(pays, room) {
                 None => {
                     return Ok(Plan {

@@ -104,10 +104,15 @@ impl Directory {
     /// Inserts a reservation and counts it in its pool and the deadline queue. The caller
     /// checked the bounds and adds it to the owner session's reservations.
     pub(super) fn insert_reservation(&mut self, replica: NewReplica) -> ReplicaId {
-        let (pool, allocated_bytes, deadline) =
-            (replica.pool, replica.allocated_bytes, replica.deadline);
+        let (pool, allocated_bytes, deadline, object) = (
+            replica.pool,
+            replica.allocated_bytes,
+            replica.deadline,
+            replica.object,
+        );
         let replica = self.replicas.insert(replica);
         self.pools[pool.0 as usize].reserve(allocated_bytes);
+        self.charge_group(pool, &object, allocated_bytes);
         self.reservation_deadlines.push_back((deadline, replica));
         replica
     }
@@ -180,7 +185,8 @@ impl Directory {
                     let bytes = record.spec.rounded_bytes(length_bytes);
                     let candidate = WriteCandidate {
                         wear_limited: record.profile.wear_limited,
-                        has_room: record.free_bytes() >= bytes,
+                        has_room: record.free_bytes() >= bytes
+                            && self.within_quota(pool, object, bytes),
                     };
                     (
                         (pool, bytes, bytes <= record.spec.capacity_bytes),
@@ -434,8 +440,9 @@ impl Directory {
         if replica.state != ReplicaState::Reserved {
             return;
         }
-        let (pool, bytes) = (replica.pool, replica.allocated_bytes);
+        let (pool, bytes, object) = (replica.pool, replica.allocated_bytes, replica.object);
         self.pools[pool.0 as usize].abort(bytes);
+        self.refund_group(pool, &object, bytes);
         self.replicas.remove(replica_id);
         self.cancel_demotion(replica_id);
         self.cancel_replication(replica_id);

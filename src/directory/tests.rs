@@ -197,14 +197,26 @@ impl Fixture {
         object: ObjectId,
         length_bytes: u64,
     ) -> (ReplicaId, Location) {
+        let granted = self.reserve(node, object, length_bytes);
+        self.commit_granted(node, granted, length_bytes)
+    }
+
+    /// Writes and commits what `granted` (a reserve's outcome) granted, in a fresh extent
+    /// of a shared pool; panics on any other outcome.
+    pub(super) fn commit_granted(
+        &mut self,
+        node: &NodeHandle,
+        granted: ReserveOutcome,
+        length_bytes: u64,
+    ) -> (ReplicaId, Location) {
         let ReserveOutcome::Granted {
             replica,
             pool,
             medium,
             ..
-        } = self.reserve(node, object, length_bytes)
+        } = granted
         else {
-            panic!("expected a grant");
+            panic!("expected a grant, not {granted:?}");
         };
         let mut location = location(pool, replica.0, length_bytes);
         if medium == Medium::Cxl {

@@ -1,9 +1,11 @@
-//! CPU partitions: a salt group's objects are placed only in its own partition of a node's
-//! CPU memory (or in a shared pool), whatever room the other partitions have.
+//! Tenants' memory: a salt group's objects are placed only in its own partition of a node's
+//! CPU memory (or in a shared pool), whatever room the other partitions have; in a shared
+//! pool, a group at its quota gets no more room and gives up its own coldest replicas.
 
 use super::tests::{descriptor, Fixture, MIB};
 use super::*;
 use crate::model::{DomainId, Medium, ObjectId, PoolTenancy, PrefixDigest, SaltGroup};
+use std::time::Duration;
 
 /// A node with a CPU partition of 1 MiB for each of the salts `s1` and `s2`, the shared
 /// CXL pool of its domain, and a namespace of each salt and an unsalted one.
@@ -138,4 +140,77 @@ fn a_partition_is_a_host_pool_only() {
         },
     );
     assert!(matches!(refused, Err(DirectoryError::InvalidPool(_))));
+}
+
+/// A store of `length_bytes` for object `index` of `namespace` by `node`, committed when
+/// granted: the pool, or the skip.
+fn store_in(
+    fixture: &mut Fixture,
+    node: &super::tests::NodeHandle,
+    namespace: NamespaceId,
+    index: u32,
+) -> Result<PoolId, StoreSkip> {
+    let object = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[index]),
+        shard: 0,
+        part: 0,
+    };
+    match fixture.reserve(node, object, 256 << 10) {
+        ReserveOutcome::Skip(skip) => Err(skip),
+        granted => Ok(fixture.commit_granted(node, granted, 256 << 10).1.pool),
+    }
+}
+
+#[test]
+fn a_group_at_its_quota_in_a_shared_pool_gets_no_room_and_gives_up_its_own_coldest() {
+    let quota = TierQuota {
+        cxl_bytes: Some(MIB),
+        ssd_bytes: None,
+    };
+    let mut config = DirectoryConfig::default();
+    config.group_quotas.insert(SaltGroup::of(Some("s1")), quota);
+    let mut fixture = Fixture::with_config(config);
+    let cxl = fixture.cxl(16 * MIB);
+    let node = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let mut namespace = |salt: &str| {
+        let salted = crate::model::NamespaceDescriptor {
+            salt: Some(salt.into()),
+            ..descriptor()
+        };
+        fixture
+            .directory
+            .register_namespace(node.session, salted)
+            .unwrap()
+    };
+    let (s1, s2) = (namespace("s1"), namespace("s2"));
+    // s1 fills its 1 MiB quota of the 16 MiB pool; s2, without a quota, stores beside it.
+    for index in 0..4 {
+        assert_eq!(store_in(&mut fixture, &node, s1, index), Ok(cxl));
+        assert_eq!(store_in(&mut fixture, &node, s2, index), Ok(cxl));
+    }
+    assert_eq!(store_in(&mut fixture, &node, s1, 4), Err(StoreSkip::NoRoom));
+    assert_eq!(store_in(&mut fixture, &node, s2, 4), Ok(cxl));
+    // Past the minimum residency, eviction takes s1's coldest replica, and none of s2's,
+    // though the pool is far below its own watermark.
+    let report = fixture.advance(Duration::from_secs(1), &node);
+    assert_eq!(report.evicted, 1);
+    let probed = |fixture: &Fixture, namespace, index| {
+        let object = ObjectId {
+            namespace,
+            prefix: PrefixDigest::ROOT.chain(&[index]),
+            shard: 0,
+            part: 0,
+        };
+        fixture.directory.probe(node.session, &[object]).unwrap()[0]
+    };
+    assert_eq!(probed(&fixture, s1, 0), ProbeOutcome::Miss);
+    for index in 0..5 {
+        assert!(matches!(
+            probed(&fixture, s2, index),
+            ProbeOutcome::Hit { .. }
+        ));
+    }
+    assert_eq!(store_in(&mut fixture, &node, s1, 4), Ok(cxl));
+    fixture.directory.check_invariants();
 }

@@ -131,7 +131,8 @@ impl SimNode {
     }
 }
 
-/// The CPU pool node `node` registers (and the directory declares, under any node id).
+/// The CPU pool node `node` registers (and the directory declares, under any node id): as
+/// a node without tenant rules has it, the one partition of the unsalted group.
 pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
     PoolSpec {
         name: format!("cpu{node}"),
@@ -140,7 +141,7 @@ pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
         capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
         page_bytes: 4096,
         extent_bytes: None,
-        tenancy: crate::model::PoolTenancy::Shared,
+        tenancy: crate::model::PoolTenancy::Partition(crate::model::SaltGroup::of(None)),
     }
 }
 

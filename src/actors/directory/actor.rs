@@ -195,6 +195,8 @@ impl DirectoryActor {
         self.grants = grants_of(&new);
         self.core
             .set_namespace_costs(new.directory.limits.namespace_costs.clone());
+        self.core
+            .set_group_quotas(new.directory.limits.group_quotas.clone());
         for name in &change.removed_nodes {
             let Some(grant) = grants_of(&self.config).remove(name) else {
                 continue;

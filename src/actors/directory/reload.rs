@@ -61,7 +61,7 @@ fn not_live(name: String) -> ReloadRefusal {
 }
 
 /// The directory's own section (its identity, addresses, limits and profiles) is read once;
-/// the namespaces' costs, kept with the limits, change live.
+/// the namespaces' costs and the tenants' quotas, kept with the limits, change live.
 fn check_directory_section(
     current: &ClusterConfig,
     new: &ClusterConfig,
@@ -87,10 +87,11 @@ fn check_directory_section(
     }
 }
 
-/// The limits less what a reload applies (the namespaces' costs).
+/// The limits less what a reload applies (the namespaces' costs, the tenants' quotas).
 fn without_costs(limits: &crate::directory::DirectoryConfig) -> crate::directory::DirectoryConfig {
     let mut limits = limits.clone();
     limits.namespace_costs.clear();
+    limits.group_quotas.clear();
     limits
 }
 
