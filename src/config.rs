@@ -355,28 +355,6 @@ impl ClusterConfig {
         Ok(self)
     }
 
-    /// Each salt group's quotas by medium: the sums of its rules' `cxl_bytes` and
-    /// `ssd_bytes` (a group none of whose rules states one has none there).
-    fn group_quotas(&self) -> BTreeMap<crate::model::SaltGroup, crate::directory::TierQuota> {
-        let mut quotas: BTreeMap<_, crate::directory::TierQuota> = BTreeMap::new();
-        let add = |total: &mut Option<u64>, bytes: Option<u64>| {
-            if let Some(bytes) = bytes {
-                *total = Some(total.unwrap_or(0).saturating_add(bytes));
-            }
-        };
-        for rule in &self.tenants {
-            if rule.cxl_bytes.is_none() && rule.ssd_bytes.is_none() {
-                continue;
-            }
-            let quota = quotas
-                .entry(crate::model::SaltGroup::of(rule.salt.as_deref()))
-                .or_default();
-            add(&mut quota.cxl_bytes, rule.cxl_bytes);
-            add(&mut quota.ssd_bytes, rule.ssd_bytes);
-        }
-        quotas
-    }
-
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.
     pub fn validate(&self) -> anyhow::Result<()> {
         let mut names = std::collections::HashSet::new();

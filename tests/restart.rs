@@ -2,12 +2,13 @@
 //! again while two nodes serve engines; the nodes stay up, rejoin the new incarnation and
 //! report what they hold, and every object stored before the kill is a hit again, byte
 //! for byte, from the same engine connections. While the nodes rejoin, engines get misses
-//! and skipped stores, never errors. Waits on conditions; deadlines are hang guards only.
+//! and skipped stores, never errors, and while the directory is down they get them at once.
+//! Waits on conditions; deadlines are hang guards only.
 
-use kvtier::client::{Client, StoreOutcome};
+use kvtier::client::{Client, StoreOutcome, StoreSkip};
 use kvtier::directory::{AcquireMode, ProbeOutcome};
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier::model::{Medium, NamespaceDescriptor, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
 use std::path::Path;
@@ -169,4 +170,80 @@ fn a_directory_restart_keeps_the_cache_and_the_nodes() {
         pids,
         "no node restarted"
     );
+}
+
+/// While the directory is down, a node answers at once once it has noticed: a probe is a
+/// miss, a store is skipped, a new namespace is registered (under the descriptor's own id),
+/// never an error nor a wait for the directory's two-second timeout per call. When the
+/// directory is back, the namespace registered meanwhile stores and hits.
+#[test]
+fn while_the_directory_is_down_engines_get_misses_and_skips_at_once() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 8 << 20,
+        metrics: true,
+        suspect_after_ms: 3_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let metrics = cluster
+        .metrics_addresses()
+        .into_iter()
+        .find(|(name, _)| name != "directory")
+        .map(|(_, address)| address)
+        .unwrap();
+    let reachable = |expected: f64| {
+        move |body: &str| metric_value(body, "kvtier_directory_reachable") == Some(expected)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client =
+        runtime.block_on(async { Client::connect(&cluster.socket(0).unwrap()).await.unwrap() });
+    assert!(wait_for_metrics(metrics, HANG_GUARD, reachable(1.0)));
+
+    cluster.kill_directory().unwrap();
+    // The node notices within a heartbeat period and a request's timeout.
+    assert!(wait_for_metrics(metrics, HANG_GUARD, reachable(0.0)));
+    let fresh = runtime.block_on(async {
+        let started = Instant::now();
+        let outage = NamespaceDescriptor {
+            revision: "registered-in-an-outage".into(),
+            ..demo_namespace()
+        };
+        let fresh = client.register_namespace(outage.clone()).await.unwrap();
+        assert_eq!(fresh, outage.id().unwrap(), "the descriptor's own id");
+        for index in 0..50 {
+            let (id, bytes) = object(fresh, 0, index);
+            assert_eq!(client.probe(&[id]).await.unwrap(), vec![ProbeOutcome::Miss]);
+            assert_eq!(
+                client.store(id, &bytes).await.unwrap(),
+                StoreOutcome::Skipped(StoreSkip::DirectoryUnavailable)
+            );
+        }
+        // A hundred calls, each of which waited out the directory's timeout (2 s) before.
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < Duration::from_secs(20),
+            "{elapsed:?} for 101 calls"
+        );
+        fresh
+    });
+
+    cluster.restart_directory().unwrap();
+    assert!(wait_for_metrics(metrics, HANG_GUARD, reachable(1.0)));
+    runtime.block_on(async {
+        let stored = object(fresh, 0, 99);
+        let deadline = Instant::now() + HANG_GUARD;
+        while client.store(stored.0, &stored.1).await.unwrap() != StoreOutcome::Stored {
+            assert!(
+                Instant::now() < deadline,
+                "the outage's namespace never stored"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(verified_hits(&client, &[stored]).await, 1);
+    });
 }

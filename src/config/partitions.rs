@@ -8,10 +8,15 @@
 //! equally. Sizes are rounded down to the pool's pages. A group all of whose tenants the
 //! node refuses (a CXL pool of the node does not list them) gets no partition there. With
 //! no tenant rule, the node's owner (unsalted) has the whole pool.
+//!
+//! In shared pools a salt group's bound is its quota instead: the sum of its rules'
+//! `cxl_bytes` in each CXL pool and `ssd_bytes` in each SSD store, which the directory
+//! enforces ([`crate::directory::TierQuota`]).
 
 use super::{ClusterConfig, NodeSection};
 use crate::model::{Medium, NodeId, PoolSpec, PoolTenancy, SaltGroup, Scope};
 use anyhow::bail;
+use std::collections::BTreeMap;
 
 /// Partitions of one node's CPU memory: each is a pool at the directory and a file every
 /// client of its tenants maps.
@@ -168,6 +173,30 @@ impl ClusterConfig {
             .collect();
         specs.extend(node.ssd_pool_spec(id));
         Ok(specs)
+    }
+
+    /// Each salt group's quotas by medium: the sums of its rules' `cxl_bytes` and
+    /// `ssd_bytes` (a group none of whose rules states one has none there).
+    pub(super) fn group_quotas(
+        &self,
+    ) -> BTreeMap<crate::model::SaltGroup, crate::directory::TierQuota> {
+        let mut quotas: BTreeMap<_, crate::directory::TierQuota> = BTreeMap::new();
+        let add = |total: &mut Option<u64>, bytes: Option<u64>| {
+            if let Some(bytes) = bytes {
+                *total = Some(total.unwrap_or(0).saturating_add(bytes));
+            }
+        };
+        for rule in &self.tenants {
+            if rule.cxl_bytes.is_none() && rule.ssd_bytes.is_none() {
+                continue;
+            }
+            let quota = quotas
+                .entry(crate::model::SaltGroup::of(rule.salt.as_deref()))
+                .or_default();
+            add(&mut quota.cxl_bytes, rule.cxl_bytes);
+            add(&mut quota.ssd_bytes, rule.ssd_bytes);
+        }
+        quotas
     }
 
     /// The tenants `node` refuses: those a CXL pool it maps leaves out of its list.

@@ -11,6 +11,7 @@
 
 pub mod delegation;
 pub mod exporter;
+pub mod link;
 pub mod peer;
 pub mod replication;
 pub mod scrape;

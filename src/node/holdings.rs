@@ -6,7 +6,7 @@
 use crate::directory::Holding;
 use crate::model::Timestamp;
 use crate::model::{AllocationId, Location, NamespaceDescriptor, NamespaceId, PoolId};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Namespaces a node remembers for re-registration: the directory's own table bound.
 pub const NAMESPACES_MAX: usize = 1024;
@@ -17,6 +17,9 @@ pub const NAMESPACES_MAX: usize = 1024;
 pub struct Holdings {
     replicas: HashMap<(PoolId, AllocationId), Holding>,
     namespaces: BTreeMap<NamespaceId, NamespaceDescriptor>,
+    /// Namespaces among `namespaces` the node answered while the directory was out of
+    /// reach, which it has not registered there yet.
+    pending: BTreeSet<NamespaceId>,
     /// Replicas the directory did not adopt, forgotten but with their pages kept until the
     /// given time: an engine may still read them under a lease of the previous incarnation.
     /// In time order; bounded by the replicas a rejoin reports.
@@ -99,9 +102,34 @@ impl Holdings {
     /// A namespace a client registered; the oldest-registered stay once the bound is met
     /// (the directory's table has the same bound).
     pub fn namespace_registered(&mut self, id: NamespaceId, descriptor: NamespaceDescriptor) {
+        self.pending.remove(&id);
         if self.namespaces.len() < NAMESPACES_MAX || self.namespaces.contains_key(&id) {
             self.namespaces.insert(id, descriptor);
         }
+    }
+
+    /// A namespace a client registered while the directory was out of reach (its id is
+    /// the descriptor's own): registered there later, by [`Holdings::pending_namespaces`]
+    /// or a rejoin. `false` when the bound leaves no room for it.
+    pub fn namespace_pending(&mut self, id: NamespaceId, descriptor: NamespaceDescriptor) -> bool {
+        if self.namespaces.contains_key(&id) {
+            // Registered before (or pending already): nothing more to do.
+            return true;
+        }
+        if self.namespaces.len() >= NAMESPACES_MAX {
+            return false;
+        }
+        self.namespaces.insert(id, descriptor);
+        self.pending.insert(id);
+        true
+    }
+
+    /// The namespaces still to register with the directory.
+    pub fn pending_namespaces(&self) -> Vec<(NamespaceId, NamespaceDescriptor)> {
+        self.pending
+            .iter()
+            .filter_map(|id| Some((*id, self.namespaces.get(id)?.clone())))
+            .collect()
     }
 
     /// The namespaces to register again, with the ids the node's clients use.

@@ -166,6 +166,11 @@ impl Actor for NodeActor {
                 .spawn(context);
         });
         context.run_interval(self.task_interval, |actor, context| {
+            let link = &actor.services.link;
+            actor
+                .services
+                .link_metrics
+                .publish(link.is_reachable() && link.is_serving(), link.outages());
             actor.await_tasks(context);
             if !actor.services.link.is_serving() || std::mem::replace(&mut actor.tidying, true) {
                 return;
@@ -226,6 +231,7 @@ async fn heartbeat(services: &NodeServices) -> Beat {
 /// sends again the SSD's retirements that failed, gives back extents that emptied, and
 /// publishes the pools' usage.
 async fn tidy(services: &NodeServices) {
+    register_pending_namespaces(services).await;
     tidy_delegations(services).await;
     let due = services.core().holdings.due_frees(services.clock.now());
     for location in due {
@@ -236,6 +242,32 @@ async fn tidy(services: &NodeServices) {
     }
     give_back_empty_extents(services).await;
     publish_usage(services).await;
+}
+
+/// Registers with the directory the namespaces the node answered while it was out of
+/// reach (a refusal is logged; the engines' lookups in it are then refused too).
+async fn register_pending_namespaces(services: &NodeServices) {
+    if !services.link.is_reachable() {
+        return;
+    }
+    let pending = services.core().holdings.pending_namespaces();
+    for (id, descriptor) in pending {
+        let request = DirectoryRequest::RegisterNamespace(descriptor.clone());
+        match services.link.call(request).await {
+            Ok(DirectoryReply::Namespace(registered)) if registered == id => services
+                .core()
+                .holdings
+                .namespace_registered(id, descriptor),
+            Err(unavailable) if unavailable.is_unavailable() => return,
+            other => {
+                tracing::warn!(?other, namespace = ?id, "a namespace registered while the directory was out of reach was refused");
+                services
+                    .core()
+                    .holdings
+                    .namespace_registered(id, descriptor);
+            }
+        }
+    }
 }
 
 /// Ends the local leases and delegations whose time is up, releases what is owed, reports
@@ -478,6 +510,8 @@ pub fn commit_result(
         Ok(Some(outcome)) => CommitResult::Applied(outcome),
         Ok(None) => CommitResult::NotApplied,
         Err(LinkError::Refused(_) | LinkError::Busy) => CommitResult::Refused,
+        // Never sent: nothing was applied.
+        Err(LinkError::Unreachable) => CommitResult::NotApplied,
         Err(_) => CommitResult::Unknown,
     }
 }

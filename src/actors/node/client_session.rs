@@ -333,7 +333,9 @@ fn refused(refusal: ClientRefusal) -> ClientReply {
 }
 
 /// Registers a (salted) namespace for the client; on success it joins the client's books,
-/// and the node's holdings (a rejoin registers it again).
+/// and the node's holdings (a rejoin registers it again). While the directory is out of
+/// reach or being rejoined, the node answers with the descriptor's own id and registers it
+/// once the directory answers: the engine's lookups are misses meanwhile, not errors.
 async fn register_namespace(
     services: NodeServices,
     descriptor: crate::model::NamespaceDescriptor,
@@ -347,6 +349,18 @@ async fn register_namespace(
                 .namespace_registered(id, descriptor);
             (ClientReply::Namespace(id), Change::Namespace(id))
         }
+        Err(unavailable) if unavailable.is_unavailable() => match descriptor.id() {
+            Ok(id) if services.core().holdings.namespace_pending(id, descriptor) => {
+                (ClientReply::Namespace(id), Change::Namespace(id))
+            }
+            Ok(_) => (error(refusal(Err(unavailable))), Change::None),
+            Err(invalid) => (
+                error(ProtocolError::Directory(
+                    crate::directory::DirectoryError::InvalidNamespace(invalid),
+                )),
+                Change::None,
+            ),
+        },
         other => (error(refusal(other)), Change::None),
     }
 }

@@ -56,6 +56,11 @@ pub enum LinkError {
     /// was never applied in the current one and never will be.
     #[error("the session of this operation ended")]
     SessionEnded,
+    /// The directory did not answer the node's last requests or heartbeats: the request
+    /// was not sent (so it changed nothing), and the node answers misses and skipped
+    /// stores at once until a heartbeat is answered again.
+    #[error("the directory is out of reach")]
+    Unreachable,
 }
 
 impl LinkError {
@@ -69,8 +74,13 @@ impl LinkError {
                 | LinkError::Unresolved(_)
                 | LinkError::Rejoining
                 | LinkError::SessionEnded
+                | LinkError::Unreachable
+                // A namespace the node checked for its client but the directory does not
+                // know (yet): it restarted, or the node registered it while out of reach.
                 | LinkError::Refused(ProtocolError::Directory(
-                    DirectoryError::UnknownSession | DirectoryError::Fenced { .. }
+                    DirectoryError::UnknownSession
+                        | DirectoryError::Fenced { .. }
+                        | DirectoryError::UnknownNamespace
                 ))
         )
     }
@@ -189,6 +199,10 @@ pub struct DirectoryLink {
     binding: RwLock<Binding>,
     /// False from the loss of a session until the new one has what the node holds.
     serving: AtomicBool,
+    /// False while the directory does not answer (see [`DirectoryLink::is_reachable`]).
+    reachable: AtomicBool,
+    /// Times `reachable` went false.
+    outages: std::sync::atomic::AtomicU64,
     /// The node's books: operation ids and extents being given back live there.
     core: Arc<Mutex<NodeCore>>,
     /// Keeps the node's thread polling while a directory reply is due.
@@ -233,6 +247,8 @@ impl DirectoryLink {
             read_order,
             binding: RwLock::new(binding),
             serving: AtomicBool::new(true),
+            reachable: AtomicBool::new(true),
+            outages: std::sync::atomic::AtomicU64::new(0),
             core,
             busy_poll: BusyPoll::spawn_local(target_busy_poll),
         })
@@ -261,6 +277,33 @@ impl DirectoryLink {
         self.serving.load(Ordering::Acquire)
     }
 
+    /// Whether the directory answered the node's latest requests or heartbeat: while it
+    /// does not, [`DirectoryLink::call`] fails at once with `Unreachable`, without sending.
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Acquire)
+    }
+
+    /// How many times the directory went out of reach since the node started.
+    pub fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
+    }
+
+    /// The directory answered: requests go to it again.
+    fn mark_reachable(&self) {
+        if !self.reachable.swap(true, Ordering::AcqRel) {
+            tracing::info!("the directory answers again");
+        }
+    }
+
+    /// The directory did not answer: requests fail at once until a heartbeat is answered
+    /// (logged once per outage, not once per request).
+    fn mark_unreachable(&self, error: &WireError) {
+        if self.reachable.swap(false, Ordering::AcqRel) {
+            self.outages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, "the directory is out of reach: engines get misses and skipped stores until it answers");
+        }
+    }
+
     /// Stops serving clients: the session was lost and a rejoin begins.
     pub fn stop_serving(&self) {
         self.serving.store(false, Ordering::Release);
@@ -286,6 +329,7 @@ impl DirectoryLink {
             *bound = binding.clone();
         }
         *self.heartbeats.lock().await = None;
+        self.mark_reachable();
         Ok(binding)
     }
 
@@ -340,13 +384,18 @@ impl DirectoryLink {
         if let Ok(mut current) = self.rpc.write() {
             *current = (rpc, seen + 1);
         }
+        self.mark_reachable();
         Ok(())
     }
 
-    /// Sends one request of a client or a task; `Rejoining` while the node rejoins.
+    /// Sends one request of a client or a task; `Rejoining` while the node rejoins,
+    /// `Unreachable` (at once, nothing sent) while the directory does not answer.
     pub async fn call(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
         if !self.is_serving() {
             return Err(LinkError::Rejoining);
+        }
+        if !self.is_reachable() {
+            return Err(LinkError::Unreachable);
         }
         self.send(request).await
     }
@@ -386,6 +435,11 @@ impl DirectoryLink {
                 break;
             }
             *self.heartbeats.lock().await = None;
+        }
+        match &answer {
+            Err(LinkError::Wire(error)) => self.mark_unreachable(error),
+            // Any answer, a refusal included, is the directory's.
+            _ => self.mark_reachable(),
         }
         answer
     }
@@ -442,11 +496,16 @@ impl DirectoryLink {
                     // The session ended while disconnected (fenced): that is the answer.
                     Err(LinkError::Refused(refusal)) => Err(LinkError::Refused(refusal)),
                     Err(reconnect) => {
-                        tracing::warn!(error = %reconnect, "reconnecting to the directory failed");
+                        tracing::debug!(error = %reconnect, "reconnecting to the directory failed");
+                        self.mark_unreachable(&error);
                         Err(LinkError::Wire(error))
                     }
                     Ok(()) => Err(LinkError::Wire(error)),
                 }
+            }
+            Err(error @ WireError::Timeout { .. }) => {
+                self.mark_unreachable(&error);
+                Err(LinkError::Wire(error))
             }
             Err(error) => Err(LinkError::Wire(error)),
         }

@@ -262,8 +262,10 @@ async fn start(
         .collect();
     let peer = super::peer::PeerTransport::bind(config, section, &metrics)?;
     let delegation_metrics = Arc::new(NodeDelegationMetrics::register(&metrics)?);
+    let link_metrics = Arc::new(crate::metrics::link::NodeLinkMetrics::register(&metrics)?);
     let services = NodeServices {
         delegation_metrics,
+        link_metrics,
         shared_pools,
         link: link.clone(),
         pools,

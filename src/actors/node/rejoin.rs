@@ -170,10 +170,13 @@ async fn register_again(
     let namespaces = services.core().holdings.namespaces();
     for (id, descriptor) in namespaces {
         match link
-            .send(DirectoryRequest::RegisterNamespace(descriptor))
+            .send(DirectoryRequest::RegisterNamespace(descriptor.clone()))
             .await
         {
-            Ok(DirectoryReply::Namespace(registered)) if registered == id => {}
+            Ok(DirectoryReply::Namespace(registered)) if registered == id => services
+                .core()
+                .holdings
+                .namespace_registered(id, descriptor),
             other => tracing::warn!(?other, "a namespace could not be registered again"),
         }
     }

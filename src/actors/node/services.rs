@@ -36,6 +36,8 @@ pub struct NodeServices {
     pub metrics: Arc<Metrics>,
     /// The delegation families of `metrics`.
     pub delegation_metrics: Arc<crate::metrics::delegation::NodeDelegationMetrics>,
+    /// Whether the node's lookups reach the directory, and its outages.
+    pub link_metrics: Arc<crate::metrics::link::NodeLinkMetrics>,
     /// The node's books; held only for the length of one core call.
     pub core: Arc<Mutex<NodeCore>>,
     /// The clock every core call is given.

@@ -38,6 +38,7 @@ impl LinkError {
             LinkError::Busy => LinkError::Busy,
             LinkError::Rejoining => LinkError::Rejoining,
             LinkError::SessionEnded => LinkError::SessionEnded,
+            LinkError::Unreachable => LinkError::Unreachable,
             LinkError::Wire(error) => LinkError::Unexpected(error.to_string()),
         }
     }
