@@ -247,3 +247,50 @@ fn while_the_directory_is_down_engines_get_misses_and_skips_at_once() {
         assert_eq!(verified_hits(&client, &[stored]).await, 1);
     });
 }
+
+/// The directory forgets a namespace no replica names when its table is full; a node whose
+/// engine still uses it hears `UnknownNamespace`, answers a skipped store, and registers it
+/// again, so the engine's next store is stored.
+#[test]
+fn a_namespace_the_directory_forgot_is_registered_again_by_the_node() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 8 << 20,
+        namespaces_max: Some(2),
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
+        let revision = |revision: &str| NamespaceDescriptor {
+            revision: revision.into(),
+            ..demo_namespace()
+        };
+        let first = client.register_namespace(revision("first")).await.unwrap();
+        // Two more, none holding anything: the first is forgotten to make room.
+        for other in ["second", "third"] {
+            client.register_namespace(revision(other)).await.unwrap();
+        }
+        let stored = object(first, 0, 0);
+        let deadline = Instant::now() + HANG_GUARD;
+        let mut skipped = 0;
+        loop {
+            match client.store(stored.0, &stored.1).await.unwrap() {
+                StoreOutcome::Stored => break,
+                StoreOutcome::Skipped(StoreSkip::DirectoryUnavailable) => skipped += 1,
+                other => panic!("stored as {other:?}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the forgotten namespace never stored"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(skipped >= 1, "the directory did not forget the namespace");
+        assert_eq!(verified_hits(&client, &[stored]).await, 1);
+    });
+}

@@ -33,6 +33,7 @@ impl Directory {
             .collect();
         self.check_pool_books(&per_pool, &listed);
         self.check_group_bytes();
+        self.check_namespace_replicas();
         self.check_sessions(&leases_per_session);
         self.check_demotions();
         self.check_replications();
@@ -122,6 +123,26 @@ impl Directory {
             }
         }
         per_pool
+    }
+
+    /// Every replica's namespace is registered, and counts exactly its replicas.
+    fn check_namespace_replicas(&self) {
+        let mut counted: HashMap<crate::model::NamespaceId, u64> = HashMap::new();
+        for (_, replica) in self.replicas.iter() {
+            *counted.entry(replica.object.namespace).or_default() += 1;
+        }
+        for (namespace, known) in &self.namespaces {
+            assert_eq!(
+                counted.remove(namespace).unwrap_or(0),
+                known.replicas,
+                "replicas of a namespace"
+            );
+        }
+        assert!(
+            counted.is_empty(),
+            "replicas of unregistered namespaces: {counted:?}"
+        );
+        assert!(self.namespaces.len() <= self.config.namespaces_max as usize);
     }
 
     /// Each pool's live bytes per salt group (for quotas) are those of its reserved and

@@ -37,6 +37,7 @@ mod leases;
 pub mod ledger;
 mod load;
 mod maintenance;
+mod namespaces;
 pub mod ops;
 mod pools;
 mod quotas;
@@ -147,7 +148,9 @@ pub struct Directory {
     /// Tasks queued for nodes so far (hand-outs again included): a change tells the
     /// caller that some node may have tasks to fetch ([`Directory::tasks_queued`]).
     tasks_queued: u64,
-    namespaces: HashMap<NamespaceId, registry::RegisteredNamespace>,
+    namespaces: HashMap<NamespaceId, namespaces::RegisteredNamespace>,
+    /// Counts registrations, to forget the least recently registered namespace first.
+    namespace_clock: u64,
     /// Reservation deadlines in grant order (all reservations have the same duration).
     /// Entries of committed or aborted reservations are skipped; the queue holds at most
     /// one entry per reservation granted within `reservation_duration`.
@@ -194,6 +197,7 @@ impl Directory {
             next_task: 1,
             tasks_queued: 0,
             namespaces: HashMap::new(),
+            namespace_clock: 0,
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,
             evictions_by_medium: [0; crate::model::Medium::ALL.len()],

@@ -287,6 +287,7 @@ impl Directory {
         let Some(replica) = self.replicas.remove(replica_id) else {
             return;
         };
+        self.count_namespace_replica(&replica.object.namespace, false);
         if matches!(replica.state, ReplicaState::Reserved | ReplicaState::Ready) {
             self.refund_group(replica.pool, &replica.object, replica.allocated_bytes);
         }

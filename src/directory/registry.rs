@@ -1,33 +1,16 @@
-//! Registration: pools (host pools from their node, shared pools from the directory), the
-//! tier profiles nodes measure, and namespaces with the access checks every object
-//! operation makes.
+//! Registration: pools (host pools from their node, shared pools from the directory), which
+//! objects each may hold, and the tier profiles nodes measure. Namespaces are in
+//! [`super::namespaces`].
 
 use super::pools::PoolRecord;
-use super::sessions::Session;
 use super::{
-    Directory, DirectoryError, NamespaceAccess, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX,
-    POOL_CAPACITY_BYTES_MAX,
+    Directory, DirectoryError, Table, EXTENTS_PER_POOL_MAX, NAME_BYTES_MAX, POOL_CAPACITY_BYTES_MAX,
 };
-use crate::model::{
-    NamespaceDescriptor, NamespaceId, NodeId, PoolId, PoolSpec, PoolTenancy, SaltGroup, Scope,
-    SessionId,
-};
+use crate::model::{NodeId, PoolId, PoolSpec, PoolTenancy, Scope, SessionId};
 use crate::policy::profiles::{Measurement, TierKind, TierProfile};
 use std::net::SocketAddr;
 
-/// A namespace the directory knows, with the salt group its objects belong to (the CPU
-/// partitions they may be placed in).
-pub(super) struct RegisteredNamespace {
-    pub descriptor: NamespaceDescriptor,
-    pub group: SaltGroup,
-}
-
 impl Directory {
-    /// The salt group of `namespace`'s objects (`None`: not registered).
-    pub(super) fn group_of(&self, namespace: &NamespaceId) -> Option<SaltGroup> {
-        self.namespaces.get(namespace).map(|known| known.group)
-    }
-
     /// Whether `object` may be placed in `pool`: a shared pool takes any namespace's, a
     /// CPU partition only its salt group's.
     pub(super) fn pool_admits(&self, pool: PoolId, object: &crate::model::ObjectId) -> bool {
@@ -208,67 +191,6 @@ impl Directory {
         target.profile = profile.clone();
         Ok(profile)
     }
-
-    /// Registers a namespace (idempotent) after validating its descriptor.
-    pub fn register_namespace(
-        &mut self,
-        session: SessionId,
-        descriptor: NamespaceDescriptor,
-    ) -> Result<NamespaceId, DirectoryError> {
-        let record = self.open_session(session)?;
-        let id = descriptor.id().map_err(DirectoryError::InvalidNamespace)?;
-        if !permits(&record.namespaces, &descriptor) {
-            return Err(DirectoryError::NamespaceDenied);
-        }
-        if !self.namespaces.contains_key(&id) {
-            if self.namespaces.len() >= self.config.namespaces_max as usize {
-                return Err(DirectoryError::Full(Table::Namespaces));
-            }
-            // A scan of at most `namespaces_max` entries, only for a namespace not seen yet.
-            let group = SaltGroup::of(descriptor.salt.as_deref());
-            let of_salt = self
-                .namespaces
-                .values()
-                .filter(|known| known.group == group)
-                .count();
-            if of_salt >= self.config.namespaces_per_salt_max as usize {
-                return Err(DirectoryError::Full(Table::NamespacesOfSalt));
-            }
-            self.namespaces
-                .insert(id, RegisteredNamespace { descriptor, group });
-        }
-        Ok(id)
-    }
-
-    pub(super) fn check_namespace(
-        &self,
-        session: &Session,
-        namespace: NamespaceId,
-    ) -> Result<(), DirectoryError> {
-        match self.namespaces.get(&namespace) {
-            None => Err(DirectoryError::UnknownNamespace),
-            Some(known) if !permits(&session.namespaces, &known.descriptor) => {
-                Err(DirectoryError::NamespaceDenied)
-            }
-            Some(_) => Ok(()),
-        }
-    }
-
-    /// Checks every item's namespace, looking up each distinct namespace once in a run.
-    pub(super) fn check_namespaces(
-        &self,
-        session: &Session,
-        objects: impl Iterator<Item = NamespaceId>,
-    ) -> Result<(), DirectoryError> {
-        let mut last_checked = None;
-        for namespace in objects {
-            if last_checked != Some(namespace) {
-                self.check_namespace(session, namespace)?;
-                last_checked = Some(namespace);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Checks what a pool's description must satisfy on its own: capacity, extents (a shared
@@ -308,12 +230,4 @@ fn check_pool_spec(spec: &PoolSpec) -> Result<(), DirectoryError> {
         ));
     }
     Ok(())
-}
-
-/// Whether `access` lets a node use `descriptor`'s namespace.
-fn permits(access: &NamespaceAccess, descriptor: &NamespaceDescriptor) -> bool {
-    match access {
-        NamespaceAccess::Any => true,
-        NamespaceAccess::Models(models) => models.contains(&descriptor.model),
-    }
 }

@@ -111,6 +111,7 @@ impl Directory {
             replica.object,
         );
         let replica = self.replicas.insert(replica);
+        self.count_namespace_replica(&object.namespace, true);
         self.pools[pool.0 as usize].reserve(allocated_bytes);
         self.charge_group(pool, &object, allocated_bytes);
         self.reservation_deadlines.push_back((deadline, replica));
@@ -444,6 +445,7 @@ impl Directory {
         self.pools[pool.0 as usize].abort(bytes);
         self.refund_group(pool, &object, bytes);
         self.replicas.remove(replica_id);
+        self.count_namespace_replica(&object.namespace, false);
         self.cancel_demotion(replica_id);
         self.cancel_replication(replica_id);
     }

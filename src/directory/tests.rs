@@ -2190,17 +2190,31 @@ fn one_salt_cannot_take_the_whole_namespace_table() {
         salt: salt.map(str::to_string),
         ..descriptor()
     };
+    // Registers a namespace and stores an object in it: a namespace a replica names is
+    // never forgotten to make room.
+    let used = |fixture: &mut Fixture, descriptor: NamespaceDescriptor| {
+        let registered = fixture.directory.register_namespace(a.session, descriptor);
+        if let Ok(namespace) = registered {
+            let object = ObjectId {
+                namespace,
+                ..fixture.object(0)
+            };
+            // The node's own namespace (revision r1) holds one already.
+            let granted = fixture.reserve(&a, object, 4096);
+            if matches!(granted, ReserveOutcome::Granted { .. }) {
+                fixture.commit_granted(&a, granted, 4096);
+            }
+        }
+        registered
+    };
+    let default = fixture.object(0);
+    fixture.store(&a, default, 4096);
     for revision in 0..3 {
-        fixture
-            .directory
-            .register_namespace(a.session, salted(Some("greedy"), revision))
-            .unwrap();
+        used(&mut fixture, salted(Some("greedy"), revision)).unwrap();
     }
     // A fourth descriptor of that salt is refused; one it registered already is not.
     assert_eq!(
-        fixture
-            .directory
-            .register_namespace(a.session, salted(Some("greedy"), 3)),
+        used(&mut fixture, salted(Some("greedy"), 3)),
         Err(DirectoryError::Full(Table::NamespacesOfSalt))
     );
     fixture
@@ -2209,24 +2223,75 @@ fn one_salt_cannot_take_the_whole_namespace_table() {
         .unwrap();
     // Other salts, and unsalted namespaces, still register.
     for revision in 0..3 {
-        fixture
-            .directory
-            .register_namespace(a.session, salted(Some("other"), revision))
-            .unwrap();
+        used(&mut fixture, salted(Some("other"), revision)).unwrap();
     }
-    fixture
-        .directory
-        .register_namespace(a.session, salted(None, 0))
-        .unwrap();
-    fixture
-        .directory
-        .register_namespace(a.session, salted(None, 1))
-        .unwrap();
+    used(&mut fixture, salted(None, 0)).unwrap();
+    used(&mut fixture, salted(None, 1)).unwrap();
     // The whole table binds first where it is smaller.
     assert_eq!(
-        fixture
-            .directory
-            .register_namespace(a.session, salted(None, 2)),
+        used(&mut fixture, salted(None, 2)),
         Err(DirectoryError::Full(Table::Namespaces))
     );
+}
+
+#[test]
+fn a_namespace_no_replica_names_makes_room_for_a_new_one_least_recent_first() {
+    let config = DirectoryConfig {
+        namespaces_max: 4,
+        ..DirectoryConfig::default()
+    };
+    let mut fixture = Fixture::with_config(config);
+    let a = fixture.node("a", 16 * MIB);
+    let revision = |revision: u32| NamespaceDescriptor {
+        revision: format!("v{revision}"),
+        ..descriptor()
+    };
+    let register = |fixture: &mut Fixture, index: u32| {
+        fixture
+            .directory
+            .register_namespace(a.session, revision(index))
+    };
+    // The node's own namespace holds a replica; v0, v1 and v2 fill the table unused.
+    let held = fixture.object(0);
+    fixture.store(&a, held, 4096);
+    let ids: Vec<NamespaceId> = (0..3)
+        .map(|index| register(&mut fixture, index).unwrap())
+        .collect();
+    // v0 is registered again, so v1 is the least recent unused one: v3 takes its place.
+    register(&mut fixture, 0).unwrap();
+    let r3 = register(&mut fixture, 3).unwrap();
+    let known = |fixture: &Fixture, namespace: NamespaceId| {
+        let object = ObjectId {
+            namespace,
+            ..fixture.object(1)
+        };
+        fixture.directory.probe(a.session, &[object]).is_ok()
+    };
+    assert!(known(&fixture, ids[0]) && known(&fixture, ids[2]) && known(&fixture, r3));
+    assert_eq!(
+        fixture.directory.probe(
+            a.session,
+            &[ObjectId {
+                namespace: ids[1],
+                ..fixture.object(1)
+            }]
+        ),
+        Err(DirectoryError::UnknownNamespace),
+        "the forgotten namespace"
+    );
+    // Registering it again works (v2, unused and now least recent, makes room).
+    assert_eq!(register(&mut fixture, 1), Ok(ids[1]));
+    // Once every namespace holds a replica, a new one finds the table full.
+    for namespace in [ids[0], ids[1], r3] {
+        let object = ObjectId {
+            namespace,
+            ..fixture.object(2)
+        };
+        fixture.store(&a, object, 4096);
+    }
+    assert_eq!(
+        register(&mut fixture, 4),
+        Err(DirectoryError::Full(Table::Namespaces))
+    );
+    fixture.directory.check_invariants();
 }

@@ -70,6 +70,8 @@ pub struct ClusterSpec {
     pub socket_group: Option<String>,
     /// The directory's `batch_items_max` (its default when `None`).
     pub batch_items_max: Option<u32>,
+    /// The directory's `namespaces_max` (its default when `None`).
+    pub namespaces_max: Option<u32>,
     /// Text appended to `cluster.toml`: top-level tables such as `[[tenants]]` rules.
     pub extra_toml: String,
     /// Nodes with a certificate but no section yet: [`LocalCluster::add_node`] adds them
@@ -115,6 +117,7 @@ impl Default for ClusterSpec {
             reservation_duration_ms: 30_000,
             socket_group: None,
             batch_items_max: None,
+            namespaces_max: None,
             extra_toml: String::new(),
             spare_nodes: 0,
             ssd_bytes: 0,
@@ -276,6 +279,9 @@ fn directory_toml(
     );
     if let Some(max) = spec.batch_items_max {
         toml.push_str(&format!("batch_items_max = {max}\n"));
+    }
+    if let Some(max) = spec.namespaces_max {
+        toml.push_str(&format!("namespaces_max = {max}\n"));
     }
     Ok(toml)
 }

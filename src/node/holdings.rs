@@ -124,6 +124,16 @@ impl Holdings {
         true
     }
 
+    /// The directory answered `UnknownNamespace` for these namespaces (it forgot one no
+    /// replica named, or restarted): those the node holds are registered again.
+    pub fn reregister(&mut self, namespaces: impl IntoIterator<Item = NamespaceId>) {
+        for id in namespaces {
+            if self.namespaces.contains_key(&id) {
+                self.pending.insert(id);
+            }
+        }
+    }
+
     /// The namespaces still to register with the directory.
     pub fn pending_namespaces(&self) -> Vec<(NamespaceId, NamespaceDescriptor)> {
         self.pending

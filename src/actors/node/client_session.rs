@@ -368,14 +368,22 @@ async fn register_namespace(
 /// A probe or retire the node checked and passes to the directory, and the client reply
 /// it becomes.
 async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientReply, Change) {
-    let probed = match &request {
-        DirectoryRequest::Probe { objects } => objects.len(),
-        _ => 0,
+    let (probed, namespace) = match &request {
+        DirectoryRequest::Probe { objects } => (
+            objects.len(),
+            objects.first().map(|object| object.namespace),
+        ),
+        DirectoryRequest::Retire { object, .. } => (0, Some(object.namespace)),
+        _ => (0, None),
     };
     if probed > 0 {
         services.core().delegations.count_directory_lookup();
     }
-    let reply = match services.link.call(request).await {
+    let answer = services.link.call(request).await;
+    if let Err(error) = &answer {
+        services.reregister_if_unknown(error, namespace);
+    }
+    let reply = match answer {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
         // The directory is out of reach or being rejoined: every object is a miss.
@@ -455,6 +463,8 @@ async fn acquire(
             (ClientReply::Acquired(outcomes), Change::Leases(leases))
         }
         Err(unavailable) if unavailable.is_unavailable() => {
+            services
+                .reregister_if_unknown(&unavailable, objects.iter().map(|object| object.namespace));
             services.metrics.add_lookups(0, wanted as u64);
             (
                 ClientReply::Acquired(vec![AcquireOutcome::Miss; wanted]),

@@ -60,6 +60,26 @@ impl NodeServices {
         self.ssd.as_ref().is_some_and(|ssd| ssd.pool() == pool)
     }
 
+    /// When the directory answered `error` with `UnknownNamespace` (it forgot a namespace
+    /// no replica named, or restarted), queues the node's `namespaces` to be registered
+    /// again; the request itself was a miss or a skip (see [`LinkError::is_unavailable`]).
+    pub fn reregister_if_unknown(
+        &self,
+        error: &super::link::LinkError,
+        namespaces: impl IntoIterator<Item = crate::model::NamespaceId>,
+    ) {
+        use crate::directory::DirectoryError;
+        use crate::protocol::messages::ProtocolError;
+        if matches!(
+            error,
+            super::link::LinkError::Refused(ProtocolError::Directory(
+                DirectoryError::UnknownNamespace
+            ))
+        ) {
+            self.core().holdings.reregister(namespaces);
+        }
+    }
+
     /// The node core, for one call.
     pub fn core(&self) -> MutexGuard<'_, NodeCore> {
         lock_core(&self.core)

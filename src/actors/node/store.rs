@@ -89,7 +89,8 @@ async fn grant(
         Ok(ReserveOutcome::Skip(skip)) => return (Ok(StoreGrant::Skip(skip)), None),
         // Out of reach or rejoining: the store is skipped, as when the cluster is full.
         Err(error) if error.is_unavailable() => {
-            return (Ok(StoreGrant::Skip(StoreSkip::DirectoryUnavailable)), None)
+            services.reregister_if_unknown(&error, [item.object.namespace]);
+            return (Ok(StoreGrant::Skip(StoreSkip::DirectoryUnavailable)), None);
         }
         Err(error) => return (Err(refusal(Err(error))), None),
     };
