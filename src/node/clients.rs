@@ -117,7 +117,8 @@ impl ClientRefusal {
 pub struct ClientCleanup {
     /// Unwritten grants: free the pages and abort the reservation.
     pub tickets: Vec<Ticket>,
-    /// Pages of grants that expired uncommitted (their reservations were aborted then).
+    /// Pages of grants that expired uncommitted and are not freed yet (their reservations
+    /// were aborted at the expiry).
     pub expired_pages: Vec<Location>,
     /// Leases to release.
     pub leases: Vec<LeaseId>,
@@ -142,9 +143,13 @@ pub struct ClientBooks {
     extent_requests: VecDeque<Timestamp>,
     leases: HashMap<LeaseId, Timestamp>,
     leases_pending: usize,
-    /// Pages of grants that expired uncommitted, freed when the client leaves: a stalled
-    /// client might still be writing into them.
-    expired_pages: Vec<Location>,
+    /// Pages of grants that expired uncommitted, each with when it is freed: one more
+    /// ticket duration after the expiry (the client stops writing at its own deadline,
+    /// earlier than the node's, so a copy it began then has had a whole duration more to
+    /// end), or when the client leaves, whichever comes first.
+    expired_pages: Vec<(Location, Timestamp)>,
+    /// Expired pages whose time came, to free (drained by the shell).
+    pages_due: Vec<Location>,
     /// Reservations of expired grants to abort at the directory (drained by the shell).
     aborts: Vec<(SessionId, ReplicaId)>,
 }
@@ -165,6 +170,7 @@ impl ClientBooks {
             leases: HashMap::new(),
             leases_pending: 0,
             expired_pages: Vec::new(),
+            pages_due: Vec::new(),
             aborts: Vec::new(),
         }
     }
@@ -184,9 +190,18 @@ impl ClientBooks {
     }
 
     /// Drops expired leases and takes back expired grants: their reservations go to
-    /// [`ClientBooks::take_aborts`], their pages stay held until the client leaves.
+    /// [`ClientBooks::take_aborts`] at once, their pages to [`ClientBooks::take_due_pages`]
+    /// one ticket duration later (counted in the client's tickets and bytes until then).
     pub fn prune(&mut self, now: Timestamp) {
         self.leases.retain(|_, valid_until| *valid_until > now);
+        let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.expired_pages)
+            .into_iter()
+            .partition(|(_, free_at)| *free_at <= now);
+        self.expired_pages = held;
+        for (location, _) in due {
+            self.reserved_bytes = self.reserved_bytes.saturating_sub(location.length_bytes);
+            self.pages_due.push(location);
+        }
         let expired: Vec<u64> = self
             .tickets
             .iter()
@@ -195,10 +210,16 @@ impl ClientBooks {
             .collect();
         for ticket in expired {
             if let Some((granted, _)) = self.tickets.remove(&ticket) {
-                self.expired_pages.push(granted.location);
+                let free_at = now + self.limits.ticket_duration;
+                self.expired_pages.push((granted.location, free_at));
                 self.aborts.push((granted.session, granted.replica));
             }
         }
+    }
+
+    /// Pages of expired grants whose time came, taken once: the shell frees them.
+    pub fn take_due_pages(&mut self) -> Vec<Location> {
+        std::mem::take(&mut self.pages_due)
     }
 
     /// Reservations to abort at the directory, taken once.
@@ -399,7 +420,11 @@ impl ClientBooks {
                 .drain()
                 .map(|(_, (ticket, _))| ticket)
                 .collect(),
-            expired_pages: std::mem::take(&mut self.expired_pages),
+            expired_pages: std::mem::take(&mut self.expired_pages)
+                .into_iter()
+                .map(|(location, _)| location)
+                .chain(std::mem::take(&mut self.pages_due))
+                .collect(),
             leases: self.leases.drain().map(|(lease, _)| lease).collect(),
         }
     }
@@ -471,7 +496,7 @@ mod tests {
     }
 
     #[test]
-    fn tickets_are_bounded_and_expired_ones_hold_their_pages_until_close() {
+    fn tickets_are_bounded_and_expired_ones_hold_their_pages_one_duration_more() {
         let mut books = books();
         let first = store(&mut books, 8, 0).unwrap();
         let second = store(&mut books, 8, 0).unwrap();
@@ -494,8 +519,17 @@ mod tests {
             None,
             "an expired ticket cannot commit"
         );
+        // One ticket duration after the expiry (seen at 200) its pages are due, and its
+        // slot comes back; not before.
+        assert_eq!(
+            store(&mut books, 8, 299),
+            Err(ClientRefusal::TooManyTickets { max: 2 })
+        );
+        assert!(books.take_due_pages().is_empty());
+        assert!(store(&mut books, 8, 300).is_ok());
+        assert_eq!(books.take_due_pages(), vec![ticket(1).location]);
         let cleanup = books.close();
-        assert_eq!(cleanup.expired_pages, vec![ticket(1).location]);
+        assert!(cleanup.expired_pages.is_empty());
         assert!(cleanup.tickets.is_empty());
     }
 

@@ -340,8 +340,12 @@ impl World {
             if let Some(books) = state.core.client(client) {
                 books.prune(now);
                 let aborts = books.take_aborts();
+                let due = books.take_due_pages();
                 for (_, replica) in aborts {
                     self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                }
+                for location in due {
+                    self.free(node, location).ok();
                 }
             }
         }

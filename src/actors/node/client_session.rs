@@ -112,17 +112,26 @@ impl ClientSessionActor {
         }
     }
 
-    /// Aborts, at the directory, the reservations of grants the books took back.
+    /// Aborts, at the directory, the reservations of grants the books took back, and frees
+    /// the pages of expired grants whose time came.
     fn send_aborts(&self) {
-        let aborts = self
+        let (aborts, due) = self
             .services
             .core()
             .client(self.client)
-            .map(|books| books.take_aborts())
+            .map(|books| (books.take_aborts(), books.take_due_pages()))
             .unwrap_or_default();
         for (session, replica) in aborts {
             let services = self.services.clone();
             actix_rt::spawn(async move { services.link.abort(session, replica).await });
+        }
+        if !due.is_empty() {
+            let services = self.services.clone();
+            actix_rt::spawn(async move {
+                for location in due {
+                    services.free(location).await;
+                }
+            });
         }
     }
 
