@@ -200,10 +200,9 @@ impl Directory {
             deadline: now,
         };
         let id = self.replicas.insert(replica);
-        self.count_namespace_replica(&holding.object.namespace, true);
         self.pools[location.pool.0 as usize].reserve(allocated_bytes);
         // Adopted over its group's quota, if need be: the bytes exist, and eviction trims.
-        self.charge_group(location.pool, &holding.object, allocated_bytes);
+        self.replica_added(location.pool, &holding.object, allocated_bytes);
         self.publish(now, id, &holding.object, &location);
         Ok(AdoptOutcome::Adopted)
     }

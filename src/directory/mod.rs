@@ -148,7 +148,7 @@ pub struct Directory {
     /// Tasks queued for nodes so far (hand-outs again included): a change tells the
     /// caller that some node may have tasks to fetch ([`Directory::tasks_queued`]).
     tasks_queued: u64,
-    namespaces: HashMap<NamespaceId, namespaces::RegisteredNamespace>,
+    namespaces: HashMap<NamespaceId, namespaces::RegisteredNamespace, foldhash::fast::RandomState>,
     /// Counts registrations, to forget the least recently registered namespace first.
     namespace_clock: u64,
     /// Reservation deadlines in grant order (all reservations have the same duration).
@@ -196,7 +196,7 @@ impl Directory {
             next_session: 1,
             next_task: 1,
             tasks_queued: 0,
-            namespaces: HashMap::new(),
+            namespaces: HashMap::default(),
             namespace_clock: 0,
             reservation_deadlines: VecDeque::new(),
             evictions_unreported: 0,

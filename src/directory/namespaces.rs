@@ -8,7 +8,7 @@
 
 use super::sessions::Session;
 use super::{Directory, DirectoryError, NamespaceAccess, Table};
-use crate::model::{NamespaceDescriptor, NamespaceId, SaltGroup, SessionId};
+use crate::model::{NamespaceDescriptor, NamespaceId, ObjectId, PoolId, SaltGroup, SessionId};
 
 /// A namespace the directory knows.
 pub(super) struct RegisteredNamespace {
@@ -89,14 +89,36 @@ impl Directory {
         oldest.is_some_and(|id| self.namespaces.remove(&id).is_some())
     }
 
-    /// Counts one more (`added`) or one fewer replica of `namespace`'s objects.
-    pub(super) fn count_namespace_replica(&mut self, namespace: &NamespaceId, added: bool) {
-        if let Some(known) = self.namespaces.get_mut(namespace) {
-            known.replicas = if added {
-                known.replicas + 1
-            } else {
-                known.replicas.saturating_sub(1)
-            };
+    /// A replica of `object` of `bytes` entered `pool` (reserved or adopted): one more
+    /// replica of its namespace, and `bytes` more of its salt group in the pool (for
+    /// quotas). One lookup of the namespace.
+    pub(super) fn replica_added(&mut self, pool: PoolId, object: &ObjectId, bytes: u64) {
+        let Some(known) = self.namespaces.get_mut(&object.namespace) else {
+            return;
+        };
+        known.replicas += 1;
+        let group = known.group;
+        if let Some(record) = self.pools.get_mut(pool.0 as usize) {
+            record.charge(group, bytes);
+        }
+    }
+
+    /// A replica of `object` left `pool`: one fewer of its namespace, and, when it was
+    /// `live` (reserved or READY, not retiring), `bytes` fewer of its group there.
+    pub(super) fn replica_removed(
+        &mut self,
+        pool: PoolId,
+        object: &ObjectId,
+        bytes: u64,
+        live: bool,
+    ) {
+        let Some(known) = self.namespaces.get_mut(&object.namespace) else {
+            return;
+        };
+        known.replicas = known.replicas.saturating_sub(1);
+        let group = known.group;
+        if let (true, Some(record)) = (live, self.pools.get_mut(pool.0 as usize)) {
+            record.refund(group, bytes);
         }
     }
 

@@ -249,7 +249,7 @@ pub struct PoolRecord {
     pub admit_after_accesses: Option<u32>,
     /// Live bytes (reserved and READY) of each salt group here, for the groups' quotas;
     /// only groups with bytes here (at most one per registered namespace).
-    group_bytes: HashMap<SaltGroup, u64>,
+    group_bytes: HashMap<SaltGroup, u64, foldhash::fast::RandomState>,
 }
 
 impl PoolRecord {
@@ -274,7 +274,7 @@ impl PoolRecord {
             profile,
             reports: BTreeMap::new(),
             admit_after_accesses: None,
-            group_bytes: HashMap::new(),
+            group_bytes: HashMap::default(),
         }
     }
 

@@ -23,17 +23,9 @@ impl Directory {
             .unwrap_or_else(|| SaltGroup::of(None))
     }
 
-    /// Counts `bytes` more of `object`'s group in `pool` (a reservation, an adoption).
-    pub(super) fn charge_group(&mut self, pool: PoolId, object: &ObjectId, bytes: u64) {
-        let group = self.group_of_object(object);
-        if let Some(record) = self.pools.get_mut(pool.0 as usize) {
-            record.charge(group, bytes);
-        }
-    }
-
-    /// Counts `bytes` fewer of `object`'s group in `pool` (an abort, a retire, a reserved or
-    /// READY replica freed).
-    pub(super) fn refund_group(&mut self, pool: PoolId, object: &ObjectId, bytes: u64) {
+    /// A READY replica of `object` of `bytes` in `pool` started retiring: its bytes no
+    /// longer count against its group's quota there.
+    pub(super) fn replica_retiring(&mut self, pool: PoolId, object: &ObjectId, bytes: u64) {
         let group = self.group_of_object(object);
         if let Some(record) = self.pools.get_mut(pool.0 as usize) {
             record.refund(group, bytes);
@@ -48,7 +40,12 @@ impl Directory {
 
     /// Whether `bytes` more of `object`'s group fit within its quota in `pool`.
     pub(super) fn within_quota(&self, pool: PoolId, object: &ObjectId, bytes: u64) -> bool {
-        let group = self.group_of_object(object);
+        self.config.group_quotas.is_empty()
+            || self.within_quota_of(pool, self.group_of_object(object), bytes)
+    }
+
+    /// Whether `bytes` more of `group` fit within its quota in `pool`.
+    pub(super) fn within_quota_of(&self, pool: PoolId, group: SaltGroup, bytes: u64) -> bool {
         match self.quota_in(pool, group) {
             None => true,
             Some(quota) => {

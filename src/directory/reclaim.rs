@@ -107,7 +107,7 @@ impl Directory {
         }
         self.pools[pool.0 as usize].retire(bytes);
         // Retiring bytes are on their way out: they no longer count against a quota.
-        self.refund_group(pool, &object, bytes);
+        self.replica_retiring(pool, &object, bytes);
         self.cancel_replications_from(replica_id);
         if leases == 0 {
             self.queue_reclaim(replica_id);
@@ -287,10 +287,12 @@ impl Directory {
         let Some(replica) = self.replicas.remove(replica_id) else {
             return;
         };
-        self.count_namespace_replica(&replica.object.namespace, false);
-        if matches!(replica.state, ReplicaState::Reserved | ReplicaState::Ready) {
-            self.refund_group(replica.pool, &replica.object, replica.allocated_bytes);
-        }
+        self.replica_removed(
+            replica.pool,
+            &replica.object,
+            replica.allocated_bytes,
+            matches!(replica.state, ReplicaState::Reserved | ReplicaState::Ready),
+        );
         let record = &mut self.pools[replica.pool.0 as usize];
         match replica.state {
             ReplicaState::Reserved => record.abort(replica.allocated_bytes),

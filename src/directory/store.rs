@@ -111,9 +111,8 @@ impl Directory {
             replica.object,
         );
         let replica = self.replicas.insert(replica);
-        self.count_namespace_replica(&object.namespace, true);
         self.pools[pool.0 as usize].reserve(allocated_bytes);
-        self.charge_group(pool, &object, allocated_bytes);
+        self.replica_added(pool, &object, allocated_bytes);
         self.reservation_deadlines.push_back((deadline, replica));
         replica
     }
@@ -163,6 +162,7 @@ impl Directory {
         if self.is_draining(session_id) {
             return Err(StoreSkip::Draining);
         }
+        let group = self.group_of_object(object);
         // Lazily, as the placement walks them: a reserve allocates nothing. Only a store
         // that is skipped walks them again, to say why.
         let candidates = || {
@@ -179,15 +179,15 @@ impl Directory {
                         })
                 })
                 .map(|(index, record)| (PoolId(index as u32), record))
-                .filter(|(pool, _)| {
-                    self.can_write(session_id, session, *pool) && self.pool_admits(*pool, object)
+                .filter(move |(pool, record)| {
+                    record.spec.tenancy.admits(group) && self.can_write(session_id, session, *pool)
                 })
                 .map(|(pool, record)| {
                     let bytes = record.spec.rounded_bytes(length_bytes);
                     let candidate = WriteCandidate {
                         wear_limited: record.profile.wear_limited,
                         has_room: record.free_bytes() >= bytes
-                            && self.within_quota(pool, object, bytes),
+                            && self.within_quota_of(pool, group, bytes),
                     };
                     (
                         (pool, bytes, bytes <= record.spec.capacity_bytes),
@@ -443,9 +443,8 @@ impl Directory {
         }
         let (pool, bytes, object) = (replica.pool, replica.allocated_bytes, replica.object);
         self.pools[pool.0 as usize].abort(bytes);
-        self.refund_group(pool, &object, bytes);
+        self.replica_removed(pool, &object, bytes, true);
         self.replicas.remove(replica_id);
-        self.count_namespace_replica(&object.namespace, false);
         self.cancel_demotion(replica_id);
         self.cancel_replication(replica_id);
     }

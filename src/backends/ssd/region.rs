@@ -149,6 +149,8 @@ pub struct RegionTable {
     active: Option<u32>,
     next_sequence: u64,
     index: HashMap<ObjectId, Entry>,
+    /// Regions holding at least one pin: at most [`RegionTable::pinned_regions_max`].
+    pinned_regions: u32,
     /// Draws each fill's nonce: the OS's randomness ([`random_nonce`]); a test may fix it.
     nonces: fn() -> u64,
 }
@@ -183,6 +185,7 @@ impl RegionTable {
             active: None,
             next_sequence: 1,
             index: HashMap::new(),
+            pinned_regions: 0,
             nonces: random_nonce,
         }
     }
@@ -341,10 +344,28 @@ impl RegionTable {
         region.objects.push(object);
     }
 
-    /// The object's entry, pinning its region against reclaim until [`RegionTable::unpin`].
+    /// Regions pins may hold at once, over every reader: all but two, so that besides the
+    /// region being filled one sealed region is always reclaimable, whoever pins (at least
+    /// one).
+    pub fn pinned_regions_max(&self) -> u32 {
+        (self.regions.len() as u32).saturating_sub(2).max(1)
+    }
+
+    /// The object's entry, pinning its region against reclaim until [`RegionTable::unpin`];
+    /// `None` for an object not held, or in an unpinned region when
+    /// [`RegionTable::pinned_regions_max`] regions are pinned already (the reader then
+    /// loads it through memory).
     pub fn pin(&mut self, object: &ObjectId) -> Option<Entry> {
         let entry = *self.index.get(object)?;
-        self.regions[entry.region as usize].pins += 1;
+        let max = self.pinned_regions_max();
+        let region = &mut self.regions[entry.region as usize];
+        if region.pins == 0 {
+            if self.pinned_regions >= max {
+                return None;
+            }
+            self.pinned_regions += 1;
+        }
+        region.pins += 1;
         Some(entry)
     }
 
@@ -353,6 +374,9 @@ impl RegionTable {
         let region = &mut self.regions[region as usize];
         assert!(region.pins > 0, "unpin without a pin");
         region.pins -= 1;
+        if region.pins == 0 {
+            self.pinned_regions -= 1;
+        }
     }
 
     /// Every indexed object and its entry.

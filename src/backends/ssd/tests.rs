@@ -204,7 +204,7 @@ fn keep_on_restart_false_wipes_the_store() {
 }
 
 #[test]
-fn a_full_store_reclaims_its_oldest_region_whole_but_never_a_pinned_one() {
+fn a_full_store_reclaims_its_oldest_region_whole_never_a_pinned_one_and_pins_leave_one() {
     let directory = tempfile::tempdir().unwrap();
     let (store, _) = SsdStore::open(config(directory.path(), true)).unwrap();
     // 252 KiB objects: three per 1 MiB region, four regions.
@@ -231,11 +231,13 @@ fn a_full_store_reclaims_its_oldest_region_whole_but_never_a_pinned_one() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
-    // Pin every sealed region: the next region switch finds nothing to reclaim.
-    let pins: Vec<_> = [3, 6, 9]
+    // Readers may pin all regions but two: the third sealed region is not pinned, so one
+    // region always stays reclaimable, whoever pins.
+    let pins: Vec<_> = [3, 6, 4]
         .iter()
         .map(|index| store.pin(&object(*index)).unwrap())
         .collect();
+    assert!(store.pin(&object(9)).is_none(), "a third region pinned");
     let batch: Vec<(ObjectId, Vec<u8>)> = (200..203)
         .map(|index| (object(index), bytes(index, size)))
         .collect();
@@ -243,18 +245,38 @@ fn a_full_store_reclaims_its_oldest_region_whole_but_never_a_pinned_one() {
         .iter()
         .map(|(id, data)| (*id, data.as_slice()))
         .collect();
-    let results = store.write_batch(&refs).results;
-    assert!(results[0].is_ok() && results[1].is_ok());
+    // The next region switch reclaims the unpinned one, never a pinned one.
+    let written = store.write_batch(&refs);
     assert!(
-        matches!(results[2], Err(SsdError::Full)),
+        written.results.iter().all(Result::is_ok),
         "{:?}",
-        results[2]
+        written.results
     );
+    let evicted: Vec<ObjectId> = written.evicted.iter().map(|(id, _)| *id).collect();
+    assert!(evicted.contains(&object(9)), "{evicted:?}");
+    assert!(!evicted.contains(&object(3)) && !evicted.contains(&object(6)));
     assert_eq!(read_one(&store, object(3)).0, Some(bytes(3, size)));
+    // However much is written, the two unpinned regions take turns and the pinned ones
+    // stay whole until unpinned.
+    for chunk in (400..406).collect::<Vec<u32>>().chunks(2) {
+        let more: Vec<(ObjectId, Vec<u8>)> = chunk
+            .iter()
+            .map(|index| (object(*index), bytes(*index, size)))
+            .collect();
+        let results = write_all(&store, &more).results;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+    for index in [3, 4, 6] {
+        assert_eq!(read_one(&store, object(index)).0, Some(bytes(index, size)));
+    }
     for pinned in pins {
         store.unpin(pinned);
     }
-    assert!(write_all(&store, &[(object(300), bytes(300, size))])
+    // Unpinned, the oldest region goes at the next switch.
+    let last: Vec<(ObjectId, Vec<u8>)> = (300..303)
+        .map(|index| (object(index), bytes(index, size)))
+        .collect();
+    assert!(write_all(&store, &last)
         .evicted
         .iter()
         .any(|(id, _)| *id == object(3)));
