@@ -336,6 +336,13 @@ impl SharedMemory {
         }
         // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
         let file = unsafe { File::from_raw_fd(fd) };
+        // A memory file is made with mode 0777: anyone holding a descriptor could open it
+        // again read-write through /proc. Only its owner may (the node reopens it read-only
+        // for clients that never write it).
+        // SAFETY: a plain fchmod on a descriptor we own; no memory is passed.
+        if unsafe { libc::fchmod(file.as_raw_fd(), 0o600) } != 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
         let mut pool =
             Self::initialize(&label, &file, data_bytes, pool_uuid, page_bytes, progress)?;
         let seals = RESIZE_SEALS | libc::F_SEAL_SEAL;

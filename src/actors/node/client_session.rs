@@ -377,20 +377,22 @@ async fn register_namespace(
 /// A probe or retire the node checked and passes to the directory, and the client reply
 /// it becomes.
 async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientReply, Change) {
-    let (probed, namespace) = match &request {
+    // The namespaces the request names, registered again if the directory forgot one.
+    let (probed, mut namespaces) = match &request {
         DirectoryRequest::Probe { objects } => (
             objects.len(),
-            objects.first().map(|object| object.namespace),
+            objects.iter().map(|object| object.namespace).collect(),
         ),
-        DirectoryRequest::Retire { object, .. } => (0, Some(object.namespace)),
-        _ => (0, None),
+        DirectoryRequest::Retire { object, .. } => (0, vec![object.namespace]),
+        _ => (0, Vec::new()),
     };
+    namespaces.dedup();
     if probed > 0 {
         services.core().delegations.count_directory_lookup();
     }
     let answer = services.link.call(request).await;
     if let Err(error) = &answer {
-        services.reregister_if_unknown(error, namespace);
+        services.reregister_if_unknown(error, namespaces);
     }
     let reply = match answer {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),

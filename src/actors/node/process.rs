@@ -330,7 +330,7 @@ async fn start_pools(
     for (partition, pool) in partitions {
         let spec = partition.spec(node, section.cpu_pool.page_bytes);
         let pool_id = match link
-            .call(DirectoryRequest::RegisterPool(spec.clone()))
+            .send(DirectoryRequest::RegisterPool(spec.clone()))
             .await?
         {
             DirectoryReply::Pool(pool_id) => pool_id,
@@ -627,7 +627,7 @@ async fn report_probe(
     );
     metrics.set_pool_profile(pool, &measured);
     match link
-        .call(DirectoryRequest::ReportProfile { pool, measured })
+        .send(DirectoryRequest::ReportProfile { pool, measured })
         .await
     {
         Ok(DirectoryReply::Profile(_)) => {}
@@ -680,7 +680,7 @@ async fn locate_cxl_pools(
     if pools.is_empty() {
         return Ok(Vec::new());
     }
-    let DirectoryReply::Usage(registered) = link.call(DirectoryRequest::Usage).await? else {
+    let DirectoryReply::Usage(registered) = link.send(DirectoryRequest::Usage).await? else {
         bail!("the directory did not list its pools");
     };
     pools

@@ -41,7 +41,7 @@ impl SsdPins {
         Ok(objects
             .iter()
             .map(|object| {
-                let pinned = ssd.store.pin(object)?;
+                let pinned = ssd.store.pin_for_reader(object)?;
                 let Some(path) = pinned.path.to_str().map(str::to_owned) else {
                     // A file a client could not name: not offered.
                     ssd.store.unpin(pinned);

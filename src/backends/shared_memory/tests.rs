@@ -176,6 +176,12 @@ fn a_pool_handed_read_only_reads_and_refuses_writes() {
         ))
     };
     let read_only = reopen().unwrap();
+    // Only the owner may open the file again (read-write, through /proc): mode 0600.
+    let mode = read_only.metadata().unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
     assert!(
         read_only.set_len(0).is_err(),
         "truncated through a read-only descriptor"

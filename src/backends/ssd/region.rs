@@ -344,23 +344,32 @@ impl RegionTable {
         region.objects.push(object);
     }
 
-    /// Regions pins may hold at once, over every reader: all but two, so that besides the
-    /// region being filled one sealed region is always reclaimable, whoever pins (at least
-    /// one).
+    /// Regions readers' pins may hold at once, over every reader: all but two, so that
+    /// besides the region being filled one sealed region is always reclaimable, whoever pins
+    /// (at least one). The node's own pins are short and not bounded by it.
     pub fn pinned_regions_max(&self) -> u32 {
         (self.regions.len() as u32).saturating_sub(2).max(1)
     }
 
-    /// The object's entry, pinning its region against reclaim until [`RegionTable::unpin`];
-    /// `None` for an object not held, or in an unpinned region when
-    /// [`RegionTable::pinned_regions_max`] regions are pinned already (the reader then
-    /// loads it through memory).
+    /// The object's entry, pinning its region against reclaim until [`RegionTable::unpin`]
+    /// (the node's own short pins: a spill's publication, a restore's read); `None` for an
+    /// object not held.
     pub fn pin(&mut self, object: &ObjectId) -> Option<Entry> {
+        self.pin_within(object, u32::MAX)
+    }
+
+    /// [`RegionTable::pin`] for a reader outside the node (an engine's `PinOnSsd`): also
+    /// `None` for an object in an unpinned region when [`RegionTable::pinned_regions_max`]
+    /// regions are pinned already (the reader then loads it through memory).
+    pub fn pin_for_reader(&mut self, object: &ObjectId) -> Option<Entry> {
+        self.pin_within(object, self.pinned_regions_max())
+    }
+
+    fn pin_within(&mut self, object: &ObjectId, pinned_regions_max: u32) -> Option<Entry> {
         let entry = *self.index.get(object)?;
-        let max = self.pinned_regions_max();
         let region = &mut self.regions[entry.region as usize];
         if region.pins == 0 {
-            if self.pinned_regions >= max {
+            if self.pinned_regions >= pinned_regions_max {
                 return None;
             }
             self.pinned_regions += 1;

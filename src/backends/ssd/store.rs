@@ -456,14 +456,26 @@ impl SsdStore {
     /// [`SsdStore::unpin`]; `None` when the store does not hold it.
     pub fn pin(&self, object: &ObjectId) -> Option<PinnedObject> {
         let entry = lock(&self.table).pin(object)?;
-        Some(PinnedObject {
+        Some(self.pinned(entry))
+    }
+
+    /// [`SsdStore::pin`] for a reader outside the node (an engine's `PinOnSsd`), within the
+    /// store's bound on regions readers pin ([`RegionTable::pinned_regions_max`]): `None`
+    /// also past it.
+    pub fn pin_for_reader(&self, object: &ObjectId) -> Option<PinnedObject> {
+        let entry = lock(&self.table).pin_for_reader(object)?;
+        Some(self.pinned(entry))
+    }
+
+    fn pinned(&self, entry: Entry) -> PinnedObject {
+        PinnedObject {
             path: self.paths[entry.region as usize].clone(),
             offset: entry.data_offset(),
             length_bytes: entry.length_bytes,
             data_crc: entry.data_crc,
             region: entry.region,
             place: self.place(&entry),
-        })
+        }
     }
 
     /// Releases a pin taken by [`SsdStore::pin`].
