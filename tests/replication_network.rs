@@ -165,6 +165,7 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
     let node_b = metrics_of(&cluster, "node-b");
     let a_pid = cluster.node_pid(0).unwrap().to_string();
     let wrong_sender = "kvtier_peer_refusals_total{reason=\"wrong_sender\"}";
+    let wrong_token = "kvtier_peer_refusals_total{reason=\"wrong_token\"}";
     runtime().block_on(async {
         let (_a, b, id, bytes) = stored_on_a(&cluster, 3, 1 << 20).await;
         // A stays live to the directory (well within `suspect_after_ms`) but never pushes:
@@ -183,6 +184,14 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
             assert!(Instant::now() < deadline, "B never expected the transfer");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        // With the named sender's own certificate (a stolen key, or a stale process of
+        // A's), the stream still lacks the token the directory gave A: refused alike.
+        let as_a = pushes_as(&cluster, "node-a", "node-b", 0..16).await;
+        assert!(
+            as_a.iter().all(|verdict| *verdict == Verdict::NotExpected),
+            "the named sender's certificate without the token claimed a transfer: {as_a:?}"
+        );
+        assert_eq!(scraped(node_b, wrong_token), 1.0, "the refusal is counted");
         signal(&a_pid, "-CONT");
         // The pending target is answered as every other: a wrong sender cannot tell which
         // replica ids are expected.
@@ -217,11 +226,22 @@ async fn stranger_pushes(
     to: &str,
     targets: std::ops::Range<u64>,
 ) -> Vec<Verdict> {
+    pushes_as(cluster, BENCH_PEER, to, targets).await
+}
+
+/// Pushes 64 KiB for each target of `targets` into node `to` with the certificate of `name`
+/// and a token of zero; returns the receiver's verdicts in order.
+async fn pushes_as(
+    cluster: &LocalCluster,
+    name: &str,
+    to: &str,
+    targets: std::ops::Range<u64>,
+) -> Vec<Verdict> {
     let certs = &cluster.config.directory.certs;
     let address = cluster.config.node(to).unwrap().peer_listen.unwrap();
     let bind = SocketAddr::from(([0, 0, 0, 0], 0));
     let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
-    let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
+    let config = peer::client_config(certs, name, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
         .await
         .unwrap();
@@ -231,6 +251,7 @@ async fn stranger_pushes(
         let header = TransferHeader {
             task: 1,
             target_replica: target,
+            token: 0,
             length_bytes: 64 << 10,
         };
         send.write_all(&header.encode()).await.unwrap();
@@ -259,6 +280,7 @@ async fn pushes_until_closed(cluster: &LocalCluster, to: &str, attempts: u32) ->
         let header = TransferHeader {
             task: 1,
             target_replica: 1_000_000 + target,
+            token: 0,
             length_bytes: 64 << 10,
         };
         if send.write_all(&header.encode()).await.is_err() {

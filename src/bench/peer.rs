@@ -237,6 +237,7 @@ async fn send_quic_objects(
             let header = TransferHeader {
                 task: index as u64,
                 target_replica: index as u64,
+                token: index as u64,
                 length_bytes: source.len() as u64,
             };
             send.write_all(&header.encode()).await?;
@@ -371,6 +372,7 @@ fn tls_send(
         let header = TransferHeader {
             task: index as u64,
             target_replica: index as u64,
+            token: index as u64,
             length_bytes: source.len() as u64,
         };
         tls.write_all(&header.encode())?;

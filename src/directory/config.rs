@@ -167,9 +167,10 @@ pub struct DirectoryConfig {
     /// per tick, over all nodes: a rack of nodes rejoining at once is paced (each is told
     /// when to come back) so that serving the others stays within its latency budget.
     pub adopt_items_per_tick: u32,
-    /// Seed of the object index's hash function. Absent (in service), each directory draws
-    /// a random one, so clients cannot choose object ids that collide in the index; a
-    /// simulation or a property test sets it so that runs replay.
+    /// Seed of the object index's hash function and of the transfer tokens' key. Absent
+    /// (in service), each directory draws random ones, so clients cannot choose object ids
+    /// that collide in the index nor guess a transfer's token; a simulation or a property
+    /// test sets it so that runs replay.
     pub hash_seed: Option<u64>,
     /// Host pools one node may register (its CPU partitions, at most
     /// [`crate::config::CPU_PARTITIONS_MAX`], and an SSD pool): bounds what one node
@@ -312,6 +313,19 @@ impl DirectoryConfig {
         // std's RandomState is keyed from the operating system's randomness per process.
         self.hash_seed
             .unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0x6b76_u16))
+    }
+
+    /// A 32-byte secret for `purpose`: random (from the OS) in service; derived from
+    /// `hash_seed` where a simulation or a test sets it, so that runs replay.
+    pub fn secret_key(&self, purpose: &str) -> [u8; 32] {
+        match self.hash_seed {
+            Some(seed) => blake3::derive_key(purpose, &seed.to_le_bytes()),
+            None => {
+                let mut key = [0; 32];
+                crate::model::random::fill(&mut key);
+                key
+            }
+        }
     }
 
     /// The settings of kvtier's placement ([`crate::policy::placement`]) in force.

@@ -211,7 +211,9 @@ impl Directory {
                 budget: config.adopt_items_per_tick,
             },
             drains: HashMap::new(),
-            replication: replication::Replications::default(),
+            replication: replication::Replications::new(
+                config.secret_key(replication::TRANSFER_TOKEN_KEY_PURPOSE),
+            ),
             delegations: delegations::Delegations::default(),
             config,
         }

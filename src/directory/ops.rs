@@ -3,7 +3,7 @@
 
 use crate::model::{
     DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, SessionId,
-    TaskId, Timestamp,
+    TaskId, Timestamp, TransferToken,
 };
 use serde::{Deserialize, Serialize};
 
@@ -273,17 +273,21 @@ pub enum TaskKind {
     Push {
         source: Location,
         target: ReplicaId,
+        /// Presented in the stream's header: the receiver accepts no other.
+        token: TransferToken,
         length_bytes: u64,
         to: NodeId,
     },
     /// Replicate on demand over the network, the requester's half: allocate
     /// `length_bytes` in `target_pool` (this node's own CPU pool), accept the stream for
-    /// `target` only from node `from`, write it, then commit `target`; on any failure
+    /// `target` only from node `from` with `token`, write it, then commit `target`; on any failure
     /// free the pages and `abort` the target. Once committed the node holds `object`
     /// there, as after any store.
     Receive {
         object: ObjectId,
         target: ReplicaId,
+        /// The token the sender's stream must present.
+        token: TransferToken,
         target_pool: PoolId,
         length_bytes: u64,
         from: NodeId,

@@ -21,7 +21,7 @@ use super::replicas::{NewReplica, Replica};
 use super::{Directory, ReplicaState, SessionState, Task, TaskKind};
 use crate::model::{
     Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, Scope, SessionId, TaskId, Tier,
-    Timestamp,
+    Timestamp, TransferToken,
 };
 use crate::policy::replication::{most_demanded_first, ReplicationCost, Route};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -134,8 +134,10 @@ struct InFlight {
     length_bytes: u64,
 }
 
+/// The key derivation context of the transfer tokens' key ([`DirectoryConfig::secret_key`]).
+pub(super) const TRANSFER_TOKEN_KEY_PURPOSE: &str = "kvtier 2026-12 network copy transfer tokens";
+
 /// The demand table, the replications in flight and their counters.
-#[derive(Default)]
 pub(super) struct Replications {
     /// Bounded by [`DEMANDS_MAX`].
     demands: HashMap<(ObjectId, NodeId), Demand>,
@@ -146,6 +148,32 @@ pub(super) struct Replications {
     counts: ReplicationCounts,
     /// Bounded by [`LATENCIES_MAX`].
     latencies: VecDeque<Duration>,
+    /// Keys the network copies' tokens ([`Replications::token`]).
+    token_key: [u8; 32],
+}
+
+impl Replications {
+    /// No demand and no replication yet; tokens keyed by `token_key`.
+    pub(super) fn new(token_key: [u8; 32]) -> Replications {
+        Replications {
+            demands: HashMap::new(),
+            in_flight: HashMap::new(),
+            objects: HashSet::new(),
+            counts: ReplicationCounts::default(),
+            latencies: VecDeque::new(),
+            token_key,
+        }
+    }
+
+    /// The token of the network copy into `target`: a keyed hash of the replica id, which
+    /// one incarnation never reuses (a restart draws a new key). Both halves of the copy
+    /// carry it; a node that does not know it cannot claim the transfer.
+    fn token(&self, target: ReplicaId) -> TransferToken {
+        let hash = blake3::keyed_hash(&self.token_key, &target.0.to_le_bytes());
+        let mut word = [0; 8];
+        word.copy_from_slice(&hash.as_bytes()[..8]);
+        TransferToken(u64::from_le_bytes(word))
+    }
 }
 
 /// A replication the policy chose.
@@ -525,27 +553,32 @@ impl Directory {
                     target_pool: plan.target_pool,
                 },
             )],
-            Path::Network => vec![
-                (
-                    source_owner,
-                    TaskKind::Push {
-                        source,
-                        target,
-                        length_bytes: source.length_bytes,
-                        to: requester,
-                    },
-                ),
-                (
-                    requester,
-                    TaskKind::Receive {
-                        object,
-                        target,
-                        target_pool: plan.target_pool,
-                        length_bytes: source.length_bytes,
-                        from: source_owner,
-                    },
-                ),
-            ],
+            Path::Network => {
+                let token = self.replication.token(target);
+                vec![
+                    (
+                        source_owner,
+                        TaskKind::Push {
+                            source,
+                            target,
+                            token,
+                            length_bytes: source.length_bytes,
+                            to: requester,
+                        },
+                    ),
+                    (
+                        requester,
+                        TaskKind::Receive {
+                            object,
+                            target,
+                            token,
+                            target_pool: plan.target_pool,
+                            length_bytes: source.length_bytes,
+                            from: source_owner,
+                        },
+                    ),
+                ]
+            }
         };
         for (node, kind) in kinds {
             let task = Task {

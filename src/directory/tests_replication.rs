@@ -4,7 +4,7 @@
 
 use super::tests::{location, Fixture, NodeHandle, MIB};
 use super::*;
-use crate::model::{DomainId, Location, Medium, ObjectId};
+use crate::model::{DomainId, Location, Medium, ObjectId, TransferToken};
 use std::time::Duration;
 
 /// Node A (CPU first, domain 0) and the shared pool; A holds `object` in its CPU pool.
@@ -108,20 +108,51 @@ fn a_remote_miss_copies_into_the_shared_pool_and_the_source_stays() {
     fixture.directory.check_invariants();
 }
 
+/// The token of the first network copy planned under `config`, and its target.
+fn first_network_copy(config: DirectoryConfig) -> (ReplicaId, TransferToken) {
+    let (mut fixture, a, _, object) = cluster(config);
+    let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
+    assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
+    match fixture.polled(&a).as_slice() {
+        [TaskKind::Push { target, token, .. }] => (*target, *token),
+        other => panic!("expected a push, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_network_copys_token_is_keyed_by_the_directory_not_by_the_replica_id() {
+    let seeded = |seed| DirectoryConfig {
+        hash_seed: Some(seed),
+        ..DirectoryConfig::default()
+    };
+    let (target, token) = first_network_copy(seeded(1));
+    // Replayable under one seed; the same replica id under another key has another token.
+    assert_eq!(first_network_copy(seeded(1)), (target, token));
+    let (other_target, other_token) = first_network_copy(seeded(2));
+    assert_eq!(other_target, target);
+    assert_ne!(other_token, token);
+    assert_ne!(token.0, target.0);
+    // In service the key is random per directory.
+    let (_, random) = first_network_copy(DirectoryConfig::default());
+    let (_, random_again) = first_network_copy(DirectoryConfig::default());
+    assert_ne!(random, random_again);
+}
+
 #[test]
 fn without_a_shared_domain_the_copy_goes_over_the_network_into_the_requesters_cpu() {
     let (mut fixture, a, _, object) = cluster(DirectoryConfig::default());
     let b = fixture.node_with("b", 16 * MIB, vec![Medium::Cpu], vec![]);
     assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
-    let target = match fixture.polled(&a).as_slice() {
+    let (target, token) = match fixture.polled(&a).as_slice() {
         [TaskKind::Push {
             source,
             target,
+            token,
             length_bytes,
             to,
         }] => {
             assert_eq!((source.pool, *length_bytes, *to), (a.cpu, MIB, b.node));
-            *target
+            (*target, *token)
         }
         other => panic!("expected a push, got {other:?}"),
     };
@@ -130,6 +161,7 @@ fn without_a_shared_domain_the_copy_goes_over_the_network_into_the_requesters_cp
         vec![TaskKind::Receive {
             object,
             target,
+            token,
             target_pool: b.cpu,
             length_bytes: MIB,
             from: a.node,

@@ -11,9 +11,10 @@ const SIDES: [&str; 2] = ["sent", "received"];
 const RESULTS: [&str; 4] = ["committed", "failed", "refused", "dropped"];
 /// Why a receiver refused a stream (`crate::node::transfers::TransferRefusal::reason`,
 /// plus the receiver's own bounds and the header check).
-pub const REFUSAL_REASONS: [&str; 8] = [
+pub const REFUSAL_REASONS: [&str; 9] = [
     "not_expected",
     "wrong_sender",
+    "wrong_token",
     "mismatch",
     "expired",
     "full",

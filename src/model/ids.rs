@@ -68,6 +68,19 @@ id_type!(
     /// A task (reclaim, replicate, demote) queued by the directory for a node.
     TaskId(u64)
 );
+/// The secret a network copy's stream presents, beside its target replica: the directory
+/// derives it from a key of its own incarnation (random in service) and hands it only to
+/// the copy's two nodes, so no other certificate holder can claim a transfer by guessing
+/// replica ids. Its `Debug` form does not print it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TransferToken(pub u64);
+
+impl fmt::Debug for TransferToken {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("TransferToken(..)")
+    }
+}
+
 id_type!(
     /// A node's incarnation counter. A new `open` by the same node gets a larger epoch,
     /// which fences every request of the previous one.

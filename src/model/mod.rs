@@ -4,11 +4,12 @@ pub mod ids;
 pub mod namespace;
 pub mod object;
 pub mod pool;
+pub mod random;
 pub mod time;
 
 pub use ids::{
     AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId, ReplicaId,
-    SessionId, TaskId,
+    SessionId, TaskId, TransferToken,
 };
 pub use namespace::{
     KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId, NAMESPACE_TEXT_BYTES_MAX,

@@ -2,19 +2,19 @@
 //! directory's copy tasks between hosts.
 //!
 //! A copy is accepted only when the directory named both ends: the receiving node adds an
-//! entry when its task arrives (target replica, the sending node's name, length, task,
-//! deadline), and a stream that claims the entry must come from that sender's certificate
-//! and match it exactly. An entry is consumed by its first claim, so a replay or a second
+//! entry when its task arrives (target replica, its token, the sending node's name, length,
+//! task, deadline), and a stream that claims the entry must come from that sender's
+//! certificate, present the token the directory gave both halves, and match it exactly. An entry is consumed by its first claim, so a replay or a second
 //! stream for the same target is refused; while the claimed copy runs, the task handed out
 //! again does not re-open it ([`ExpectedTransfers::finished`] ends it). Entries past their
 //! deadline leave with [`ExpectedTransfers::expire`], and the caller aborts their targets.
 //! No clock, socket or pool here: the peer actor calls in with `now`.
 //!
-//! A stream that names a target it may not claim learns nothing about it: a wrong sender is
-//! answered as a target not expected ([`TransferRefusal::verdict_kind`]), and a connection's
+//! A stream that names a target it may not claim learns nothing about it: a wrong sender or
+//! token is answered as a target not expected ([`TransferRefusal::verdict_kind`]), and a connection's
 //! refusals are bounded ([`RefusalBudget`]), so guessing replica ids is slow and blind.
 
-use crate::model::{ObjectId, PoolId, ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{ObjectId, PoolId, ReplicaId, SessionId, TaskId, Timestamp, TransferToken};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ pub struct ExpectedTransfer {
     pub session: SessionId,
     /// The replica reserved here for the copy.
     pub target: ReplicaId,
+    /// The token the directory gave the copy: the stream must present it.
+    pub token: TransferToken,
     /// The pool the target is reserved in (this node's CPU pool).
     pub target_pool: PoolId,
     /// The certificate name of the only node that may send it.
@@ -56,6 +58,8 @@ pub struct TransferClaim<'a> {
     pub sender: &'a str,
     /// The header's target replica.
     pub target: ReplicaId,
+    /// The header's token.
+    pub token: TransferToken,
     /// The header's length.
     pub length_bytes: u64,
 }
@@ -71,6 +75,10 @@ pub enum TransferRefusal {
     /// named for the task. The entry stays for the named sender.
     #[error("the sender is not the node named for this transfer")]
     WrongSender,
+    /// The stream's token is not the copy's: a sender that guesses. The entry stays for
+    /// the named sender.
+    #[error("the transfer's token is not the one the directory gave")]
+    WrongToken,
     /// The sender is the named one but the length differs from the directory's. The
     /// entry stays (a stale retry must not consume a live task's entry).
     #[error("the transfer's length differs from the expected one")]
@@ -101,7 +109,9 @@ impl TransferRefusal {
     /// What the stream is told ([`RefusalKind`]).
     pub fn verdict_kind(self) -> RefusalKind {
         match self {
-            TransferRefusal::NotExpected | TransferRefusal::WrongSender => RefusalKind::NotExpected,
+            TransferRefusal::NotExpected
+            | TransferRefusal::WrongSender
+            | TransferRefusal::WrongToken => RefusalKind::NotExpected,
             TransferRefusal::Full => RefusalKind::Busy,
             TransferRefusal::Mismatch | TransferRefusal::Expired => RefusalKind::Refused,
         }
@@ -112,6 +122,7 @@ impl TransferRefusal {
         match self {
             TransferRefusal::NotExpected => "not_expected",
             TransferRefusal::WrongSender => "wrong_sender",
+            TransferRefusal::WrongToken => "wrong_token",
             TransferRefusal::Mismatch => "mismatch",
             TransferRefusal::Expired => "expired",
             TransferRefusal::Full => "full",
@@ -183,6 +194,9 @@ impl ExpectedTransfers {
             .ok_or(TransferRefusal::NotExpected)?;
         if entry.from != claim.sender {
             return Err(TransferRefusal::WrongSender);
+        }
+        if entry.token != claim.token {
+            return Err(TransferRefusal::WrongToken);
         }
         if entry.length_bytes != claim.length_bytes {
             return Err(TransferRefusal::Mismatch);
@@ -279,11 +293,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_wrong_sender_hears_what_a_stranger_to_the_target_hears() {
-        assert_eq!(
-            TransferRefusal::WrongSender.verdict_kind(),
-            TransferRefusal::NotExpected.verdict_kind()
-        );
+    fn a_wrong_sender_or_token_hears_what_a_stranger_to_the_target_hears() {
+        for refusal in [TransferRefusal::WrongSender, TransferRefusal::WrongToken] {
+            assert_eq!(
+                refusal.verdict_kind(),
+                TransferRefusal::NotExpected.verdict_kind()
+            );
+        }
     }
 
     #[test]
@@ -317,6 +333,7 @@ mod tests {
             },
             session: SessionId(5),
             target: ReplicaId(target),
+            token: TransferToken(target.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             target_pool: PoolId(1),
             from: from.into(),
             length_bytes: 4 << 20,
@@ -328,6 +345,7 @@ mod tests {
         TransferClaim {
             sender: &expected.from,
             target: expected.target,
+            token: expected.token,
             length_bytes: expected.length_bytes,
         }
     }
@@ -371,6 +389,13 @@ mod tests {
                     ..claim_of(&expected)
                 },
                 TransferRefusal::WrongSender,
+            ),
+            (
+                TransferClaim {
+                    token: TransferToken(expected.token.0 ^ 1),
+                    ..claim_of(&expected)
+                },
+                TransferRefusal::WrongToken,
             ),
             (
                 TransferClaim {

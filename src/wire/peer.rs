@@ -22,10 +22,10 @@ use super::error::WireError;
 pub const TRANSFER_MAGIC: [u8; 4] = *b"KVTP";
 /// The stream format's version. A receiver refuses any other with
 /// [`Verdict::BadHeader`]; a new format gets a new number.
-pub const TRANSFER_VERSION: u16 = 1;
+pub const TRANSFER_VERSION: u16 = 2;
 /// Encoded header size: magic (4), version (2), reserved (2, zero), task id (8), target
-/// replica id (8), length (8); big endian.
-pub const HEADER_BYTES: usize = 32;
+/// replica id (8), token (8), length (8); big endian.
+pub const HEADER_BYTES: usize = 40;
 /// Largest object a transfer carries: 1 GiB. KV objects are chunks of a prefix (MiBs); a
 /// larger claim is a malformed or hostile header, refused before anything is allocated.
 pub const TRANSFER_BYTES_MAX: u64 = 1 << 30;
@@ -72,6 +72,8 @@ pub struct TransferHeader {
     pub task: u64,
     /// The replica the directory reserved on the receiver for this copy.
     pub target_replica: u64,
+    /// The copy's token, which the directory gave the sender and the receiver only.
+    pub token: u64,
     /// The object's length: exactly this many bytes follow.
     pub length_bytes: u64,
 }
@@ -121,7 +123,8 @@ impl TransferHeader {
         bytes[4..6].copy_from_slice(&TRANSFER_VERSION.to_be_bytes());
         bytes[8..16].copy_from_slice(&self.task.to_be_bytes());
         bytes[16..24].copy_from_slice(&self.target_replica.to_be_bytes());
-        bytes[24..32].copy_from_slice(&self.length_bytes.to_be_bytes());
+        bytes[24..32].copy_from_slice(&self.token.to_be_bytes());
+        bytes[32..40].copy_from_slice(&self.length_bytes.to_be_bytes());
         bytes
     }
 
@@ -151,7 +154,8 @@ impl TransferHeader {
         let header = TransferHeader {
             task: field(8),
             target_replica: field(16),
-            length_bytes: field(24),
+            token: field(24),
+            length_bytes: field(32),
         };
         if header.length_bytes == 0 || header.length_bytes > TRANSFER_BYTES_MAX {
             return Err(HeaderError::BadLength {

@@ -345,6 +345,7 @@ async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
         TaskKind::Push {
             source,
             target,
+            token,
             length_bytes,
             to,
         } => replication::push(
@@ -353,6 +354,7 @@ async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
                 task: task.id,
                 source,
                 target,
+                token,
                 length_bytes,
                 to,
             },
@@ -360,6 +362,7 @@ async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
         TaskKind::Receive {
             object,
             target,
+            token,
             target_pool,
             length_bytes,
             from,
@@ -368,6 +371,7 @@ async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
                 task: task.id,
                 object,
                 target,
+                token,
                 target_pool,
                 length_bytes,
                 from,

@@ -14,7 +14,7 @@ use crate::config::{ClusterConfig, NodeSection};
 use crate::directory::CommitOutcome;
 use crate::metrics::peer::PeerMetrics;
 use crate::metrics::Direction;
-use crate::model::{Location, NodeId, ReplicaId};
+use crate::model::{Location, NodeId, ReplicaId, TransferToken};
 use crate::node::transfers::{
     ExpectedTransfer, ExpectedTransfers, RefusalBudget, RefusalKind, TransferClaim, TransferRefusal,
 };
@@ -335,6 +335,7 @@ impl PeerTransport {
         let claim = TransferClaim {
             sender,
             target,
+            token: TransferToken(header.token),
             length_bytes: header.length_bytes,
         };
         let claimed = self.expected().claim(claim, services.clock.now());

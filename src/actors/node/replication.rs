@@ -15,7 +15,9 @@
 
 use super::pool::{Check, ReadAt};
 use super::services::NodeServices;
-use crate::model::{Location, NodeId, ObjectId, PoolId, ReplicaId, SessionId, TaskId};
+use crate::model::{
+    Location, NodeId, ObjectId, PoolId, ReplicaId, SessionId, TaskId, TransferToken,
+};
 use crate::node::transfers::{ExpectedTransfer, EXPECTED_TRANSFER_TIMEOUT};
 use crate::wire::peer::{self as wire, TransferHeader, Verdict};
 use std::collections::HashSet;
@@ -95,6 +97,7 @@ pub struct PushTask {
     pub task: TaskId,
     pub source: Location,
     pub target: ReplicaId,
+    pub token: TransferToken,
     pub length_bytes: u64,
     pub to: NodeId,
 }
@@ -152,6 +155,7 @@ async fn send(
     let header = TransferHeader {
         task: push.task.0,
         target_replica: push.target.0,
+        token: push.token.0,
         length_bytes: push.length_bytes,
     };
     let deadline = Instant::now() + RECEIVER_WAIT;
@@ -233,6 +237,7 @@ pub struct ReceiveTask {
     pub task: TaskId,
     pub object: ObjectId,
     pub target: ReplicaId,
+    pub token: TransferToken,
     pub target_pool: PoolId,
     pub length_bytes: u64,
     pub from: NodeId,
@@ -266,6 +271,7 @@ pub async fn receive(services: &NodeServices, session: SessionId, receive: Recei
         object: receive.object,
         session,
         target: receive.target,
+        token: receive.token,
         target_pool: receive.target_pool,
         from: from.clone(),
         length_bytes: receive.length_bytes,

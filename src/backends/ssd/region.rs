@@ -151,27 +151,9 @@ pub struct RegionTable {
     index: HashMap<ObjectId, Entry>,
     /// Regions holding at least one pin: at most [`RegionTable::pinned_regions_max`].
     pinned_regions: u32,
-    /// Draws each fill's nonce: the OS's randomness ([`random_nonce`]); a test may fix it.
+    /// Draws each fill's nonce: the OS's randomness ([`crate::model::random::u64`]); a test
+    /// may fix it.
     nonces: fn() -> u64,
-}
-
-/// A nonce from the OS's random source (`getrandom`); a clock-and-address hash on the rare
-/// kernel without it. Never predictable from earlier nonces, which engines may read.
-pub fn random_nonce() -> u64 {
-    let mut bytes = [0u8; 8];
-    // SAFETY: `bytes` is valid for 8 bytes of writes for the call's duration.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if got == 8 {
-        return u64::from_le_bytes(bytes);
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |time| time.as_nanos()),
-    );
-    hasher.finish()
 }
 
 impl RegionTable {
@@ -186,7 +168,7 @@ impl RegionTable {
             next_sequence: 1,
             index: HashMap::new(),
             pinned_regions: 0,
-            nonces: random_nonce,
+            nonces: crate::model::random::u64,
         }
     }
 

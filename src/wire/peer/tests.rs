@@ -7,6 +7,7 @@ fn sample() -> TransferHeader {
     TransferHeader {
         task: 7,
         target_replica: 0x0102_0304_0506_0708,
+        token: 0x1122_3344_5566_7788,
         length_bytes: 4 << 20,
     }
 }
@@ -30,18 +31,18 @@ fn malformed_headers_are_typed_errors() {
     };
     let cases: Vec<(Vec<u8>, HeaderError)> = vec![
         (Vec::new(), HeaderError::Truncated { bytes: 0 }),
-        (good[..31].to_vec(), HeaderError::Truncated { bytes: 31 }),
+        (good[..39].to_vec(), HeaderError::Truncated { bytes: 39 }),
         (
             with(0, b'X').to_vec(),
             HeaderError::BadMagic { magic: *b"XVTP" },
         ),
         (
-            with(5, 2).to_vec(),
-            HeaderError::UnsupportedVersion { version: 2 },
+            with(5, 1).to_vec(),
+            HeaderError::UnsupportedVersion { version: 1 },
         ),
         (
             with(4, 1).to_vec(),
-            HeaderError::UnsupportedVersion { version: 0x0101 },
+            HeaderError::UnsupportedVersion { version: 0x0102 },
         ),
         (
             with(7, 1).to_vec(),
@@ -117,8 +118,8 @@ proptest! {
     }
 
     #[test]
-    fn every_valid_header_round_trips(task in any::<u64>(), target_replica in any::<u64>(), length_bytes in 1..=TRANSFER_BYTES_MAX) {
-        let header = TransferHeader { task, target_replica, length_bytes };
+    fn every_valid_header_round_trips(task in any::<u64>(), target_replica in any::<u64>(), token in any::<u64>(), length_bytes in 1..=TRANSFER_BYTES_MAX) {
+        let header = TransferHeader { task, target_replica, token, length_bytes };
         prop_assert_eq!(TransferHeader::decode(&header.encode()), Ok(header));
     }
 }
