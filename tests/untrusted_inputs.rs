@@ -163,8 +163,9 @@ fn frame_reader_gives_frames_or_typed_errors() {
     run(frames, check_frames);
 }
 
-/// A sound region image: its header, then two objects of one block of this fill.
-fn region_seed() -> Vec<u8> {
+/// A sound region image (its header, then two objects of one block of this fill) behind the
+/// mode byte `mode` of `check_region_scan`.
+fn region_seed(mode: u8) -> Vec<u8> {
     use kvtier::backends::ssd::layout::{ObjectHeader, RegionHeader, BLOCK_BYTES};
     use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
     let block = BLOCK_BYTES as usize;
@@ -195,6 +196,7 @@ fn region_seed() -> Vec<u8> {
         .encode(&mut image[slot * block..(slot + 1) * block]);
         image[(slot + 1) * block..(slot + 2) * block].copy_from_slice(&data);
     }
+    image.insert(0, mode);
     image
 }
 
@@ -206,11 +208,12 @@ fn the_ssd_recovery_scan_adopts_only_sound_objects() {
         ..Config::default()
     };
     TestRunner::new(config)
-        .run(&inputs(vec![region_seed()]), |bytes| {
+        .run(&inputs(vec![region_seed(1), region_seed(0)]), |bytes| {
             check_region_scan(&bytes).map_err(TestCaseError::fail)
         })
         .unwrap();
-    assert_eq!(check_region_scan(&region_seed()), Ok(()));
+    assert_eq!(check_region_scan(&region_seed(0)), Ok(()));
+    assert_eq!(check_region_scan(&region_seed(1)), Ok(()));
 }
 
 #[test]

@@ -650,7 +650,7 @@ impl IoRequests for RawRequests<'_> {
         }
         Some(IoOp {
             kind: self.kind,
-            file: self.file.as_raw_fd(),
+            file: crate::backends::ssd::disk::IoFile::Fd(self.file.as_raw_fd()),
             offset: index * self.size as u64,
             length: self.size,
         })

@@ -6,11 +6,12 @@
 //! largest request it served, so staging memory follows the objects actually moved and is
 //! bounded by `depth × slot_bytes`; once grown, no request touches fresh pages.
 
+use super::disk::{IoFile, ModelDisk};
 use super::layout::BLOCK_BYTES;
 use std::alloc::{self, Layout};
 use std::io;
-use std::os::fd::RawFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Buffers of at least this many bytes are mapped on their own, aligned to it, and advised
@@ -160,8 +161,8 @@ pub enum IoKind {
 pub struct IoOp {
     /// Read or write.
     pub kind: IoKind,
-    /// The open file.
-    pub file: RawFd,
+    /// The file: a descriptor, or a model disk's region.
+    pub file: IoFile,
     /// Offset in the file (block-aligned for direct I/O).
     pub offset: u64,
     /// Bytes to transfer, at most the slot's size (block-aligned for direct I/O).
@@ -217,6 +218,8 @@ pub trait IoRequests {
 enum Backend {
     Uring(Box<io_uring::IoUring>),
     Blocking,
+    /// One request at a time on a model disk, as `Blocking` does on descriptors.
+    Model(Arc<ModelDisk>),
 }
 
 /// A bounded queue of block I/O: at most `depth` requests in flight, and no request started
@@ -257,15 +260,32 @@ impl IoQueue {
                 Some("io_uring disabled by configuration".to_string()),
             )
         };
-        let queue = IoQueue {
+        (
+            IoQueue::with_backend(backend, depth, slot_bytes, in_flight_bytes_max),
+            fallback,
+        )
+    }
+
+    /// A queue that runs its requests on `disk`, one at a time (their `file` is the disk's
+    /// region), its slots as [`IoQueue::new`] makes them.
+    pub fn on_model(disk: Arc<ModelDisk>, slot_bytes: usize) -> IoQueue {
+        IoQueue::with_backend(Backend::Model(disk), 1, slot_bytes, usize::MAX)
+    }
+
+    fn with_backend(
+        backend: Backend,
+        depth: usize,
+        slot_bytes: usize,
+        in_flight_bytes_max: usize,
+    ) -> IoQueue {
+        IoQueue {
             backend,
             depth,
             depth_limit: depth,
             in_flight_bytes_max,
             slot_bytes: slot_bytes.next_multiple_of(BLOCK_BYTES as usize),
             slots: (0..depth).map(|_| None).collect(),
-        };
-        (queue, fallback)
+        }
     }
 
     /// Grows every slot to the queue's `slot_bytes` now, staging memory at its bound, so
@@ -274,7 +294,7 @@ impl IoQueue {
     pub fn grow_slots(&mut self) {
         let limit = self.slot_bytes;
         let used = match self.backend {
-            Backend::Blocking => 1,
+            Backend::Blocking | Backend::Model(_) => 1,
             Backend::Uring(_) => self.slots.len(),
         };
         for buffer in self.slots.iter_mut().take(used) {
@@ -316,14 +336,18 @@ impl IoQueue {
                     std::mem::forget(std::mem::replace(&mut self.backend, Backend::Blocking));
                 }
             }
-            Backend::Blocking => {
+            Backend::Blocking | Backend::Model(_) => {
+                let disk = match &self.backend {
+                    Backend::Model(disk) => Some(disk.as_ref()),
+                    _ => None,
+                };
                 for request in 0..count {
                     let Some((op, buffer)) = stage(requests, request, &mut self.slots[0], limit)
                     else {
                         continue;
                     };
                     let started = Instant::now();
-                    let result = blocking_transfer(op, buffer.as_mut_slice());
+                    let result = blocking_transfer(disk, op, buffer.as_mut_slice());
                     requests.complete(
                         request,
                         &buffer.as_slice()[..op.length],
@@ -336,15 +360,26 @@ impl IoQueue {
     }
 }
 
-fn blocking_transfer(op: IoOp, buffer: &mut [u8]) -> io::Result<usize> {
+/// Runs `op` now: with pread/pwrite on its descriptor, or on `disk` for a model region.
+fn blocking_transfer(disk: Option<&ModelDisk>, op: IoOp, buffer: &mut [u8]) -> io::Result<usize> {
+    let fd = match (op.file, disk) {
+        (IoFile::Fd(fd), None) => fd,
+        (IoFile::Model(region), Some(disk)) => {
+            return match op.kind {
+                IoKind::Read => disk.read_at(region, &mut buffer[..op.length], op.offset),
+                IoKind::Write => disk.write_at(region, &buffer[..op.length], op.offset),
+            };
+        }
+        _ => return Err(io::Error::from_raw_os_error(libc::EBADF)),
+    };
     let offset = libc::off_t::try_from(op.offset)
         .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     loop {
         // SAFETY: the buffer holds at least `op.length` bytes and outlives the call.
         let transferred = unsafe {
             match op.kind {
-                IoKind::Read => libc::pread(op.file, buffer.as_mut_ptr().cast(), op.length, offset),
-                IoKind::Write => libc::pwrite(op.file, buffer.as_ptr().cast(), op.length, offset),
+                IoKind::Read => libc::pread(fd, buffer.as_mut_ptr().cast(), op.length, offset),
+                IoKind::Write => libc::pwrite(fd, buffer.as_ptr().cast(), op.length, offset),
             }
         };
         if transferred >= 0 {
@@ -449,16 +484,26 @@ impl UringRun<'_> {
                 continue;
             };
             let length = u32::try_from(op.length).unwrap_or(u32::MAX);
+            let IoFile::Fd(fd) = op.file else {
+                // A model region never reaches a ring: the model's queue runs it.
+                requests.complete(
+                    request,
+                    &[],
+                    Err(io::Error::from_raw_os_error(libc::EBADF)),
+                    Duration::ZERO,
+                );
+                continue;
+            };
             let entry = match op.kind {
                 IoKind::Read => io_uring::opcode::Read::new(
-                    io_uring::types::Fd(op.file),
+                    io_uring::types::Fd(fd),
                     buffer.as_mut_slice().as_mut_ptr(),
                     length,
                 )
                 .offset(op.offset)
                 .build(),
                 IoKind::Write => io_uring::opcode::Write::new(
-                    io_uring::types::Fd(op.file),
+                    io_uring::types::Fd(fd),
                     buffer.as_slice().as_ptr(),
                     length,
                 )

@@ -3,14 +3,13 @@
 //! is read and its checksum verified, so an object whose write did not complete (a torn
 //! or short write, a flipped bit) is absent after a restart, never partly visible.
 
+use super::disk::RegionFile;
 use super::io::AlignedBuffer;
 use super::layout::{object_footprint_bytes, ObjectHeader, RegionHeader, BLOCK_BYTES};
 use super::region::Entry;
 use crate::backends::checksum;
 use crate::model::ObjectId;
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 
 /// What the scan of one region found.
 #[derive(Debug, Default)]
@@ -29,7 +28,7 @@ pub struct RegionScan {
 /// Scans region `index` of `region_bytes` in `file`. `object_bytes_max` bounds the data
 /// buffer; a header claiming more ends the scan.
 pub fn scan_region(
-    file: &File,
+    file: &RegionFile,
     index: u32,
     region_bytes: u64,
     object_bytes_max: u64,
@@ -55,12 +54,19 @@ pub fn scan_region(
         let Some(object) = ObjectHeader::decode(block.as_slice()) else {
             break;
         };
-        let footprint = object_footprint_bytes(object.length_bytes);
+        // The length is checked before the footprint is computed from it: a forged length
+        // near `u64::MAX` would overflow it (whatever `object_bytes_max` allows).
         if object.generation != header.sequence
             || object.nonce != header.nonce
             || object.length_bytes > object_bytes_max
-            || header_offset + footprint > region_bytes
         {
+            break;
+        }
+        let footprint = match object.length_bytes.checked_next_multiple_of(BLOCK_BYTES) {
+            Some(padded) if padded <= region_bytes => object_footprint_bytes(object.length_bytes),
+            _ => break,
+        };
+        if header_offset.saturating_add(footprint) > region_bytes {
             break;
         }
         let padded = (footprint - BLOCK_BYTES) as usize;
@@ -85,7 +91,7 @@ pub fn scan_region(
 /// region holds no sound header of its own (never written, torn, another layout or region
 /// size). Errors only when the read fails other than at the end of the file.
 fn region_header(
-    file: &File,
+    file: &RegionFile,
     block: &mut AlignedBuffer,
     index: u32,
     region_bytes: u64,
@@ -107,7 +113,7 @@ fn region_header(
 /// Whether the data of `object`, whose header is at `header_offset`, reads whole (its
 /// `padded` bytes after the header, into `data`, grown as needed) and matches its checksum.
 fn data_sound(
-    file: &File,
+    file: &RegionFile,
     data: &mut AlignedBuffer,
     object: &ObjectHeader,
     header_offset: u64,
@@ -128,6 +134,7 @@ fn data_sound(
 mod tests {
     use super::*;
     use crate::model::{NamespaceId, PrefixDigest};
+    use std::os::unix::fs::FileExt;
 
     fn object(tag: u8) -> ObjectId {
         ObjectId {
@@ -140,7 +147,7 @@ mod tests {
 
     /// Writes at `offset` an object header of this fill's `sequence` and `nonce` for
     /// `object`, then its one block of data.
-    fn put_object(file: &File, offset: u64, object: ObjectId, sequence: u64, nonce: u64) {
+    fn put_object(file: &std::fs::File, offset: u64, object: ObjectId, sequence: u64, nonce: u64) {
         let data = vec![object.namespace.0[0]; BLOCK_BYTES as usize];
         let mut block = vec![0u8; BLOCK_BYTES as usize];
         ObjectHeader {
@@ -153,6 +160,44 @@ mod tests {
         .encode(&mut block);
         file.write_all_at(&block, offset).unwrap();
         file.write_all_at(&data, offset + BLOCK_BYTES).unwrap();
+    }
+
+    /// A header of this fill claiming a length near `u64::MAX` ends the scan (found by the
+    /// fuzzer: the footprint was computed before the length was checked, and overflowed).
+    #[test]
+    fn a_header_claiming_an_absurd_length_ends_the_scan() {
+        let directory = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create_new(directory.path().join("region")).unwrap();
+        let region_bytes = 8 * BLOCK_BYTES;
+        file.set_len(region_bytes).unwrap();
+        let (sequence, nonce) = (2, 77);
+        let mut block = vec![0u8; BLOCK_BYTES as usize];
+        RegionHeader {
+            region_bytes,
+            index: 0,
+            sequence,
+            nonce,
+        }
+        .encode(&mut block);
+        file.write_all_at(&block, 0).unwrap();
+        put_object(&file, BLOCK_BYTES, object(1), sequence, nonce);
+        for length_bytes in [u64::MAX, u64::MAX - BLOCK_BYTES, 1 << 62] {
+            ObjectHeader {
+                object: object(2),
+                length_bytes,
+                generation: sequence,
+                nonce,
+                data_crc: 0,
+            }
+            .encode(&mut block);
+            file.write_all_at(&block, 3 * BLOCK_BYTES).unwrap();
+            let file = RegionFile::Os(file.try_clone().unwrap());
+            for object_bytes_max in [region_bytes, u64::MAX] {
+                let scan = scan_region(&file, 0, region_bytes, object_bytes_max).unwrap();
+                assert_eq!(scan.objects.len(), 1, "{length_bytes}");
+                assert_eq!(scan.cursor, 3 * BLOCK_BYTES);
+            }
+        }
     }
 
     /// A stale tail crafted to look like headers of the next fill (its sequence is
@@ -183,6 +228,7 @@ mod tests {
         put_object(&file, BLOCK_BYTES, object(1), sequence, nonce);
         put_object(&file, 3 * BLOCK_BYTES, object(2), sequence, nonce ^ 1);
         put_object(&file, 5 * BLOCK_BYTES, object(3), sequence, nonce);
+        let file = RegionFile::Os(file);
         let scan = scan_region(&file, 0, region_bytes, 8 * BLOCK_BYTES).unwrap();
         let adopted: Vec<ObjectId> = scan.objects.iter().map(|(id, _)| *id).collect();
         assert_eq!(adopted, vec![object(1)], "a forged header was adopted");

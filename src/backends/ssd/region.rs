@@ -310,6 +310,15 @@ impl RegionTable {
         self.finish_write(reservation);
     }
 
+    /// Stops filling `region` if it is the one being filled (a failed write left a hole in
+    /// it): the next reservation opens another region. Its objects stay readable.
+    pub fn seal(&mut self, region: u32) {
+        if self.active == Some(region) {
+            self.regions[region as usize].state = RegionState::Sealed;
+            self.active = None;
+        }
+    }
+
     fn finish_write(&mut self, reservation: Reservation) {
         let region = &mut self.regions[reservation.region as usize];
         assert!(region.writes > 0 && region.sequence == reservation.generation);

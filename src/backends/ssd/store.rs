@@ -4,6 +4,7 @@
 //! `queue_depth` at a time); index changes take a short lock, so a reader never waits on
 //! another batch's disk I/O to learn an object is absent.
 
+use super::disk::{ModelDisk, RegionFile};
 use super::error::{SkipReason, SsdError};
 use super::io::{AlignedBuffer, IoKind, IoOp, IoQueue, IoRequests, Slot};
 pub use super::layout::StoredPlace;
@@ -16,7 +17,6 @@ use crate::model::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -244,10 +244,14 @@ impl PinnedObject {
 pub struct SsdStore {
     config: SsdConfig,
     paths: Vec<PathBuf>,
-    files: Vec<File>,
+    files: Vec<RegionFile>,
     direct_io: bool,
     table: Mutex<RegionTable>,
     queue: Mutex<IoQueue>,
+    /// Held by a write batch from its first reservation to its last commit: a batch that
+    /// leaves a hole in its region (a failed write or sync) seals the region before any
+    /// other batch reserves behind the hole ([`SsdStore::finish_writes`]).
+    writing: Mutex<()>,
     counters: SsdCounters,
 }
 
@@ -343,13 +347,57 @@ impl SsdStore {
         let direct_io = direct_io_works(&paths[0], config.region_bytes);
         let files = paths
             .iter()
-            .map(|path| open_region_file(path, config.region_bytes, direct_io))
-            .collect::<Result<Vec<File>, SsdError>>()?;
-        let mut table = RegionTable::new(region_count, config.region_bytes);
-        let mut report = OpenReport {
+            .map(|path| open_region_file(path, config.region_bytes, direct_io).map(RegionFile::Os))
+            .collect::<Result<Vec<RegionFile>, SsdError>>()?;
+        let slot_bytes = (config.object_bytes_max + 2 * BLOCK_BYTES) as usize;
+        let in_flight_bytes_max = usize::try_from(config.in_flight_bytes_max).unwrap_or(usize::MAX);
+        let (queue, fallback) = IoQueue::new(
+            config.queue_depth,
+            slot_bytes,
+            in_flight_bytes_max,
+            config.io_uring,
+        );
+        let report = OpenReport {
             direct_io,
+            io_uring_fallback: fallback,
             ..OpenReport::default()
         };
+        SsdStore::assemble(config, paths, files, queue, report)
+    }
+
+    /// Opens the store on a model disk (`crate::backends::ssd::disk`), one region of the
+    /// disk per region of `config` (the disk has at least as many, of `region_bytes` each):
+    /// as [`SsdStore::open`] does on files, recovery scan included, minus the files
+    /// themselves (nothing under `config.directory` is touched; nothing is wiped).
+    pub fn open_on_model(
+        config: SsdConfig,
+        disk: std::sync::Arc<ModelDisk>,
+    ) -> Result<(SsdStore, OpenReport), SsdError> {
+        let region_count = config.region_count()?.min(disk.regions());
+        let paths: Vec<PathBuf> = (0..region_count)
+            .map(|index| config.directory.join(region_file_name(index)))
+            .collect();
+        let files = (0..region_count)
+            .map(|region| RegionFile::Model {
+                disk: disk.clone(),
+                region,
+            })
+            .collect();
+        let slot_bytes = (config.object_bytes_max + 2 * BLOCK_BYTES) as usize;
+        let queue = IoQueue::on_model(disk, slot_bytes);
+        SsdStore::assemble(config, paths, files, queue, OpenReport::default())
+    }
+
+    /// The store over opened region files: scans them when `keep_on_restart` says so.
+    fn assemble(
+        config: SsdConfig,
+        paths: Vec<PathBuf>,
+        files: Vec<RegionFile>,
+        queue: IoQueue,
+        mut report: OpenReport,
+    ) -> Result<(SsdStore, OpenReport), SsdError> {
+        let direct_io = report.direct_io;
+        let mut table = RegionTable::new(files.len() as u32, config.region_bytes);
         if config.keep_on_restart {
             for (index, (file, path)) in files.iter().zip(&paths).enumerate() {
                 let index = index as u32;
@@ -364,15 +412,6 @@ impl SsdStore {
                 table.adopt(index, sequence, scan.cursor, scan.objects);
             }
         }
-        let slot_bytes = (config.object_bytes_max + 2 * BLOCK_BYTES) as usize;
-        let in_flight_bytes_max = usize::try_from(config.in_flight_bytes_max).unwrap_or(usize::MAX);
-        let (queue, fallback) = IoQueue::new(
-            config.queue_depth,
-            slot_bytes,
-            in_flight_bytes_max,
-            config.io_uring,
-        );
-        report.io_uring_fallback = fallback;
         let store = SsdStore {
             config,
             paths,
@@ -380,6 +419,7 @@ impl SsdStore {
             direct_io,
             table: Mutex::new(table),
             queue: Mutex::new(queue),
+            writing: Mutex::new(()),
             counters: SsdCounters::default(),
         };
         Ok((store, report))
@@ -493,6 +533,7 @@ impl SsdStore {
     /// Writes the objects of `source`, each filled straight into its staging slot, as
     /// [`SsdStore::write_batch`] does.
     pub fn write_from(&self, source: &mut dyn WriteSource) -> WriteBatch {
+        let _writing = lock(&self.writing);
         let count = source.count();
         let mut requests = WriteRequests {
             store: self,
@@ -522,6 +563,13 @@ impl SsdStore {
     /// direct I/O too: `O_DIRECT` bypasses the page cache, not the device's write cache,
     /// and a write into a region's unwritten extent changes metadata), and aborts the rest.
     /// READY means durable.
+    ///
+    /// The recovery scan walks a fill from header to header and stops at the first block
+    /// that holds none of this fill (it never searches past one: object data could hold a
+    /// crafted header). So a failed write, whose header may never reach the device, leaves a
+    /// hole nothing behind may depend on: the writes of this batch placed after the first
+    /// failure in its region are aborted too (skipped as I/O, their bytes unreachable), and
+    /// the region is sealed, so no later batch fills behind it.
     fn finish_writes(
         &self,
         source: &dyn WriteSource,
@@ -552,7 +600,27 @@ impl SsdStore {
                 ));
             }
         }
+        let holes = first_failure_by_region(&reservations, results);
+        for (reservation, result) in reservations.iter().zip(results.iter_mut()) {
+            let Some((reservation, _)) = reservation else {
+                continue;
+            };
+            let behind_a_hole = holes.iter().any(|(region, offset)| {
+                *region == reservation.region && *offset < reservation.header_offset
+            });
+            if result.is_ok() && behind_a_hole {
+                *result = Err(SsdError::from_io(
+                    self.paths[reservation.region as usize].clone(),
+                    std::io::Error::other(
+                        "an earlier write of its region failed: unreachable at a restart",
+                    ),
+                ));
+            }
+        }
         let mut table = lock(&self.table);
+        for (region, _) in &holes {
+            table.seal(*region);
+        }
         for (index, reservation) in reservations.into_iter().enumerate() {
             let Some((reservation, crc)) = reservation else {
                 continue;
@@ -605,6 +673,29 @@ impl SsdStore {
 }
 
 /// Removes every region file in `directory` (and nothing else).
+/// The lowest header offset of a failed write per region, over a batch's reservations
+/// (a batch writes into one fill per region: a region is reclaimed only when none of its
+/// writes is in flight).
+fn first_failure_by_region(
+    reservations: &[Option<(Reservation, u32)>],
+    results: &[Result<Duration, SsdError>],
+) -> Vec<(u32, u64)> {
+    let mut holes: Vec<(u32, u64)> = Vec::new();
+    for (reservation, result) in reservations.iter().zip(results) {
+        let (Some((reservation, _)), Err(_)) = (reservation, result) else {
+            continue;
+        };
+        match holes
+            .iter_mut()
+            .find(|(region, _)| *region == reservation.region)
+        {
+            Some((_, offset)) => *offset = (*offset).min(reservation.header_offset),
+            None => holes.push((reservation.region, reservation.header_offset)),
+        }
+    }
+    holes
+}
+
 fn wipe(directory: &Path) -> Result<(), SsdError> {
     let entries = fs::read_dir(directory)
         .map_err(|error| SsdError::from_io(directory.to_path_buf(), error))?;
@@ -634,7 +725,7 @@ impl<S: FnMut(usize, usize, &[u8])> IoRequests for ReadRequests<'_, S> {
         self.entries[request] = Some(entry);
         Some(IoOp {
             kind: IoKind::Read,
-            file: self.store.files[entry.region as usize].as_raw_fd(),
+            file: self.store.files[entry.region as usize].io_file(),
             offset: entry.data_offset(),
             length: entry.length_bytes.max(1).next_multiple_of(BLOCK_BYTES) as usize,
         })

@@ -468,7 +468,7 @@ impl super::io::IoRequests for CountedReads {
         self.peak = self.peak.max(self.in_flight);
         Some(super::io::IoOp {
             kind: super::io::IoKind::Read,
-            file: self.file.as_raw_fd(),
+            file: super::disk::IoFile::Fd(self.file.as_raw_fd()),
             offset: (request * self.length) as u64,
             length: self.length,
         })

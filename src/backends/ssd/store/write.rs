@@ -9,7 +9,6 @@ use crate::backends::ssd::region::Reservation;
 use crate::backends::ssd::source::WriteSource;
 use crate::model::ObjectId;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -81,7 +80,7 @@ impl IoRequests for WriteRequests<'_> {
         let head = if reservation.starts_fill() { block } else { 0 };
         let footprint = reservation.footprint_bytes as usize;
         let length = length_bytes as usize;
-        let file = self.store.files[reservation.region as usize].as_raw_fd();
+        let file = self.store.files[reservation.region as usize].io_file();
         let region_header = RegionHeader {
             region_bytes: self.store.config.region_bytes,
             index: reservation.region,
