@@ -24,6 +24,13 @@ enum Command {
     Directory {
         #[arg(long, default_value = "cluster.toml")]
         config: PathBuf,
+        /// Listen here instead of `[directory] listen`: a standby's address (one of
+        /// `[directory] standbys`).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Serve metrics here instead of `[directory] metrics`.
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Run a node (one per host): its CPU pool, its session, its local clients.
     Node {
@@ -171,10 +178,18 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> anyhow::Result
         None => std::env::current_exe().context("locating this binary")?,
     };
     match cli.command {
-        Command::Directory { config: path } => {
+        Command::Directory {
+            config: path,
+            listen,
+            metrics,
+        } => {
             init_tracing();
             let config = ClusterConfig::load(&path)?;
-            actix_rt::System::new().block_on(crate::actors::directory::process::run(config, &path))
+            let addresses =
+                crate::actors::directory::process::Addresses::of(&config, listen, metrics);
+            actix_rt::System::new().block_on(crate::actors::directory::process::run(
+                config, &path, addresses,
+            ))
         }
         Command::Node { config: path, name } => {
             init_tracing();

@@ -164,6 +164,32 @@ pub struct DirectorySection {
     /// Limits and timings of the directory core.
     #[serde(default)]
     pub limits: DirectoryConfig,
+    /// etcd's client addresses (its JSON gateway, plain HTTP on the cluster's network):
+    /// set, every `kvtier directory` process campaigns for leadership there and only the
+    /// leader serves; empty, one directory serves alone.
+    #[serde(default)]
+    pub etcd: Vec<SocketAddr>,
+    /// The election's key prefix in etcd: the leader holds `<election>/leader`, its value
+    /// the leader's address. One prefix per cluster sharing an etcd.
+    #[serde(default = "default_election")]
+    pub election: String,
+    /// The leader's etcd lease, in whole seconds (2 to 60): a killed leader is replaced
+    /// within about this long, and a leader that cannot renew it for this long stops.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    /// The QUIC addresses of the standby directories (each runs `kvtier directory
+    /// --listen <address>`). Nodes try `listen` and every standby at once and follow the
+    /// one that leads; standbys refuse connections.
+    #[serde(default)]
+    pub standbys: Vec<SocketAddr>,
+}
+
+fn default_election() -> String {
+    "kvtier/directory".to_string()
+}
+
+fn default_lease_ttl_s() -> u64 {
+    2
 }
 
 /// One node (one per host).
@@ -357,6 +383,12 @@ impl ClusterConfig {
 
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if !(2..=60).contains(&self.directory.lease_ttl_s) {
+            bail!("directory.lease_ttl_s must be 2 to 60");
+        }
+        if !self.directory.standbys.is_empty() && self.directory.etcd.is_empty() {
+            bail!("directory.standbys needs directory.etcd: standbys are elected there");
+        }
         let mut names = std::collections::HashSet::new();
         for operator in &self.directory.operators {
             if !names.insert(operator.as_str()) || *operator == self.directory.name {
@@ -520,6 +552,16 @@ impl DirectorySection {
     /// The tick interval as a duration.
     pub fn tick_interval(&self) -> Duration {
         Duration::from_millis(self.tick_interval_ms)
+    }
+
+    /// The election key in etcd.
+    pub fn election_key(&self) -> String {
+        format!("{}/leader", self.election.trim_end_matches('/'))
+    }
+
+    /// The leader's lease as a duration.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_s)
     }
 }
 

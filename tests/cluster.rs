@@ -92,7 +92,7 @@ where
 
 fn bench_link_target(cluster: &LocalCluster) -> DirectoryAddress {
     DirectoryAddress {
-        address: cluster.config.directory.listen,
+        addresses: vec![cluster.config.directory.listen],
         server_name: cluster.config.directory.name.clone(),
         certs: cluster.config.directory.certs.clone(),
         node_name: BENCH_PEER.into(),

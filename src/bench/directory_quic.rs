@@ -91,7 +91,7 @@ async fn measure(
     seed: u64,
 ) -> anyhow::Result<QuicReport> {
     let target = DirectoryAddress {
-        address: cluster.config.directory.listen,
+        addresses: vec![cluster.config.directory.listen],
         server_name: cluster.config.directory.name.clone(),
         certs: cluster.config.directory.certs.clone(),
         node_name: BENCH_PEER.into(),

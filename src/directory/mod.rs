@@ -33,6 +33,7 @@ mod expiry;
 mod extents;
 mod idempotency;
 mod invariants;
+pub mod leadership;
 mod leases;
 pub mod ledger;
 mod load;

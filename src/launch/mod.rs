@@ -5,6 +5,7 @@
 //! removed) stops every process and removes every file, folder and network namespace it
 //! created; a start that fails or is cancelled removes them before it returns.
 
+pub mod etcd;
 mod host;
 
 use crate::client::Client;
@@ -96,6 +97,14 @@ pub struct ClusterSpec {
     /// that only `kvtier bench` and tests use. `kvtier up` leaves it out, so its cluster
     /// shows only what runs.
     pub bench_peer: bool,
+    /// etcd's client addresses: set, the directories are elected there (`[directory]
+    /// etcd`, leases of `lease_ttl_s`) and `standby_directories` standbys start beside the
+    /// first directory, each on a free loopback port. Loopback clusters only.
+    pub etcd: Vec<SocketAddr>,
+    /// Standby directories to start (with `etcd`).
+    pub standby_directories: usize,
+    /// The leader lease, in seconds (with `etcd`).
+    pub lease_ttl_s: u64,
 }
 
 impl Default for ClusterSpec {
@@ -129,8 +138,20 @@ impl Default for ClusterSpec {
                 .drain_stall
                 .as_millis() as u64,
             bench_peer: true,
+            etcd: Vec::new(),
+            standby_directories: 0,
+            lease_ttl_s: 2,
         }
     }
+}
+
+/// A standby directory process of a local cluster.
+struct StandbyDirectory {
+    /// Where it listens (one of `[directory] standbys`).
+    listen: SocketAddr,
+    /// Where it serves metrics, if the cluster has metrics.
+    metrics: Option<SocketAddr>,
+    child: Option<Child>,
 }
 
 /// A running local cluster. See the module documentation.
@@ -142,6 +163,8 @@ pub struct LocalCluster {
     /// What the cluster was made from.
     spec: ClusterSpec,
     directory: Option<Child>,
+    /// The standby directories, when the cluster has an election.
+    standbys: Vec<StandbyDirectory>,
     nodes: Vec<(String, Option<Child>)>,
     /// The network namespace of each node, when they have one.
     namespaces: Vec<String>,
@@ -259,11 +282,25 @@ fn directory_toml(
     } else {
         directory_address
     };
-    let metrics = if spec.metrics {
+    let mut metrics = if spec.metrics {
         format!("metrics = \"{}\"\n", free_tcp_port()?)
     } else {
         String::new()
     };
+    if !spec.etcd.is_empty() {
+        let quoted = |address: SocketAddr| format!("\"{address}\"");
+        let etcd: Vec<String> = spec.etcd.iter().copied().map(quoted).collect();
+        let standbys = (0..spec.standby_directories)
+            .map(|_| free_udp_port().map(quoted))
+            .collect::<anyhow::Result<Vec<String>>>()?;
+        metrics.push_str(&format!(
+            "etcd = [{}]\nstandbys = [{}]\nlease_ttl_s = {}\nelection = \"kvtier/{}\"\n",
+            etcd.join(", "),
+            standbys.join(", "),
+            spec.lease_ttl_s,
+            directory_address.port(),
+        ));
+    }
     let mut toml = format!(
         "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",
         listen,
@@ -440,6 +477,7 @@ impl LocalCluster {
             exe: exe.to_path_buf(),
             spec: spec.clone(),
             directory: None,
+            standbys: Vec::new(),
             nodes: Vec::new(),
             namespaces: network
                 .iter()
@@ -449,6 +487,20 @@ impl LocalCluster {
             created: Created::default(),
         };
         cluster.directory = Some(cluster.spawn(None, &["directory"])?);
+        for listen in cluster.config.directory.standbys.clone() {
+            let metrics = if spec.metrics {
+                Some(free_tcp_port()?)
+            } else {
+                None
+            };
+            cluster.standbys.push(StandbyDirectory {
+                listen,
+                metrics,
+                child: None,
+            });
+            let index = cluster.standbys.len();
+            cluster.start_directory_process(index)?;
+        }
         for (index, name) in names.iter().enumerate() {
             let namespace = cluster.namespaces.get(index).cloned();
             let child = cluster.spawn(namespace.as_deref(), &["node", "--name", name])?;
@@ -468,14 +520,22 @@ impl LocalCluster {
     }
 
     fn spawn(&self, namespace: Option<&str>, arguments: &[&str]) -> anyhow::Result<Child> {
-        // Appended: a restarted process keeps its predecessor's log.
+        let log = arguments.last().copied().unwrap_or("process");
+        self.spawn_logged(namespace, arguments, log)
+    }
+
+    /// Starts `kvtier <arguments> --config <cluster.toml>`, its output appended to
+    /// `<log>.log` (a restarted process keeps its predecessor's log).
+    fn spawn_logged(
+        &self,
+        namespace: Option<&str>,
+        arguments: &[&str],
+        log: &str,
+    ) -> anyhow::Result<Child> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.root.join(format!(
-                "{}.log",
-                arguments.last().copied().unwrap_or("process")
-            )))?;
+            .open(self.root.join(format!("{log}.log")))?;
         let mut command = match namespace {
             // `ip netns exec` replaces itself with the command: the child is the node.
             Some(namespace) => {
@@ -604,6 +664,11 @@ impl LocalCluster {
             .filter_map(|(_, child)| child.take())
             .collect();
         children.extend(self.directory.take());
+        children.extend(
+            self.standbys
+                .iter_mut()
+                .filter_map(|standby| standby.child.take()),
+        );
         for child in &children {
             // SAFETY: kill(2) on a child we spawned and have not reaped.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -699,6 +764,79 @@ impl LocalCluster {
         self.directory
             .as_mut()
             .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// Directory processes: the first directory (0) and its standbys (1 and on).
+    pub fn directory_processes(&self) -> usize {
+        1 + self.standbys.len()
+    }
+
+    /// The process id of directory process `index` (0: the first one), while it runs.
+    pub fn directory_process_pid(&self, index: usize) -> Option<u32> {
+        match index {
+            0 => self.directory_pid(),
+            _ => self.standbys.get(index - 1)?.child.as_ref().map(Child::id),
+        }
+    }
+
+    /// The metrics address of directory process `index`.
+    pub fn directory_process_metrics(&self, index: usize) -> Option<SocketAddr> {
+        match index {
+            0 => self.config.directory.metrics,
+            _ => self.standbys.get(index - 1)?.metrics,
+        }
+    }
+
+    /// Kills directory process `index` with SIGKILL and waits for it to die.
+    pub fn kill_directory_process(&mut self, index: usize) -> anyhow::Result<()> {
+        let child = match index {
+            0 => self.directory.take(),
+            _ => self
+                .standbys
+                .get_mut(index - 1)
+                .context("no such directory process")?
+                .child
+                .take(),
+        };
+        if let Some(mut child) = child {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts directory process `index` (killed first if it runs): the first directory on
+    /// `[directory] listen`, a standby on its own address. With an election, it stands by
+    /// until it wins.
+    pub fn start_directory_process(&mut self, index: usize) -> anyhow::Result<()> {
+        self.kill_directory_process(index)?;
+        if index == 0 {
+            self.directory = Some(self.spawn(None, &["directory"])?);
+            return Ok(());
+        }
+        let standby = self
+            .standbys
+            .get(index - 1)
+            .context("no such directory process")?;
+        let listen = standby.listen.to_string();
+        let metrics = standby.metrics.map(|address| address.to_string());
+        let mut arguments = vec!["directory", "--listen", &listen];
+        if let Some(metrics) = &metrics {
+            arguments.extend(["--metrics", metrics]);
+        }
+        let child = self.spawn_logged(None, &arguments, &format!("directory-{index}"))?;
+        self.standbys[index - 1].child = Some(child);
+        Ok(())
+    }
+
+    /// How directory process `index` exited, if it did (`None` while it runs or when it
+    /// was not started here).
+    pub fn directory_process_exit(&mut self, index: usize) -> Option<std::process::ExitStatus> {
+        let child = match index {
+            0 => self.directory.as_mut(),
+            _ => self.standbys.get_mut(index - 1)?.child.as_mut(),
+        }?;
+        child.try_wait().ok().flatten()
     }
 
     /// Whether the nodes run in network namespaces of their own.

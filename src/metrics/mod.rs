@@ -10,6 +10,7 @@
 //! observes each request); nothing here reads a clock: durations arrive measured.
 
 pub mod delegation;
+pub mod election;
 pub mod exporter;
 pub mod link;
 pub mod peer;

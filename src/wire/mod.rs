@@ -12,6 +12,7 @@ pub mod admission;
 pub mod certs;
 pub mod codec;
 pub mod error;
+pub mod etcd;
 pub mod frame;
 pub mod handoff;
 pub mod peer;

@@ -4,6 +4,7 @@
 //! through a node) re-reads the file, and applies what [`super::reload::diff`] says when the
 //! whole file is acceptable: new nodes' grants, new CXL pools, drains of removed nodes.
 
+use super::election::ServingGate;
 use super::process::add_cxl_pool;
 use super::reload;
 use crate::config::ClusterConfig;
@@ -93,6 +94,9 @@ pub struct DirectoryActor {
     task_watches: HashMap<SessionId, oneshot::Sender<()>>,
     /// The core's [`Directory::tasks_queued`] when the watches were last checked.
     tasks_queued_seen: u64,
+    /// Whether this process may answer now (its leader lease): checked before every call
+    /// and tick; a closed gate exits the process.
+    gate: Arc<ServingGate>,
 }
 
 /// What `config` grants each of its nodes.
@@ -120,6 +124,7 @@ impl DirectoryActor {
         metrics: Arc<Metrics>,
         replication_metrics: ReplicationMetrics,
         tick_interval: Duration,
+        gate: Arc<ServingGate>,
     ) -> Self {
         DirectoryActor {
             core,
@@ -133,6 +138,7 @@ impl DirectoryActor {
             tick_interval,
             task_watches: HashMap::new(),
             tasks_queued_seen: 0,
+            gate,
         }
     }
 
@@ -326,6 +332,7 @@ impl Actor for DirectoryActor {
     fn started(&mut self, context: &mut Context<Self>) {
         context.set_mailbox_capacity(MAILBOX_CAPACITY);
         context.run_interval(self.tick_interval, |actor, _| {
+            actor.gate.exit_unless_serving();
             let report = actor.core.tick(actor.clock.now());
             actor.metrics.add_evictions(u64::from(report.evicted));
             for (medium, total) in actor.core.evictions_by_medium() {
@@ -390,6 +397,7 @@ impl Handler<Call> for DirectoryActor {
     type Result = MessageResult<Call>;
 
     fn handle(&mut self, call: Call, context: &mut Context<Self>) -> Self::Result {
+        self.gate.exit_unless_serving();
         let started = Instant::now();
         let operation = operation_label(&call.request);
         let role = self.role_of(&call.peer, &call.request);

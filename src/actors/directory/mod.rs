@@ -3,9 +3,11 @@
 //!
 //! * `process`: `kvtier directory` — formats CXL pools, listens for nodes over QUIC.
 //! * `actor`: the `DirectoryActor`, the one serializer of lease and publication state.
+//! * `election`: standing by and leading through etcd, and the serving gate.
 //! * `session`: a `SessionActor` per node connection.
 
 pub mod actor;
+pub mod election;
 pub mod process;
 pub mod reload;
 pub mod session;

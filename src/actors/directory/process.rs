@@ -2,34 +2,105 @@
 //! actor per node connection, and the metrics exporter.
 
 use super::actor::{DirectoryActor, OpenSessions, Reload};
+use super::election::{self, ElectionSettings, ServingGate};
 use super::session::SessionActor;
 use crate::actors::node::host_files::OwnedFile;
 use crate::actors::process::{bind_metrics, serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
+use crate::metrics::election::ElectionMetrics;
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
 use crate::wire::admission::ConnectionCounts;
 use crate::wire::certs::{RetiredCertificates, CERTIFICATE_RETIRED};
+use crate::wire::etcd::EtcdClient;
 use crate::wire::{quic, tls};
 use actix::prelude::*;
 use anyhow::Context as _;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Where one directory process listens: `[directory] listen` and `metrics`, or, for a
+/// standby, the addresses `kvtier directory --listen --metrics` gave it.
+#[derive(Clone, Copy, Debug)]
+pub struct Addresses {
+    /// The QUIC address nodes connect to.
+    pub listen: std::net::SocketAddr,
+    /// The Prometheus exporter's, if any.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl Addresses {
+    /// The configuration's addresses, each replaced by its override when given.
+    pub fn of(
+        config: &ClusterConfig,
+        listen: Option<std::net::SocketAddr>,
+        metrics: Option<std::net::SocketAddr>,
+    ) -> Addresses {
+        Addresses {
+            listen: listen.unwrap_or(config.directory.listen),
+            metrics: metrics.or(config.directory.metrics),
+        }
+    }
+}
+
 /// Runs the directory until SIGINT or SIGTERM; SIGHUP re-reads `config_path` (the file
-/// `config` was loaded from). Must run inside an actix `System`.
-pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()> {
+/// `config` was loaded from). With `[directory] etcd` it first stands by until elected
+/// ([`super::election`]), refusing every connection, and serves only while it leads: a
+/// leader whose lease lapses exits with [`super::election::EXIT_DEPOSED`]. Must run inside
+/// an actix `System`.
+pub async fn run(
+    config: ClusterConfig,
+    config_path: &Path,
+    addresses: Addresses,
+) -> anyhow::Result<()> {
     let section = &config.directory;
-    let metrics_listener = bind_metrics(section.metrics)?;
+    let metrics_listener = bind_metrics(addresses.metrics)?;
     let server_config = tls::server_config(&section.certs, &section.name).with_context(|| {
         format!(
             "loading the directory certificate from {}",
             section.certs.display()
         )
     })?;
+    let endpoint = quic::server_endpoint(addresses.listen, server_config)
+        .context("binding the QUIC endpoint")?;
+    let metrics = Arc::new(Metrics::new()?);
+    let election_metrics = ElectionMetrics::register(&metrics)?;
+    serve_metrics(metrics_listener, metrics.clone())?;
+    let serving: ServingSlot = Arc::new(std::sync::RwLock::new(None));
+    let counts = ConnectionCounts::default();
+    actix_rt::spawn(accept_loop(
+        endpoint.clone(),
+        serving.clone(),
+        counts,
+        Arc::from(section.certs.as_path()),
+    ));
+    let (gate, leadership) = if section.etcd.is_empty() {
+        election_metrics.leading(0, false);
+        (ServingGate::open(), None)
+    } else {
+        election_metrics.standing_by();
+        let settings = ElectionSettings {
+            etcd: EtcdClient::new(section.etcd.clone()),
+            key: section.election_key(),
+            address: addresses.listen.to_string(),
+            ttl: section.lease_ttl(),
+        };
+        let gate = ServingGate::closed();
+        tracing::info!(address = %addresses.listen, key = %settings.key, "standing by for the directory's election");
+        let won = tokio::select! {
+            won = election::campaign(&settings, &gate) => won,
+            signal = shutdown_signal() => {
+                tracing::info!("{} received while standing by: the directory stops", signal?);
+                endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
+                return Ok(());
+            }
+        };
+        election_metrics.leading(won.1.term(), true);
+        (gate, Some((settings, won)))
+    };
     // Pools are formatted and registered before the endpoint accepts any node.
     let mut limits = section.limits.clone();
     limits.incarnation = fresh_incarnation();
@@ -48,13 +119,8 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
     }
     core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
-    let endpoint = quic::server_endpoint(section.listen, server_config)
-        .context("binding the QUIC endpoint")?;
-    let metrics = Arc::new(Metrics::new()?);
     let replication_metrics = ReplicationMetrics::register(&metrics)?;
-    serve_metrics(metrics_listener, metrics.clone())?;
     let tick_interval = section.tick_interval();
-    let certs: Arc<Path> = Arc::from(section.certs.as_path());
     let directory = DirectoryActor::new(
         core,
         config,
@@ -62,28 +128,64 @@ pub async fn run(config: ClusterConfig, config_path: &Path) -> anyhow::Result<()
         metrics,
         replication_metrics,
         tick_interval,
+        gate.clone(),
     )
     .start();
+    if let Ok(mut slot) = serving.write() {
+        *slot = Some((directory.clone(), gate.clone()));
+    }
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     actix_rt::spawn(reload_on_hangup(directory.clone()));
-    let (accepting, serving) = (endpoint.clone(), directory.clone());
-    let counts = ConnectionCounts::default();
-    actix_rt::spawn(async move {
-        while let Some(incoming) = accepting.accept().await {
-            let (directory, counts, certs) = (serving.clone(), counts.clone(), certs.clone());
-            actix_rt::spawn(async move {
-                if let Err(error) = accept(incoming, directory, counts, &certs).await {
-                    tracing::warn!(%error, "refused a connection");
-                }
-            });
-        }
-    });
-    let signal = shutdown_signal().await?;
+    let stopped_by = match &leadership {
+        None => shutdown_signal().await?,
+        Some((settings, (lease, held))) => tokio::select! {
+            reason = election::hold(settings, *lease, *held, &gate) => {
+                tracing::error!(reason, "deposed: the directory stops serving and exits");
+                std::process::exit(election::EXIT_DEPOSED);
+            }
+            signal = shutdown_signal() => {
+                election::resign(settings, *lease, &gate).await;
+                signal?
+            }
+        },
+    };
     let open_sessions = directory.send(OpenSessions).await.unwrap_or(u64::MAX);
-    tracing::info!(open_sessions, "{signal} received: the directory stops");
+    tracing::info!(open_sessions, "{stopped_by} received: the directory stops");
     endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
     remove_created_pools(created, open_sessions);
     Ok(())
+}
+
+/// The directory actor connections go to once this process serves, and its gate.
+type ServingSlot = Arc<std::sync::RwLock<Option<(Addr<DirectoryActor>, Arc<ServingGate>)>>>;
+
+/// Accepts connections while this process serves, and refuses them at once (no handshake)
+/// while it stands by or once its gate closed: a node trying every directory address
+/// learns within a round trip which one leads.
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    serving: ServingSlot,
+    counts: ConnectionCounts,
+    certs: Arc<Path>,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let directory = serving
+            .read()
+            .ok()
+            .and_then(|slot| slot.clone())
+            .filter(|(_, gate)| gate.serving())
+            .map(|(directory, _)| directory);
+        let Some(directory) = directory else {
+            incoming.refuse();
+            continue;
+        };
+        let (counts, certs) = (counts.clone(), certs.clone());
+        actix_rt::spawn(async move {
+            if let Err(error) = accept(incoming, directory, counts, &certs).await {
+                tracing::warn!(%error, "refused a connection");
+            }
+        });
+    }
 }
 
 /// Removes the CXL pool files this process created (dropping them), unless a node session

@@ -71,6 +71,10 @@ fn check_directory_section(
         ("directory.name", old.name == new.name),
         ("directory.listen", old.listen == new.listen),
         ("directory.metrics", old.metrics == new.metrics),
+        ("directory.etcd", old.etcd == new.etcd),
+        ("directory.election", old.election == new.election),
+        ("directory.lease_ttl_s", old.lease_ttl_s == new.lease_ttl_s),
+        ("directory.standbys", old.standbys == new.standbys),
         ("directory.certs", old.certs == new.certs),
         (
             "directory.tick_interval_ms",

@@ -89,7 +89,9 @@ impl LinkError {
 /// How to reach the directory.
 #[derive(Clone, Debug)]
 pub struct DirectoryAddress {
-    pub address: SocketAddr,
+    /// Every directory process's address (the first is `[directory] listen`, the others
+    /// its standbys): a connection is tried to all at once and the leader's is kept.
+    pub addresses: Vec<SocketAddr>,
     pub server_name: String,
     pub certs: PathBuf,
     pub node_name: String,
@@ -114,13 +116,39 @@ async fn connect(endpoint: &quinn::Endpoint, target: &DirectoryAddress) -> Resul
     })))
 }
 
+/// Connects to every address of `target` at once and keeps the first that completes the
+/// handshake: the leader (standbys refuse at once; a dead process never answers). With one
+/// address, that one.
 async fn connect_unbounded(
     endpoint: &quinn::Endpoint,
     target: &DirectoryAddress,
 ) -> Result<Rpc, LinkError> {
     let config = tls::client_config(&target.certs, &target.node_name)
         .map_err(|error| LinkError::Unexpected(format!("TLS configuration: {error}")))?;
-    let connection = quic::connect(endpoint, target.address, &target.server_name, config).await?;
+    if target.addresses.len() <= 1 {
+        let address =
+            target.addresses.first().copied().ok_or_else(|| {
+                LinkError::Unexpected("no directory address configured".to_string())
+            })?;
+        return connect_to(endpoint, address, target, config).await;
+    }
+    let attempts = target
+        .addresses
+        .iter()
+        .map(|address| Box::pin(connect_to(endpoint, *address, target, config.clone())));
+    futures_util::future::select_ok(attempts)
+        .await
+        .map(|(rpc, _others)| rpc)
+}
+
+/// A connected, negotiated RPC channel to the directory process at `address`.
+async fn connect_to(
+    endpoint: &quinn::Endpoint,
+    address: SocketAddr,
+    target: &DirectoryAddress,
+    config: quinn::ClientConfig,
+) -> Result<Rpc, LinkError> {
+    let connection = quic::connect(endpoint, address, &target.server_name, config).await?;
     let (sender, receiver) = quic::open_session(&connection).await?;
     let rpc = RpcClient::spawn(
         receiver,

@@ -138,7 +138,9 @@ pub async fn run(config: ClusterConfig, config_path: &Path, name: &str) -> anyho
 /// Where and as whom node `section` reaches the directory.
 fn directory_address(config: &ClusterConfig, section: &NodeSection) -> DirectoryAddress {
     DirectoryAddress {
-        address: section.directory_address.unwrap_or(config.directory.listen),
+        addresses: std::iter::once(section.directory_address.unwrap_or(config.directory.listen))
+            .chain(config.directory.standbys.iter().copied())
+            .collect(),
         server_name: config.directory.name.clone(),
         certs: config.directory.certs.clone(),
         node_name: section.name.clone(),
