@@ -23,14 +23,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const NODES: usize = 3;
+pub(super) const NODES: usize = 3;
 /// How long the nodes may take to report everything again after a directory restart
 /// before what they did not report counts as lost.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the orchestrator looks at the nodes while they rejoin.
 const RECOVERY_POLL: Duration = Duration::from_millis(20);
 /// Canaries each node process stores (see [`Canaries`]).
-const CANARIES_PER_NODE: u32 = 64;
+pub(super) const CANARIES_PER_NODE: u32 = 64;
 /// The first word of a canary's prefix: no client key starts with it.
 const CANARY_TAG: u32 = 0xCA4A_2127;
 /// Load before the first fault and before memory is first measured.
@@ -58,6 +58,10 @@ pub struct ChaosBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Standby directories elected through a real etcd instead: the leader is killed (once
+    /// stopped) at every fault ([`super::chaos_ha`]); needs the `etcd` program.
+    #[arg(long)]
+    pub ha: bool,
 }
 
 /// The benchmark's output.
@@ -89,6 +93,9 @@ pub struct ChaosReport {
 
 /// Runs the benchmark and prints its report.
 pub fn run(exe: &Path, args: &ChaosBenchArgs) -> anyhow::Result<()> {
+    if args.ha {
+        return super::chaos_ha::run(exe, args);
+    }
     let working_set = u64::from(args.keys) * args.chunk_bytes as u64;
     let spec = ClusterSpec {
         nodes: NODES,
@@ -131,7 +138,7 @@ impl ChaosReport {
     }
 }
 
-fn spawn_client(
+pub(super) fn spawn_client(
     exe: &Path,
     cluster: &LocalCluster,
     args: &ChaosBenchArgs,
@@ -151,7 +158,7 @@ fn spawn_client(
 }
 
 /// Closes the client's standard input (it stops) and reads its counts.
-fn finish_client(child: &mut Child) -> anyhow::Result<ClientCounts> {
+pub(super) fn finish_client(child: &mut Child) -> anyhow::Result<ClientCounts> {
     drop(child.stdin.take());
     let stdout = child.stdout.take().context("client without output")?;
     let mut line = String::new();
@@ -218,15 +225,15 @@ fn inject_faults(cluster: &mut LocalCluster, args: &ChaosBenchArgs) -> anyhow::R
 /// Objects the orchestrator stored through each node and no client touches: what a
 /// directory restart must keep. Each node process gets fresh ones (its generation), so
 /// every canary counted was written by a process that is still alive.
-struct Canaries {
+pub(super) struct Canaries {
     /// Per node: the canaries its current process stored.
-    stored: Vec<Vec<ObjectId>>,
+    pub(super) stored: Vec<Vec<ObjectId>>,
     generations: Vec<u32>,
     per_node: u32,
 }
 
 impl Canaries {
-    fn new(per_node: u32) -> Canaries {
+    pub(super) fn new(per_node: u32) -> Canaries {
         Canaries {
             stored: vec![Vec::new(); NODES],
             generations: vec![0; NODES],
@@ -235,7 +242,7 @@ impl Canaries {
     }
 
     /// Stores a new generation of canaries through node `node`; keeps those stored.
-    async fn store(
+    pub(super) async fn store(
         &mut self,
         cluster: &LocalCluster,
         node: usize,
@@ -306,7 +313,7 @@ async fn restart_directory(
 }
 
 /// The keys `client`'s node has as hits now (in batches the directory accepts).
-async fn hits(client: &Client, keys: &[ObjectId]) -> anyhow::Result<HashSet<usize>> {
+pub(super) async fn hits(client: &Client, keys: &[ObjectId]) -> anyhow::Result<HashSet<usize>> {
     let mut hit = HashSet::new();
     for (batch, chunk) in keys.chunks(1024).enumerate() {
         let outcomes = client.probe(chunk).await?;

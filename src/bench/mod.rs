@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod chaos_client;
+mod chaos_ha;
 pub mod cxl;
 pub mod data;
 pub mod directory;

@@ -145,25 +145,13 @@ impl Actor for NodeActor {
 
     fn started(&mut self, context: &mut Context<Self>) {
         let interval = self.services.link.binding().heartbeat_interval;
-        context.run_interval(interval, |actor, context| {
-            if actor.rejoining || std::mem::replace(&mut actor.heartbeat_running, true) {
-                return;
+        context.run_interval(interval, |actor, context| actor.beat(context));
+        // Out of reach, the node asks sooner: a restarted or newly elected directory is
+        // found within this, not a whole heartbeat period later.
+        context.run_interval(OUT_OF_REACH_HEARTBEAT.min(interval), |actor, context| {
+            if !actor.services.link.is_reachable() {
+                actor.beat(context);
             }
-            let services = actor.services.clone();
-            async move { heartbeat(&services).await }
-                .into_actor(actor)
-                .map(|beat, actor, context| {
-                    actor.heartbeat_running = false;
-                    match beat {
-                        Beat::Alive => {}
-                        Beat::Lost if !actor.rejoining => actor.start_rejoin(context),
-                        Beat::Lost => {}
-                        Beat::Drained => {
-                            let _ = actor.exit.try_send(NodeExit::Drained);
-                        }
-                    }
-                })
-                .spawn(context);
         });
         context.run_interval(self.task_interval, |actor, context| {
             let link = &actor.services.link;
@@ -181,6 +169,35 @@ impl Actor for NodeActor {
                 .map(|(), actor, _| actor.tidying = false)
                 .spawn(context);
         });
+    }
+}
+
+/// How often a node whose directory is out of reach sends a heartbeat (each bounded by the
+/// connection timeout): 100 ms. Failures meanwhile are logged once per outage.
+const OUT_OF_REACH_HEARTBEAT: Duration = Duration::from_millis(100);
+
+impl NodeActor {
+    /// Sends one heartbeat unless one is in flight or the node rejoins, and acts on what it
+    /// learnt.
+    fn beat(&mut self, context: &mut Context<Self>) {
+        if self.rejoining || std::mem::replace(&mut self.heartbeat_running, true) {
+            return;
+        }
+        let services = self.services.clone();
+        async move { heartbeat(&services).await }
+            .into_actor(self)
+            .map(|beat, actor, context| {
+                actor.heartbeat_running = false;
+                match beat {
+                    Beat::Alive => {}
+                    Beat::Lost if !actor.rejoining => actor.start_rejoin(context),
+                    Beat::Lost => {}
+                    Beat::Drained => {
+                        let _ = actor.exit.try_send(NodeExit::Drained);
+                    }
+                }
+            })
+            .spawn(context);
     }
 }
 
@@ -221,7 +238,8 @@ async fn heartbeat(services: &NodeServices) -> Beat {
             Beat::Lost
         }
         Err(error) => {
-            tracing::warn!(%error, "directory heartbeat failed");
+            // The link logs each outage once (`mark_unreachable`).
+            tracing::debug!(%error, "directory heartbeat failed");
             Beat::Alive
         }
     }

@@ -24,6 +24,11 @@ use thiserror::Error;
 
 /// How long one request to the directory may take before the link resolves or retries it.
 pub const DIRECTORY_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long connecting to the directory may take when standbys are configured: 500 ms, a
+/// QUIC handshake being a few round trips on the cluster's network. A dead directory
+/// process never answers, and the node tries the addresses again soon after
+/// (`OUT_OF_REACH_HEARTBEAT`), so a new leader is found within a fraction of a second.
+pub const STANDBY_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Requests a node keeps in flight to the directory: what one directory session accepts.
 pub const DIRECTORY_INFLIGHT_MAX: usize = INFLIGHT_REQUESTS_MAX;
 /// Attempts to resolve an operation whose reply was lost before giving up with `Unknown`.
@@ -104,16 +109,17 @@ pub struct DirectoryAddress {
 type Rpc = RpcClient<DirectoryRequest, DirectoryReply>;
 
 /// A connected, negotiated RPC channel to the directory over `endpoint`, within
-/// [`DIRECTORY_REQUEST_TIMEOUT`] (a directory that is down never answers the handshake).
+/// [`DIRECTORY_REQUEST_TIMEOUT`] ([`STANDBY_CONNECT_TIMEOUT`] with standbys): a directory
+/// that is down never answers the handshake.
 async fn connect(endpoint: &quinn::Endpoint, target: &DirectoryAddress) -> Result<Rpc, LinkError> {
-    tokio::time::timeout(
-        DIRECTORY_REQUEST_TIMEOUT,
-        connect_unbounded(endpoint, target),
-    )
-    .await
-    .unwrap_or(Err(LinkError::Wire(WireError::Timeout {
-        timeout: DIRECTORY_REQUEST_TIMEOUT,
-    })))
+    let timeout = if target.addresses.len() > 1 {
+        STANDBY_CONNECT_TIMEOUT
+    } else {
+        DIRECTORY_REQUEST_TIMEOUT
+    };
+    tokio::time::timeout(timeout, connect_unbounded(endpoint, target))
+        .await
+        .unwrap_or(Err(LinkError::Wire(WireError::Timeout { timeout })))
 }
 
 /// Connects to every address of `target` at once and keeps the first that completes the
