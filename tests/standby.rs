@@ -10,7 +10,7 @@
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::directory::AcquireMode;
 use kvtier::launch::etcd::EtcdServer;
-use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster};
+use kvtier::launch::{scrape_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
@@ -22,27 +22,10 @@ const CHUNK: usize = 256 << 10;
 /// Longest any wait may take before the test calls it hung. Nothing waits for it to pass.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
-/// The directory process that leads now, once exactly one does.
-fn leader(cluster: &LocalCluster) -> Option<usize> {
-    let leading: Vec<usize> = (0..cluster.directory_processes())
-        .filter(|index| {
-            cluster
-                .directory_process_metrics(*index)
-                .and_then(|address| scrape_metrics(address).ok())
-                .and_then(|body| metric_value(&body, "kvtier_directory_role{role=\"leader\"}"))
-                == Some(1.0)
-        })
-        .collect();
-    match leading.as_slice() {
-        [one] => Some(*one),
-        _ => None,
-    }
-}
-
 fn wait_for_leader(cluster: &LocalCluster, other_than: Option<usize>) -> usize {
     let deadline = Instant::now() + HANG_GUARD;
     loop {
-        if let Some(index) = leader(cluster).filter(|index| Some(*index) != other_than) {
+        if let Some(index) = cluster.directory_leader(other_than) {
             return index;
         }
         assert!(Instant::now() < deadline, "no directory took the lead");
@@ -213,5 +196,5 @@ fn a_standby_takes_over_and_a_deposed_leader_never_serves_again() {
     runtime.block_on(async {
         assert_eq!(verified_hits(&client, &objects).await, objects.len());
     });
-    assert_eq!(leader(&cluster), Some(first));
+    assert_eq!(cluster.directory_leader(None), Some(first));
 }

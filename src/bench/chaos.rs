@@ -96,20 +96,7 @@ pub fn run(exe: &Path, args: &ChaosBenchArgs) -> anyhow::Result<()> {
     if args.ha {
         return super::chaos_ha::run(exe, args);
     }
-    let working_set = u64::from(args.keys) * args.chunk_bytes as u64;
-    let spec = ClusterSpec {
-        nodes: NODES,
-        cpu_pool_bytes: (working_set / 4).next_multiple_of(1 << 20),
-        cxl_pool_bytes: (working_set * 2).next_multiple_of(16 << 20),
-        cxl_extent_bytes: 4 << 20,
-        write_order: vec![Medium::Cpu, Medium::Cxl],
-        suspect_after_ms: 3_000,
-        fence_after_ms: 15_000,
-        high_watermark_percent: 100,
-        low_watermark_percent: 100,
-        ..ClusterSpec::default()
-    };
-    let mut cluster = LocalCluster::start(exe, &spec)?;
+    let mut cluster = LocalCluster::start(exe, &chaos_spec(args))?;
     let mut clients = (0..args.clients)
         .map(|index| spawn_client(exe, &cluster, args, index))
         .collect::<anyhow::Result<Vec<Child>>>()?;
@@ -123,6 +110,24 @@ pub fn run(exe: &Path, args: &ChaosBenchArgs) -> anyhow::Result<()> {
     }
     report.seconds = args.seconds;
     print(&report, args.json)
+}
+
+/// The cluster both chaos runs start: three nodes, a CPU pool of a quarter of the working
+/// set and a shared pool of twice it (nothing is evicted), no watermark.
+pub(super) fn chaos_spec(args: &ChaosBenchArgs) -> ClusterSpec {
+    let working_set = u64::from(args.keys) * args.chunk_bytes as u64;
+    ClusterSpec {
+        nodes: NODES,
+        cpu_pool_bytes: (working_set / 4).next_multiple_of(1 << 20),
+        cxl_pool_bytes: (working_set * 2).next_multiple_of(16 << 20),
+        cxl_extent_bytes: 4 << 20,
+        write_order: vec![Medium::Cpu, Medium::Cxl],
+        suspect_after_ms: 3_000,
+        fence_after_ms: 15_000,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    }
 }
 
 impl ChaosReport {

@@ -8,13 +8,14 @@
 //! answers again (a resumed one must exit with status 75 before answering).
 
 use super::chaos::{
-    finish_client, hits, spawn_client, Canaries, ChaosBenchArgs, CANARIES_PER_NODE, NODES,
+    chaos_spec, finish_client, hits, spawn_client, Canaries, ChaosBenchArgs, CANARIES_PER_NODE,
+    NODES,
 };
 use crate::client::{Client, StoreOutcome};
 use crate::directory::StoreSkip;
 use crate::launch::etcd::EtcdServer;
-use crate::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster};
-use crate::model::{Medium, ObjectId, PrefixDigest};
+use crate::launch::{ClusterSpec, LocalCluster};
+use crate::model::{ObjectId, PrefixDigest};
 use crate::progress::{Progress, Unit};
 use crate::workload::histogram::Histogram;
 use crate::workload::namespace::demo_namespace;
@@ -101,22 +102,12 @@ fn run_with_etcd(
     folder: &Path,
 ) -> anyhow::Result<HaChaosReport> {
     let etcd = EtcdServer::start(folder)?;
-    let working_set = u64::from(args.keys) * args.chunk_bytes as u64;
     let spec = ClusterSpec {
-        nodes: NODES,
-        cpu_pool_bytes: (working_set / 4).next_multiple_of(1 << 20),
-        cxl_pool_bytes: (working_set * 2).next_multiple_of(16 << 20),
-        cxl_extent_bytes: 4 << 20,
-        write_order: vec![Medium::Cpu, Medium::Cxl],
-        suspect_after_ms: 3_000,
-        fence_after_ms: 15_000,
-        high_watermark_percent: 100,
-        low_watermark_percent: 100,
         metrics: true,
         etcd: vec![etcd.client_address()],
         standby_directories: STANDBYS,
         lease_ttl_s: LEASE_TTL_S,
-        ..ClusterSpec::default()
+        ..chaos_spec(args)
     };
     let mut cluster = LocalCluster::start(exe, &spec)?;
     let mut clients = (0..args.clients)
@@ -327,18 +318,8 @@ async fn wait_for_leader(
 ) -> anyhow::Result<usize> {
     let deadline = Instant::now() + FAILOVER_DEADLINE;
     loop {
-        let leading: Vec<usize> = (0..cluster.directory_processes())
-            .filter(|index| Some(*index) != other_than)
-            .filter(|index| {
-                cluster
-                    .directory_process_metrics(*index)
-                    .and_then(|address| scrape_metrics(address).ok())
-                    .and_then(|body| metric_value(&body, "kvtier_directory_role{role=\"leader\"}"))
-                    == Some(1.0)
-            })
-            .collect();
-        if let [one] = leading.as_slice() {
-            return Ok(*one);
+        if let Some(index) = cluster.directory_leader(other_than) {
+            return Ok(index);
         }
         if Instant::now() > deadline {
             bail!("no directory took the lead within {FAILOVER_DEADLINE:?}");

@@ -53,6 +53,7 @@ mod staged;
 pub mod status;
 mod store;
 mod store_batch;
+mod transfer_tokens;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::{DirectoryConfig, RecomputeCost, TierQuota, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
@@ -212,9 +213,9 @@ impl Directory {
                 budget: config.adopt_items_per_tick,
             },
             drains: HashMap::new(),
-            replication: replication::Replications::new(
-                config.secret_key(replication::TRANSFER_TOKEN_KEY_PURPOSE),
-            ),
+            replication: replication::Replications::new(transfer_tokens::TransferTokens::of(
+                &config,
+            )),
             delegations: delegations::Delegations::default(),
             config,
         }

@@ -18,10 +18,11 @@
 //! in flight and their counters; all of them are bounded.
 
 use super::replicas::{NewReplica, Replica};
+use super::transfer_tokens::TransferTokens;
 use super::{Directory, ReplicaState, SessionState, Task, TaskKind};
 use crate::model::{
     Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, Scope, SessionId, TaskId, Tier,
-    Timestamp, TransferToken,
+    Timestamp,
 };
 use crate::policy::replication::{most_demanded_first, ReplicationCost, Route};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -134,9 +135,6 @@ struct InFlight {
     length_bytes: u64,
 }
 
-/// The key derivation context of the transfer tokens' key ([`DirectoryConfig::secret_key`]).
-pub(super) const TRANSFER_TOKEN_KEY_PURPOSE: &str = "kvtier 2026-12 network copy transfer tokens";
-
 /// The demand table, the replications in flight and their counters.
 pub(super) struct Replications {
     /// Bounded by [`DEMANDS_MAX`].
@@ -148,31 +146,21 @@ pub(super) struct Replications {
     counts: ReplicationCounts,
     /// Bounded by [`LATENCIES_MAX`].
     latencies: VecDeque<Duration>,
-    /// Keys the network copies' tokens ([`Replications::token`]).
-    token_key: [u8; 32],
+    /// The network copies' tokens.
+    tokens: TransferTokens,
 }
 
 impl Replications {
-    /// No demand and no replication yet; tokens keyed by `token_key`.
-    pub(super) fn new(token_key: [u8; 32]) -> Replications {
+    /// No demand and no replication yet; tokens from `tokens`.
+    pub(super) fn new(tokens: TransferTokens) -> Replications {
         Replications {
             demands: HashMap::new(),
             in_flight: HashMap::new(),
             objects: HashSet::new(),
             counts: ReplicationCounts::default(),
             latencies: VecDeque::new(),
-            token_key,
+            tokens,
         }
-    }
-
-    /// The token of the network copy into `target`: a keyed hash of the replica id, which
-    /// one incarnation never reuses (a restart draws a new key). Both halves of the copy
-    /// carry it; a node that does not know it cannot claim the transfer.
-    fn token(&self, target: ReplicaId) -> TransferToken {
-        let hash = blake3::keyed_hash(&self.token_key, &target.0.to_le_bytes());
-        let mut word = [0; 8];
-        word.copy_from_slice(&hash.as_bytes()[..8]);
-        TransferToken(u64::from_le_bytes(word))
     }
 }
 
@@ -554,7 +542,7 @@ impl Directory {
                 },
             )],
             Path::Network => {
-                let token = self.replication.token(target);
+                let token = self.replication.tokens.token(target);
                 vec![
                     (
                         source_owner,

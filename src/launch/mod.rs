@@ -5,6 +5,7 @@
 //! removed) stops every process and removes every file, folder and network namespace it
 //! created; a start that fails or is cancelled removes them before it returns.
 
+mod directories;
 pub mod etcd;
 mod host;
 
@@ -145,15 +146,6 @@ impl Default for ClusterSpec {
     }
 }
 
-/// A standby directory process of a local cluster.
-struct StandbyDirectory {
-    /// Where it listens (one of `[directory] standbys`).
-    listen: SocketAddr,
-    /// Where it serves metrics, if the cluster has metrics.
-    metrics: Option<SocketAddr>,
-    child: Option<Child>,
-}
-
 /// A running local cluster. See the module documentation.
 pub struct LocalCluster {
     pub root: PathBuf,
@@ -164,7 +156,7 @@ pub struct LocalCluster {
     spec: ClusterSpec,
     directory: Option<Child>,
     /// The standby directories, when the cluster has an election.
-    standbys: Vec<StandbyDirectory>,
+    standbys: Vec<directories::StandbyDirectory>,
     nodes: Vec<(String, Option<Child>)>,
     /// The network namespace of each node, when they have one.
     namespaces: Vec<String>,
@@ -493,7 +485,7 @@ impl LocalCluster {
             } else {
                 None
             };
-            cluster.standbys.push(StandbyDirectory {
+            cluster.standbys.push(directories::StandbyDirectory {
                 listen,
                 metrics,
                 child: None,
@@ -764,79 +756,6 @@ impl LocalCluster {
         self.directory
             .as_mut()
             .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
-    }
-
-    /// Directory processes: the first directory (0) and its standbys (1 and on).
-    pub fn directory_processes(&self) -> usize {
-        1 + self.standbys.len()
-    }
-
-    /// The process id of directory process `index` (0: the first one), while it runs.
-    pub fn directory_process_pid(&self, index: usize) -> Option<u32> {
-        match index {
-            0 => self.directory_pid(),
-            _ => self.standbys.get(index - 1)?.child.as_ref().map(Child::id),
-        }
-    }
-
-    /// The metrics address of directory process `index`.
-    pub fn directory_process_metrics(&self, index: usize) -> Option<SocketAddr> {
-        match index {
-            0 => self.config.directory.metrics,
-            _ => self.standbys.get(index - 1)?.metrics,
-        }
-    }
-
-    /// Kills directory process `index` with SIGKILL and waits for it to die.
-    pub fn kill_directory_process(&mut self, index: usize) -> anyhow::Result<()> {
-        let child = match index {
-            0 => self.directory.take(),
-            _ => self
-                .standbys
-                .get_mut(index - 1)
-                .context("no such directory process")?
-                .child
-                .take(),
-        };
-        if let Some(mut child) = child {
-            child.kill()?;
-            child.wait()?;
-        }
-        Ok(())
-    }
-
-    /// Starts directory process `index` (killed first if it runs): the first directory on
-    /// `[directory] listen`, a standby on its own address. With an election, it stands by
-    /// until it wins.
-    pub fn start_directory_process(&mut self, index: usize) -> anyhow::Result<()> {
-        self.kill_directory_process(index)?;
-        if index == 0 {
-            self.directory = Some(self.spawn(None, &["directory"])?);
-            return Ok(());
-        }
-        let standby = self
-            .standbys
-            .get(index - 1)
-            .context("no such directory process")?;
-        let listen = standby.listen.to_string();
-        let metrics = standby.metrics.map(|address| address.to_string());
-        let mut arguments = vec!["directory", "--listen", &listen];
-        if let Some(metrics) = &metrics {
-            arguments.extend(["--metrics", metrics]);
-        }
-        let child = self.spawn_logged(None, &arguments, &format!("directory-{index}"))?;
-        self.standbys[index - 1].child = Some(child);
-        Ok(())
-    }
-
-    /// How directory process `index` exited, if it did (`None` while it runs or when it
-    /// was not started here).
-    pub fn directory_process_exit(&mut self, index: usize) -> Option<std::process::ExitStatus> {
-        let child = match index {
-            0 => self.directory.as_mut(),
-            _ => self.standbys.get_mut(index - 1)?.child.as_mut(),
-        }?;
-        child.try_wait().ok().flatten()
     }
 
     /// Whether the nodes run in network namespaces of their own.
