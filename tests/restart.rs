@@ -5,8 +5,11 @@
 //! and skipped stores, never errors, and while the directory is down they get them at once.
 //! Waits on conditions; deadlines are hang guards only.
 
+mod common;
+
+use common::verified_hits;
 use kvtier::client::{Client, StoreOutcome, StoreSkip};
-use kvtier::directory::{AcquireMode, ProbeOutcome};
+use kvtier::directory::ProbeOutcome;
 use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{Medium, NamespaceDescriptor, NamespaceId, ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
@@ -28,23 +31,6 @@ fn object(namespace: NamespaceId, node: u32, index: u32) -> (ObjectId, Vec<u8>) 
     let mut bytes = vec![0u8; CHUNK];
     chunk::fill(&id, &mut bytes);
     (id, bytes)
-}
-
-/// Loads every object through `client` and compares it with its content; the number of hits.
-async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usize {
-    let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
-    let views = client
-        .load(&ids, AcquireMode::Each)
-        .await
-        .expect("a load never fails with an error, rejoining or not");
-    let mut hits = 0;
-    for (view, (id, bytes)) in views.iter().zip(objects) {
-        if let Some(view) = view {
-            assert_eq!(view.bytes().unwrap(), &bytes[..], "wrong bytes for {id:?}");
-            hits += 1;
-        }
-    }
-    hits
 }
 
 #[test]

@@ -7,12 +7,13 @@
 //! answering another request (exit status 75), never leading again under its term.
 //! Waits on conditions; deadlines are hang guards only.
 
+mod common;
+
+use common::{object, runtime, signal, verified_hits};
 use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::AcquireMode;
 use kvtier::launch::etcd::EtcdServer;
 use kvtier::launch::{scrape_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
 use kvtier::workload::namespace::demo_namespace;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -31,28 +32,6 @@ fn wait_for_leader(cluster: &LocalCluster, other_than: Option<usize>) -> usize {
         assert!(Instant::now() < deadline, "no directory took the lead");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn signal(pid: u32, signal: i32) {
-    // SAFETY: kill(2) on a child process this test's cluster started.
-    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
-}
-
-/// Loads every object and compares it with its content; the number of hits.
-async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usize {
-    let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
-    let views = client
-        .load(&ids, AcquireMode::Each)
-        .await
-        .expect("a load never fails with an error, whoever leads");
-    let mut hits = 0;
-    for (view, (id, bytes)) in views.iter().zip(objects) {
-        if let Some(view) = view {
-            assert_eq!(view.bytes().unwrap(), &bytes[..], "wrong bytes for {id:?}");
-            hits += 1;
-        }
-    }
-    hits
 }
 
 /// READY bytes over every pool, as directory process `index` exports them.
@@ -120,25 +99,12 @@ fn a_standby_takes_over_and_a_deposed_leader_never_serves_again() {
     };
     let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let first = wait_for_leader(&cluster, None);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let (client, objects) = runtime.block_on(async {
         let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
         let namespace = client.register_namespace(demo_namespace()).await.unwrap();
         let objects: Vec<(ObjectId, Vec<u8>)> = (0..8u32)
-            .map(|index| {
-                let id = ObjectId {
-                    namespace,
-                    prefix: PrefixDigest::ROOT.chain(&[index, 5]),
-                    shard: 0,
-                    part: 0,
-                };
-                let mut bytes = vec![0u8; CHUNK];
-                chunk::fill(&id, &mut bytes);
-                (id, bytes)
-            })
+            .map(|index| object(namespace, index, 5, CHUNK))
             .collect();
         for (id, bytes) in &objects {
             assert_eq!(
@@ -172,12 +138,12 @@ fn a_standby_takes_over_and_a_deposed_leader_never_serves_again() {
     // takes over when the stopped leader's lease expires, and the node follows.
     cluster.start_directory_process(first).unwrap();
     let stopped = cluster.directory_process_pid(second).unwrap();
-    signal(stopped, libc::SIGSTOP);
+    signal(&stopped.to_string(), "-STOP");
     let third = wait_for_leader(&cluster, Some(second));
     assert_eq!(third, first);
     runtime.block_on(rejoined(&cluster, third, &client, &objects, probe(2)));
     // Resumed, the deposed leader exits before answering anything.
-    signal(stopped, libc::SIGCONT);
+    signal(&stopped.to_string(), "-CONT");
     let deadline = Instant::now() + HANG_GUARD;
     let status = loop {
         if let Some(status) = cluster.directory_process_exit(second) {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use kvtier::client::Client;
+use kvtier::directory::AcquireMode;
 use kvtier::launch::{metric_value, scrape_metrics, LocalCluster};
 use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
 use kvtier::workload::chunk;
@@ -29,6 +30,24 @@ pub fn object(namespace: NamespaceId, index: u32, tag: u32, bytes: usize) -> (Ob
     let mut content = vec![0u8; bytes];
     chunk::fill(&id, &mut content);
     (id, content)
+}
+
+/// Loads every object through `client` in one call and compares it with its content; the
+/// number of hits. A load never fails with an error (a missing directory is a miss).
+pub async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> usize {
+    let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+    let views = client
+        .load(&ids, AcquireMode::Each)
+        .await
+        .expect("a load never fails with an error");
+    let mut hits = 0;
+    for (view, (id, bytes)) in views.iter().zip(objects) {
+        if let Some(view) = view {
+            assert_eq!(view.bytes().unwrap(), &bytes[..], "wrong bytes for {id:?}");
+            hits += 1;
+        }
+    }
+    hits
 }
 
 /// A client of node `index` with the demo namespace registered.
