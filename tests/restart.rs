@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::verified_hits;
+use common::{store_all, verified_hits};
 use kvtier::client::{Client, StoreOutcome, StoreSkip};
 use kvtier::directory::ProbeOutcome;
 use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
@@ -66,13 +66,7 @@ fn a_directory_restart_keeps_the_cache_and_the_nodes() {
             let objects: Vec<_> = (0..8)
                 .map(|index| object(namespace, node as u32, index))
                 .collect();
-            for (id, bytes) in &objects {
-                assert_eq!(
-                    client.store(*id, bytes).await.unwrap(),
-                    StoreOutcome::Stored
-                );
-            }
-            assert_eq!(verified_hits(&client, &objects).await, objects.len());
+            store_all(&client, &objects).await;
             clients.push(client);
             stored.push(objects);
         }

@@ -9,12 +9,11 @@
 
 mod common;
 
-use common::{object, runtime, signal, verified_hits};
+use common::{connect, object, runtime, signal, store_all, verified_hits};
 use kvtier::client::{Client, StoreOutcome};
 use kvtier::launch::etcd::EtcdServer;
 use kvtier::launch::{scrape_metrics, ClusterSpec, LocalCluster};
 use kvtier::model::{ObjectId, PrefixDigest};
-use kvtier::workload::namespace::demo_namespace;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -101,18 +100,11 @@ fn a_standby_takes_over_and_a_deposed_leader_never_serves_again() {
     let first = wait_for_leader(&cluster, None);
     let runtime = runtime();
     let (client, objects) = runtime.block_on(async {
-        let client = Client::connect(&cluster.socket(0).unwrap()).await.unwrap();
-        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let (client, namespace) = connect(&cluster, 0).await;
         let objects: Vec<(ObjectId, Vec<u8>)> = (0..8u32)
             .map(|index| object(namespace, index, 5, CHUNK))
             .collect();
-        for (id, bytes) in &objects {
-            assert_eq!(
-                client.store(*id, bytes).await.unwrap(),
-                StoreOutcome::Stored
-            );
-        }
-        assert_eq!(verified_hits(&client, &objects).await, objects.len());
+        store_all(&client, &objects).await;
         (client, objects)
     });
 

@@ -50,6 +50,17 @@ pub async fn verified_hits(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> 
     hits
 }
 
+/// Stores every object through `client`, each `Stored`, and checks all are hits.
+pub async fn store_all(client: &Client, objects: &[(ObjectId, Vec<u8>)]) {
+    for (id, bytes) in objects {
+        assert_eq!(
+            client.store(*id, bytes).await.unwrap(),
+            kvtier::client::StoreOutcome::Stored
+        );
+    }
+    assert_eq!(verified_hits(client, objects).await, objects.len());
+}
+
 /// A client of node `index` with the demo namespace registered.
 pub async fn connect(cluster: &LocalCluster, index: usize) -> (Client, NamespaceId) {
     let client = Client::connect(&cluster.socket(index).unwrap())

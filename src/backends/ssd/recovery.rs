@@ -162,15 +162,16 @@ mod tests {
         file.write_all_at(&data, offset + BLOCK_BYTES).unwrap();
     }
 
-    /// A header of this fill claiming a length near `u64::MAX` ends the scan (found by the
-    /// fuzzer: the footprint was computed before the length was checked, and overflowed).
-    #[test]
-    fn a_header_claiming_an_absurd_length_ends_the_scan() {
-        let directory = tempfile::tempdir().unwrap();
-        let file = std::fs::File::create_new(directory.path().join("region")).unwrap();
-        let region_bytes = 8 * BLOCK_BYTES;
+    /// A new region file of `region_bytes` in `directory` whose header names fill
+    /// `sequence` with `nonce`.
+    fn region_file(
+        directory: &std::path::Path,
+        region_bytes: u64,
+        sequence: u64,
+        nonce: u64,
+    ) -> std::fs::File {
+        let file = std::fs::File::create_new(directory.join("region")).unwrap();
         file.set_len(region_bytes).unwrap();
-        let (sequence, nonce) = (2, 77);
         let mut block = vec![0u8; BLOCK_BYTES as usize];
         RegionHeader {
             region_bytes,
@@ -180,6 +181,18 @@ mod tests {
         }
         .encode(&mut block);
         file.write_all_at(&block, 0).unwrap();
+        file
+    }
+
+    /// A header of this fill claiming a length near `u64::MAX` ends the scan (found by the
+    /// fuzzer: the footprint was computed before the length was checked, and overflowed).
+    #[test]
+    fn a_header_claiming_an_absurd_length_ends_the_scan() {
+        let directory = tempfile::tempdir().unwrap();
+        let region_bytes = 8 * BLOCK_BYTES;
+        let (sequence, nonce) = (2, 77);
+        let file = region_file(directory.path(), region_bytes, sequence, nonce);
+        let mut block = vec![0u8; BLOCK_BYTES as usize];
         put_object(&file, BLOCK_BYTES, object(1), sequence, nonce);
         for length_bytes in [u64::MAX, u64::MAX - BLOCK_BYTES, 1 << 62] {
             ObjectHeader {
@@ -206,25 +219,9 @@ mod tests {
     #[test]
     fn a_forged_header_with_the_fills_sequence_but_not_its_nonce_ends_the_scan() {
         let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("region");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
         let region_bytes = 16 * BLOCK_BYTES;
-        file.set_len(region_bytes).unwrap();
         let (sequence, nonce) = (5, 0x0123_4567_89ab_cdef);
-        let mut block = vec![0u8; BLOCK_BYTES as usize];
-        RegionHeader {
-            region_bytes,
-            index: 0,
-            sequence,
-            nonce,
-        }
-        .encode(&mut block);
-        file.write_all_at(&block, 0).unwrap();
+        let file = region_file(directory.path(), region_bytes, sequence, nonce);
         put_object(&file, BLOCK_BYTES, object(1), sequence, nonce);
         put_object(&file, 3 * BLOCK_BYTES, object(2), sequence, nonce ^ 1);
         put_object(&file, 5 * BLOCK_BYTES, object(3), sequence, nonce);
