@@ -274,3 +274,133 @@ fn a_namespace_the_directory_forgot_is_registered_again_by_the_node() {
         assert_eq!(verified_hits(&client, &[stored]).await, 1);
     });
 }
+
+/// A directory outage far past the nodes' fence window, with no standby: each node gives
+/// up its session at its fence window and waits; when the directory is back (a new
+/// incarnation, which cannot have granted their extents on) each keeps every shared extent
+/// whose owner word still names it, so every replica in the shared pool is found again,
+/// by both nodes. `KVTIER_TEST_OUTAGE_S` lengthens the outage past the fence window (the
+/// issue's figure is 60 s); by default the directory returns as soon as both nodes gave up.
+#[test]
+fn an_outage_past_the_fence_window_keeps_every_cxl_replica() {
+    let spec = ClusterSpec {
+        nodes: 2,
+        cpu_pool_bytes: 1 << 20,
+        cxl_pool_bytes: 16 << 20,
+        cxl_extent_bytes: 2 << 20,
+        write_order: vec![Medium::Cpu, Medium::Cxl],
+        metrics: true,
+        suspect_after_ms: 300,
+        fence_after_ms: 1_000,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    let nodes: Vec<_> = cluster
+        .metrics_addresses()
+        .into_iter()
+        .filter(|(name, _)| name != "directory")
+        .map(|(_, address)| address)
+        .collect();
+    assert_eq!(nodes.len(), 2);
+    let runtime = common::runtime();
+    let (clients, stored) = runtime.block_on(async {
+        let mut clients = Vec::new();
+        let mut stored = Vec::new();
+        for node in 0..2 {
+            let client = Client::connect(&cluster.socket(node).unwrap())
+                .await
+                .unwrap();
+            let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+            let objects: Vec<_> = (0..8)
+                .map(|index| object(namespace, node as u32, index))
+                .collect();
+            store_all(&client, &objects).await;
+            clients.push(client);
+            stored.push(objects);
+        }
+        (clients, stored)
+    });
+    let in_cxl = |client: &Client, objects: &[(ObjectId, Vec<u8>)]| {
+        let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+        let probed = runtime.block_on(client.probe(&ids)).unwrap();
+        objects
+            .iter()
+            .zip(probed)
+            .filter(|(_, outcome)| {
+                matches!(
+                    outcome,
+                    ProbeOutcome::Hit {
+                        medium: Medium::Cxl,
+                        ..
+                    }
+                )
+            })
+            .map(|(object, _)| object.clone())
+            .collect::<Vec<_>>()
+    };
+    let shared: Vec<_> = [
+        in_cxl(&clients[0], &stored[0]),
+        in_cxl(&clients[1], &stored[1]),
+    ]
+    .concat();
+    assert!(shared.len() >= 4, "both nodes wrote into the shared pool");
+
+    cluster.kill_directory().unwrap();
+    let gave_up = |body: &str| {
+        metric_value(body, "kvtier_node_rejoins_total{cause=\"silence\"}").is_some_and(|n| n >= 1.0)
+    };
+    for address in &nodes {
+        assert!(
+            wait_for_metrics(*address, HANG_GUARD, gave_up),
+            "a node never noticed its fence window pass"
+        );
+    }
+    let outage = std::env::var("KVTIER_TEST_OUTAGE_S")
+        .ok()
+        .and_then(|seconds| seconds.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_secs);
+    // The scenario's length, not a wait for a condition.
+    std::thread::sleep(outage);
+    cluster.restart_directory().unwrap();
+
+    let rejoined = |body: &str| {
+        metric_value(body, "kvtier_directory_reachable") == Some(1.0)
+            && metric_value(body, "kvtier_node_rejoin_extents_total{outcome=\"kept\"}")
+                .is_some_and(|kept| kept >= 1.0)
+    };
+    for address in &nodes {
+        assert!(
+            wait_for_metrics(*address, HANG_GUARD, rejoined),
+            "a node did not rejoin with its extents"
+        );
+        let body = kvtier::launch::scrape_metrics(*address).unwrap();
+        assert_eq!(
+            metric_value(&body, "kvtier_node_rejoin_extents_total{outcome=\"lost\"}"),
+            Some(0.0),
+            "no extent lost"
+        );
+    }
+    runtime.block_on(async {
+        let deadline = Instant::now() + HANG_GUARD;
+        for (node, client) in clients.iter().enumerate() {
+            // Every replica, the shared ones of both nodes too, byte for byte, from the
+            // engine connections opened before the outage.
+            let mut wanted = stored[node].clone();
+            let others: Vec<_> = shared
+                .iter()
+                .filter(|object| !stored[node].contains(object))
+                .cloned()
+                .collect();
+            wanted.extend(others);
+            while verified_hits(client, &wanted).await < wanted.len() {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {node} did not find every replica again"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+}

@@ -12,7 +12,7 @@ use super::error::PoolError;
 use super::extent_allocator::ExtentAllocator;
 use super::shared_memory::SharedMemory;
 use super::PoolBackend;
-use crate::model::{AllocationId, Generation, Medium};
+use crate::model::{AllocationId, Generation, Medium, OwnerTable};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -213,6 +213,13 @@ impl PoolBackend for MemoryPool {
         match &mut *self.pages() {
             Pages::Whole(_) => false,
             Pages::Extents(extents) => extents.drop_extent(offset_bytes),
+        }
+    }
+
+    fn owner_table(&self) -> Option<&dyn OwnerTable> {
+        match &*self.pages() {
+            Pages::Whole(_) => None,
+            Pages::Extents(_) => Some(&self.memory),
         }
     }
 }

@@ -28,7 +28,7 @@ pub use error::PoolError;
 pub use memory_pool::{CpuPoolConfig, MemoryPool};
 pub use shared_memory::{Access, SharedMemory};
 
-use crate::model::{AllocationId, Generation, Medium};
+use crate::model::{AllocationId, Generation, Medium, OwnerTable};
 
 /// One pool of one tier. Every method takes `&self` and is safe to call from many threads;
 /// offsets are relative to the pool's data area. The allocation methods keep the
@@ -110,5 +110,11 @@ pub trait PoolBackend: Send + Sync {
     /// when no such extent is held.
     fn drop_extent(&self, _offset_bytes: u64) -> bool {
         false
+    }
+
+    /// The owner words of a shared pool's extents (`model::extent_owner`); `None` for a
+    /// pool owned whole by its node.
+    fn owner_table(&self) -> Option<&dyn OwnerTable> {
+        None
     }
 }

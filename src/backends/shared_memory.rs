@@ -16,6 +16,10 @@
 //! | 40 | data size in bytes (u64) |
 //! | 48 | page size in bytes (u64) |
 //! | 56 | CRC-32C of bytes 8..56 (u32) |
+//! | 64 | extent owner words of a shared pool, one u64 per extent to the page's end |
+//!
+//! The owner words (`model::extent_owner`) are outside the checksum: nodes change them
+//! after the pool is made, each with one atomic compare-and-swap, never plain stores.
 //!
 //! The creator writes the magic last, so a reader of a half-written header sees
 //! `WrongMagic` or `CorruptHeader`, never a plausible pool.
@@ -31,12 +35,13 @@
 use super::checksum;
 use super::copy::{routines, CopyRoutine};
 use super::error::PoolError;
+use crate::model::{OwnerTable, OwnerWord};
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Permissions of a pool file this process creates: the owner and its group (the engines
 /// allowed to map the pool), nobody else.
@@ -57,7 +62,11 @@ const HEADER_ENCODED_BYTES: usize = 60;
 const MAGIC_RANGE: std::ops::Range<usize> = 0..8;
 const CHECKSUMMED_RANGE: std::ops::Range<usize> = 8..56;
 
-const _: () = assert!(HEADER_ENCODED_BYTES as u64 <= POOL_PAGE_BYTES_MIN);
+/// Where the extent owner words start in the header page.
+const OWNER_WORDS_AT: u64 = 64;
+
+const _: () = assert!(HEADER_ENCODED_BYTES as u64 <= OWNER_WORDS_AT);
+const _: () = assert!(OWNER_WORDS_AT < POOL_PAGE_BYTES_MIN);
 const _: () = assert!(POOL_PAGE_BYTES_MIN.is_power_of_two());
 
 /// The fields of a pool header.
@@ -578,6 +587,48 @@ impl SharedMemory {
         let at = (self.header.data_offset_bytes() + offset) as usize;
         // SAFETY: `at + length_bytes <= mapping length`, so the pointer stays in bounds.
         Ok(unsafe { self.map.as_mut_ptr().add(at) })
+    }
+}
+
+impl SharedMemory {
+    /// How many extent owner words the header page holds.
+    pub fn owner_words(&self) -> u64 {
+        (self.header.data_offset_bytes() - OWNER_WORDS_AT) / 8
+    }
+
+    /// The owner word of extent `index`, in place; `None` past the header page.
+    fn owner_word_cell(&self, index: u64) -> Option<&AtomicU64> {
+        if index >= self.owner_words() {
+            return None;
+        }
+        let at = (OWNER_WORDS_AT + index * 8) as usize;
+        // SAFETY: `at + 8` lies within the header page, which is mapped for the mapping's
+        // lifetime (tied to `&self`) and 8-byte aligned (the mapping is page-aligned and
+        // `at` a multiple of 8). Every process accesses owner words only atomically
+        // (module documentation), so no non-atomic access races with this one.
+        Some(unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast()) })
+    }
+}
+
+impl OwnerTable for SharedMemory {
+    fn owner_word(&self, index: u64) -> Option<OwnerWord> {
+        self.owner_word_cell(index)
+            .map(|cell| OwnerWord(cell.load(Ordering::Acquire)))
+    }
+
+    fn replace_owner_word(
+        &self,
+        index: u64,
+        expected: OwnerWord,
+        new: OwnerWord,
+    ) -> Result<(), Option<OwnerWord>> {
+        if !self.writable {
+            return Err(None);
+        }
+        let cell = self.owner_word_cell(index).ok_or(None)?;
+        cell.compare_exchange(expected.0, new.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(|found| Some(OwnerWord(found)))
     }
 }
 

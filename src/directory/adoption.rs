@@ -12,7 +12,7 @@
 
 use super::replicas::NewReplica;
 use super::sessions::Session;
-use super::{Directory, DirectoryError, ReplicaState, Table};
+use super::{Directory, DirectoryError, ExtentClaim, ReplicaState, Table};
 use crate::model::{Location, ObjectId, PoolId, Scope, SessionId, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -72,9 +72,9 @@ impl Directory {
         &mut self,
         session_id: SessionId,
         pool: PoolId,
-        offsets: &[u64],
+        claims: &[ExtentClaim],
     ) -> Result<Vec<bool>, DirectoryError> {
-        self.take_adopt_budget(offsets.len())?;
+        self.take_adopt_budget(claims.len())?;
         let session = self.open_session(session_id)?;
         let node = session.node;
         let record = self
@@ -91,7 +91,7 @@ impl Directory {
         }
         let held = self.extents_held(session_id);
         let room = self.config.extents_per_session_max.saturating_sub(held) as usize;
-        if offsets.len() > room {
+        if claims.len() > room {
             return Err(DirectoryError::Full(Table::Extents));
         }
         let sessions = &self.sessions;
@@ -105,9 +105,9 @@ impl Directory {
                 "shared pool without extents".into(),
             ));
         };
-        Ok(offsets
+        Ok(claims
             .iter()
-            .map(|&offset| extents.claim(session_id, offset, same_node_ended))
+            .map(|claim| extents.claim(session_id, claim, same_node_ended))
             .collect())
     }
 

@@ -3,7 +3,7 @@
 
 use super::idempotency::LedgerStep;
 use super::{Directory, DirectoryError, Extent, ExtentGrant, ExtentReturn, Table};
-use crate::model::{OperationId, PoolId, Scope, SessionId, Timestamp};
+use crate::model::{OperationId, OwnerWord, PoolId, Scope, SessionId, Timestamp};
 
 impl Directory {
     /// Grants the session an extent of a shared pool it maps: a range no other node may
@@ -38,16 +38,18 @@ impl Directory {
         if self.extents_held(session_id) >= self.config.extents_per_session_max {
             return Err(DirectoryError::Full(Table::Extents));
         }
+        let node = session.node;
         let Some(extents) = self.pools[pool.0 as usize].extents.as_mut() else {
             return Err(DirectoryError::InvalidPool(
                 "shared pool without extents".into(),
             ));
         };
-        let grant = match extents.grant(session_id, now) {
-            Some((offset_bytes, length_bytes)) => ExtentGrant::Granted(Extent {
+        let grant = match extents.grant(session_id, node, now) {
+            Some(granted) => ExtentGrant::Granted(Extent {
                 pool,
-                offset_bytes,
-                length_bytes,
+                offset_bytes: granted.offset_bytes,
+                length_bytes: granted.length_bytes,
+                owner_word: granted.owner_word,
             }),
             None => ExtentGrant::Full,
         };
@@ -79,6 +81,26 @@ impl Directory {
         let answer = extents.give_back(session_id, offset_bytes, now);
         self.record_outcome(session_id, operation, answer);
         Ok(answer)
+    }
+
+    /// Learns the owner word `session` found in the extent at `offset_bytes` when it could
+    /// not take it after a grant (someone's claim moved the word on): the next grant starts
+    /// from it. Only the extent's holder is heard; safety never rests on the word being
+    /// right (a stale one only makes the next grant fail), only liveness does.
+    pub fn learn_owner_word(
+        &mut self,
+        session: SessionId,
+        pool: PoolId,
+        offset_bytes: u64,
+        word: OwnerWord,
+    ) {
+        if let Some(extents) = self
+            .pools
+            .get_mut(pool.0 as usize)
+            .and_then(|record| record.extents.as_mut())
+        {
+            extents.learn_word(session, offset_bytes, word);
+        }
     }
 
     /// Grants no extent of shared pool `pool` before `until`. A directory that starts over a

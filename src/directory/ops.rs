@@ -2,8 +2,8 @@
 //! wire carries them unchanged; the directory core is their only interpreter.
 
 use crate::model::{
-    DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, PoolId, ReplicaId, SessionId,
-    TaskId, Timestamp, TransferToken,
+    DomainId, Epoch, LeaseId, Location, Medium, NodeId, ObjectId, OwnerWord, PoolId, ReplicaId,
+    SessionId, TaskId, Timestamp, TransferToken,
 };
 use serde::{Deserialize, Serialize};
 
@@ -323,6 +323,17 @@ pub struct Extent {
     pub pool: PoolId,
     pub offset_bytes: u64,
     pub length_bytes: u64,
+    /// The extent's owner word as the directory last knew it: the node takes the extent
+    /// from this word (`model::extent_owner`); `None` when this incarnation never learnt it.
+    pub owner_word: Option<OwnerWord>,
+}
+
+/// An extent a rejoining node claims: its offset and the owner word the node wrote when it
+/// took it back (`None` when the pool's owner table does not reach it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtentClaim {
+    pub offset_bytes: u64,
+    pub owner_word: Option<OwnerWord>,
 }
 
 /// The outcome of `grant_extent`.

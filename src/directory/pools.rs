@@ -2,8 +2,8 @@
 //! here, each of which moves bytes between states, so `reserved + allocated <= capacity`
 //! holds by construction and is asserted.
 
-use super::ops::ExtentReturn;
-use crate::model::{NodeId, PoolSpec, PoolUsage, SaltGroup, SessionId, Timestamp};
+use super::ops::{ExtentClaim, ExtentReturn};
+use crate::model::{NodeId, OwnerWord, PoolSpec, PoolUsage, SaltGroup, SessionId, Timestamp};
 use crate::policy::profiles::TierProfile;
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,6 +17,15 @@ pub struct ExtentTable {
     slots: Vec<ExtentSlot>,
 }
 
+/// An extent [`ExtentTable::grant`] handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantedExtent {
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+    /// The owner word the grantee takes the extent from, when this incarnation knows it.
+    pub owner_word: Option<OwnerWord>,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct ExtentSlot {
     owner: Option<SessionId>,
@@ -27,6 +36,9 @@ struct ExtentSlot {
     /// Held at start because a previous incarnation may have granted it: the node that
     /// held it may claim it back when it rejoins.
     claimable: bool,
+    /// The extent's owner word in shared memory as this incarnation last learnt it (from a
+    /// grant it made or a claim it heard); `None` until then.
+    word: Option<OwnerWord>,
 }
 
 impl ExtentTable {
@@ -38,6 +50,7 @@ impl ExtentTable {
             replicas: 0,
             cool_until: Timestamp::ZERO,
             claimable: false,
+            word: None,
         };
         ExtentTable {
             extent_bytes,
@@ -45,19 +58,31 @@ impl ExtentTable {
         }
     }
 
-    /// Grants the lowest free, cooled extent to `session`: its offset and length.
-    pub fn grant(&mut self, session: SessionId, now: Timestamp) -> Option<(u64, u64)> {
+    /// Grants the lowest free, cooled extent to `session` (of `node`): its offset, length
+    /// and the owner word the node takes it from.
+    pub fn grant(
+        &mut self,
+        session: SessionId,
+        node: NodeId,
+        now: Timestamp,
+    ) -> Option<GrantedExtent> {
         let index = self
             .slots
             .iter()
             .position(|slot| slot.owner.is_none() && slot.cool_until <= now)?;
+        let known = self.slots[index].word;
         self.slots[index] = ExtentSlot {
             owner: Some(session),
             replicas: 0,
             cool_until: Timestamp::ZERO,
             claimable: false,
+            word: known.map(|word| word.taken_by(node)),
         };
-        Some((index as u64 * self.extent_bytes, self.extent_bytes))
+        Some(GrantedExtent {
+            offset_bytes: index as u64 * self.extent_bytes,
+            length_bytes: self.extent_bytes,
+            owner_word: known,
+        })
     }
 
     /// The extent holding `[offset, offset + length)` if `session` owns it entirely.
@@ -116,6 +141,7 @@ impl ExtentTable {
                     replicas: 0,
                     cool_until,
                     claimable: false,
+                    word: slot.word,
                 };
             }
         }
@@ -131,6 +157,7 @@ impl ExtentTable {
                     replicas: 0,
                     cool_until,
                     claimable: false,
+                    word: slot.word,
                 };
             }
         }
@@ -156,6 +183,7 @@ impl ExtentTable {
                     replicas: 0,
                     cool_until,
                     claimable: false,
+                    word: slot.word,
                 };
                 ExtentReturn::Returned
             }
@@ -172,24 +200,25 @@ impl ExtentTable {
         }
     }
 
-    /// A rejoining `session` claims the extent starting at `offset_bytes`: true when it is
-    /// the session's now — already its own, held at start and not yet granted or claimed,
-    /// or held by an ended session for which `same_node_ended` holds (the same node's
-    /// earlier session). Never another node's, nor one given back or released.
+    /// A rejoining `session` claims `claim`'s extent: true when it is the session's now —
+    /// already its own, held at start and not yet granted or claimed, or held by an ended
+    /// session for which `same_node_ended` holds (the same node's earlier session). Never
+    /// another node's, nor one given back or released. The owner word the node wrote is
+    /// learnt either way.
     pub fn claim(
         &mut self,
         session: SessionId,
-        offset_bytes: u64,
+        claim: &ExtentClaim,
         same_node_ended: impl Fn(SessionId) -> bool,
     ) -> bool {
-        if offset_bytes % self.extent_bytes != 0 {
+        if claim.offset_bytes % self.extent_bytes != 0 {
             return false;
         }
-        let index = self.index_of(offset_bytes);
+        let index = self.index_of(claim.offset_bytes);
         let Some(slot) = self.slots.get_mut(index) else {
             return false;
         };
-        match slot.owner {
+        let claimed = match slot.owner {
             Some(owner) if owner == session => true,
             Some(owner) if same_node_ended(owner) => {
                 slot.owner = Some(session);
@@ -201,10 +230,27 @@ impl ExtentTable {
                     replicas: 0,
                     cool_until: Timestamp::ZERO,
                     claimable: false,
+                    word: slot.word,
                 };
                 true
             }
-            _ => false,
+            None | Some(_) => false,
+        };
+        // A claim carries a word only when the node's swap to it succeeded, so it is what
+        // shared memory holds (a grant still in flight from an older word fails to take it).
+        if claim.owner_word.is_some() {
+            slot.word = claim.owner_word;
+        }
+        claimed
+    }
+
+    /// The holder `session` of the extent at `offset_bytes` found `word` in shared memory.
+    pub fn learn_word(&mut self, session: SessionId, offset_bytes: u64, word: OwnerWord) {
+        let index = self.index_of(offset_bytes);
+        if let Some(slot) = self.slots.get_mut(index) {
+            if slot.owner == Some(session) {
+                slot.word = Some(word);
+            }
         }
     }
 
@@ -394,5 +440,44 @@ impl PoolRecord {
             quarantined_bytes: if owner_reachable { 0 } else { allocated_bytes },
             pinned_bytes: self.pinned_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp(ms * 1_000_000)
+    }
+
+    #[test]
+    fn a_grant_hands_on_the_owner_word_the_directory_learnt() {
+        let (a, b) = (SessionId::new(1, 1), SessionId::new(1, 2));
+        let (node_a, node_b) = (NodeId(0), NodeId(1));
+        let mut table = ExtentTable::new(2 * 4096, 4096);
+        let first = table.grant(a, node_a, at(0)).unwrap();
+        assert_eq!(first.owner_word, None, "a new incarnation knows no word");
+        table.hold_until(at(10));
+        // A restart: `a` claims its extent back with the word it wrote.
+        let written = OwnerWord(9 << 32 | 1);
+        let claim = ExtentClaim {
+            offset_bytes: first.offset_bytes,
+            owner_word: Some(written),
+        };
+        assert!(table.claim(a, &claim, |_| false));
+        assert_eq!(
+            table.give_back(a, first.offset_bytes, at(20)),
+            ExtentReturn::Returned
+        );
+        // The other extent was never claimed: unknown; this one's word is handed on.
+        let second = table.grant(b, node_b, at(20)).unwrap();
+        assert_eq!((second.offset_bytes, second.owner_word), (0, Some(written)));
+        let third = table.grant(a, node_a, at(20)).unwrap();
+        assert_eq!(third.owner_word, None);
+        // The word after b took it is what the next grant of it starts from.
+        assert_eq!(table.give_back(b, 0, at(30)), ExtentReturn::Returned);
+        let again = table.grant(a, node_a, at(30)).unwrap();
+        assert_eq!(again.owner_word, Some(written.taken_by(node_b)));
     }
 }

@@ -3,7 +3,7 @@
 use super::*;
 use crate::model::{
     DomainId, Epoch, KvDtype, LeaseId, Location, Medium, NamespaceDescriptor, ObjectId,
-    OperationId, PrefixDigest,
+    OperationId, OwnerWord, PrefixDigest,
 };
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::policy::profiles::{Measurement, ProfileFigures, TierKind};
@@ -1772,17 +1772,21 @@ fn a_rejoined_node_gets_its_cache_back_and_reclaims_wait_for_the_recovery_window
         "pools registered in the same order keep their ids"
     );
     let extent = in_cxl.offset_bytes - in_cxl.offset_bytes % (4 * MIB);
+    let claim = |word: u64| ExtentClaim {
+        offset_bytes: extent,
+        owner_word: Some(OwnerWord(word)),
+    };
     assert_eq!(
         restarted
             .directory
-            .claim_extents(a2.session, cxl, &[extent]),
+            .claim_extents(a2.session, cxl, &[claim(5 << 32 | 1)]),
         Ok(vec![true]),
         "an extent held at start is claimable"
     );
     assert_eq!(
         restarted
             .directory
-            .claim_extents(b2.session, cxl, &[extent]),
+            .claim_extents(b2.session, cxl, &[claim(6 << 32 | 2)]),
         Ok(vec![false]),
         "never one another node claimed"
     );

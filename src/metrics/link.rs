@@ -1,14 +1,26 @@
 //! A node's link to the directory, as an operator watches an outage: whether the node's
-//! lookups reach the directory now, and how many times they stopped reaching it.
+//! lookups reach the directory now, how many times they stopped reaching it, and what its
+//! rejoins kept of its shared extents.
 
 use super::Metrics;
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
 /// A node's link families, registered in its [`Metrics`].
 #[derive(Debug)]
 pub struct NodeLinkMetrics {
     directory_reachable: IntGauge,
     directory_outages_total: IntCounter,
+    rejoins_total: IntCounterVec,
+    rejoin_extents_total: IntCounterVec,
+}
+
+/// Why a node rejoined: the label of `kvtier_node_rejoins_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejoinCause {
+    /// No heartbeat answered for the fence window.
+    Silence,
+    /// The directory no longer knew the session (a restart, a new leader, a fence).
+    Unknown,
 }
 
 impl NodeLinkMetrics {
@@ -23,10 +35,45 @@ impl NodeLinkMetrics {
                 "kvtier_directory_outages_total",
                 "Times the directory stopped answering this node.",
             )?,
+            rejoins_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_node_rejoins_total",
+                    "Sessions this node lost and rejoined, by cause: silence (no heartbeat answered for the fence window) or unknown_session (the directory restarted, failed over or fenced it).",
+                ),
+                &["cause"],
+            )?,
+            rejoin_extents_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_node_rejoin_extents_total",
+                    "Shared-pool extents this node's rejoins kept (claimed back) or lost (granted on, or refused), with the replicas inside.",
+                ),
+                &["outcome"],
+            )?,
         };
         metrics.register(Box::new(families.directory_reachable.clone()))?;
         metrics.register(Box::new(families.directory_outages_total.clone()))?;
+        metrics.register(Box::new(families.rejoins_total.clone()))?;
+        metrics.register(Box::new(families.rejoin_extents_total.clone()))?;
         Ok(families)
+    }
+
+    /// A rejoin began, for `cause`.
+    pub fn rejoin_began(&self, cause: RejoinCause) {
+        let label = match cause {
+            RejoinCause::Silence => "silence",
+            RejoinCause::Unknown => "unknown_session",
+        };
+        self.rejoins_total.with_label_values(&[label]).inc();
+    }
+
+    /// A rejoin ended, with the shared extents it kept and lost.
+    pub fn rejoin_ended(&self, extents_kept: usize, extents_lost: usize) {
+        self.rejoin_extents_total
+            .with_label_values(&["kept"])
+            .inc_by(extents_kept as u64);
+        self.rejoin_extents_total
+            .with_label_values(&["lost"])
+            .inc_by(extents_lost as u64);
     }
 
     /// Exports whether lookups reach the directory (`reaching`) and the outages so far.

@@ -1,5 +1,6 @@
 //! Identities, locations and records shared by every role.
 
+pub mod extent_owner;
 pub mod ids;
 pub mod namespace;
 pub mod object;
@@ -7,6 +8,7 @@ pub mod pool;
 pub mod random;
 pub mod time;
 
+pub use extent_owner::{OwnerTable, OwnerWord};
 pub use ids::{
     AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId, ReplicaId,
     SessionId, TaskId, TransferToken,

@@ -144,8 +144,8 @@ fn bound(
             Reply::Tasks(core.poll_tasks(now, session, max)?)
         }
         Request::ReclaimAck { replica } => Reply::Reclaimed(core.reclaim_ack(session, replica)?),
-        Request::ClaimExtents { pool, offsets } => {
-            Reply::Claimed(core.claim_extents(session, pool, &offsets)?)
+        Request::ClaimExtents { pool, claims } => {
+            Reply::Claimed(core.claim_extents(session, pool, &claims)?)
         }
         Request::Adopt { holdings } => Reply::Adopted(core.adopt(now, session, &holdings)?),
         Request::AdmitAfter { pool, accesses } => {
@@ -218,13 +218,19 @@ fn data(
             operation,
             pool,
             offset_bytes,
-        } => Reply::ExtentReturned(core.return_extent(
-            now,
-            session,
-            operation,
-            pool,
-            offset_bytes,
-        )?),
+            owner_word,
+        } => {
+            if let Some(word) = owner_word {
+                core.learn_owner_word(session, pool, offset_bytes, word);
+            }
+            Reply::ExtentReturned(core.return_extent(
+                now,
+                session,
+                operation,
+                pool,
+                offset_bytes,
+            )?)
+        }
         Request::ReserveMany { items } => {
             Reply::ReservedMany(core.reserve_many(now, session, &items)?)
         }

@@ -29,9 +29,11 @@ use serde::{Deserialize, Serialize};
 /// ([`crate::wire::handoff`]) instead of naming paths, gives a skipped store its reason
 /// (reserve and store grants) and a reload its repriced namespaces; 10 added delegations
 /// (AcquireDelegating, ReportHits, the Recall task, local leases); 11 partitions a node's
-/// CPU memory by salt group (a pool's tenancy, a mapping's write permission). An older
-/// peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[11];
+/// CPU memory by salt group (a pool's tenancy, a mapping's write permission); 12 records
+/// each extent's owner in the shared pool ([`crate::model::extent_owner`]): a grant carries
+/// the owner word the directory knew, a claim the word the node wrote. An older peer is
+/// refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[12];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -145,10 +147,14 @@ pub enum DirectoryRequest {
     },
     /// Gives back an extent the node no longer allocates in; idempotent by operation id
     /// and resolvable like a store, so a lost reply never lets the node guess.
+    /// An extent given back: one that emptied, or one a grant could not take because its
+    /// owner word had moved on (`owner_word`: the word found, which the directory grants it
+    /// from next).
     ReturnExtent {
         operation: OperationId,
         pool: PoolId,
         offset_bytes: u64,
+        owner_word: Option<crate::model::OwnerWord>,
     },
     ReclaimAck {
         replica: ReplicaId,
@@ -162,10 +168,11 @@ pub enum DirectoryRequest {
     PollTasks {
         max: u32,
     },
-    /// A rejoining node claims the extents of a shared pool it still allocates in.
+    /// A rejoining node claims the extents of a shared pool it still allocates in, each
+    /// with the owner word it wrote (`None` past the pool's owner table).
     ClaimExtents {
         pool: PoolId,
-        offsets: Vec<u64>,
+        claims: Vec<crate::directory::ExtentClaim>,
     },
     /// A rejoining node reports READY replicas it still holds, in bounded batches.
     Adopt {

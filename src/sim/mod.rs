@@ -70,7 +70,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
              {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
              {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
-             {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents, \
+             {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents ({} kept after a silence, {} found taken by another node, {} grants refused by owner words), \
              {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
              {} delegations, {} local hits, {} recalls",
             summary.seeds,
@@ -96,6 +96,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.replicas_refused_for_reservations,
             summary.covered.replicas_lost_with_extents,
             summary.covered.extents_lost,
+            summary.covered.extents_kept_after_silence,
+            summary.covered.extents_found_taken,
+            summary.covered.extent_grants_refused,
             summary.covered.answered_beside_rejoins,
             summary.covered.storms,
             summary.covered.storm_items,
@@ -150,6 +153,13 @@ pub struct Coverage {
     pub replicas_lost_with_extents: u64,
     /// Shared extents nodes gave up or were refused on rejoining.
     pub extents_lost: u64,
+    /// Extents a node claimed back from a new directory incarnation after a silence past
+    /// its fence window, their owner words still naming it.
+    pub extents_kept_after_silence: u64,
+    /// Grants whose extent's owner word had moved on (taken by another node): never used.
+    pub extent_grants_refused: u64,
+    /// Extents a rejoining node gave up because their owner words named another node.
+    pub extents_found_taken: u64,
     /// Replies to a node while another node was rejoining.
     pub answered_beside_rejoins: u64,
     /// Rejoin storms run, and the extents and replicas their nodes reported.
@@ -185,6 +195,9 @@ impl Coverage {
         self.replicas_superseded += other.replicas_superseded;
         self.replicas_refused_for_reservations += other.replicas_refused_for_reservations;
         self.extents_lost += other.extents_lost;
+        self.extents_kept_after_silence += other.extents_kept_after_silence;
+        self.extent_grants_refused += other.extent_grants_refused;
+        self.extents_found_taken += other.extents_found_taken;
         self.answered_beside_rejoins += other.answered_beside_rejoins;
         self.storms += other.storms;
         self.storm_items += other.storm_items;

@@ -301,7 +301,8 @@ impl World {
         }
         if self.nodes[node].core.liveness.may_be_fenced(self.now) {
             // Silent for the fence window: the directory may have fenced this session and
-            // handed its extents on. Stop writing: rejoin without them.
+            // handed its extents on. Stop writing and rejoin (`extents_to_claim` decides
+            // which extents stay).
             self.session_lost(node);
             return;
         }
@@ -504,6 +505,7 @@ impl World {
                 operation,
                 pool,
                 offset_bytes,
+                owner_word: None,
             };
             self.send(node, request, Purpose::Return { pool, offset_bytes });
         }

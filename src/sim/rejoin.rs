@@ -1,9 +1,10 @@
 //! How a simulated node rejoins a directory that lost its session (it restarted, or fenced
 //! the node), as `actors::node::rejoin` does, with the same node core: it stops serving,
-//! forgets what only the lost session could answer (`NodeCore::session_lost`), gives up
-//! its shared extents when it was silent for its fence window, opens a new session,
-//! registers its CPU pool and namespaces again (their ids must not change), claims its
-//! extents, and reports its `Holdings` in batches of at most `batch_items_max`, each sent
+//! forgets what only the lost session could answer (`NodeCore::session_lost`), opens a
+//! new session, gives up its shared extents when it was silent for its fence window to
+//! the same directory incarnation, registers its CPU pool and namespaces again (their ids
+//! must not change), claims the extents whose owner words still name it (taking them again
+//! in the words), and reports its `Holdings` in batches of at most `batch_items_max`, each sent
 //! again at the next tick while the directory paces it. Rejoin calls go straight to the
 //! directory, like start-up.
 //!
@@ -16,8 +17,9 @@
 
 use super::node::{cpu_pool_spec, media_orders, operation_of, Pending, Purpose, SimNode};
 use super::world::{descriptor, World, ADOPT_ITEMS_PER_TICK};
-use crate::directory::{AdoptOutcome, DirectoryError, Holding};
-use crate::model::{Location, PoolId};
+use crate::directory::{AdoptOutcome, DirectoryError, ExtentClaim, Holding};
+use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
+use crate::model::{Location, NodeId, OwnerWord, PoolId};
 use crate::node::Liveness;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use std::collections::VecDeque;
@@ -36,10 +38,24 @@ enum Phase {
 pub struct Rejoin {
     phase: Phase,
     batch_items_max: usize,
-    /// Extents to claim, in batches, by pool.
-    claims: VecDeque<(PoolId, Vec<(u64, u64)>)>,
+    /// Whether the node was silent for its fence window when it lost its session.
+    silent: bool,
+    /// The directory incarnation of the lost session.
+    lost_incarnation: u16,
+    /// Extents to claim, in batches, by pool, with the owner word the node wrote.
+    claims: VecDeque<(PoolId, Vec<ExtentToClaim>)>,
     /// Holdings to report, in batches.
     reports: VecDeque<Vec<Holding>>,
+}
+
+/// An extent a rejoining node claims: its offset, length and the owner word it wrote.
+type ExtentToClaim = (u64, u64, Option<OwnerWord>);
+
+impl Rejoin {
+    /// Whether the node is still opening its new session (it has claimed nothing yet).
+    pub(super) fn is_opening(&self) -> bool {
+        self.phase == Phase::Open
+    }
 }
 
 /// What a node held when the directory was killed, and what became of it since.
@@ -68,7 +84,10 @@ impl SimNode {
 impl World {
     /// Node `node` lost its session: it stops serving and starts to rejoin.
     pub(super) fn session_lost(&mut self, node: usize) {
-        let keep_extents = !self.nodes[node].core.liveness.may_be_fenced(self.now);
+        let silent = self.nodes[node].core.liveness.may_be_fenced(self.now);
+        let lost_incarnation = self.nodes[node]
+            .session
+            .map_or(0, |session| session.incarnation());
         self.nodes[node].core.session_lost();
         // What was in flight in the lost session is never answered.
         let pending = std::mem::take(&mut self.nodes[node].pending);
@@ -84,20 +103,12 @@ impl World {
         state.rejoin = Some(Rejoin {
             phase: Phase::Open,
             batch_items_max: 1,
+            silent,
+            lost_incarnation,
             claims: VecDeque::new(),
             reports: VecDeque::new(),
         });
         self.stats.covered.rejoins += 1;
-        if !keep_extents {
-            let mut domains: Vec<u32> = self.nodes[node].cxl.keys().copied().collect();
-            domains.sort_unstable();
-            for domain in domains {
-                let extents: Vec<(u64, u64)> = self.nodes[node].cxl[&domain].extents().collect();
-                for (offset, length) in extents {
-                    self.lose_extent(node, domain, offset, length);
-                }
-            }
-        }
     }
 
     /// A request of a lost session: its operation and the client's slots are given back.
@@ -185,24 +196,71 @@ impl World {
             self.call(node, DirectoryRequest::RegisterNamespace(descriptor()));
         }
         let batch = (opened.batch_items_max as usize).max(1);
-        let mut domains: Vec<u32> = self.nodes[node].cxl.keys().copied().collect();
-        domains.sort_unstable();
-        let mut claims = VecDeque::new();
-        for domain in domains {
-            let Some(pool) = self.pool_of_domain(domain) else {
-                continue;
-            };
-            let extents: Vec<(u64, u64)> = self.nodes[node].cxl[&domain].extents().collect();
-            for chunk in extents.chunks(batch) {
-                claims.push_back((pool, chunk.to_vec()));
-            }
-        }
+        let claims = self.extents_to_claim(node, opened.session.incarnation(), opened.node, batch);
         if let Some(rejoin) = self.nodes[node].rejoin.as_mut() {
             rejoin.batch_items_max = batch;
             rejoin.claims = claims;
             rejoin.phase = Phase::Claim;
         }
         self.rejoin_next(node);
+    }
+
+    /// The extents node `node` claims in its new session (of directory incarnation
+    /// `incarnation`), in batches: after a silence past its fence window, none when the
+    /// directory it was silent to answers again, and otherwise those whose owner words
+    /// still name it, taken again in the words (as `actors::node::rejoin` does).
+    fn extents_to_claim(
+        &mut self,
+        node: usize,
+        incarnation: u16,
+        node_id: NodeId,
+        batch: usize,
+    ) -> VecDeque<(PoolId, Vec<ExtentToClaim>)> {
+        let (silent, lost_incarnation) = self.nodes[node]
+            .rejoin
+            .as_ref()
+            .map_or((false, 0), |rejoin| {
+                (rejoin.silent, rejoin.lost_incarnation)
+            });
+        let fenced_here = incarnation == lost_incarnation;
+        let mut domains: Vec<u32> = self.nodes[node].cxl.keys().copied().collect();
+        domains.sort_unstable();
+        let mut claims = VecDeque::new();
+        for domain in domains {
+            let extents: Vec<(u64, u64)> = self.nodes[node].cxl[&domain].extents().collect();
+            let mut kept = Vec::new();
+            for (offset, length) in extents {
+                let taken = match self.owner_words.get(&domain) {
+                    Some(words) if !(silent && fenced_here) => {
+                        take_extent(words, offset / length, node_id, TakeFrom::Held)
+                    }
+                    _ => Ownership::Refused(OwnerWord::NOBODY),
+                };
+                match taken {
+                    Ownership::Taken(word) => kept.push((offset, length, Some(word))),
+                    Ownership::Untracked if !silent => kept.push((offset, length, None)),
+                    Ownership::Refused(found)
+                        if found.owner().is_some_and(|owner| owner != node_id) =>
+                    {
+                        self.stats.covered.extents_found_taken += 1;
+                        self.lose_extent(node, domain, offset, length)
+                    }
+                    Ownership::Untracked | Ownership::Refused(_) => {
+                        self.lose_extent(node, domain, offset, length)
+                    }
+                }
+            }
+            if silent && !fenced_here {
+                self.stats.covered.extents_kept_after_silence += kept.len() as u64;
+            }
+            let Some(pool) = self.pool_of_domain(domain) else {
+                continue;
+            };
+            for chunk in kept.chunks(batch) {
+                claims.push_back((pool, chunk.to_vec()));
+            }
+        }
+        claims
     }
 
     /// Moves on when the current phase has nothing left to send.
@@ -239,8 +297,14 @@ impl World {
         else {
             return self.rejoin_next(node);
         };
-        let offsets = chunk.iter().map(|(offset, _)| *offset).collect();
-        let request = DirectoryRequest::ClaimExtents { pool, offsets };
+        let claims = chunk
+            .iter()
+            .map(|&(offset_bytes, _, owner_word)| ExtentClaim {
+                offset_bytes,
+                owner_word,
+            })
+            .collect();
+        let request = DirectoryRequest::ClaimExtents { pool, claims };
         let Some(reply) = self.send_report(node, request, chunk.len()) else {
             return;
         };
@@ -251,7 +315,7 @@ impl World {
             rejoin.claims.pop_front();
         }
         let domain = self.cxl_pools.get(&pool).copied().unwrap_or(u32::MAX);
-        for (&(offset, length), claimed) in chunk.iter().zip(answers) {
+        for (&(offset, length, _), claimed) in chunk.iter().zip(answers) {
             if !claimed {
                 self.lose_extent(node, domain, offset, length);
             }

@@ -8,6 +8,7 @@ use crate::backends::PoolError;
 use crate::directory::{
     AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
 };
+use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
 use crate::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
 use crate::node::{
     after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
@@ -419,6 +420,37 @@ impl World {
         let Some(domain) = self.cxl_pools.get(&extent.pool).copied() else {
             return;
         };
+        let (Some(words), Some(node_id)) =
+            (self.owner_words.get(&domain), self.nodes[node].node_id)
+        else {
+            return;
+        };
+        let index = extent.offset_bytes / extent.length_bytes.max(1);
+        let from = extent.owner_word.map_or(TakeFrom::Unknown, TakeFrom::Known);
+        if let Ownership::Refused(found) = take_extent(words, index, node_id, from) {
+            // Another node's in shared memory: never written, given back.
+            self.stats.covered.extent_grants_refused += 1;
+            let state = &mut self.nodes[node];
+            let Some(operation) =
+                state
+                    .core
+                    .begin_return(extent.pool, extent.offset_bytes, extent.length_bytes)
+            else {
+                return;
+            };
+            let request = DirectoryRequest::ReturnExtent {
+                operation,
+                pool: extent.pool,
+                offset_bytes: extent.offset_bytes,
+                owner_word: Some(found),
+            };
+            let purpose = Purpose::Return {
+                pool: extent.pool,
+                offset_bytes: extent.offset_bytes,
+            };
+            self.send(node, request, purpose);
+            return;
+        }
         if let Some(allocator) = self.nodes[node].cxl.get_mut(&domain) {
             allocator
                 .add_extent(extent.offset_bytes, extent.length_bytes)

@@ -619,7 +619,7 @@ async fn give_back_empty_extents(services: &NodeServices) {
         while let Ok(Some((offset_bytes, length_bytes))) = actor.send(TakeEmptyExtent).await {
             let action = services
                 .link
-                .give_back_extent(*pool, offset_bytes, length_bytes)
+                .give_back_extent(*pool, offset_bytes, length_bytes, None)
                 .await;
             services.apply_extent_action(action).await;
             if action != ExtentAction::Forget {

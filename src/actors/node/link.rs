@@ -11,7 +11,9 @@ use crate::directory::{
     CommitOutcome, DirectoryError, ExtentGrant, ExtentReturn, OpenReply, ReserveItem,
     ReserveOutcome, ResolveOutcome, StoreSkip,
 };
-use crate::model::{Epoch, Location, Medium, NodeId, OperationId, PoolId, ReplicaId, SessionId};
+use crate::model::{
+    Epoch, Location, Medium, NodeId, OperationId, OwnerWord, PoolId, ReplicaId, SessionId,
+};
 use crate::node::{ExtentAction, NodeCore};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, Hello, ProtocolError};
 use crate::wire::{quic, tls, RpcClient, RpcConfig, WireError};
@@ -684,6 +686,7 @@ impl DirectoryLink {
         pool: PoolId,
         offset_bytes: u64,
         length_bytes: u64,
+        owner_word: Option<OwnerWord>,
     ) -> ExtentAction {
         let begun = self.core().begin_return(pool, offset_bytes, length_bytes);
         let Some(operation) = begun else {
@@ -697,6 +700,7 @@ impl DirectoryLink {
             operation,
             pool,
             offset_bytes,
+            owner_word,
         };
         let answer = match self.call(request).await {
             Ok(DirectoryReply::ExtentReturned(answer)) => Some(answer),

@@ -2,7 +2,8 @@
 //! allocated and freed; engines copy bytes through their own mappings.
 
 use crate::backends::{Allocation, PoolBackend, PoolError};
-use crate::model::{AllocationId, Generation};
+use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
+use crate::model::{AllocationId, Generation, NodeId};
 use actix::prelude::*;
 use std::sync::Arc;
 
@@ -118,6 +119,31 @@ impl Handler<DropExtent> for PoolActor {
 
     fn handle(&mut self, message: DropExtent, _: &mut Context<Self>) -> Self::Result {
         self.backend.drop_extent(message.offset_bytes)
+    }
+}
+
+/// Takes an extent of a shared pool for this node in the pool's owner words
+/// (`model::extent_owner`): after a grant, or when claiming it back in a rejoin.
+pub struct TakeExtent {
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+    pub node: NodeId,
+    pub from: TakeFrom,
+}
+
+impl Message for TakeExtent {
+    type Result = Ownership;
+}
+
+impl Handler<TakeExtent> for PoolActor {
+    type Result = MessageResult<TakeExtent>;
+
+    fn handle(&mut self, message: TakeExtent, _: &mut Context<Self>) -> Self::Result {
+        let Some(table) = self.backend.owner_table() else {
+            return MessageResult(Ownership::Untracked);
+        };
+        let index = message.offset_bytes / message.length_bytes.max(1);
+        MessageResult(take_extent(table, index, message.node, message.from))
     }
 }
 

@@ -577,7 +577,7 @@ async fn probe_shared_pool(
     };
     let measured = probe::probe_memory(cxl.memory(), region);
     let action = link
-        .give_back_extent(pool, extent.offset_bytes, extent.length_bytes)
+        .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, None)
         .await;
     if let ExtentAction::AddBack {
         offset_bytes,

@@ -3,13 +3,18 @@
 //! opens a new session, registers its pools again under the same ids, claims the extents of
 //! shared pools it still allocates in, and reports what it holds in bounded batches, paced
 //! by the directory. Then it serves again. The rule that keeps this safe is in
-//! `directory::adoption`; a node that was silent for its fence window first gives up its
-//! shared extents, which the directory may have granted to another node meanwhile.
+//! `directory::adoption`. A node that was silent for its fence window gives up its shared
+//! extents when the directory it was silent to answers again (it may have granted them to
+//! another node meanwhile); a new incarnation cannot have, but one before it may have: the
+//! node keeps the extents whose owner words in shared memory still name it
+//! (`model::extent_owner`), however long the outage.
 
 use super::link::{Binding, LinkError};
-use super::pool::{DropExtent, HeldExtents};
+use super::pool::{DropExtent, HeldExtents, TakeExtent};
 use super::services::NodeServices;
-use crate::directory::{AdoptOutcome, DirectoryError};
+use crate::directory::{AdoptOutcome, DirectoryError, ExtentClaim};
+use crate::metrics::link::RejoinCause;
+use crate::model::extent_owner::{Ownership, TakeFrom};
 use crate::model::{NodeId, PoolId, PoolSpec};
 use crate::node::Liveness;
 use crate::policy::profiles::Measurement;
@@ -73,25 +78,38 @@ pub async fn rejoin(
     let link = &services.link;
     link.stop_serving();
     let lost_at = services.clock.now();
-    let keep_extents = {
+    let lost_session = link.session();
+    let silent_too_long = {
         let mut core = services.core();
         let silent_too_long = core.liveness.may_be_fenced(services.clock.now());
         core.session_lost();
-        !silent_too_long
+        silent_too_long
     };
+    services.link_metrics.rejoin_began(if silent_too_long {
+        RejoinCause::Silence
+    } else {
+        RejoinCause::Unknown
+    });
     let mut rejoined = Rejoined::default();
-    if !keep_extents {
-        rejoined.extents_lost += drop_shared_extents(services, registration).await;
-    }
     let binding = reopen(services).await;
     tracing::info!(session = %binding.session, epoch = %binding.epoch, "rejoining the directory");
+    // The directory that may have fenced this node and granted its extents on is the one
+    // it was silent to. A new incarnation (a restart, a standby elected) knows nothing of
+    // that: the owner words in shared memory say which extents are still this node's.
+    let fenced_here = binding.session.incarnation() == lost_session.incarnation();
+    if silent_too_long && fenced_here {
+        rejoined.extents_lost += drop_shared_extents(services, registration).await;
+    }
     register_again(services, registration, &binding).await?;
-    claim_extents(services, registration, &mut rejoined).await?;
+    claim_extents(services, registration, silent_too_long, &mut rejoined).await?;
     // A replica the directory does not adopt may still be read under a lease of the lost
     // session's incarnation: its pages are freed once that lease must have ended.
     let free_refused_at = lost_at + binding.recovery_window;
     adopt(services, &binding, free_refused_at, &mut rejoined).await?;
     link.resume_serving();
+    services
+        .link_metrics
+        .rejoin_ended(rejoined.extents_kept, rejoined.extents_lost);
     tracing::info!(
         adopted = rejoined.adopted,
         refused = rejoined.refused,
@@ -192,31 +210,61 @@ async fn register_again(
     Ok(())
 }
 
-/// Claims the extents of every shared pool; those refused leave the allocator with
-/// their replicas.
+/// Claims the extents of every shared pool whose owner word still names this node (and,
+/// after a silence past the fence window, only those the owner words track); the others,
+/// and those the directory refuses, leave the allocator with their replicas.
 async fn claim_extents(
     services: &NodeServices,
     registration: &Registration,
+    silent_too_long: bool,
     rejoined: &mut Rejoined,
 ) -> Result<(), RejoinError> {
     let batch = services.link.batch_items_max().max(1);
+    let node = registration.node;
     for (_, pool) in &registration.shared_pools {
         let Some(actor) = services.pools.get(pool) else {
             continue;
         };
-        let held = actor.send(HeldExtents).await.unwrap_or_default();
+        let mut held = Vec::new();
+        for (offset_bytes, length_bytes) in actor.send(HeldExtents).await.unwrap_or_default() {
+            let taken = actor
+                .send(TakeExtent {
+                    offset_bytes,
+                    length_bytes,
+                    node,
+                    from: TakeFrom::Held,
+                })
+                .await
+                .unwrap_or(Ownership::Untracked);
+            let owner_word = match taken {
+                Ownership::Taken(word) => Some(word),
+                Ownership::Untracked if !silent_too_long => None,
+                Ownership::Untracked | Ownership::Refused(_) => {
+                    lose_extent(services, *pool, offset_bytes, length_bytes).await;
+                    rejoined.extents_lost += 1;
+                    continue;
+                }
+            };
+            held.push(((offset_bytes, length_bytes), owner_word));
+        }
         for chunk in held.chunks(batch) {
-            let offsets: Vec<u64> = chunk.iter().map(|(offset, _)| *offset).collect();
+            let claims = chunk
+                .iter()
+                .map(|&((offset_bytes, _), owner_word)| ExtentClaim {
+                    offset_bytes,
+                    owner_word,
+                })
+                .collect();
             let request = DirectoryRequest::ClaimExtents {
                 pool: *pool,
-                offsets,
+                claims,
             };
             let DirectoryReply::Claimed(answers) = paced(services, request).await? else {
                 return Err(RejoinError::Refused(LinkError::Unexpected(
                     "claim answered with another reply".into(),
                 )));
             };
-            for (&(offset, length), claimed) in chunk.iter().zip(answers) {
+            for (&((offset, length), _), claimed) in chunk.iter().zip(answers) {
                 if claimed {
                     rejoined.extents_kept += 1;
                 } else {

@@ -4,10 +4,11 @@
 //! store, within that client's extent quota).
 
 use super::link::DirectoryLink;
-use super::pool::{AddExtent, Allocate, AllocateInNewExtent, Free, PoolActor};
+use super::pool::{AddExtent, Allocate, AllocateInNewExtent, Free, PoolActor, TakeExtent};
 use crate::backends::{Allocation, PoolError};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
+use crate::model::extent_owner::{Ownership, TakeFrom};
 use crate::model::{Clock, Location, ObjectId, PoolId};
 use crate::node::{ClientId, ClientRefusal, ExtentAction, NodeCore};
 use actix::prelude::*;
@@ -193,6 +194,31 @@ impl NodeServices {
             }
             return Ok(again.map_err(AllocationRefused::Pool));
         };
+        let from = extent.owner_word.map_or(TakeFrom::Unknown, TakeFrom::Known);
+        let taken = actor
+            .send(TakeExtent {
+                offset_bytes: extent.offset_bytes,
+                length_bytes: extent.length_bytes,
+                node: self.link.binding().node,
+                from,
+            })
+            .await?;
+        if let Ownership::Refused(found) = taken {
+            // Claimed from another directory incarnation since this one knew the word:
+            // never write in it.
+            tracing::warn!(
+                ?pool,
+                offset_bytes = extent.offset_bytes,
+                ?found,
+                "a granted extent is another node's in shared memory; giving it back"
+            );
+            // Whatever the answer, it never enters the allocator.
+            let _ = self
+                .link
+                .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, Some(found))
+                .await;
+            return Ok(again.map_err(AllocationRefused::Pool));
+        }
         let allocated = actor
             .send(AllocateInNewExtent {
                 offset_bytes: extent.offset_bytes,
@@ -208,7 +234,7 @@ impl NodeServices {
                 // Never keep an extent this node cannot use: give it back.
                 let action = self
                     .link
-                    .give_back_extent(pool, extent.offset_bytes, extent.length_bytes)
+                    .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, None)
                     .await;
                 self.apply_extent_action(action).await;
                 Ok(Err(error.into()))

@@ -375,3 +375,30 @@ fn open_refuses_what_is_not_this_pool() {
         Err(PoolError::Io { .. })
     ));
 }
+
+#[test]
+fn owner_words_are_shared_between_mappings_and_leave_the_header_valid() {
+    use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
+    use crate::model::NodeId;
+    let path = ShmPath::new("owners");
+    let first = SharedMemory::create(&path.0, 16 * PAGE, UUID, PAGE).unwrap();
+    let second = SharedMemory::open(&path.0, Some(UUID)).unwrap();
+    assert_eq!(first.owner_words(), (PAGE - 64) / 8);
+    assert_eq!(second.owner_word(3), Some(OwnerWord::NOBODY));
+    let Ownership::Taken(word) = take_extent(&first, 3, NodeId(1), TakeFrom::Unknown) else {
+        panic!("a fresh extent is taken");
+    };
+    assert_eq!(second.owner_word(3), Some(word));
+    assert_eq!(
+        take_extent(&second, 3, NodeId(2), TakeFrom::Held),
+        Ownership::Refused(word),
+        "another node's word is never claimed"
+    );
+    assert_eq!(
+        take_extent(&second, first.owner_words(), NodeId(2), TakeFrom::Unknown),
+        Ownership::Untracked
+    );
+    drop((first, second));
+    // The header's checksum does not cover the words: the pool still opens.
+    SharedMemory::open(&path.0, Some(UUID)).unwrap();
+}
