@@ -1,7 +1,8 @@
 //! The seeded whole-cluster simulation (`kvtier sim`) at a size that fits CI: every seed
 //! must keep every invariant, and the run must have exercised what it claims to cover:
-//! directory restarts with rejoins, adoptions and paced reports, and a rejoin storm per
-//! seed (every node serving again within its computed bound).
+//! directory restarts and leader failovers with rejoins, adoptions and paced reports, nodes
+//! cut off past their fence window that keep their extents, and a rejoin storm per seed
+//! (every node serving again within its computed bound).
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
 use kvtier::sim::{run_seed, run_seeds};
@@ -35,6 +36,18 @@ fn the_simulated_cluster_keeps_every_invariant() {
         ),
         ("node restarts", summary.covered.node_restarts, 50),
         ("directory restarts", summary.covered.directory_restarts, 10),
+        ("nodes cut off", summary.covered.node_cut_offs, 20),
+        (
+            "leaders cut off from etcd",
+            summary.covered.leader_cut_offs,
+            20,
+        ),
+        ("failovers", summary.covered.failovers, 20),
+        (
+            "extents kept after a silence",
+            summary.covered.extents_kept_after_silence,
+            20,
+        ),
         ("expirations", summary.covered.expired, 100),
         ("evictions", summary.covered.evicted, 100),
         ("demotions", summary.covered.demotions, 50),

@@ -13,7 +13,7 @@
 use super::replicas::NewReplica;
 use super::sessions::Session;
 use super::{Directory, DirectoryError, ExtentClaim, ReplicaState, Table};
-use crate::model::{Location, ObjectId, PoolId, Scope, SessionId, Timestamp};
+use crate::model::{Location, NodeId, ObjectId, PoolId, Scope, SessionId, Timestamp};
 use serde::{Deserialize, Serialize};
 
 /// A READY replica a rejoining node still holds.
@@ -46,6 +46,17 @@ impl Directory {
     /// window is still open.
     pub(super) fn holding_reclaims(&self, now: Timestamp) -> bool {
         self.recovery.adopted && now < self.recovery.until
+    }
+
+    /// Whether reclaim tasks of `node` are held back now: the recovery holds them all, and
+    /// a fenced or replaced session of the node holds the node's until its leases ended
+    /// (`NodeRecord::reclaims_held_until`).
+    pub(super) fn holding_reclaims_of(&self, now: Timestamp, node: NodeId) -> bool {
+        self.holding_reclaims(now)
+            || self
+                .nodes
+                .get(node.0 as usize)
+                .is_some_and(|record| now < record.reclaims_held_until)
     }
 
     /// Takes `items` from this tick's rejoin budget, or refuses with `Paced`.

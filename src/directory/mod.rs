@@ -251,6 +251,8 @@ mod tests_delegations;
 #[cfg(test)]
 mod tests_evictions;
 #[cfg(test)]
+mod tests_fenced_reclaims;
+#[cfg(test)]
 mod tests_partitions;
 #[cfg(test)]
 mod tests_peer_path;

@@ -168,7 +168,7 @@ impl Directory {
     ) -> Result<Vec<Task>, DirectoryError> {
         let node = self.open_session(session_id)?.node;
         let count = max.min(self.config.tasks_per_poll_max) as usize;
-        let holding_reclaims = self.holding_reclaims(now);
+        let holding_reclaims = self.holding_reclaims_of(now, node);
         let record = &mut self.nodes[node.0 as usize];
         let count = count.min(record.tasks.len());
         let tasks: Vec<Task> = if holding_reclaims {
@@ -213,7 +213,7 @@ impl Directory {
             return false;
         };
         let tasks = &self.nodes[session.node.0 as usize].tasks;
-        if self.holding_reclaims(now) {
+        if self.holding_reclaims_of(now, session.node) {
             tasks
                 .iter()
                 .any(|task| !matches!(task.kind, TaskKind::Reclaim { .. }))

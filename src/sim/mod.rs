@@ -11,12 +11,15 @@
 //! no lease outlives the bytes it protects (nothing is freed or overwritten under a lease a
 //! reader trusts); a replica in a pool the reader cannot map is never a hit.
 //!
+//! * `election`: etcd's leader lease and the leaders' cores: a leader cut off from etcd,
+//!   a standby elected as a new incarnation.
 //! * `network`: the faulty network.
 //! * `node`: a simulated node process: the real node core and the real allocators; what
 //!   it sends, and its retries, resolutions and restarts.
 //! * `replies`: what a node does with the directory's replies.
 //! * `world`: the directory, the nodes, the simulated bytes, and the checks.
 
+pub mod election;
 pub mod network;
 pub mod node;
 pub mod rejoin;
@@ -68,7 +71,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
-             {} extents returned ({} returns quarantined), {} node restarts, {} directory restarts, \
+             {} extents returned ({} returns quarantined), {} node restarts, {} nodes cut off, {} directory restarts, {} leaders cut off from etcd, {} failovers, \
              {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
              {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents ({} kept after a silence, {} found taken by another node, {} grants refused by owner words), \
              {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
@@ -82,7 +85,10 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.extents_returned,
             summary.covered.extent_returns_quarantined,
             summary.covered.node_restarts,
+            summary.covered.node_cut_offs,
             summary.covered.directory_restarts,
+            summary.covered.leader_cut_offs,
+            summary.covered.failovers,
             summary.covered.expired,
             summary.covered.evicted,
             summary.covered.demotions,
@@ -133,6 +139,11 @@ pub struct Coverage {
     pub extent_returns_quarantined: u64,
     pub node_restarts: u64,
     pub directory_restarts: u64,
+    /// Nodes cut off from the directory for a while.
+    pub node_cut_offs: u64,
+    /// Leaders cut off from etcd (still reaching the nodes), and standbys elected.
+    pub leader_cut_offs: u64,
+    pub failovers: u64,
     /// Sessions lost and rejoined (after a directory restart, or a fence).
     pub rejoins: u64,
     /// Holdings a rejoining node reported that the directory adopted (or already knew).
@@ -186,6 +197,9 @@ impl Coverage {
         self.extent_returns_quarantined += other.extent_returns_quarantined;
         self.node_restarts += other.node_restarts;
         self.directory_restarts += other.directory_restarts;
+        self.node_cut_offs += other.node_cut_offs;
+        self.leader_cut_offs += other.leader_cut_offs;
+        self.failovers += other.failovers;
         self.rejoins += other.rejoins;
         self.adopted += other.adopted;
         self.adoptions_refused += other.adoptions_refused;

@@ -1,6 +1,8 @@
 //! The simulated network between the nodes and the directory: every message may be
-//! dropped, duplicated, delayed and so reordered, as the seed decides. Bounded: a message
-//! sent while [`IN_FLIGHT_MAX`] are in flight is dropped, as a full socket buffer would.
+//! dropped, duplicated, delayed and so reordered, as the seed decides, and a node may be
+//! cut off from the directory for a while (every message to or from it lost). Bounded: a
+//! message sent while [`IN_FLIGHT_MAX`] are in flight is dropped, as a full socket buffer
+//! would.
 
 use crate::model::Timestamp;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
@@ -43,6 +45,8 @@ pub struct Network {
     faults: Faults,
     in_flight: Vec<Message>,
     order: u64,
+    /// Until when each node is cut off (by node index; empty: none ever was).
+    cut_off_until: Vec<Timestamp>,
 }
 
 impl Network {
@@ -52,7 +56,22 @@ impl Network {
             faults,
             in_flight: Vec::new(),
             order: 0,
+            cut_off_until: Vec::new(),
         }
+    }
+
+    /// Cuts node `node` off from the directory until `until`.
+    pub fn cut_off(&mut self, node: usize, until: Timestamp) {
+        if self.cut_off_until.len() <= node {
+            self.cut_off_until.resize(node + 1, Timestamp::ZERO);
+        }
+        self.cut_off_until[node] = until;
+    }
+
+    fn is_cut_off(&self, node: usize, now: Timestamp) -> bool {
+        self.cut_off_until
+            .get(node)
+            .is_some_and(|until| now < *until)
     }
 
     /// Sends a message at `now`; the network may lose, copy or delay it.
@@ -65,7 +84,7 @@ impl Network {
         request_id: u64,
         payload: Payload,
     ) {
-        if rng.chance(self.faults.drop_percent) {
+        if rng.chance(self.faults.drop_percent) || self.is_cut_off(node, now) {
             return;
         }
         let copies = if rng.chance(self.faults.duplicate_percent) {
@@ -96,6 +115,7 @@ impl Network {
             .into_iter()
             .partition(|message| message.deliver_at <= now);
         self.in_flight = later;
+        due.retain(|message| !self.is_cut_off(message.node, now));
         due.sort_by_key(|message| (message.deliver_at, message.order));
         due
     }

@@ -421,9 +421,14 @@ impl World {
                 self.stats.covered.paced += 1;
                 None
             }
-            DirectoryReply::Error(ProtocolError::Directory(
-                DirectoryError::UnknownSession | DirectoryError::Fenced { .. },
-            )) => {
+            // The directory changed again (or none serves): the rejoin starts over, as
+            // `actors::node::rejoin` does.
+            DirectoryReply::Error(
+                ProtocolError::Directory(
+                    DirectoryError::UnknownSession | DirectoryError::Fenced { .. },
+                )
+                | ProtocolError::Node(_),
+            ) => {
                 self.session_lost(node);
                 None
             }

@@ -129,6 +129,7 @@ impl World {
             },
         };
         if freed.is_ok() {
+            self.check_unread(space, location.offset_bytes, "freed");
             self.memory.remove(&(space, location.offset_bytes));
             self.nodes[node].core.holdings.freed(&location);
         }

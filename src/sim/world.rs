@@ -2,6 +2,7 @@
 //! over the same shared pools), the nodes, the network, the bytes each pool holds, and the
 //! checks run after every step.
 
+use super::election::Election;
 use super::network::{Faults, Message, Network, Payload};
 use super::node::{HeldLease, SimNode};
 use super::SeedReport;
@@ -32,6 +33,8 @@ pub const CXL_POOL_OBJECTS: u64 = 16;
 pub const EXTENT_OBJECTS: u64 = 4;
 /// Steps in a thousand at which the directory restarts.
 const DIRECTORY_RESTART_PER_MILLE: u64 = 1;
+/// Steps in a thousand at which a node is cut off from the directory for a while.
+const NODE_CUT_OFF_PER_MILLE: u64 = 1;
 /// The longest step of virtual time.
 pub const STEP_MS_MAX: u64 = 20;
 /// Items of one rejoin report, and rejoin items the directory takes per tick: small, so
@@ -68,6 +71,8 @@ pub struct World {
     /// Each shared pool's extent owner words (by domain), in its shared memory: they
     /// outlive directory incarnations and node processes.
     pub owner_words: HashMap<u32, SimOwnerWords>,
+    /// Which directory serves: etcd's lease and the leaders' cores.
+    pub election: Election,
     /// Leases still read by engines whose node process died.
     pub orphan_leases: Vec<HeldLease>,
     /// Network replications whose push ran before the receive (target → object), and
@@ -150,6 +155,7 @@ impl World {
             owner_words: (0..2u32)
                 .map(|domain| (domain, SimOwnerWords::new(domain)))
                 .collect(),
+            election: Election::new(Timestamp::ZERO),
             orphan_leases: Vec::new(),
             pushes: HashMap::new(),
             receives: HashMap::new(),
@@ -208,6 +214,13 @@ impl World {
     pub fn restart_directory(&mut self) {
         self.stats.covered.directory_restarts += 1;
         self.network.break_connections();
+        self.election.restarted(self.now);
+        self.new_incarnation();
+    }
+
+    /// A new directory incarnation serves (after a restart or a failover) over the same
+    /// shared pools, holding their extents for its recovery window.
+    pub(super) fn new_incarnation(&mut self) {
         // Copies half done die with the connections; the new incarnation may hand out
         // the same replica ids again.
         self.pushes.clear();
@@ -260,12 +273,23 @@ impl World {
     /// One step: time moves, the directory ticks, due messages arrive, one node acts.
     pub fn step(&mut self) {
         self.now = self.now + Duration::from_millis(1 + self.rng.below(STEP_MS_MAX));
-        let ticked = self.directory.tick(self.now);
+        self.election_step();
+        if self.election.serving(self.now) {
+            let ticked = self.directory.tick(self.now);
+            self.stats.covered.expired += u64::from(ticked.expired);
+            self.stats.covered.evicted += u64::from(ticked.evicted);
+        }
         self.tick_items = 0;
-        self.stats.covered.expired += u64::from(ticked.expired);
-        self.stats.covered.evicted += u64::from(ticked.evicted);
         if self.faults && self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
             self.restart_directory();
+        }
+        if self.faults && self.rng.below(1000) < NODE_CUT_OFF_PER_MILLE {
+            // Long enough, often, for the directory to fence the node and grant its
+            // extents on.
+            let node = self.rng.below(self.nodes.len() as u64) as usize;
+            let cut = Duration::from_millis(500 + self.rng.below(4_000));
+            self.network.cut_off(node, self.now + cut);
+            self.stats.covered.node_cut_offs += 1;
         }
         for message in self.network.due(self.now) {
             self.deliver(message);
@@ -291,6 +315,9 @@ impl World {
             return;
         }
         match message.payload {
+            // A request reaching no serving directory is refused unanswered (a leader past
+            // its lease, or a standby).
+            Payload::Request(_) if !self.election.serving(self.now) => {}
             Payload::Request(request) => {
                 let node = message.node;
                 let reply = self.call(node, request);
@@ -330,6 +357,9 @@ impl World {
         node: usize,
         request: crate::protocol::messages::DirectoryRequest,
     ) -> DirectoryReply {
+        if !self.election.serving(self.now) {
+            return DirectoryReply::Error(ProtocolError::Node("no directory serves".into()));
+        }
         let peer = self.nodes[node].name.clone();
         let role = PeerRole::Node(self.grant(node));
         match self.bound_session(node) {
@@ -359,6 +389,20 @@ impl World {
             );
         }
         self.memory.insert((space, offset), object);
+    }
+
+    /// Bytes at `offset` of `space` go (`what`: freed): nobody may still read them.
+    pub fn check_unread(&self, space: Space, offset: u64, what: &str) {
+        for held in self.trusted_leases() {
+            assert!(
+                held.space != space || held.lease.location.offset_bytes != offset,
+                "seed={}: {space:?}+{offset} was {what} under a lease a reader trusts ({:?}, until {:?}, now {:?})",
+                self.stats.seed,
+                held.lease.replica,
+                held.trusted_until,
+                self.now,
+            );
+        }
     }
 
     /// A reader checks the bytes under its lease.

@@ -70,42 +70,37 @@ pub struct Rejoined {
 }
 
 /// Rejoins the directory (see the module documentation). Retries opening a session until
-/// the directory answers; returns once the node serves again, or why it must stop.
+/// the directory answers, and starts over when the directory changes again during the
+/// rejoin (a failover or a restart in the middle of it); returns once the node serves
+/// again, or why it must stop.
 pub async fn rejoin(
     services: &NodeServices,
     registration: &Registration,
 ) -> Result<Rejoined, RejoinError> {
     let link = &services.link;
     link.stop_serving();
-    let lost_at = services.clock.now();
-    let lost_session = link.session();
-    let silent_too_long = {
-        let mut core = services.core();
-        let silent_too_long = core.liveness.may_be_fenced(services.clock.now());
-        core.session_lost();
-        silent_too_long
-    };
-    services.link_metrics.rejoin_began(if silent_too_long {
+    let mut lost = lose_session(services);
+    services.link_metrics.rejoin_began(if lost.silent_too_long {
         RejoinCause::Silence
     } else {
         RejoinCause::Unknown
     });
     let mut rejoined = Rejoined::default();
-    let binding = reopen(services).await;
-    tracing::info!(session = %binding.session, epoch = %binding.epoch, "rejoining the directory");
-    // The directory that may have fenced this node and granted its extents on is the one
-    // it was silent to. A new incarnation (a restart, a standby elected) knows nothing of
-    // that: the owner words in shared memory say which extents are still this node's.
-    let fenced_here = binding.session.incarnation() == lost_session.incarnation();
-    if silent_too_long && fenced_here {
-        rejoined.extents_lost += drop_shared_extents(services, registration).await;
+    loop {
+        let binding = reopen(services).await;
+        tracing::info!(session = %binding.session, epoch = %binding.epoch, "rejoining the directory");
+        // What this attempt keeps is counted afresh; losses add up.
+        rejoined.adopted = 0;
+        rejoined.extents_kept = 0;
+        match rejoin_session(services, registration, &binding, &lost, &mut rejoined).await {
+            Ok(()) => break,
+            Err(error) if directory_changed(&error) => {
+                tracing::warn!(%error, "the directory changed during the rejoin; rejoining again");
+                lost = lose_session(services);
+            }
+            Err(error) => return Err(error),
+        }
     }
-    register_again(services, registration, &binding).await?;
-    claim_extents(services, registration, silent_too_long, &mut rejoined).await?;
-    // A replica the directory does not adopt may still be read under a lease of the lost
-    // session's incarnation: its pages are freed once that lease must have ended.
-    let free_refused_at = lost_at + binding.recovery_window;
-    adopt(services, &binding, free_refused_at, &mut rejoined).await?;
     link.resume_serving();
     services
         .link_metrics
@@ -118,6 +113,66 @@ pub async fn rejoin(
         "rejoined the directory: serving again"
     );
     Ok(rejoined)
+}
+
+/// The session a rejoin replaces: which, when it was lost, and whether the node had been
+/// silent to it for its fence window.
+struct LostSession {
+    session: crate::model::SessionId,
+    at: crate::model::Timestamp,
+    silent_too_long: bool,
+}
+
+/// Forgets what only the current session could answer and says what was lost.
+fn lose_session(services: &NodeServices) -> LostSession {
+    let now = services.clock.now();
+    let session = services.link.session();
+    let mut core = services.core();
+    let silent_too_long = core.liveness.may_be_fenced(now);
+    core.session_lost();
+    LostSession {
+        session,
+        at: now,
+        silent_too_long,
+    }
+}
+
+/// Whether a rejoin step failed because the directory went away or no longer knows the
+/// new session (another failover or restart): the rejoin starts over, the node does not stop.
+fn directory_changed(error: &RejoinError) -> bool {
+    matches!(
+        error,
+        RejoinError::Refused(
+            LinkError::Wire(_)
+                | LinkError::Unreachable
+                | LinkError::Refused(ProtocolError::Directory(
+                    DirectoryError::UnknownSession | DirectoryError::Fenced { .. }
+                ))
+        )
+    )
+}
+
+/// One attempt at rejoining in the session `binding` opened.
+async fn rejoin_session(
+    services: &NodeServices,
+    registration: &Registration,
+    binding: &Binding,
+    lost: &LostSession,
+    rejoined: &mut Rejoined,
+) -> Result<(), RejoinError> {
+    // The directory that may have fenced this node and granted its extents on is the one
+    // it was silent to. A new incarnation (a restart, a standby elected) knows nothing of
+    // that: the owner words in shared memory say which extents are still this node's.
+    let fenced_here = binding.session.incarnation() == lost.session.incarnation();
+    if lost.silent_too_long && fenced_here {
+        rejoined.extents_lost += drop_shared_extents(services, registration).await;
+    }
+    register_again(services, registration, binding).await?;
+    claim_extents(services, registration, lost.silent_too_long, rejoined).await?;
+    // A replica the directory does not adopt may still be read under a lease of the lost
+    // session's incarnation: its pages are freed once that lease must have ended.
+    let free_refused_at = lost.at + binding.recovery_window;
+    adopt(services, binding, free_refused_at, rejoined).await
 }
 
 /// Opens a new session, retrying with backoff while the directory is out of reach.
