@@ -49,8 +49,8 @@ impl Directory {
     }
 
     /// Whether reclaim tasks of `node` are held back now: the recovery holds them all, and
-    /// a fenced or replaced session of the node holds the node's until its leases ended
-    /// (`NodeRecord::reclaims_held_until`).
+    /// a node that adopted memory replicas again after a session of it was fenced holds its
+    /// own until that session's leases ended (`NodeRecord::reclaims_held_until`).
     pub(super) fn holding_reclaims_of(&self, now: Timestamp, node: NodeId) -> bool {
         self.holding_reclaims(now)
             || self
@@ -140,7 +140,7 @@ impl Directory {
         holdings: &[Holding],
     ) -> Result<Vec<AdoptOutcome>, DirectoryError> {
         self.take_adopt_budget(holdings.len())?;
-        self.open_session(session_id)?;
+        let node = self.open_session(session_id)?.node;
         let mut outcomes = Vec::with_capacity(holdings.len());
         for holding in holdings {
             let outcome = self.adopt_one(now, session_id, holding)?;
@@ -152,6 +152,11 @@ impl Directory {
                 .is_some_and(|record| record.spec.medium.tier() == crate::model::Tier::L1);
             if outcome == AdoptOutcome::Adopted && leasable {
                 self.recovery.adopted = true;
+                // Pages this node adopts again may still be read under its fenced
+                // session's leases.
+                let record = &mut self.nodes[node.0 as usize];
+                record.reclaims_held_until =
+                    record.reclaims_held_until.max(record.fenced_leases_end);
             }
             outcomes.push(outcome);
         }

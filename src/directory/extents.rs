@@ -83,10 +83,10 @@ impl Directory {
         Ok(answer)
     }
 
-    /// Learns the owner word `session` found in the extent at `offset_bytes` when it could
-    /// not take it after a grant (someone's claim moved the word on): the next grant starts
-    /// from it. Only the extent's holder is heard; safety never rests on the word being
-    /// right (a stale one only makes the next grant fail), only liveness does.
+    /// Learns the owner word of the extent at `offset_bytes` that `session` gives back (the
+    /// word it holds, or the one it found when it could not take the extent after a grant):
+    /// the next grant starts from it. Only the extent's holder is heard; safety never rests
+    /// on the word being right (a stale one only makes the next grant fail), only liveness.
     pub fn learn_owner_word(
         &mut self,
         session: SessionId,

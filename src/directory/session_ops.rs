@@ -93,6 +93,7 @@ impl Directory {
             handed_out: VecDeque::new(),
             peer_endpoint: true,
             peer_address: None,
+            fenced_leases_end: Timestamp::ZERO,
             reclaims_held_until: Timestamp::ZERO,
         });
         self.node_ids.insert(name.to_owned(), node);
@@ -167,8 +168,8 @@ impl Directory {
         record.state = state;
         let node = record.node;
         if state == SessionState::Fenced {
-            let held = &mut self.nodes[node.0 as usize].reclaims_held_until;
-            *held = (*held).max(now + self.config.lease_duration);
+            let end = &mut self.nodes[node.0 as usize].fenced_leases_end;
+            *end = (*end).max(now + self.config.lease_duration);
         }
         let reservations: Vec<ReplicaId> = record.reservations.drain().collect();
         let leases = self.host_pool_leases(session);

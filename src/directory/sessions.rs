@@ -88,9 +88,12 @@ pub struct NodeRecord {
     /// Where the other nodes reach that endpoint, as the configuration says; `None` when
     /// it serves none or no configuration declared it.
     pub peer_address: Option<SocketAddr>,
-    /// Reclaim tasks for this node wait until then: a session of it was fenced or replaced
-    /// while its engines may still read under that session's leases (the directory's and
-    /// the node's local ones, all granted before the session ended and none longer than
-    /// `lease_duration`), and the node may adopt the same pages again in its new session.
+    /// When the leases of this node's last fenced or replaced session have surely ended:
+    /// the directory's and the node's local ones, all granted before the session ended and
+    /// none longer than `lease_duration`.
+    pub fenced_leases_end: Timestamp,
+    /// Reclaim tasks for this node wait until then: it adopted memory replicas again in a
+    /// new session while its engines may still read them under the fenced session's leases
+    /// (`fenced_leases_end`). A restarted process, whose pool is new memory, adopts none.
     pub reclaims_held_until: Timestamp,
 }

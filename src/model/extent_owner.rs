@@ -6,11 +6,13 @@
 //! shared_memory`): the owning node's id plus one in the low half (0: nobody yet), a
 //! generation in the high half. A node changes the word only by compare-and-swap, and only
 //! in two ways: when the directory grants it the extent (from the word the directory last
-//! knew, when it knows one) and when it claims the extent back in a rejoin (from a word
-//! that still names it). Every change bumps the generation, so of two nodes that race for
-//! one extent from the same word exactly one wins, and a grant a dead directory sent before
-//! a claim to its successor fails once the claim moved the word on. A node writes bytes in
-//! an extent only after its swap succeeded.
+//! knew; when it knows none, only from a word naming nobody or the grantee) and when it
+//! claims the extent back in a rejoin (from a word that still names it). Every change bumps
+//! the generation, so of two nodes that race for one extent from the same word exactly one
+//! wins, and a grant a dead directory sent before a claim to its successor fails once the
+//! claim moved the word on. A node writes bytes in an extent only after its swap succeeded.
+//! Every extent given back carries its word, so the directory learns the words of the
+//! extents it hands out.
 
 use super::NodeId;
 use serde::{Deserialize, Serialize};
@@ -62,7 +64,10 @@ pub enum TakeFrom {
     /// A grant, from the word the directory last knew.
     Known(OwnerWord),
     /// A grant of an extent whose word the directory never learnt (a new incarnation's
-    /// first grant of it): from whatever the word holds.
+    /// first grant of it): from a word that names nobody or the grantee, never another
+    /// node (the grantee gives the extent back with the word it found, which the directory
+    /// grants it from next). So a grant a dead incarnation sent never takes an extent a node
+    /// claimed from its successor, known word or not.
     Unknown,
     /// A claim in a rejoin: from a word that names the claiming node, and only such a word.
     Held,
@@ -88,7 +93,8 @@ pub fn take_extent(table: &dyn OwnerTable, index: u64, node: NodeId, from: TakeF
     };
     let expected = match from {
         TakeFrom::Known(word) => word,
-        TakeFrom::Unknown => current,
+        TakeFrom::Unknown if current.owner().is_none_or(|owner| owner == node) => current,
+        TakeFrom::Unknown => return Ownership::Refused(current),
         TakeFrom::Held if current.owner() == Some(node) => current,
         TakeFrom::Held => return Ownership::Refused(current),
     };
@@ -178,5 +184,23 @@ mod tests {
             Ownership::Untracked,
             "past the table"
         );
+    }
+
+    #[test]
+    fn a_grant_of_an_unknown_word_never_takes_another_nodes_extent() {
+        let table = Table(RefCell::new(vec![OwnerWord::NOBODY]));
+        let Ownership::Taken(claimed) = take_extent(&table, 0, A, TakeFrom::Unknown) else {
+            panic!("a fresh extent is taken");
+        };
+        assert_eq!(
+            take_extent(&table, 0, B, TakeFrom::Unknown),
+            Ownership::Refused(claimed),
+            "a grant whose sender never knew the word leaves A's extent alone"
+        );
+        // Given back with the word found, the directory grants it from that word next.
+        assert!(matches!(
+            take_extent(&table, 0, B, TakeFrom::Known(claimed)),
+            Ownership::Taken(_)
+        ));
     }
 }

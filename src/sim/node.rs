@@ -14,8 +14,8 @@ use crate::directory::{
     AcquireMode, DirectoryError, ExtentReturn, Lease, ReserveItem, ResolveOutcome,
 };
 use crate::model::{
-    DomainId, Location, Medium, NodeId, ObjectId, OperationId, PoolId, PoolSpec, ReplicaId, Scope,
-    SessionId, Timestamp,
+    DomainId, Location, Medium, NodeId, ObjectId, OperationId, OwnerTable, PoolId, PoolSpec,
+    ReplicaId, Scope, SessionId, Timestamp,
 };
 use crate::node::delegations::is_local;
 use crate::node::{ClientId, CommitResult, Liveness, NodeCore};
@@ -501,11 +501,15 @@ impl World {
                 allocator.add_extent(offset_bytes, length_bytes).ok();
                 continue;
             };
+            let owner_word = self
+                .owner_words
+                .get(&domain)
+                .and_then(|words| words.owner_word(offset_bytes / length_bytes.max(1)));
             let request = DirectoryRequest::ReturnExtent {
                 operation,
                 pool,
                 offset_bytes,
-                owner_word: None,
+                owner_word,
             };
             self.send(node, request, Purpose::Return { pool, offset_bytes });
         }

@@ -616,10 +616,10 @@ async fn give_back_empty_extents(services: &NodeServices) {
         services.apply_extent_action(action).await;
     }
     for (pool, actor) in &services.pools {
-        while let Ok(Some((offset_bytes, length_bytes))) = actor.send(TakeEmptyExtent).await {
+        while let Ok(Some((offset_bytes, length_bytes, word))) = actor.send(TakeEmptyExtent).await {
             let action = services
                 .link
-                .give_back_extent(*pool, offset_bytes, length_bytes, None)
+                .give_back_extent(*pool, offset_bytes, length_bytes, word)
                 .await;
             services.apply_extent_action(action).await;
             if action != ExtentAction::Forget {

@@ -3,7 +3,7 @@
 
 use crate::backends::{Allocation, PoolBackend, PoolError};
 use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
-use crate::model::{AllocationId, Generation, NodeId};
+use crate::model::{AllocationId, Generation, NodeId, OwnerWord};
 use actix::prelude::*;
 use std::sync::Arc;
 
@@ -75,18 +75,24 @@ impl Handler<AllocateInNewExtent> for PoolActor {
     }
 }
 
-/// Takes an empty extent out of use (to give it back to the directory).
+/// Takes an empty extent out of use (to give it back to the directory): its offset,
+/// length and owner word (`None` past the pool's owner table).
 pub struct TakeEmptyExtent;
 
 impl Message for TakeEmptyExtent {
-    type Result = Option<(u64, u64)>;
+    type Result = Option<(u64, u64, Option<OwnerWord>)>;
 }
 
 impl Handler<TakeEmptyExtent> for PoolActor {
-    type Result = Option<(u64, u64)>;
+    type Result = Option<(u64, u64, Option<OwnerWord>)>;
 
     fn handle(&mut self, _: TakeEmptyExtent, _: &mut Context<Self>) -> Self::Result {
-        self.backend.take_empty_extent()
+        let (offset_bytes, length_bytes) = self.backend.take_empty_extent()?;
+        let word = self
+            .backend
+            .owner_table()
+            .and_then(|table| table.owner_word(offset_bytes / length_bytes.max(1)));
+        Some((offset_bytes, length_bytes, word))
     }
 }
 

@@ -19,6 +19,7 @@ use crate::config::{ClusterConfig, CpuPartition, NodeSection};
 use crate::directory::ExtentGrant;
 use crate::metrics::delegation::NodeDelegationMetrics;
 use crate::metrics::Metrics;
+use crate::model::extent_owner::{take_extent, Ownership, TakeFrom};
 use crate::model::{Clock, Medium, PoolId, Scope};
 use crate::node::accept::{AcceptBackoff, AcceptStep};
 use crate::node::{
@@ -571,13 +572,26 @@ async fn probe_shared_pool(
         Ok(ExtentGrant::Full) => return Err(probe::ProbeError::NoRoom),
         Err(error) => return Err(probe::ProbeError::Directory(error.to_string())),
     };
+    // The probe writes: it takes the extent in the owner words first, as every writer does.
+    let index = extent.offset_bytes / extent.length_bytes.max(1);
+    let from = extent.owner_word.map_or(TakeFrom::Unknown, TakeFrom::Known);
+    let word = match take_extent(cxl.memory(), index, link.binding().node, from) {
+        Ownership::Taken(word) => Some(word),
+        Ownership::Untracked => None,
+        Ownership::Refused(found) => {
+            let _ = link
+                .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, Some(found))
+                .await;
+            return Err(probe::ProbeError::NoRoom);
+        }
+    };
     let region = ProbeRegion {
         offset: extent.offset_bytes,
         length: extent.length_bytes,
     };
     let measured = probe::probe_memory(cxl.memory(), region);
     let action = link
-        .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, None)
+        .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, word)
         .await;
     if let ExtentAction::AddBack {
         offset_bytes,

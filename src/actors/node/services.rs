@@ -204,9 +204,10 @@ impl NodeServices {
             })
             .await?;
         if let Ownership::Refused(found) = taken {
-            // Claimed from another directory incarnation since this one knew the word:
-            // never write in it.
-            tracing::warn!(
+            // Another node's in shared memory: the directory never learnt its word (its
+            // first grant of the extent since it started), or a node claimed it from
+            // another incarnation since. Never written; given back with the word found.
+            tracing::debug!(
                 ?pool,
                 offset_bytes = extent.offset_bytes,
                 ?found,
@@ -232,9 +233,13 @@ impl NodeServices {
             Err((error, true)) => Ok(Err(error.into())),
             Err((error, false)) => {
                 // Never keep an extent this node cannot use: give it back.
+                let word = match taken {
+                    Ownership::Taken(word) => Some(word),
+                    _ => None,
+                };
                 let action = self
                     .link
-                    .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, None)
+                    .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, word)
                     .await;
                 self.apply_extent_action(action).await;
                 Ok(Err(error.into()))
