@@ -16,6 +16,7 @@
 
 use super::NodeId;
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 
 /// The owner word of one extent (see the module documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -106,32 +107,45 @@ pub fn take_extent(table: &dyn OwnerTable, index: u64, node: NodeId, from: TakeF
     }
 }
 
+/// Owner words in process memory, `extents` of them, all naming nobody: the simulation's
+/// shared pools, and the tests'.
+#[derive(Debug)]
+pub struct OwnerWordsInMemory(RefCell<Vec<OwnerWord>>);
+
+impl OwnerWordsInMemory {
+    pub fn new(extents: usize) -> OwnerWordsInMemory {
+        OwnerWordsInMemory(RefCell::new(vec![OwnerWord::NOBODY; extents]))
+    }
+}
+
+impl OwnerTable for OwnerWordsInMemory {
+    fn owner_word(&self, index: u64) -> Option<OwnerWord> {
+        self.0.borrow().get(index as usize).copied()
+    }
+
+    fn replace_owner_word(
+        &self,
+        index: u64,
+        expected: OwnerWord,
+        new: OwnerWord,
+    ) -> Result<(), Option<OwnerWord>> {
+        let mut words = self.0.borrow_mut();
+        let word = words
+            .get_mut(usize::try_from(index).map_err(|_| None)?)
+            .ok_or(None)?;
+        if *word != expected {
+            return Err(Some(*word));
+        }
+        *word = new;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-
-    struct Table(RefCell<Vec<OwnerWord>>);
-
-    impl OwnerTable for Table {
-        fn owner_word(&self, index: u64) -> Option<OwnerWord> {
-            self.0.borrow().get(index as usize).copied()
-        }
-
-        fn replace_owner_word(
-            &self,
-            index: u64,
-            expected: OwnerWord,
-            new: OwnerWord,
-        ) -> Result<(), Option<OwnerWord>> {
-            let mut words = self.0.borrow_mut();
-            let word = words.get_mut(index as usize).ok_or(None)?;
-            if *word != expected {
-                return Err(Some(*word));
-            }
-            *word = new;
-            Ok(())
-        }
+    fn table(extents: usize) -> OwnerWordsInMemory {
+        OwnerWordsInMemory::new(extents)
     }
 
     const A: NodeId = NodeId(0);
@@ -150,7 +164,7 @@ mod tests {
 
     #[test]
     fn a_claim_loses_to_a_grant_that_moved_the_word() {
-        let table = Table(RefCell::new(vec![OwnerWord::NOBODY; 2]));
+        let table = table(2);
         let Ownership::Taken(a_word) = take_extent(&table, 0, A, TakeFrom::Unknown) else {
             panic!("a fresh extent is taken");
         };
@@ -167,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_stale_grant_loses_to_a_claim_that_moved_the_word() {
-        let table = Table(RefCell::new(vec![OwnerWord::NOBODY]));
+        let table = table(1);
         let Ownership::Taken(a_word) = take_extent(&table, 0, A, TakeFrom::Unknown) else {
             panic!("a fresh extent is taken");
         };
@@ -188,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_grant_of_an_unknown_word_never_takes_another_nodes_extent() {
-        let table = Table(RefCell::new(vec![OwnerWord::NOBODY]));
+        let table = table(1);
         let Ownership::Taken(claimed) = take_extent(&table, 0, A, TakeFrom::Unknown) else {
             panic!("a fresh extent is taken");
         };

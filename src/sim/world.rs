@@ -7,16 +7,15 @@ use super::network::{Faults, Message, Network, Payload};
 use super::node::{HeldLease, SimNode};
 use super::SeedReport;
 use crate::directory::{Directory, DirectoryConfig, DirectoryError, NamespaceAccess};
+use crate::model::extent_owner::OwnerWordsInMemory;
 use crate::model::{
     DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
     PrefixDigest, ReplicaId, Scope, SessionId, Timestamp,
 };
-use crate::model::{OwnerTable, OwnerWord};
 use crate::policy::lifecycle::LifecyclePolicy;
 use crate::protocol::directory::{handle, NodeGrant, PeerRole};
 use crate::protocol::messages::{DirectoryReply, ProtocolError};
 use crate::workload::rng::SplitMix64;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -70,7 +69,7 @@ pub struct World {
     pub memory: HashMap<(Space, u64), ObjectId>,
     /// Each shared pool's extent owner words (by domain), in its shared memory: they
     /// outlive directory incarnations and node processes.
-    pub owner_words: HashMap<u32, SimOwnerWords>,
+    pub owner_words: HashMap<u32, OwnerWordsInMemory>,
     /// Which directory serves: etcd's lease and the leaders' cores.
     pub election: Election,
     /// Leases still read by engines whose node process died.
@@ -153,7 +152,7 @@ impl World {
             spaces: HashMap::new(),
             memory: HashMap::new(),
             owner_words: (0..2u32)
-                .map(|domain| (domain, SimOwnerWords::new(domain)))
+                .map(|domain| (domain, owner_words(domain)))
                 .collect(),
             election: Election::new(Timestamp::ZERO),
             orphan_leases: Vec::new(),
@@ -478,34 +477,8 @@ impl World {
 /// A shared pool's extent owner words. Domain 1's table stops one extent short of the
 /// pool, as a header page too small for its pool would, so untracked extents are
 /// exercised too.
-#[derive(Debug)]
-pub struct SimOwnerWords(RefCell<Vec<OwnerWord>>);
-
-impl SimOwnerWords {
-    fn new(domain: u32) -> SimOwnerWords {
-        let extents = CXL_POOL_OBJECTS / EXTENT_OBJECTS;
-        let reached = if domain == 1 { extents - 1 } else { extents };
-        SimOwnerWords(RefCell::new(vec![OwnerWord::NOBODY; reached as usize]))
-    }
-}
-
-impl OwnerTable for SimOwnerWords {
-    fn owner_word(&self, index: u64) -> Option<OwnerWord> {
-        self.0.borrow().get(index as usize).copied()
-    }
-
-    fn replace_owner_word(
-        &self,
-        index: u64,
-        expected: OwnerWord,
-        new: OwnerWord,
-    ) -> Result<(), Option<OwnerWord>> {
-        let mut words = self.0.borrow_mut();
-        let word = words.get_mut(index as usize).ok_or(None)?;
-        if *word != expected {
-            return Err(Some(*word));
-        }
-        *word = new;
-        Ok(())
-    }
+fn owner_words(domain: u32) -> OwnerWordsInMemory {
+    let extents = CXL_POOL_OBJECTS / EXTENT_OBJECTS;
+    let reached = if domain == 1 { extents - 1 } else { extents };
+    OwnerWordsInMemory::new(reached as usize)
 }
