@@ -173,8 +173,10 @@ pub struct DirectorySection {
     /// the leader's address. One prefix per cluster sharing an etcd.
     #[serde(default = "default_election")]
     pub election: String,
-    /// The leader's etcd lease, in whole seconds (2 to 60): a killed leader is replaced
-    /// within about this long, and a leader that cannot renew it for this long stops.
+    /// The leader's etcd lease, in whole seconds (1 to 60): a killed leader is replaced
+    /// within about this long plus half a second (etcd's expiry check), and a leader that
+    /// cannot renew it for this long stops. etcd raises a lease under its minimum (1.5 ×
+    /// its election timeout, rounded up: 2 s at etcd's default 1 s timeout).
     #[serde(default = "default_lease_ttl_s")]
     pub lease_ttl_s: u64,
     /// The QUIC addresses of the standby directories (each runs `kvtier directory
@@ -383,8 +385,8 @@ impl ClusterConfig {
 
     /// Checks what serde cannot: unique names, non-empty pools, a sane tick.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(2..=60).contains(&self.directory.lease_ttl_s) {
-            bail!("directory.lease_ttl_s must be 2 to 60");
+        if !(1..=60).contains(&self.directory.lease_ttl_s) {
+            bail!("directory.lease_ttl_s must be 1 to 60");
         }
         if !self.directory.standbys.is_empty() && self.directory.etcd.is_empty() {
             bail!("directory.standbys needs directory.etcd: standbys are elected there");

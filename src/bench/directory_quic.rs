@@ -209,7 +209,13 @@ async fn keep_alive(link: Arc<DirectoryLink>) {
     let mut period = tokio::time::interval(link.binding().heartbeat_interval);
     loop {
         period.tick().await;
-        if let Err(error) = link.heartbeat(link.acknowledged_through()).await {
+        if let Err(error) = link
+            .heartbeat(
+                link.acknowledged_through(),
+                link.binding().heartbeat_interval,
+            )
+            .await
+        {
             tracing::warn!(%error, "benchmark heartbeat failed");
         }
     }

@@ -54,6 +54,13 @@ impl EtcdServer {
             .arg(format!("http://{peer}"))
             .arg("--initial-cluster")
             .arg(format!("kvtier-test=http://{peer}"))
+            // Raft timing for loopback (etcd's defaults, 100 ms and 1 s, suit a WAN): its
+            // minimum lease is then 1 s (1.5 × the election timeout, rounded up), so a lease
+            // of `lease_ttl_s = 1` is granted as asked.
+            .arg("--heartbeat-interval")
+            .arg("50")
+            .arg("--election-timeout")
+            .arg("500")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -11,6 +11,8 @@
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
 //! * `tenants`: who a local client is (its peer credentials) and what its tenant may use.
 //! * `liveness`: when a node whose heartbeats go unanswered must stop on its own.
+//! * `reply_timer`: how long a heartbeat may go unanswered before the node looks for the
+//!   leader again.
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 //! * `transfers`: the copies a node expects from its peers, and who may send each.
@@ -23,6 +25,7 @@ pub mod extents;
 pub mod holdings;
 pub mod liveness;
 pub mod operations;
+pub mod reply_timer;
 pub mod retirements;
 pub mod stores;
 pub mod tenants;
@@ -34,6 +37,7 @@ pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
 pub use holdings::Holdings;
 pub use liveness::Liveness;
 pub use operations::OperationWindow;
+pub use reply_timer::ReplyTimer;
 pub use stores::{after_commit, reclaim_done, CommitResult, PagesAfterCommit};
 pub use tenants::{PeerIdentity, Tenant, TenantRefusal, Tenants};
 
@@ -75,6 +79,8 @@ pub struct NodeCore {
     pub returns: ExtentReturns,
     /// Whether the session may still be acted on (set when it opens).
     pub liveness: Liveness,
+    /// The session's heartbeat round trips, and so how long one may go unanswered.
+    pub heartbeat_timer: ReplyTimer,
     /// What the node reports when it rejoins.
     pub holdings: Holdings,
     clients: HashMap<ClientId, ClientBooks>,
@@ -104,6 +110,7 @@ impl NodeCore {
             operations: OperationWindow::new(),
             returns: ExtentReturns::new(),
             liveness: Liveness::new(crate::model::Timestamp::ZERO, std::time::Duration::MAX),
+            heartbeat_timer: ReplyTimer::default(),
             holdings: Holdings::default(),
             clients: HashMap::new(),
             delegations: Delegations::default(),

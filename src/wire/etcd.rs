@@ -74,15 +74,21 @@ impl EtcdClient {
         EtcdClient { endpoints }
     }
 
-    /// Grants a lease of `ttl` (whole seconds, at least one).
-    pub async fn grant(&self, ttl: Duration) -> Result<EtcdLease, EtcdError> {
+    /// Grants a lease of `ttl` (whole seconds, at least one): the lease and the time to
+    /// live etcd gave it, which is longer than asked when `ttl` is under etcd's minimum
+    /// (1.5 × its election timeout, rounded up to whole seconds).
+    pub async fn grant(&self, ttl: Duration) -> Result<(EtcdLease, Duration), EtcdError> {
         let seconds = ttl.as_secs().max(1);
         let reply = self
             .call("/v3/lease/grant", json!({ "TTL": seconds }))
             .await?;
-        integer(&reply["ID"])
+        let lease = integer(&reply["ID"])
             .map(EtcdLease)
-            .ok_or_else(|| EtcdError::Malformed(format!("no lease id in {reply}")))
+            .ok_or_else(|| EtcdError::Malformed(format!("no lease id in {reply}")))?;
+        let granted = integer(&reply["TTL"])
+            .filter(|granted| *granted > 0)
+            .map_or(seconds, |granted| granted as u64);
+        Ok((lease, Duration::from_secs(granted)))
     }
 
     /// Renews `lease`: its time to live from now, or `None` when the lease is gone.

@@ -95,6 +95,16 @@ pub async fn accept_session(
     Ok(connection.accept_bi().await?)
 }
 
+/// Whether `error` is a server refusing the connection before its handshake (a standby
+/// directory does so while another leads).
+pub fn is_refused(error: &WireError) -> bool {
+    matches!(
+        error,
+        WireError::Connection(quinn::ConnectionError::ConnectionClosed(close))
+            if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED
+    )
+}
+
 /// The reason the peer gave when it closed `connection` (`None` while it is open or when it
 /// ended otherwise): a server refusing a client after the handshake says why this way.
 pub fn peer_close_reason(connection: &quinn::Connection) -> Option<String> {

@@ -171,6 +171,13 @@ where
         }
     }
 
+    /// Gives the connection up: every waiting call, and every later one, fails at once
+    /// with [`WireError::ConnectionLost`] and `reason` (the peer stopped answering; a reply
+    /// that still comes is discarded). Calls that fail this way may have been applied.
+    pub fn abandon(&self, reason: &str) {
+        self.shared.fail_all(reason.to_string());
+    }
+
     async fn call_without_timeout(&self, request: Req) -> Result<Rep, WireError> {
         let _slot = self
             .shared
@@ -419,6 +426,45 @@ mod tests {
                 "{result:?}"
             );
         }
+        let after = rpc.call(Delayed { value: 9 }).await;
+        assert!(
+            matches!(after, Err(WireError::ConnectionLost { .. })),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_connection_fails_its_waiting_calls_at_once_and_every_later_one() {
+        let (client_stream, server_stream) = UnixStream::pair().unwrap();
+        // Timeouts far longer than the test: only the abandon can end these calls.
+        let rpc = client(client_stream, 8, Duration::from_secs(3600));
+        let calls: Vec<_> = (0..4)
+            .map(|value| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move { rpc.call(Delayed { value }).await })
+            })
+            .collect();
+        let (mut server_reader, mut server_writer) = server_stream.into_split();
+        let mut sent = Vec::new();
+        for _ in 0..4 {
+            let (request_id, _) = read_frame::<_, Delayed>(&mut server_reader)
+                .await
+                .unwrap()
+                .unwrap();
+            sent.push(request_id);
+        }
+        rpc.abandon("the peer stopped answering");
+        for call in calls {
+            let result = call.await.unwrap();
+            assert!(
+                matches!(&result, Err(WireError::ConnectionLost { reason }) if reason.contains("stopped answering")),
+                "{result:?}"
+            );
+        }
+        // A reply that still comes is discarded, and nothing more is sent.
+        write_frame(&mut server_writer, sent[0], &7u64)
+            .await
+            .unwrap();
         let after = rpc.call(Delayed { value: 9 }).await;
         assert!(
             matches!(after, Err(WireError::ConnectionLost { .. })),

@@ -15,8 +15,9 @@ use std::time::Duration;
 /// The exit status of a leader that lost its lease: a supervisor restarts it, and it
 /// campaigns again as a standby, under a new term if it wins.
 pub const EXIT_DEPOSED: i32 = 75;
-/// How often a standby reads the leader key while another process holds it.
-pub const STANDBY_POLL: Duration = Duration::from_millis(100);
+/// How often a standby reads the leader key while another process holds it: a failover
+/// takes up to this long more than the lease's expiry (20 reads a second per standby).
+pub const STANDBY_POLL: Duration = Duration::from_millis(50);
 /// How long a failed etcd call waits before the next.
 const RETRY_AFTER: Duration = Duration::from_millis(200);
 /// At most one warning about etcd per this long, however often calls fail.
@@ -94,7 +95,7 @@ pub async fn campaign(settings: &ElectionSettings, gate: &ServingGate) -> (EtcdL
     loop {
         let granted_at = gate.now();
         let attempt = async {
-            let lease = settings.etcd.grant(settings.ttl).await?;
+            let (lease, ttl) = settings.etcd.grant(settings.ttl).await?;
             let outcome = settings
                 .etcd
                 .campaign(&settings.key, &settings.address, lease)
@@ -103,16 +104,23 @@ pub async fn campaign(settings: &ElectionSettings, gate: &ServingGate) -> (EtcdL
                 // Best effort: an unused lease expires by itself anyway.
                 let _ = settings.etcd.revoke(lease).await;
             }
-            Ok::<_, EtcdError>((lease, outcome?))
+            Ok::<_, EtcdError>((lease, ttl, outcome?))
         };
         match attempt.await {
-            Ok((lease, Campaign::Won { term })) => {
-                let leadership = Leadership::won(term, granted_at, settings.ttl);
+            Ok((lease, ttl, Campaign::Won { term })) => {
+                if ttl > settings.ttl {
+                    tracing::warn!(
+                        asked = ?settings.ttl,
+                        granted = ?ttl,
+                        "etcd raised the leader lease to its minimum (1.5 × its election timeout, in whole seconds): failovers take that long"
+                    );
+                }
+                let leadership = Leadership::won(term, granted_at, ttl);
                 gate.follow(&leadership);
                 tracing::info!(term, key = %settings.key, "elected: this directory leads");
                 return (lease, leadership);
             }
-            Ok((_, Campaign::Held { holder })) => {
+            Ok((_, _, Campaign::Held { holder })) => {
                 if holder != last_holder {
                     tracing::info!(%holder, "standing by: another directory leads");
                     last_holder = holder;

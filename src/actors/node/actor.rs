@@ -216,11 +216,20 @@ enum Beat {
 async fn heartbeat(services: &NodeServices) -> Beat {
     let link = &services.link;
     let sent_at = services.clock.now();
-    let answered = link.heartbeat(link.acknowledged_through()).await;
+    let wait = services
+        .core()
+        .heartbeat_timer
+        .timeout(link.binding().heartbeat_interval);
+    let answered = link.heartbeat(link.acknowledged_through(), wait).await;
     let may_be_fenced = {
         let mut core = services.core();
         if answered.is_ok() {
             core.liveness.answered(sent_at);
+            // Only a heartbeat answered on its first try is a round trip (Karn's rule).
+            let round_trip = services.clock.now().saturating_since(sent_at);
+            if round_trip < wait {
+                core.heartbeat_timer.answered(round_trip);
+            }
         }
         core.liveness.may_be_fenced(services.clock.now())
     };

@@ -31,6 +31,9 @@ pub const DIRECTORY_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// process never answers, and the node tries the addresses again soon after
 /// (`OUT_OF_REACH_HEARTBEAT`), so a new leader is found within a fraction of a second.
 pub const STANDBY_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How soon a directory process that refused a connection (a standby) is asked again
+/// while the node looks for the leader; a refusal costs the standby one packet.
+const REFUSED_RETRY_AFTER: Duration = Duration::from_millis(20);
 /// Requests a node keeps in flight to the directory: what one directory session accepts.
 pub const DIRECTORY_INFLIGHT_MAX: usize = INFLIGHT_REQUESTS_MAX;
 /// Attempts to resolve an operation whose reply was lost before giving up with `Unknown`.
@@ -140,13 +143,36 @@ async fn connect_unbounded(
             })?;
         return connect_to(endpoint, address, target, config).await;
     }
-    let attempts = target
-        .addresses
-        .iter()
-        .map(|address| Box::pin(connect_to(endpoint, *address, target, config.clone())));
+    let attempts = target.addresses.iter().map(|address| {
+        Box::pin(connect_until_accepted(
+            endpoint,
+            *address,
+            target,
+            config.clone(),
+        ))
+    });
     futures_util::future::select_ok(attempts)
         .await
         .map(|(rpc, _others)| rpc)
+}
+
+/// Connects to the directory process at `address`, asking again every
+/// [`REFUSED_RETRY_AFTER`] while it refuses (a standby): one elected while the caller
+/// waits on a dead leader's address is found at once, not on the next attempt.
+async fn connect_until_accepted(
+    endpoint: &quinn::Endpoint,
+    address: SocketAddr,
+    target: &DirectoryAddress,
+    config: quinn::ClientConfig,
+) -> Result<Rpc, LinkError> {
+    loop {
+        match connect_to(endpoint, address, target, config.clone()).await {
+            Err(LinkError::Wire(error)) if quic::is_refused(&error) => {
+                tokio::time::sleep(REFUSED_RETRY_AFTER).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// A connected, negotiated RPC channel to the directory process at `address`.
@@ -331,10 +357,24 @@ impl DirectoryLink {
         }
     }
 
-    /// The directory did not answer: requests fail at once until a heartbeat is answered
-    /// (logged once per outage, not once per request).
-    fn mark_unreachable(&self, error: &WireError) {
+    /// The directory did not answer on connection `generation`: requests fail at once until
+    /// a heartbeat is answered (logged once per outage, not once per request). A failure on
+    /// a connection already replaced (a late timeout of a request sent to a dead leader,
+    /// after the node rejoined its successor) says nothing of the current one.
+    fn mark_unreachable_in(&self, generation: u64, error: &WireError) {
+        let Ok(current) = self.rpc.read() else {
+            return;
+        };
+        if generation != current.1 {
+            return;
+        }
         if self.reachable.swap(false, Ordering::AcqRel) {
+            // Requests still waiting on this connection would wait out their timeouts for a
+            // directory that does not answer: they fail now, and those whose outcome matters
+            // are resolved once it answers again.
+            current
+                .0
+                .abandon("the directory stopped answering: given up until it answers again");
             self.outages.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%error, "the directory is out of reach: engines get misses and skipped stores until it answers");
         }
@@ -359,7 +399,10 @@ impl DirectoryLink {
         let binding = open_session(&rpc, &self.write_order, &self.read_order).await?;
         if let Ok(mut current) = self.rpc.write() {
             let generation = current.1 + 1;
-            *current = (rpc, generation);
+            let old = std::mem::replace(&mut *current, (rpc, generation));
+            // Requests of the old session wait for nothing more: each fails at once and
+            // resolves as not applied (its session ended).
+            old.0.abandon("the session was replaced");
         }
         if let Ok(mut bound) = self.binding.write() {
             *bound = binding.clone();
@@ -371,6 +414,11 @@ impl DirectoryLink {
 
     fn core(&self) -> std::sync::MutexGuard<'_, NodeCore> {
         lock_core(&self.core)
+    }
+
+    /// How many times the connection was replaced (`u64::MAX` if a writer panicked).
+    fn generation(&self) -> u64 {
+        self.rpc.read().map_or(u64::MAX, |current| current.1)
     }
 
     fn current(&self) -> Result<(Rpc, u64), LinkError> {
@@ -450,19 +498,23 @@ impl DirectoryLink {
 
     /// Sends one heartbeat on the heartbeat connection (opened, and bound to the session
     /// with `Resume`, on first use and after a loss). A heartbeat that gets no answer
-    /// within the heartbeat period (at most [`DIRECTORY_REQUEST_TIMEOUT`], connecting
-    /// included) is sent once more on a new connection at once, so a restarted directory is
-    /// found within about two periods rather than after QUIC's idle timeout.
+    /// within `wait` (what the directory's round trips say, `node::ReplyTimer`) is sent
+    /// once more at once on a new connection to every directory address, given the
+    /// heartbeat period (at most [`DIRECTORY_REQUEST_TIMEOUT`], connecting included): a
+    /// restarted or newly elected directory is found about one round-trip wait after its
+    /// predecessor went silent rather than after QUIC's idle timeout.
     pub async fn heartbeat(
         &self,
         acknowledged_through: Option<OperationId>,
+        wait: Duration,
     ) -> Result<DirectoryReply, LinkError> {
-        let timeout = self
+        let generation = self.generation();
+        let period = self
             .binding()
             .heartbeat_interval
             .min(DIRECTORY_REQUEST_TIMEOUT);
-        let mut answer = Err(LinkError::Wire(WireError::Timeout { timeout }));
-        for _ in 0..2 {
+        let mut answer = Err(LinkError::Wire(WireError::Timeout { timeout: period }));
+        for timeout in [wait.min(period), period] {
             let beat = self.heartbeat_unbounded(acknowledged_through);
             answer = tokio::time::timeout(timeout, beat)
                 .await
@@ -473,7 +525,7 @@ impl DirectoryLink {
             *self.heartbeats.lock().await = None;
         }
         match &answer {
-            Err(LinkError::Wire(error)) => self.mark_unreachable(error),
+            Err(LinkError::Wire(error)) => self.mark_unreachable_in(generation, error),
             // Any answer, a refusal included, is the directory's.
             _ => self.mark_reachable(),
         }
@@ -527,20 +579,24 @@ impl DirectoryLink {
         match reply {
             Ok(DirectoryReply::Error(error)) => Err(LinkError::Refused(error)),
             Ok(reply) => Ok(reply),
+            // Given up while the directory does not answer: the heartbeats look for it.
+            Err(error @ WireError::ConnectionLost { .. }) if !self.is_reachable() => {
+                Err(LinkError::Wire(error))
+            }
             Err(error @ WireError::ConnectionLost { .. }) => {
                 match self.reconnect_after(generation).await {
                     // The session ended while disconnected (fenced): that is the answer.
                     Err(LinkError::Refused(refusal)) => Err(LinkError::Refused(refusal)),
                     Err(reconnect) => {
                         tracing::debug!(error = %reconnect, "reconnecting to the directory failed");
-                        self.mark_unreachable(&error);
+                        self.mark_unreachable_in(generation, &error);
                         Err(LinkError::Wire(error))
                     }
                     Ok(()) => Err(LinkError::Wire(error)),
                 }
             }
             Err(error @ WireError::Timeout { .. }) => {
-                self.mark_unreachable(&error);
+                self.mark_unreachable_in(generation, &error);
                 Err(LinkError::Wire(error))
             }
             Err(error) => Err(LinkError::Wire(error)),
