@@ -62,6 +62,10 @@ pub struct ChaosBenchArgs {
     /// stopped) at every fault ([`super::chaos_ha`]); needs the `etcd` program.
     #[arg(long)]
     pub ha: bool,
+    /// With `--ha`: the leader's etcd lease in whole seconds (the bench's etcd runs loopback
+    /// Raft timing, under which it grants 1 s).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub lease_ttl_s: u64,
 }
 
 /// The benchmark's output.

@@ -27,10 +27,6 @@ use std::time::{Duration, Instant};
 
 /// Standby directories beside the leader.
 const STANDBYS: usize = 2;
-/// The leader lease: a killed leader is replaced within about this long (plus etcd's
-/// expiry check, every 500 ms). The bench's etcd runs loopback Raft timing, under which
-/// etcd grants a lease this short.
-const LEASE_TTL_S: u64 = 1;
 /// Longest a failover may take before the run calls it failed.
 const FAILOVER_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the orchestrator looks while a failover goes on.
@@ -44,6 +40,9 @@ const EXIT_DEPOSED: i32 = 75;
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HaChaosReport {
     pub seconds: u64,
+    /// The leader lease: a killed leader is replaced within about this long plus etcd's
+    /// expiry sweep (every 500 ms).
+    pub lease_ttl_s: u64,
     /// Leaders killed with SIGKILL.
     pub leader_kills: u64,
     /// Leaders stopped with SIGSTOP (cut off while running), resumed once replaced.
@@ -79,8 +78,9 @@ pub fn run(exe: &Path, args: &ChaosBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "chaos --ha {} s: {} leader kills, {} partitions; failover p50 {:.0} ms, max {:.0} ms; kept {}/{} canaries; {} loads verified, {} corrupt; {} stores ({} skipped); {} client errors; {} served by a deposed leader",
+            "chaos --ha {} s, {} s lease: {} leader kills, {} partitions; failover p50 {:.0} ms, max {:.0} ms; kept {}/{} canaries; {} loads verified, {} corrupt; {} stores ({} skipped); {} client errors; {} served by a deposed leader",
             report.seconds,
+            report.lease_ttl_s,
             report.leader_kills,
             report.leader_partitions,
             report.failover_ms_p50,
@@ -108,7 +108,7 @@ fn run_with_etcd(
         metrics: true,
         etcd: vec![etcd.client_address()],
         standby_directories: STANDBYS,
-        lease_ttl_s: LEASE_TTL_S,
+        lease_ttl_s: args.lease_ttl_s,
         ..chaos_spec(args)
     };
     let mut cluster = LocalCluster::start(exe, &spec)?;
@@ -132,6 +132,7 @@ fn run_with_etcd(
         report.client_errors += counts.failed_stores + counts.failed_loads;
     }
     report.seconds = args.seconds;
+    report.lease_ttl_s = args.lease_ttl_s;
     drop(etcd);
     Ok(report)
 }
