@@ -228,6 +228,147 @@ def call_latency(client: Client) -> dict:
     }
 
 
+#: The SGLang row: pages per `batch_set_v1`/`batch_get_v1` call, and the host pool's
+#: geometry (page_first, bfloat16): 8 layers x 16 tokens x 8 heads x 64 wide, K and V, is
+#: 256 KiB a page in two 128 KiB parts.
+SGLANG_PAGES = 64
+SGLANG_GEOMETRY = {"layers": 8, "page_tokens": 16, "heads": 8, "head_dim": 64}
+
+
+def sglang_host_pool(
+    layers: int, page_tokens: int, heads: int, head_dim: int, pages: int, layout: str
+):
+    """SGLang's own MHA host pool (`MHATokenToKVPoolHost`, bfloat16) over CPU "device"
+    buffers, holding at least `pages` pages: what SGLang's HiCache copies to and from, built
+    without a GPU."""
+    import torch
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    tokens = pages * page_tokens
+
+    def layer() -> torch.Tensor:
+        return torch.zeros(tokens, heads, head_dim, dtype=torch.bfloat16)
+
+    k = tuple(layer() for _ in range(layers))
+    v = tuple(layer() for _ in range(layers))
+    info = MHABufferInfo(
+        buffers=KVBuffers(
+            k=k,
+            v=v,
+            k_data_ptrs=torch.tensor([t.data_ptr() for t in k], dtype=torch.uint64),
+            v_data_ptrs=torch.tensor([t.data_ptr() for t in v], dtype=torch.uint64),
+            layout=KVBufferLayout.NHD,
+        ),
+        page_size=page_tokens,
+        head_num=heads,
+        head_dim=head_dim,
+        v_head_dim=head_dim,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        info,
+        host_to_device_ratio=1.0,
+        host_size=0,
+        page_size=page_tokens,
+        layout=layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=tokens,
+        start_layer=0,
+        end_layer=layers - 1,
+    )
+
+
+def sglang_row(socket: str) -> dict | None:
+    """SGLang's zero-copy calls through `kvtier.sglang.KvtierStorage` (built by SGLang's
+    factory over SGLang's host pool): `batch_set_v1` and `batch_get_v1` of `SGLANG_PAGES`
+    pages of 256 KiB, against a numpy copy of the same pages' parts between the same pool
+    pages, timed in turns, best pass of each. None where sglang is not installed."""
+    try:
+        import torch
+        from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    except ImportError:
+        return None
+    pages = SGLANG_PAGES
+    pool = sglang_host_pool(**SGLANG_GEOMETRY, pages=2 * pages + 2, layout="page_first")
+    config = HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="kvtier/bench-sglang",
+        extra_config={
+            "backend_name": "kvtier",
+            "module_path": "kvtier.sglang",
+            "class_name": "KvtierStorage",
+            "interface_v1": 1,
+            "socket": socket,
+            "revision": str(time.time_ns()),
+        },
+    )
+    storage = StorageBackendFactory.create_backend("dynamic", config, pool)
+    storage.register_mem_pool_host(pool)
+    page_tokens = pool.page_size
+
+    def page_indices(first: int) -> torch.Tensor:
+        return torch.arange(first * page_tokens, (first + pages) * page_tokens)
+
+    sources, targets = page_indices(1), page_indices(1 + pages)
+    flat = pool.kv_buffer.view(torch.uint8).numpy().reshape(-1)
+    base = pool.kv_buffer.data_ptr()
+
+    def parts(host_indices: torch.Tensor) -> list[np.ndarray]:
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        return [flat[ptr - base : ptr - base + size] for ptr, size in zip(ptrs, sizes)]
+
+    source_parts, target_parts = parts(sources), parts(targets)
+    rng = np.random.default_rng(pages)
+    for part in source_parts:
+        part[:] = rng.integers(0, 256, part.size, dtype=np.uint8)
+    total = sum(part.size for part in source_parts)
+    keys = [f"bench-page-{index}" for index in range(pages)]
+
+    def copy() -> None:
+        for source, target in zip(source_parts, target_parts):
+            np.copyto(target, source)
+
+    def store(pass_: int) -> None:
+        if not all(storage.batch_set_v1([f"{pass_}/{key}" for key in keys], sources)):
+            raise RuntimeError("a page was not stored: is the pool large enough?")
+
+    def load() -> None:
+        if not all(storage.batch_get_v1([f"0/{key}" for key in keys], targets)):
+            raise RuntimeError("a stored page missed")
+
+    copy_s = store_s = load_s = float("inf")
+    for pass_ in range(PASSES):
+        copy_s = min(copy_s, _timed(copy))
+        store_s = min(store_s, _timed(functools.partial(store, pass_)))
+        for part in target_parts:
+            part.fill(0)
+        load_s = min(load_s, _timed(load))
+        if not all(np.array_equal(s, t) for s, t in zip(source_parts, target_parts)):
+            raise RuntimeError("loaded pages differ from the stored ones")
+    set_gbps, get_gbps, copy_gbps = (total / seconds / 1e9 for seconds in (store_s, load_s, copy_s))
+    return {
+        "pages": pages,
+        "page_bytes": total // pages,
+        "batch_set_v1_gbps": round(set_gbps, 3),
+        "batch_get_v1_gbps": round(get_gbps, 3),
+        "copy_gbps": round(copy_gbps, 3),
+        "batch_set_v1_ratio": round(set_gbps / copy_gbps, 3),
+        "batch_get_v1_ratio": round(get_gbps / copy_gbps, 3),
+    }
+
+
 def run(socket: str | None) -> dict:
     """The report, against the node at `socket` or one started for it."""
     with ExitStack() as stack:
@@ -242,6 +383,7 @@ def run(socket: str | None) -> dict:
         return {
             "benchmark": "python",
             "sizes": sizes,
+            "sglang": sglang_row(socket),
             **call_latency(client),
             "copy_routines": copy_routines(),
             "pool_pages": pool_pages(),
@@ -265,6 +407,16 @@ def main() -> None:
             f"(through shared memory {row['shm_copy_gbps']:.2f} GB/s; streaming "
             f"{row['stream_copy_gbps']:.2f} GB/s, against the faster copy store "
             f"{row['store_best_ratio']:.2f} load {row['load_best_ratio']:.2f})"
+        )
+    sglang = report["sglang"]
+    if sglang is None:
+        print("sglang: not installed (scripts/python-env installs it)")
+    else:
+        print(
+            f"sglang  {sglang['pages']} pages of {sglang['page_bytes'] // KIB} KiB: batch_set_v1 "
+            f"{sglang['batch_set_v1_gbps']:.2f} GB/s ({sglang['batch_set_v1_ratio']:.2f} of copy)  "
+            f"batch_get_v1 {sglang['batch_get_v1_gbps']:.2f} GB/s "
+            f"({sglang['batch_get_v1_ratio']:.2f} of copy)  copy {sglang['copy_gbps']:.2f} GB/s"
         )
     print(
         f"call overhead at 4 KiB: {report['call_overhead_us']:.1f} us "
