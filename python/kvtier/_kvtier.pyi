@@ -49,6 +49,15 @@ class Probe:
     medium: Literal["cpu", "cxl", "ssd"] | None
     length: int | None
 
+class NodeRun:
+    """One node's run in a `locate` answer: leading keys it can load without a transfer."""
+
+    node: str
+    chunks: int
+    cpu: int
+    cxl: int
+    ssd: int
+
 class SsdPin:
     """Where one object's bytes lie on the node's SSD, pinned in place (GPUDirect Storage)."""
 
@@ -97,6 +106,7 @@ class Client:
         self, namespace: Namespace, keys: Sequence[bytes], buffers: Sequence[_Buffer | Any]
     ) -> list[StoreStatus]: ...
     def probe(self, namespace: Namespace, keys: Sequence[bytes]) -> list[Probe]: ...
+    def locate(self, namespace: Namespace, keys: Sequence[bytes]) -> list[NodeRun]: ...
     def prefetch(self, namespace: Namespace, keys: Sequence[bytes]) -> int: ...
     def load_into(
         self, namespace: Namespace, keys: Sequence[bytes], buffers: Sequence[_Buffer | Any]

@@ -8,7 +8,7 @@ use crate::leased::LeasedBytes;
 use crate::runtime;
 use crate::ssd::SsdPin;
 use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
-use kvtier::directory::{AcquireMode, ProbeOutcome};
+use kvtier::directory::{AcquireMode, NodeRun, ProbeOutcome};
 use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -92,6 +92,41 @@ impl ProbeResult {
                 format!("Probe({}, {medium}, {length} bytes)", self.state)
             }
             _ => format!("Probe({})", self.state),
+        }
+    }
+}
+
+/// One node's run in a `locate` answer.
+#[pyclass(frozen, get_all, name = "NodeRun", module = "kvtier._kvtier")]
+pub(crate) struct NodeRunResult {
+    /// The node's name, as `cluster.toml` declares it.
+    node: String,
+    /// Leading keys of the asked prefix the node can load without a network transfer.
+    chunks: u32,
+    /// Of those, from its CPU pool, a CXL pool, its SSD.
+    cpu: u32,
+    cxl: u32,
+    ssd: u32,
+}
+
+#[pymethods]
+impl NodeRunResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "NodeRun({}, {} chunks: {} cpu, {} cxl, {} ssd)",
+            self.node, self.chunks, self.cpu, self.cxl, self.ssd
+        )
+    }
+}
+
+impl From<NodeRun> for NodeRunResult {
+    fn from(run: NodeRun) -> NodeRunResult {
+        NodeRunResult {
+            node: run.node,
+            chunks: run.chunks,
+            cpu: run.cpu,
+            cxl: run.cxl,
+            ssd: run.ssd,
         }
     }
 }
@@ -283,6 +318,24 @@ impl Client {
             .allow_threads(|| runtime.block_on(inner.probe(&objects)))
             .map_err(errors::to_py)?;
         Ok(outcomes.into_iter().map(ProbeResult::from).collect())
+    }
+
+    /// For each node of the cluster, how many leading `keys` (a prompt's chunks, in order)
+    /// it can load without a network transfer, longest first (for a router); empty while
+    /// the directory is out of reach.
+    fn locate(
+        &self,
+        py: Python<'_>,
+        namespace: &Namespace,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<Vec<NodeRunResult>> {
+        let objects = keys::objects(namespace.id, &keys)?;
+        let runtime = runtime()?;
+        let inner = &self.inner;
+        let runs = py
+            .allow_threads(|| runtime.block_on(inner.locate(&objects)))
+            .map_err(errors::to_py)?;
+        Ok(runs.into_iter().map(NodeRunResult::from).collect())
     }
 
     /// Starts restoring the keys only the node's SSD holds (a probe's `"on_ssd"`) into its

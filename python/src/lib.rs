@@ -94,6 +94,7 @@ fn _kvtier(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<client::Client>()?;
     module.add_class::<client::Namespace>()?;
     module.add_class::<client::ProbeResult>()?;
+    module.add_class::<client::NodeRunResult>()?;
     module.add_class::<client::Loaded>()?;
     module.add_class::<leased::LeasedBytes>()?;
     module.add_class::<cluster::LocalCluster>()?;

@@ -56,6 +56,14 @@ def test_a_miss_is_false_and_none(client, namespace):
         assert views[0] is None
 
 
+def test_locate_says_which_node_holds_how_much_of_a_prefix(client, namespace):
+    keys = [f"prefix-{index}".encode() for index in range(3)]
+    assert client.store_many(namespace, keys, [bytes(4096)] * 3) == ["stored"] * 3
+    [run] = client.locate(namespace, [*keys, b"absent", keys[0]])
+    assert (run.node, run.chunks, run.cpu, run.cxl, run.ssd) == ("node-a", 3, 3, 0, 0)
+    assert client.locate(namespace, [b"absent", *keys]) == []
+
+
 def test_torch_cpu_tensors_round_trip(client, namespace):
     torch = pytest.importorskip("torch", reason="torch is not installed")
     source = torch.randn(64, 128, dtype=torch.bfloat16)

@@ -58,12 +58,29 @@ pub struct BatchReport {
     pub floor_p50_us: f64,
 }
 
+/// Chunks in the prefix `Locate` is timed on: a 64-chunk prompt prefix, as a router asks.
+pub const LOCATE_KEYS: usize = 64;
+
+/// `Locate` of a [`LOCATE_KEYS`]-chunk prefix the peer holds whole (the longest walk),
+/// interleaved one for one with single-key probes.
+#[derive(Clone, Debug, Serialize)]
+pub struct LocateReport {
+    pub keys: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// p50 of the single-key probes interleaved with the locates.
+    pub probe_p50_us: f64,
+    /// `p50_us` over `probe_p50_us` (target: at most 2).
+    pub p50_over_probe: f64,
+}
+
 /// The benchmark's output.
 #[derive(Clone, Debug, Serialize)]
 pub struct QuicReport {
     /// p50 of all floor round trips (transport + framing, answered by the session actor).
     pub floor_p50_us: f64,
     pub batches: Vec<BatchReport>,
+    pub locate: LocateReport,
     /// Probes and acquires the node answers under its delegations.
     pub local_hits: super::local_hits::LocalHitReport,
 }
@@ -114,7 +131,9 @@ async fn measure(
         name: "bench-cpu".into(),
         medium: Medium::Cpu,
         scope: Scope::Host(link.binding().node),
-        capacity_bytes: (args.stored_objects + 1) * OBJECT_BYTES,
+        // Twice what is stored: under any high watermark, so nothing stored is evicted and
+        // every probe of a stored object is a hit.
+        capacity_bytes: 2 * (args.stored_objects + 1) * OBJECT_BYTES,
         page_bytes: 4096,
         extent_bytes: None,
         tenancy: crate::model::PoolTenancy::Shared,
@@ -138,6 +157,7 @@ async fn measure(
         let report = measure_batch(&link, args, &ids, batch.max(1), &mut rng, &mut floor).await?;
         batches.push(report);
     }
+    let locate = measure_locate(&link, args, &ids, &mut rng).await?;
     drop(heartbeats);
     let local_hits =
         super::local_hits::measure(cluster, args.round_trips, args.concurrency, seed).await?;
@@ -145,6 +165,46 @@ async fn measure(
         local_hits,
         floor_p50_us: floor.quantile(0.5).as_secs_f64() * 1e6,
         batches,
+        locate,
+    })
+}
+
+/// Sequential `Locate`s of the first [`LOCATE_KEYS`] stored objects (every one a hit in
+/// the peer's pool, so the directory walks the whole prefix), each after a single-key probe.
+async fn measure_locate(
+    link: &DirectoryLink,
+    args: &QuicBenchArgs,
+    ids: &[crate::model::ObjectId],
+    rng: &mut SplitMix64,
+) -> anyhow::Result<LocateReport> {
+    let prefix: Vec<crate::model::ObjectId> = ids.iter().take(LOCATE_KEYS).copied().collect();
+    let (mut located, mut probed) = (Histogram::default(), Histogram::default());
+    for _ in 0..args.round_trips {
+        let one = vec![ids[rng.below(ids.len() as u64) as usize]];
+        let started = Instant::now();
+        link.call(DirectoryRequest::Probe { objects: one }).await?;
+        probed.record(started.elapsed());
+        let started = Instant::now();
+        let reply = link
+            .call(DirectoryRequest::Locate {
+                objects: prefix.clone(),
+            })
+            .await?;
+        located.record(started.elapsed());
+        match reply {
+            DirectoryReply::Located(runs)
+                if runs.first().map(|run| run.chunks as usize) == Some(prefix.len()) => {}
+            other => bail!("locate answered {other:?}"),
+        }
+    }
+    let p50_us = located.quantile(0.5).as_secs_f64() * 1e6;
+    let probe_p50_us = probed.quantile(0.5).as_secs_f64() * 1e6;
+    Ok(LocateReport {
+        keys: prefix.len(),
+        p50_us,
+        p99_us: located.quantile(0.99).as_secs_f64() * 1e6,
+        probe_p50_us,
+        p50_over_probe: p50_us / probe_p50_us.max(1e-9),
     })
 }
 
@@ -307,6 +367,12 @@ pub fn print(report: &QuicReport) {
             batch.requests_per_s / batch.floor_requests_per_s.max(1e-9)
         );
     }
+    let locate = &report.locate;
+    println!(
+        "locate of a {}-chunk prefix: p50 {:.1} us (p99 {:.1}), {:.2} x a single-key probe's \
+         p50 {:.1} us interleaved with it",
+        locate.keys, locate.p50_us, locate.p99_us, locate.p50_over_probe, locate.probe_p50_us
+    );
     let local = &report.local_hits;
     println!(
         "local hits (node's delegated index, over its socket): probe+acquire p50 {:.1} us \

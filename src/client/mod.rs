@@ -22,7 +22,7 @@ pub use store::{STORE_BATCHES_IN_FLIGHT, STORE_BATCH_BYTES_MAX};
 use crate::backends::{Access, PoolError, SharedMemory};
 pub use crate::directory::StoreSkip;
 
-use crate::directory::{DirectoryError, Lease, ProbeOutcome, RetireOutcome};
+use crate::directory::{DirectoryError, Lease, NodeRun, ProbeOutcome, RetireOutcome};
 use crate::model::{
     Epoch, LeaseId, Medium, NamespaceDescriptor, NamespaceId, NodeId, ObjectId, PoolId, ReplicaId,
 };
@@ -213,6 +213,23 @@ impl Client {
             .await?
         {
             ClientReply::Probed(outcomes) => Ok(outcomes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// For each node of the cluster, how many leading `objects` (a prompt's chunks, in
+    /// order) it can load without a network transfer, and from which tiers: the
+    /// directory's answer from its index, longest run first; empty while the directory is
+    /// out of reach. For a router choosing where to send a request. At most the
+    /// directory's `batch_items_max` objects, in namespaces this client registered.
+    pub async fn locate(&self, objects: &[ObjectId]) -> Result<Vec<NodeRun>, ClientError> {
+        match self
+            .call(ClientRequest::Locate {
+                objects: objects.to_vec(),
+            })
+            .await?
+        {
+            ClientReply::Located(runs) => Ok(runs),
             other => Err(unexpected(other)),
         }
     }

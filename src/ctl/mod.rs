@@ -1,4 +1,4 @@
-//! `kvtier ctl`: operator commands. `objects` stores, loads and probes objects by key through
+//! `kvtier ctl`: operator commands. `objects` stores, loads, probes and locates objects by key through
 //! a node's Unix socket, as an engine would, for debugging a host and for tests; `cluster`
 //! holds the cluster commands (status through a node; reload and drain at the directory,
 //! under an operator certificate: `operator`).
@@ -18,6 +18,9 @@ pub enum CtlCommand {
     Get(objects::GetArgs),
     /// Say whether the object of a key is cached where the node can read it.
     Probe(objects::ProbeArgs),
+    /// Say, for each node, how many of the keys (in order) it can load without a network
+    /// transfer: what a router asks.
+    Locate(objects::LocateArgs),
     /// Show the cluster as the directory sees it: nodes, epochs, sessions, drains, pools.
     Status(cluster::StatusArgs),
     /// Make the directory re-read cluster.toml (as SIGHUP does); a refusal names the reason.
@@ -33,6 +36,7 @@ pub fn run(command: CtlCommand) -> anyhow::Result<()> {
         CtlCommand::Put(args) => objects::put(&args),
         CtlCommand::Get(args) => objects::get(&args),
         CtlCommand::Probe(args) => objects::probe(&args),
+        CtlCommand::Locate(args) => objects::locate(&args),
         CtlCommand::Status(args) => cluster::status(&args),
         CtlCommand::Reload(args) => cluster::reload(&args),
         CtlCommand::Drain(args) => cluster::drain(&args),

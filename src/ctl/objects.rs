@@ -1,4 +1,4 @@
-//! `kvtier ctl put|get|probe`: objects by key, through a node's Unix socket with
+//! `kvtier ctl put|get|probe|locate`: objects by key, through a node's Unix socket with
 //! [`crate::client::Client`], exactly as an engine stores and loads.
 //!
 //! A key names one object: in the ctl namespace ([`ctl_namespace`], model `kvtier-ctl`,
@@ -82,6 +82,19 @@ pub struct ProbeArgs {
     #[command(flatten)]
     target: Target,
 }
+
+/// `kvtier ctl locate --key K1 --key K2 ...`.
+#[derive(Args, Clone, Debug)]
+pub struct LocateArgs {
+    /// The keys, in prefix order (repeat `--key`).
+    #[arg(long = "key", required = true)]
+    keys: Vec<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Keys one `ctl locate` asks about at most (the directory's default batch bound).
+pub const LOCATE_KEYS_MAX: usize = 4096;
 
 /// The namespace of objects stored by `kvtier ctl`: opaque bytes (one `int8` "element"
 /// per byte), in a geometry no model has.
@@ -212,6 +225,23 @@ pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
     )
 }
 
+/// Says, for each node, how many of the keys' objects (in order, from the first) it can
+/// load without a network transfer.
+pub fn locate(args: &LocateArgs) -> anyhow::Result<()> {
+    if args.keys.len() > LOCATE_KEYS_MAX {
+        bail!("at most {LOCATE_KEYS_MAX} keys");
+    }
+    with_objects(
+        &args.keys,
+        &args.target,
+        false,
+        |client, objects| async move {
+            let runs = client.locate(&objects).await?;
+            Ok(json!({ "outcome": "located", "runs": runs }))
+        },
+    )
+}
+
 /// Connects, registers the ctl namespace, and runs `act` on the key's object; prints the
 /// result (with the key and object) and fails on a refusal, or on a miss when
 /// `miss_fails` (a get's miss is a failure, a probe's an answer).
@@ -220,7 +250,37 @@ where
     F: FnOnce(Client, ObjectId) -> Fut,
     Fut: std::future::Future<Output = Result<serde_json::Value, ClientError>>,
 {
-    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+    with_objects(
+        std::slice::from_ref(&key.to_string()),
+        target,
+        miss_fails,
+        |client, objects| async move {
+            let object = objects[0];
+            let mut report = act(client, object).await?;
+            report["object"] = json!(format!("{object:?}"));
+            Ok(report)
+        },
+    )
+}
+
+/// [`with_object`] for several keys (at least one), `act` getting their objects in order.
+fn with_objects<F, Fut>(
+    keys: &[String],
+    target: &Target,
+    miss_fails: bool,
+    act: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(Client, Vec<ObjectId>) -> Fut,
+    Fut: std::future::Future<Output = Result<serde_json::Value, ClientError>>,
+{
+    if keys.is_empty() {
+        bail!("no key given");
+    }
+    if keys
+        .iter()
+        .any(|key| key.is_empty() || key.len() > KEY_BYTES_MAX)
+    {
         bail!("a key is 1 to {KEY_BYTES_MAX} bytes");
     }
     let socket = target.socket()?;
@@ -230,16 +290,19 @@ where
     let result = runtime.block_on(async {
         let client = Client::connect(&socket).await?;
         let namespace = client.register_namespace(ctl_namespace()).await?;
-        let object = ObjectId {
-            namespace,
-            prefix: key_digest(key),
-            shard: 0,
-            part: 0,
-        };
-        let mut report = act(client, object).await?;
-        report["object"] = json!(format!("{object:?}"));
-        Ok::<_, ClientError>(report)
+        let objects = keys
+            .iter()
+            .map(|key| ObjectId {
+                namespace,
+                prefix: key_digest(key),
+                shard: 0,
+                part: 0,
+            })
+            .collect();
+        act(client, objects).await
     });
+    let key = keys.join(",");
+    let key = key.as_str();
     let mut report = match result {
         Ok(report) => report,
         Err(error) => {
@@ -276,6 +339,25 @@ fn print_text(report: &serde_json::Value) {
             report["key"],
             field("message").unwrap_or_default()
         ),
+        (None, Some(outcome)) if outcome == "located" => {
+            let runs = report["runs"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if runs.is_empty() {
+                println!("{}: no node holds the first key", report["key"]);
+            }
+            for run in runs {
+                println!(
+                    "{}: {} of the keys (cpu {}, cxl {}, ssd {})",
+                    run["node"].as_str().unwrap_or_default(),
+                    run["chunks"],
+                    run["cpu"],
+                    run["cxl"],
+                    run["ssd"]
+                );
+            }
+        }
         (None, Some(outcome)) => {
             let mut line = format!("{}: {outcome}", report["key"]);
             if let Some(medium) = field("medium") {

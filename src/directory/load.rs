@@ -55,7 +55,7 @@ impl Directory {
 
     /// One object's probe, in one pass over its replicas (the hot path of every lookup):
     /// the replica [`placement::read_choice`] picks, else whether one is being written.
-    fn probe_one(&self, view: &ReadView, object: &ObjectId) -> ProbeOutcome {
+    pub(super) fn probe_one(&self, view: &ReadView, object: &ObjectId) -> ProbeOutcome {
         let mut pending = false;
         let candidates = self.replicas.of_object(object).filter_map(|(_, replica)| {
             let rank = view.rank(replica.pool)?;

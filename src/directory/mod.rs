@@ -37,6 +37,7 @@ pub mod leadership;
 mod leases;
 pub mod ledger;
 mod load;
+mod locate;
 mod maintenance;
 mod namespaces;
 pub mod ops;
@@ -60,6 +61,7 @@ pub use config::{DirectoryConfig, RecomputeCost, TierQuota, CTL_MODEL, CTL_RECOM
 pub use delegations::{Delegation, LocalHits, RecallReason};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
+pub use locate::NodeRun;
 pub use ops::*;
 pub use replicas::ReplicaState;
 pub use replication::{ReplicationCounts, SkipReason};

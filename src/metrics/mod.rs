@@ -89,6 +89,8 @@ label_enum!(
         Resolve => "resolve",
         /// Batch lookup without leases.
         Probe => "probe",
+        /// Where a prefix is cached, node by node (for routers).
+        Locate => "locate",
         /// Batch lookup with leases.
         Acquire => "acquire",
         /// Lease release.

@@ -185,6 +185,7 @@ fn data(
         Request::Probe { objects } => {
             Reply::Probed(core.probe_noting_demand(now, session, &objects)?)
         }
+        Request::Locate { objects } => Reply::Located(core.locate(session, &objects)?),
         Request::Acquire { objects, mode } => {
             Reply::Acquired(core.acquire(now, session, &objects, mode)?)
         }

@@ -31,9 +31,10 @@ use serde::{Deserialize, Serialize};
 /// (AcquireDelegating, ReportHits, the Recall task, local leases); 11 partitions a node's
 /// CPU memory by salt group (a pool's tenancy, a mapping's write permission); 12 records
 /// each extent's owner in the shared pool ([`crate::model::extent_owner`]): a grant carries
-/// the owner word the directory knew, a claim the word the node wrote. An older peer is
-/// refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[12];
+/// the owner word the directory knew, a claim the word the node wrote; 13 added `Locate`
+/// (which nodes can load how much of a prefix, for routers). An older peer is refused at
+/// hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[13];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -217,6 +218,12 @@ pub enum DirectoryRequest {
     CommitMany {
         items: Vec<crate::directory::CommitBatchItem>,
     },
+    /// For each live node, how many leading `objects` (a prompt's chunks, in order) it can
+    /// load without a network transfer ([`crate::directory::Directory::locate`]). Answered
+    /// with `Located`; at most the session's `batch_items_max` objects.
+    Locate {
+        objects: Vec<ObjectId>,
+    },
 }
 
 /// Longest an `AwaitTasks` waits before it is answered: well below a node's request
@@ -288,6 +295,8 @@ pub enum DirectoryReply {
     ReservedMany(Vec<Result<crate::directory::ReserveOutcome, DirectoryError>>),
     /// Per item of a `CommitMany`, in order: its outcome or why it was refused.
     CommittedMany(Vec<Result<CommitOutcome, DirectoryError>>),
+    /// A `Locate`'s runs, longest first.
+    Located(Vec<crate::directory::NodeRun>),
 }
 
 /// A request refused at the protocol layer or by the directory. Typed so the caller can act.
@@ -399,6 +408,12 @@ pub enum ClientRequest {
     UnpinOnSsd {
         pins: Vec<u64>,
     },
+    /// Which nodes of the cluster can load how much of a prefix (`objects`, a prompt's
+    /// chunks in order) without a network transfer, for a router; answered with `Located`
+    /// (none while the directory is out of reach).
+    Locate {
+        objects: Vec<ObjectId>,
+    },
 }
 
 /// An object's bytes in place in a node's SSD store, protected from reuse while its pin
@@ -506,6 +521,8 @@ pub enum ClientReply {
     PinnedOnSsd(Vec<Option<SsdExtent>>),
     /// Pins an `UnpinOnSsd` ended.
     Unpinned(u32),
+    /// A `Locate`'s runs, longest first.
+    Located(Vec<crate::directory::NodeRun>),
 }
 
 impl ProtocolError {

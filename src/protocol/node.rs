@@ -335,6 +335,12 @@ fn admit_other(books: &mut ClientBooks, caller: Caller<'_>, request: ClientReque
             };
             checked(&objects, Work::Forward(probe))
         }
+        Request::Locate { objects } => {
+            let locate = DirectoryRequest::Locate {
+                objects: objects.clone(),
+            };
+            checked(&objects, Work::Forward(locate))
+        }
         Request::Retire { object, replica } => {
             let retire = DirectoryRequest::Retire {
                 object,

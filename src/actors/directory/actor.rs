@@ -452,6 +452,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         }
         Request::Resolve { .. } => Operation::Resolve,
         Request::Probe { .. } => Operation::Probe,
+        Request::Locate { .. } => Operation::Locate,
         Request::Acquire { .. } | Request::AcquireDelegating { .. } => Operation::Acquire,
         Request::ReportHits { .. } => Operation::ReportHits,
         Request::Release { .. } => Operation::Release,

@@ -378,11 +378,15 @@ async fn register_namespace(
 /// it becomes.
 async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientReply, Change) {
     // The namespaces the request names, registered again if the directory forgot one.
+    let locating = matches!(request, DirectoryRequest::Locate { .. });
     let (probed, mut namespaces) = match &request {
         DirectoryRequest::Probe { objects } => (
             objects.len(),
             objects.iter().map(|object| object.namespace).collect(),
         ),
+        DirectoryRequest::Locate { objects } => {
+            (0, objects.iter().map(|object| object.namespace).collect())
+        }
         DirectoryRequest::Retire { object, .. } => (0, vec![object.namespace]),
         _ => (0, Vec::new()),
     };
@@ -396,6 +400,11 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
     }
     let reply = match answer {
         Ok(DirectoryReply::Probed(outcomes)) => ClientReply::Probed(outcomes),
+        Ok(DirectoryReply::Located(runs)) => ClientReply::Located(runs),
+        // Out of reach or rejoining: no node is known to hold anything.
+        Err(unavailable) if locating && unavailable.is_unavailable() => {
+            ClientReply::Located(Vec::new())
+        }
         Ok(DirectoryReply::Retired(outcome)) => ClientReply::Retired(outcome),
         // The directory is out of reach or being rejoined: every object is a miss.
         Err(unavailable) if probed > 0 && unavailable.is_unavailable() => {
@@ -419,6 +428,7 @@ fn operation_label(request: &ClientRequest) -> Option<Operation> {
         | ClientRequest::CommitStoreMany { .. }
         | ClientRequest::AbortStore { .. } => Operation::Commit,
         ClientRequest::Probe { .. } | ClientRequest::Prefetch { .. } => Operation::Probe,
+        ClientRequest::Locate { .. } => Operation::Locate,
         ClientRequest::Acquire { .. } | ClientRequest::PinOnSsd { .. } => Operation::Acquire,
         ClientRequest::Release { .. } | ClientRequest::UnpinOnSsd { .. } => Operation::Release,
         ClientRequest::Retire { .. } => Operation::Retire,
