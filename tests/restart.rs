@@ -33,21 +33,47 @@ fn object(namespace: NamespaceId, node: u32, index: u32) -> (ObjectId, Vec<u8>) 
     (id, bytes)
 }
 
-#[test]
-fn a_directory_restart_keeps_the_cache_and_the_nodes() {
-    let spec = ClusterSpec {
+/// Two nodes whose CPU pools hold four chunks each, the rest of their stores going to one
+/// shared pool (nothing evicted), with the given heartbeat timings.
+fn two_nodes_sharing_cxl(suspect_after_ms: u64, fence_after_ms: u64) -> ClusterSpec {
+    ClusterSpec {
         nodes: 2,
-        // Four chunks fill a CPU pool: the rest of each node's stores go to the shared pool.
         cpu_pool_bytes: 1 << 20,
         cxl_pool_bytes: 16 << 20,
         cxl_extent_bytes: 2 << 20,
         write_order: vec![Medium::Cpu, Medium::Cxl],
-        suspect_after_ms: 3_000,
-        fence_after_ms: 600_000,
+        suspect_after_ms,
+        fence_after_ms,
         high_watermark_percent: 100,
         low_watermark_percent: 100,
         ..ClusterSpec::default()
-    };
+    }
+}
+
+/// A client per node, each having stored eight chunks of its own (what each stored).
+async fn store_on_each_node(
+    cluster: &LocalCluster,
+) -> (Vec<Client>, Vec<Vec<(ObjectId, Vec<u8>)>>) {
+    let mut clients = Vec::new();
+    let mut stored = Vec::new();
+    for node in 0..2 {
+        let client = Client::connect(&cluster.socket(node).unwrap())
+            .await
+            .unwrap();
+        let namespace = client.register_namespace(demo_namespace()).await.unwrap();
+        let objects: Vec<_> = (0..8)
+            .map(|index| object(namespace, node as u32, index))
+            .collect();
+        store_all(&client, &objects).await;
+        clients.push(client);
+        stored.push(objects);
+    }
+    (clients, stored)
+}
+
+#[test]
+fn a_directory_restart_keeps_the_cache_and_the_nodes() {
+    let spec = two_nodes_sharing_cxl(3_000, 600_000);
     let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let pids = [cluster.node_pid(0), cluster.node_pid(1)];
     assert!(pids.iter().all(Option::is_some));
@@ -55,23 +81,7 @@ fn a_directory_restart_keeps_the_cache_and_the_nodes() {
         .enable_all()
         .build()
         .unwrap();
-    let (clients, stored) = runtime.block_on(async {
-        let mut clients = Vec::new();
-        let mut stored = Vec::new();
-        for node in 0..2 {
-            let client = Client::connect(&cluster.socket(node).unwrap())
-                .await
-                .unwrap();
-            let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-            let objects: Vec<_> = (0..8)
-                .map(|index| object(namespace, node as u32, index))
-                .collect();
-            store_all(&client, &objects).await;
-            clients.push(client);
-            stored.push(objects);
-        }
-        (clients, stored)
-    });
+    let (clients, stored) = runtime.block_on(store_on_each_node(&cluster));
     let in_cxl = runtime.block_on(async {
         let ids: Vec<ObjectId> = stored[0].iter().map(|(id, _)| *id).collect();
         let probed = clients[0].probe(&ids).await.unwrap();
@@ -284,17 +294,8 @@ fn a_namespace_the_directory_forgot_is_registered_again_by_the_node() {
 #[test]
 fn an_outage_past_the_fence_window_keeps_every_cxl_replica() {
     let spec = ClusterSpec {
-        nodes: 2,
-        cpu_pool_bytes: 1 << 20,
-        cxl_pool_bytes: 16 << 20,
-        cxl_extent_bytes: 2 << 20,
-        write_order: vec![Medium::Cpu, Medium::Cxl],
         metrics: true,
-        suspect_after_ms: 300,
-        fence_after_ms: 1_000,
-        high_watermark_percent: 100,
-        low_watermark_percent: 100,
-        ..ClusterSpec::default()
+        ..two_nodes_sharing_cxl(300, 1_000)
     };
     let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let nodes: Vec<_> = cluster
@@ -305,23 +306,7 @@ fn an_outage_past_the_fence_window_keeps_every_cxl_replica() {
         .collect();
     assert_eq!(nodes.len(), 2);
     let runtime = common::runtime();
-    let (clients, stored) = runtime.block_on(async {
-        let mut clients = Vec::new();
-        let mut stored = Vec::new();
-        for node in 0..2 {
-            let client = Client::connect(&cluster.socket(node).unwrap())
-                .await
-                .unwrap();
-            let namespace = client.register_namespace(demo_namespace()).await.unwrap();
-            let objects: Vec<_> = (0..8)
-                .map(|index| object(namespace, node as u32, index))
-                .collect();
-            store_all(&client, &objects).await;
-            clients.push(client);
-            stored.push(objects);
-        }
-        (clients, stored)
-    });
+    let (clients, stored) = runtime.block_on(store_on_each_node(&cluster));
     let in_cxl = |client: &Client, objects: &[(ObjectId, Vec<u8>)]| {
         let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
         let probed = runtime.block_on(client.probe(&ids)).unwrap();

@@ -55,6 +55,9 @@ impl Directory {
 
     /// One object's probe, in one pass over its replicas (the hot path of every lookup):
     /// the replica [`placement::read_choice`] picks, else whether one is being written.
+    /// Inlined into both callers: the probe loop is the directory's hottest path, and a
+    /// second caller (`locate`) made the compiler stop inlining it (probes 30 % slower).
+    #[inline(always)]
     pub(super) fn probe_one(&self, view: &ReadView, object: &ObjectId) -> ProbeOutcome {
         let mut pending = false;
         let candidates = self.replicas.of_object(object).filter_map(|(_, replica)| {
