@@ -223,23 +223,7 @@ class KvtierStorage(HiCacheStorage):
             return []
         if not self._writer:
             return [True] * len(keys)
-        buffers = self._page_buffers(host_indices, len(keys))
-        client = self._connect()
-        if buffers is None or client is None or self._namespace is None:
-            return [False] * len(keys)
-        object_keys = self._object_keys(keys)
-        results: list[bool] = []
-        try:
-            for start in range(0, len(object_keys), KEYS_PER_CALL_MAX):
-                end = start + KEYS_PER_CALL_MAX
-                statuses = client.store_many(
-                    self._namespace, object_keys[start:end], buffers[start:end]
-                )
-                results.extend(status in _STORED for status in statuses)
-        except KvtierError as error:
-            self._lost(client, error)
-            results.extend([False] * (len(object_keys) - len(results)))
-        return self._pages_done(results, len(keys))
+        return self._copy_pages(keys, host_indices, store=True)
 
     def batch_get_v1(
         self,
@@ -251,6 +235,11 @@ class KvtierStorage(HiCacheStorage):
         whether all its parts were copied (SGLang uses the leading run)."""
         if not keys:
             return []
+        return self._copy_pages(keys, host_indices, store=False)
+
+    def _copy_pages(self, keys: list[str], host_indices: torch.Tensor, store: bool) -> list[bool]:
+        """Stores (or loads) every part of every page, `KEYS_PER_CALL_MAX` parts a call: for
+        each page, whether all its parts went (or came); a failed call fails what is left."""
         buffers = self._page_buffers(host_indices, len(keys))
         client = self._connect()
         if buffers is None or client is None or self._namespace is None:
@@ -259,10 +248,13 @@ class KvtierStorage(HiCacheStorage):
         results: list[bool] = []
         try:
             for start in range(0, len(object_keys), KEYS_PER_CALL_MAX):
-                end = start + KEYS_PER_CALL_MAX
-                results.extend(
-                    client.load_into(self._namespace, object_keys[start:end], buffers[start:end])
-                )
+                batch_keys = object_keys[start : start + KEYS_PER_CALL_MAX]
+                batch_buffers = buffers[start : start + KEYS_PER_CALL_MAX]
+                if store:
+                    statuses = client.store_many(self._namespace, batch_keys, batch_buffers)
+                    results.extend(status in _STORED for status in statuses)
+                else:
+                    results.extend(client.load_into(self._namespace, batch_keys, batch_buffers))
         except KvtierError as error:
             self._lost(client, error)
             results.extend([False] * (len(object_keys) - len(results)))
