@@ -10,12 +10,12 @@
 //!         [--requests N] [--chunk-bytes B] [--pool-mib M]
 
 use anyhow::{bail, Context};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, NamespaceId, ObjectId};
-use kvtier::workload::namespace::demo_namespace;
-use kvtier::workload::prefix::chain;
-use kvtier::workload::trace::{self, Request};
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, NamespaceId, ObjectId};
+use kvtier_tools::launch::{ClusterSpec, LocalCluster};
+use kvtier_tools::workload::prefix::chain;
+use kvtier_tools::workload::trace::{self, Request};
 use std::path::PathBuf;
 
 const NODES: usize = 4;
@@ -88,7 +88,7 @@ async fn replay(
         let namespace = client.register_namespace(demo_namespace()).await?;
         clients.push((client, namespace));
     }
-    let names: Vec<String> = (0..NODES).map(kvtier::launch::node_name).collect();
+    let names: Vec<String> = (0..NODES).map(kvtier_tools::launch::node_name).collect();
     let (mut hit, mut total) = (0u64, 0u64);
     for (index, request) in requests.iter().enumerate() {
         let objects = chain(clients[0].1, &request.hash_ids);

@@ -5,8 +5,8 @@
 //! The fuzz targets beside this file (`fuzz/fuzz_targets/`) and the bounded runs in
 //! `tests/untrusted_inputs.rs` include it (`#[path]`), so the library carries no harness.
 
-use kvtier::config::ClusterConfig;
-use kvtier::wire::{codec, read_raw_frame, WireError};
+use kvtier_core::config::ClusterConfig;
+use kvtier_core::wire::{codec, read_raw_frame, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
@@ -82,9 +82,9 @@ pub fn check_config(bytes: &[u8]) -> Result<(), String> {
 /// objects lying inside the region whose data passes its checksum, ending at or before the
 /// region's end; never a panic or an I/O error.
 pub fn check_region_scan(bytes: &[u8]) -> Result<(), String> {
-    use kvtier::backends::checksum;
-    use kvtier::backends::ssd::layout::BLOCK_BYTES;
-    use kvtier::backends::ssd::recovery::scan_region;
+    use kvtier_core::backends::checksum;
+    use kvtier_core::backends::ssd::layout::BLOCK_BYTES;
+    use kvtier_core::backends::ssd::recovery::scan_region;
     use std::os::unix::fs::FileExt;
     let Some((&mode, bytes)) = bytes.split_first() else {
         return Ok(());
@@ -100,7 +100,7 @@ pub fn check_region_scan(bytes: &[u8]) -> Result<(), String> {
     let file = anonymous_file().map_err(|error| format!("no memory file: {error}"))?;
     file.write_all_at(&image, 0)
         .map_err(|error| format!("writing the region: {error}"))?;
-    let file = kvtier::backends::ssd::disk::RegionFile::Os(file);
+    let file = kvtier_core::backends::ssd::disk::RegionFile::Os(file);
     let scan = scan_region(&file, 0, region_bytes, region_bytes)
         .map_err(|error| format!("the scan failed: {error}"))?;
     if scan.cursor > region_bytes {
@@ -124,11 +124,11 @@ pub fn check_region_scan(bytes: &[u8]) -> Result<(), String> {
 }
 
 /// Recomputes the checksum of every region and object header of `image` (the offsets of
-/// `kvtier::backends::ssd::layout`: a region header's CRC-32C of bytes 0..48 at 48, an
+/// `kvtier_core::backends::ssd::layout`: a region header's CRC-32C of bytes 0..48 at 48, an
 /// object header's of 0..88 at 88, little endian).
 fn reseal_headers(image: &mut [u8]) {
-    use kvtier::backends::checksum;
-    use kvtier::backends::ssd::layout::{BLOCK_BYTES, OBJECT_MAGIC, REGION_MAGIC};
+    use kvtier_core::backends::checksum;
+    use kvtier_core::backends::ssd::layout::{BLOCK_BYTES, OBJECT_MAGIC, REGION_MAGIC};
     for block in image.chunks_exact_mut(BLOCK_BYTES as usize) {
         let covered = if block[..8] == REGION_MAGIC {
             48

@@ -1,5 +1,5 @@
-//! The `kvtier` binary: the command line of [`kvtier::cli`].
+//! The `kvtier` binary: the command line of `kvtier_tools::cli`.
 
 fn main() -> anyhow::Result<()> {
-    kvtier::cli::run(std::env::args_os())
+    kvtier_tools::cli::run(std::env::args_os())
 }

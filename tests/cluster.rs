@@ -3,18 +3,18 @@
 //! Unix sockets. Each waits on conditions, never on fixed sleeps; a deadline is a hang
 //! guard only ([`HANG_GUARD`]), never a bound a slow machine could miss.
 
-use kvtier::actors::node::link::{DirectoryAddress, DirectoryLink, LinkError};
-use kvtier::client::{Client, ClientError, StoreOutcome};
-use kvtier::directory::{AcquireMode, ProbeOutcome};
-use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
-use kvtier::model::{Medium, ObjectId, PrefixDigest};
-use kvtier::policy::profiles::{Measurement, TierKind, TierProfile};
-use kvtier::protocol::messages::{
+use kvtier_core::actors::node::link::{DirectoryAddress, DirectoryLink, LinkError};
+use kvtier_core::client::{Client, ClientError, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, ProbeOutcome};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, ObjectId, PrefixDigest};
+use kvtier_core::policy::profiles::{Measurement, TierKind, TierProfile};
+use kvtier_core::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
-use kvtier::wire::{codec, read_frame, FrameHeader};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::wire::{codec, read_frame, FrameHeader};
+use kvtier_tools::launch::{wait_for_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
+use kvtier_tools::workload::chunk;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -52,7 +52,7 @@ fn small_cluster(nodes: usize) -> LocalCluster {
     LocalCluster::start(exe(), &spec).unwrap()
 }
 
-fn object(namespace: kvtier::model::NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
+fn object(namespace: kvtier_core::model::NamespaceId, index: u32) -> (ObjectId, Vec<u8>) {
     let prefix = PrefixDigest::ROOT.chain(&[index]);
     let id = ObjectId {
         namespace,
@@ -155,7 +155,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             .await
             .unwrap();
         // The node's handoff of its memory files comes first.
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+        kvtier_core::wire::handoff::receive(&raw, HANG_GUARD)
             .await
             .unwrap();
         let header = FrameHeader {
@@ -200,7 +200,8 @@ fn store_load_isolation_bad_peers_and_metrics() {
 
         // A peer with a certificate from another CA is refused by the directory.
         let foreign = cluster.root.join("foreign-certs");
-        kvtier::wire::certs::init_cluster_certs(&foreign, &["node-a".to_string()], false).unwrap();
+        kvtier_core::wire::certs::init_cluster_certs(&foreign, &["node-a".to_string()], false)
+            .unwrap();
         let mut target = bench_link_target(&cluster);
         target.certs = foreign;
         target.node_name = "node-a".into();
@@ -254,7 +255,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             "others keep working"
         );
         let bad_namespace = ObjectId {
-            namespace: kvtier::model::NamespaceId([3; 16]),
+            namespace: kvtier_core::model::NamespaceId([3; 16]),
             ..first
         };
         assert!(matches!(
@@ -266,7 +267,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
         // a renewal issued by the same CA is accepted.
         drop(link);
         let certs = &cluster.config.directory.certs;
-        assert!(kvtier::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
+        assert!(kvtier_core::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
         let open = || {
             DirectoryLink::open(
                 bench_link_target(&cluster),
@@ -283,7 +284,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
             refused.to_string().contains("certificate_retired"),
             "{refused}"
         );
-        kvtier::wire::certs::issue_certificates(certs, &[BENCH_PEER.to_string()], 1).unwrap();
+        kvtier_core::wire::certs::issue_certificates(certs, &[BENCH_PEER.to_string()], 1).unwrap();
         eventually("the renewed certificate connects", || async {
             open().await.is_ok()
         })
@@ -292,7 +293,7 @@ fn store_load_isolation_bad_peers_and_metrics() {
 
     // The metrics endpoints serve the named families.
     for (name, address) in cluster.metrics_addresses() {
-        let body = kvtier::launch::scrape_metrics(address).unwrap();
+        let body = kvtier_tools::launch::scrape_metrics(address).unwrap();
         for family in [
             "kvtier_requests_total",
             "kvtier_request_duration_seconds",
@@ -415,7 +416,7 @@ fn client_requests_before_hello_are_refused() {
             .await
             .unwrap();
         // The node's handoff of its memory files comes first.
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+        kvtier_core::wire::handoff::receive(&raw, HANG_GUARD)
             .await
             .unwrap();
         let payload = codec::encode(&ClientRequest::Describe).unwrap();
@@ -444,7 +445,7 @@ fn a_client_that_never_says_hello_is_closed() {
             .await
             .unwrap();
         // The node's handoff of its memory files comes first.
-        kvtier::wire::handoff::receive(&silent, HANG_GUARD)
+        kvtier_core::wire::handoff::receive(&silent, HANG_GUARD)
             .await
             .unwrap();
         let started = Instant::now();
@@ -456,7 +457,7 @@ fn a_client_that_never_says_hello_is_closed() {
         );
         let waited = started.elapsed();
         assert!(
-            waited >= kvtier::actors::node::client_session::HELLO_TIMEOUT,
+            waited >= kvtier_core::actors::node::client_session::HELLO_TIMEOUT,
             "closed after {waited:?}, before its time to say hello"
         );
         // A client that greets is served as ever.
@@ -490,7 +491,7 @@ fn the_cpu_pool_is_handed_over_the_socket_sealed_against_resizing() {
         let raw = tokio::net::UnixStream::connect(cluster.socket(0).unwrap())
             .await
             .unwrap();
-        let handed = kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+        let handed = kvtier_core::wire::handoff::receive(&raw, HANG_GUARD)
             .await
             .unwrap();
         assert_eq!(handed.len(), 1);

@@ -5,7 +5,7 @@
 //! (every node serving again within its computed bound).
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
-use kvtier::sim::{run_seed, run_seeds};
+use kvtier_tools::sim::{run_seed, run_seeds};
 
 #[test]
 fn the_simulated_cluster_keeps_every_invariant() {

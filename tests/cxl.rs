@@ -2,14 +2,14 @@
 //! CXL device) and share a KV cache through it without copying bytes over the network.
 //! Every wait is on a condition; a deadline is a hang guard only ([`HANG_GUARD`]).
 
-use kvtier::client::{Client, StoreOutcome, StoreSkip};
-use kvtier::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
-use kvtier::launch::{
+use kvtier_core::client::{Client, StoreOutcome, StoreSkip};
+use kvtier_core::directory::{AcquireMode, ProbeOutcome, RetireOutcome};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier_tools::launch::{
     metric_value, network_namespaces_unavailable, wait_for_metrics, ClusterSpec, LocalCluster,
 };
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_tools::workload::chunk;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -168,7 +168,7 @@ fn a_pool_engines_never_write_is_handed_read_only() {
     runtime().block_on(async {
         let socket = cluster.socket(0).unwrap();
         let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        let files = kvtier::wire::handoff::receive(&stream, HANG_GUARD)
+        let files = kvtier_core::wire::handoff::receive(&stream, HANG_GUARD)
             .await
             .unwrap();
         // SAFETY: F_GETFL on descriptors this test owns.
@@ -308,7 +308,12 @@ fn a_node_that_maps_another_pool_refuses_to_start() {
     let config = cluster.root.join("wrong-uuid.toml");
     std::fs::write(&config, wrong).unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["node", "--name", kvtier::launch::BENCH_PEER, "--config"])
+        .args([
+            "node",
+            "--name",
+            kvtier_tools::launch::BENCH_PEER,
+            "--config",
+        ])
         .arg(&config)
         .output()
         .unwrap();

@@ -20,8 +20,8 @@
 //!   a retire, an extent granted or full, a demotion) are counted over the whole run, and
 //!   each kind must succeed a meaningful share of the time.
 
-use kvtier::directory::*;
-use kvtier::model::*;
+use kvtier_core::directory::*;
+use kvtier_core::model::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
 use std::cell::RefCell;
@@ -288,7 +288,7 @@ impl Harness {
                     capacity_bytes: CXL_BYTES,
                     page_bytes: 4096,
                     extent_bytes: Some(EXTENT_BYTES),
-                    tenancy: kvtier::model::PoolTenancy::Shared,
+                    tenancy: kvtier_core::model::PoolTenancy::Shared,
                 },
             )
             .unwrap();

@@ -5,9 +5,9 @@
 mod common;
 
 use common::{connect, ctl, runtime, store_all};
-use kvtier::directory::NodeRun;
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::{ObjectId, PrefixDigest};
+use kvtier_core::directory::NodeRun;
+use kvtier_core::model::{ObjectId, PrefixDigest};
+use kvtier_tools::launch::{ClusterSpec, LocalCluster};
 use std::path::Path;
 
 fn two_nodes() -> LocalCluster {
@@ -80,7 +80,7 @@ fn a_client_locates_its_own_namespaces_only_and_within_the_batch_bound() {
         assert_eq!((runs[0].node.as_str(), runs[0].chunks), ("node-a", 4));
         // A namespace this client never registered is refused, not answered.
         let foreign = ObjectId {
-            namespace: kvtier::model::NamespaceId([3; 16]),
+            namespace: kvtier_core::model::NamespaceId([3; 16]),
             prefix: PrefixDigest::ROOT,
             shard: 0,
             part: 0,

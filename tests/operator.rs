@@ -10,10 +10,10 @@
 mod common;
 
 use common::{ctl, operator};
-use kvtier::client::StoreOutcome;
-use kvtier::directory::AcquireMode;
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::Medium;
+use kvtier_core::client::StoreOutcome;
+use kvtier_core::directory::AcquireMode;
+use kvtier_core::model::Medium;
+use kvtier_tools::launch::{ClusterSpec, LocalCluster};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -482,7 +482,7 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
     assert!(ctl(&socket, &["probe", "--key", "k"]).status.success());
     let handed = common::runtime().block_on(async {
         let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+        kvtier_core::wire::handoff::receive(&raw, HANG_GUARD)
             .await
             .unwrap()
     });
@@ -508,7 +508,7 @@ fn a_node_refuses_a_tenant_its_cxl_pool_does_not_list() {
     // It was handed no pool: neither the CPU pool nor the CXL pool's file.
     let handed = common::runtime().block_on(async {
         let raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        kvtier::wire::handoff::receive(&raw, HANG_GUARD)
+        kvtier_core::wire::handoff::receive(&raw, HANG_GUARD)
             .await
             .unwrap()
     });

@@ -6,14 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kvtier::directory::DirectoryConfig;
-use kvtier::policy::cost::CostModel;
-use kvtier::policy::placement::PlacementConfig;
-use kvtier::policy::profiles::{TierKind, TierProfile};
-use kvtier::replay::cluster::{self, ClusterSimConfig, Pricing};
-use kvtier::replay::live;
-use kvtier::replay::tiers::{self, PolicyKind, SimConfig, TierSpec};
-use kvtier::workload::trace;
+use kvtier_core::directory::DirectoryConfig;
+use kvtier_core::policy::cost::CostModel;
+use kvtier_core::policy::placement::PlacementConfig;
+use kvtier_core::policy::profiles::{TierKind, TierProfile};
+use kvtier_tools::replay::cluster::{self, ClusterSimConfig, Pricing};
+use kvtier_tools::replay::live;
+use kvtier_tools::replay::tiers::{self, PolicyKind, SimConfig, TierSpec};
+use kvtier_tools::workload::trace;
 use std::time::Duration;
 
 const TRACE: &str = concat!(

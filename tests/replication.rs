@@ -11,10 +11,12 @@
 mod common;
 
 use common::{connect, object, runtime, signal};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::{AcquireMode, RetireOutcome};
-use kvtier::launch::{metric_value, scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, ObjectId};
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, RetireOutcome};
+use kvtier_core::model::{Medium, ObjectId};
+use kvtier_tools::launch::{
+    metric_value, scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster,
+};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,12 +8,12 @@
 mod common;
 
 use common::{connect, metrics_of, object, runtime, scraped, signal};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::{AcquireMode, RetireOutcome};
-use kvtier::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
-use kvtier::model::{Medium, ObjectId};
-use kvtier::node::transfers::PEER_REFUSALS_BURST;
-use kvtier::wire::peer::{self, TransferHeader, Verdict};
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, RetireOutcome};
+use kvtier_core::model::{Medium, ObjectId};
+use kvtier_core::node::transfers::PEER_REFUSALS_BURST;
+use kvtier_core::wire::peer::{self, TransferHeader, Verdict};
+use kvtier_tools::launch::{metric_value, scrape_metrics, ClusterSpec, LocalCluster, BENCH_PEER};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -146,7 +146,7 @@ fn a_miss_is_copied_over_quic_and_strangers_cannot_push(netns: bool) {
         );
         // A retired certificate is refused by the peer endpoint as by the directory.
         let certs = &cluster.config.directory.certs;
-        assert!(kvtier::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
+        assert!(kvtier_core::wire::certs::retire_certificate(certs, BENCH_PEER).unwrap());
         assert_eq!(
             pushes_until_closed(&cluster, "node-b", 1).await,
             0,
@@ -242,7 +242,7 @@ async fn pushes_as(
     let bind = SocketAddr::from(([0, 0, 0, 0], 0));
     let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let config = peer::client_config(certs, name, peer::DATAGRAM_BYTES_SAFE).unwrap();
-    let connection = kvtier::wire::quic::connect(&endpoint, address, to, config)
+    let connection = kvtier_core::wire::quic::connect(&endpoint, address, to, config)
         .await
         .unwrap();
     let mut verdicts = Vec::new();
@@ -269,7 +269,8 @@ async fn pushes_until_closed(cluster: &LocalCluster, to: &str, attempts: u32) ->
     let bind = SocketAddr::from(([0, 0, 0, 0], 0));
     let endpoint = peer::endpoint(bind, None, peer::DATAGRAM_BYTES_SAFE).unwrap();
     let config = peer::client_config(certs, BENCH_PEER, peer::DATAGRAM_BYTES_SAFE).unwrap();
-    let Ok(connection) = kvtier::wire::quic::connect(&endpoint, address, to, config).await else {
+    let Ok(connection) = kvtier_core::wire::quic::connect(&endpoint, address, to, config).await
+    else {
         return 0;
     };
     let mut answered = 0;

@@ -8,12 +8,12 @@
 mod common;
 
 use common::{store_all, verified_hits};
-use kvtier::client::{Client, StoreOutcome, StoreSkip};
-use kvtier::directory::ProbeOutcome;
-use kvtier::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, NamespaceDescriptor, NamespaceId, ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::client::{Client, StoreOutcome, StoreSkip};
+use kvtier_core::directory::ProbeOutcome;
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, NamespaceDescriptor, NamespaceId, ObjectId, PrefixDigest};
+use kvtier_tools::launch::{metric_value, wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier_tools::workload::chunk;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -360,7 +360,7 @@ fn an_outage_past_the_fence_window_keeps_every_cxl_replica() {
             wait_for_metrics(*address, HANG_GUARD, rejoined),
             "a node did not rejoin with its extents"
         );
-        let body = kvtier::launch::scrape_metrics(*address).unwrap();
+        let body = kvtier_tools::launch::scrape_metrics(*address).unwrap();
         assert_eq!(
             metric_value(&body, "kvtier_node_rejoin_extents_total{outcome=\"lost\"}"),
             Some(0.0),

@@ -6,13 +6,13 @@
 mod common;
 
 use common::{ctl, operator};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::{AcquireMode, DrainProgress, DrainState, ProbeOutcome};
-use kvtier::launch::{wait_for_metrics, ClusterSpec, LocalCluster};
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
-use kvtier::protocol::messages::ClusterStatus;
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, DrainProgress, DrainState, ProbeOutcome};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier_core::protocol::messages::ClusterStatus;
+use kvtier_tools::launch::{wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier_tools::workload::chunk;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -295,7 +295,7 @@ impl LoneNode {
             .unwrap()
             .local_addr()
             .unwrap();
-        kvtier::wire::certs::init_cluster_certs(
+        kvtier_core::wire::certs::init_cluster_certs(
             &root.join("certs"),
             &["directory".into(), "node-a".into()],
             false,

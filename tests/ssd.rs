@@ -9,14 +9,14 @@
 //! directory stops reporting them on SSD. Waits on conditions; deadlines are hang guards
 //! only.
 
-use kvtier::backends::checksum;
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::{AcquireMode, ProbeOutcome};
-use kvtier::launch::{node_name, ClusterSpec, LocalCluster};
-use kvtier::metrics::scrape::{metric_value, scrape_metrics};
-use kvtier::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::backends::checksum;
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, ProbeOutcome};
+use kvtier_core::metrics::scrape::{metric_value, scrape_metrics};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{Medium, NamespaceId, ObjectId, PrefixDigest};
+use kvtier_tools::launch::{node_name, ClusterSpec, LocalCluster};
+use kvtier_tools::workload::chunk;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};

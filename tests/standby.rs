@@ -10,10 +10,10 @@
 mod common;
 
 use common::{connect, object, runtime, signal, store_all, verified_hits};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::launch::etcd::EtcdServer;
-use kvtier::launch::{scrape_metrics, ClusterSpec, LocalCluster};
-use kvtier::model::{ObjectId, PrefixDigest};
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::model::{ObjectId, PrefixDigest};
+use kvtier_tools::launch::etcd::EtcdServer;
+use kvtier_tools::launch::{scrape_metrics, ClusterSpec, LocalCluster};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -7,17 +7,17 @@
 mod common;
 
 use common::{connect, object, runtime};
-use kvtier::client::{Client, StoreOutcome};
-use kvtier::directory::{AcquireMode, CommitOutcome, ReserveItem};
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::{NamespaceId, ObjectId};
-use kvtier::node::ClientRefusal;
-use kvtier::protocol::messages::{
+use kvtier_core::client::{Client, StoreOutcome};
+use kvtier_core::directory::{AcquireMode, CommitOutcome, ReserveItem};
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{NamespaceId, ObjectId};
+use kvtier_core::node::ClientRefusal;
+use kvtier_core::protocol::messages::{
     ClientReply, ClientRequest, Hello, ProtocolError, StoreCommitted, StoreGrant,
     STORE_BATCH_ITEMS_MAX,
 };
-use kvtier::wire::{uds, RpcClient, RpcConfig};
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::wire::{uds, RpcClient, RpcConfig};
+use kvtier_tools::launch::{ClusterSpec, LocalCluster};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,7 @@ type RawClient = RpcClient<ClientRequest, ClientReply>;
 /// A connection that speaks the client protocol itself, with the demo namespace registered.
 async fn raw_client(cluster: &LocalCluster) -> (RawClient, NamespaceId) {
     let stream = uds::connect(&cluster.socket(0).unwrap()).await.unwrap();
-    kvtier::wire::handoff::receive(&stream, Duration::from_secs(30))
+    kvtier_core::wire::handoff::receive(&stream, Duration::from_secs(30))
         .await
         .unwrap();
     let (reader, writer) = stream.into_split();

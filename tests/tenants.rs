@@ -9,13 +9,13 @@
 //! reach, so the tests do not depend on where the clone lives (a clone in a private `0700`
 //! folder keeps `target/` out of its reach).
 
-use kvtier::client::{Client, ClientError};
-use kvtier::ctl::objects::{ctl_namespace, key_digest};
-use kvtier::directory::{AcquireMode, DirectoryError};
-use kvtier::launch::{ClusterSpec, LocalCluster};
-use kvtier::model::{ObjectId, ReplicaId};
-use kvtier::node::{ClientRefusal, TenantRefusal};
-use kvtier::protocol::messages::ProtocolError;
+use kvtier_core::client::{Client, ClientError};
+use kvtier_core::directory::{AcquireMode, DirectoryError};
+use kvtier_core::model::{ObjectId, ReplicaId};
+use kvtier_core::node::{ClientRefusal, TenantRefusal};
+use kvtier_core::protocol::messages::ProtocolError;
+use kvtier_tools::ctl::objects::{ctl_namespace, key_digest};
+use kvtier_tools::launch::{ClusterSpec, LocalCluster};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -361,7 +361,7 @@ fn tenant_b_helper() {
         }
         // A model its rule does not list.
         match client
-            .register_namespace(kvtier::workload::namespace::demo_namespace())
+            .register_namespace(kvtier_core::model::demo_namespace())
             .await
         {
             Err(ClientError::Refused(ProtocolError::Tenant(TenantRefusal::NamespaceDenied {
@@ -379,7 +379,7 @@ fn tenant_b_helper() {
 async fn search_handed_memory(socket: &Path, needle: &[u8]) -> (usize, bool) {
     use std::os::unix::fs::FileExt;
     let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
-    let files = kvtier::wire::handoff::receive(&stream, std::time::Duration::from_secs(10))
+    let files = kvtier_core::wire::handoff::receive(&stream, std::time::Duration::from_secs(10))
         .await
         .unwrap();
     let count = files.len();

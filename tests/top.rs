@@ -3,12 +3,12 @@
 //! terminal given back), and the Grafana dashboard's queries against what the processes
 //! export. Every wait polls a condition; a deadline is a hang guard only.
 
-use kvtier::client::Client;
-use kvtier::launch::{scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster};
-use kvtier::metrics::scrape::parse_samples;
-use kvtier::model::{ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::client::Client;
+use kvtier_core::metrics::scrape::parse_samples;
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{ObjectId, PrefixDigest};
+use kvtier_tools::launch::{scrape_metrics, wait_for_metrics, ClusterSpec, LocalCluster};
+use kvtier_tools::workload::chunk;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

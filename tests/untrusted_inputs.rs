@@ -6,17 +6,17 @@
 //! arbitrary and mutated region files (forged headers among them). Also: a frame header never makes the
 //! reader allocate its claimed length up front.
 
-use kvtier::model::{Medium, PoolSpec, Scope};
+use kvtier_core::model::{Medium, PoolSpec, Scope};
 #[path = "../fuzz/checks.rs"]
 mod checks;
 
 use checks::{check_config, check_frames, check_message, check_region_scan};
-use kvtier::protocol::messages::{
+use kvtier_core::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, Hello, ProtocolError,
 };
-use kvtier::wire::codec;
-use kvtier::wire::frame::{FrameHeader, PROTOCOL_VERSION};
-use kvtier::wire::{read_raw_frame, WireError, FRAME_PAYLOAD_BYTES_MAX};
+use kvtier_core::wire::codec;
+use kvtier_core::wire::frame::{FrameHeader, PROTOCOL_VERSION};
+use kvtier_core::wire::{read_raw_frame, WireError, FRAME_PAYLOAD_BYTES_MAX};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -64,11 +64,11 @@ fn seeds() -> Vec<Vec<u8>> {
     let spec = PoolSpec {
         name: "node-a-cpu".into(),
         medium: Medium::Cpu,
-        scope: Scope::Domain(kvtier::model::DomainId(1)),
+        scope: Scope::Domain(kvtier_core::model::DomainId(1)),
         capacity_bytes: 1 << 30,
         page_bytes: 64 << 10,
         extent_bytes: Some(64 << 20),
-        tenancy: kvtier::model::PoolTenancy::Shared,
+        tenancy: kvtier_core::model::PoolTenancy::Shared,
     };
     vec![
         codec::encode(&Hello::ours()).unwrap(),
@@ -166,8 +166,8 @@ fn frame_reader_gives_frames_or_typed_errors() {
 /// A sound region image (its header, then two objects of one block of this fill) behind the
 /// mode byte `mode` of `check_region_scan`.
 fn region_seed(mode: u8) -> Vec<u8> {
-    use kvtier::backends::ssd::layout::{ObjectHeader, RegionHeader, BLOCK_BYTES};
-    use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
+    use kvtier_core::backends::ssd::layout::{ObjectHeader, RegionHeader, BLOCK_BYTES};
+    use kvtier_core::model::{NamespaceId, ObjectId, PrefixDigest};
     let block = BLOCK_BYTES as usize;
     let mut image = vec![0u8; 6 * block];
     let (sequence, nonce) = (3, 0x00c0_ffee_d00d_f00d);
@@ -191,7 +191,7 @@ fn region_seed(mode: u8) -> Vec<u8> {
             length_bytes: BLOCK_BYTES,
             generation: sequence,
             nonce,
-            data_crc: kvtier::backends::checksum::crc32c(&data),
+            data_crc: kvtier_core::backends::checksum::crc32c(&data),
         }
         .encode(&mut image[slot * block..(slot + 1) * block]);
         image[(slot + 1) * block..(slot + 2) * block].copy_from_slice(&data);

@@ -3,8 +3,8 @@
 //! neither its folder nor its network namespaces behind. Every wait is on a condition; the
 //! deadlines are hang guards only.
 
-use kvtier::client::Client;
-use kvtier::launch::{network_namespaces_unavailable, ClusterSpec, LocalCluster};
+use kvtier_core::client::Client;
+use kvtier_tools::launch::{network_namespaces_unavailable, ClusterSpec, LocalCluster};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -7,7 +7,7 @@
 mod checks;
 
 use checks::check_message;
-use kvtier::protocol::messages::ClientReply;
+use kvtier_core::protocol::messages::ClientReply;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

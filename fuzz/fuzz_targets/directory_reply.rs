@@ -7,7 +7,7 @@
 mod checks;
 
 use checks::check_message;
-use kvtier::protocol::messages::DirectoryReply;
+use kvtier_core::protocol::messages::DirectoryReply;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -1,4 +1,4 @@
-//! `Client`, `Namespace`, `Probe` and `Loaded`: the Python face of [`kvtier::client`].
+//! `Client`, `Namespace`, `Probe` and `Loaded`: the Python face of [`kvtier::Client`].
 
 use crate::buffer::{ensure_distinct, Buffer};
 use crate::errors::{self, LeaseExpired};
@@ -7,9 +7,10 @@ use crate::keys;
 use crate::leased::LeasedBytes;
 use crate::runtime;
 use crate::ssd::SsdPin;
-use kvtier::client::{Client as Inner, LoadedView, StoreOutcome};
-use kvtier::directory::{AcquireMode, NodeRun, ProbeOutcome};
-use kvtier::model::{KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId};
+use kvtier::{
+    AcquireMode, Client as Inner, KvDtype, LoadedView, Medium, NamespaceDescriptor, NamespaceId,
+    NodeRun, ObjectId, ProbeOutcome, StoreOutcome,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};

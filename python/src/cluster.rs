@@ -2,8 +2,8 @@
 //! from the `kvtier` executable), for tests and benchmarks run from Python.
 
 use crate::errors::KvtierError;
-use kvtier::launch::{ClusterSpec, LocalCluster as Inner};
-use kvtier::model::Medium;
+use kvtier::tools::{ClusterSpec, LocalCluster as Inner};
+use kvtier::Medium;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::path::PathBuf;

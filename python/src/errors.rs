@@ -1,10 +1,8 @@
 //! The Python exceptions, and how [`ClientError`] maps to them. A skipped store is not an
 //! error: it is a status.
 
-use kvtier::client::ClientError;
-use kvtier::directory::DirectoryError;
-use kvtier::node::ClientRefusal;
-use kvtier::protocol::messages::ProtocolError;
+use kvtier::errors::{ClientRefusal, DirectoryError, ProtocolError};
+use kvtier::ClientError;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 

@@ -5,9 +5,7 @@
 use crate::buffer::Buffer;
 use crate::client::{store_status, ProbeResult};
 use crate::errors::{self, Busy};
-use kvtier::client::{Client, ClientError, StoreOutcome};
-use kvtier::directory::ProbeOutcome;
-use kvtier::model::ObjectId;
+use kvtier::{Client, ClientError, ObjectId, ProbeOutcome, StoreOutcome};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::collections::VecDeque;

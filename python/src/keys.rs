@@ -2,7 +2,7 @@
 //! itself (as [`prefix_digest`] returns); any other key (an engine's block hash, e.g.
 //! vLLM's 32-byte SHA-256) is hashed to one, so equal keys name equal objects everywhere.
 
-use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
+use kvtier::{NamespaceId, ObjectId, PrefixDigest};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

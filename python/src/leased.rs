@@ -5,7 +5,7 @@
 //! (`Loaded.release()`, or the block's end) gives the lease back at once when nothing still
 //! reads, else when the last export is released.
 
-use kvtier::client::LoadedView;
+use kvtier::LoadedView;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -103,7 +103,9 @@ impl LeasedBytes {
         let pointer = {
             let mut state = this.lock();
             let Some(leased) = state.view.as_ref() else {
-                return Err(PyValueError::new_err("the lease of these bytes was released"));
+                return Err(PyValueError::new_err(
+                    "the lease of these bytes was released",
+                ));
             };
             let pointer = leased.bytes().map_err(crate::errors::to_py)?.as_ptr();
             state.exports += 1;

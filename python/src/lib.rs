@@ -1,4 +1,4 @@
-//! `kvtier._kvtier`: the Python binding of [`kvtier::client`] (PyO3, abi3, Python >= 3.10).
+//! `kvtier._kvtier`: the Python binding of [`kvtier::Client`] (PyO3, abi3, Python >= 3.10).
 //!
 //! One tokio runtime serves every client of the process. Every call that copies bytes or
 //! waits for the node releases the GIL first; copies go straight between the caller's buffer
@@ -59,7 +59,7 @@ fn copy_streaming(
         // SAFETY: both exports live until after this closure, the target's is writable,
         // and the two ranges do not overlap (checked above).
         let (from, to) = unsafe { (from.bytes(), to.bytes_mut()) };
-        kvtier::backends::copy::copy_streaming(from, to);
+        kvtier::tools::copy_streaming(from, to);
     });
     Ok(())
 }
@@ -69,8 +69,12 @@ fn copy_streaming(
 /// `KVTIER_COPY_ROUTINE`): what `python -m kvtier.bench` reports beside its figures.
 #[pyfunction]
 fn copy_routines(py: Python<'_>) -> std::collections::HashMap<&'static str, &'static str> {
-    let routines = py.allow_threads(kvtier::backends::copy::routines);
-    [("store", routines.store.name()), ("load", routines.load.name())].into()
+    let routines = py.allow_threads(kvtier::tools::routines);
+    [
+        ("store", routines.store.name()),
+        ("load", routines.load.name()),
+    ]
+    .into()
 }
 
 /// Runs the `kvtier` command line `argv` (the program's name first) in this process, as
@@ -78,13 +82,15 @@ fn copy_routines(py: Python<'_>) -> std::collections::HashMap<&'static str, &'st
 /// as the binary prints it). The package's `kvtier` script calls it.
 #[pyfunction]
 fn run_cli(py: Python<'_>, argv: Vec<String>) -> i32 {
-    py.allow_threads(|| match kvtier::cli::run(argv.into_iter().map(Into::into)) {
-        Ok(()) => 0,
-        Err(error) => {
-            eprintln!("Error: {error:?}");
-            1
-        }
-    })
+    py.allow_threads(
+        || match kvtier::tools::run_command_line(argv.into_iter().map(Into::into)) {
+            Ok(()) => 0,
+            Err(error) => {
+                eprintln!("Error: {error:?}");
+                1
+            }
+        },
+    )
 }
 
 /// The extension module.

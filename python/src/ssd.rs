@@ -1,7 +1,7 @@
 //! `SsdPin`: where one object's bytes lie in the node's SSD files, for a reader that reads
 //! them itself (GPUDirect Storage: `cuFileRead` of `length` bytes at `offset` of `path`).
 
-use kvtier::protocol::messages::SsdExtent;
+use kvtier::SsdExtent;
 use pyo3::prelude::*;
 
 /// One object pinned in place on the node's SSD by `Client.pin_on_ssd`: open `path`

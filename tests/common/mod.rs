@@ -2,12 +2,12 @@
 //! Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
-use kvtier::client::Client;
-use kvtier::directory::AcquireMode;
-use kvtier::launch::{metric_value, scrape_metrics, LocalCluster};
-use kvtier::model::{NamespaceId, ObjectId, PrefixDigest};
-use kvtier::workload::chunk;
-use kvtier::workload::namespace::demo_namespace;
+use kvtier_core::client::Client;
+use kvtier_core::directory::AcquireMode;
+use kvtier_core::model::demo_namespace;
+use kvtier_core::model::{NamespaceId, ObjectId, PrefixDigest};
+use kvtier_tools::launch::{metric_value, scrape_metrics, LocalCluster};
+use kvtier_tools::workload::chunk;
 use std::net::SocketAddr;
 
 /// A single-threaded runtime for a test's client calls.
@@ -55,7 +55,7 @@ pub async fn store_all(client: &Client, objects: &[(ObjectId, Vec<u8>)]) {
     for (id, bytes) in objects {
         assert_eq!(
             client.store(*id, bytes).await.unwrap(),
-            kvtier::client::StoreOutcome::Stored
+            kvtier_core::client::StoreOutcome::Stored
         );
     }
     assert_eq!(verified_hits(client, objects).await, objects.len());
@@ -109,7 +109,7 @@ macro_rules! on_loopback_and_between_hosts {
 
             #[test]
             fn between_hosts() {
-                if let Some(reason) = kvtier::launch::network_namespaces_unavailable() {
+                if let Some(reason) = kvtier_tools::launch::network_namespaces_unavailable() {
                     println!(
                         "SKIPPED: {}: no network namespaces here: {reason}",
                         stringify!($body)

@@ -1,0 +1,731 @@
+//! A simulated node process: the real node core (operation window, extent returns, client
+//! books, store rules) and the real allocators (a page allocator for its CPU pool, an
+//! extent allocator per shared pool), with one engine client. Requests go through the
+//! faulty network; a request whose reply does not come is retried with the same operation
+//! id, then resolved. A node that hears its session is gone, or whose heartbeats went
+//! unanswered for the fence window, rejoins (`rejoin`); a crashed node restarts as a new
+//! process and a new epoch.
+
+use super::network::Payload;
+use super::world::{descriptor, Space, World, BATCH_ITEMS_MAX, CPU_POOL_OBJECTS, OBJECT_BYTES};
+use kvtier_core::backends::extent_allocator::ExtentAllocator;
+use kvtier_core::backends::PageAllocator;
+use kvtier_core::directory::{
+    AcquireMode, DirectoryError, ExtentReturn, Lease, ReserveItem, ResolveOutcome,
+};
+use kvtier_core::model::{
+    DomainId, Location, Medium, NodeId, ObjectId, OperationId, OwnerTable, PoolId, PoolSpec,
+    ReplicaId, Scope, SessionId, Timestamp,
+};
+use kvtier_core::node::delegations::is_local;
+use kvtier_core::node::{ClientId, CommitResult, Liveness, NodeCore};
+use kvtier_core::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// A request not answered within this long is sent again (same operation id).
+const RETRY_AFTER: Duration = Duration::from_millis(150);
+/// Sends of a request without an operation id (or of a resolve) before it is given up.
+const ATTEMPTS_MAX: u32 = 3;
+/// Allocations per pool or extent.
+const ALLOCATIONS_MAX: u32 = 64;
+
+/// A lease an engine reads under, with what it must read.
+#[derive(Clone, Debug)]
+pub struct HeldLease {
+    pub lease: Lease,
+    pub object: ObjectId,
+    pub space: Space,
+    /// Until when the engine reads under it: its deadline on the engine's clock.
+    pub trusted_until: Timestamp,
+}
+
+/// Why a request was sent, beyond what the request says.
+#[derive(Clone, Debug)]
+pub(super) enum Purpose {
+    Plain,
+    Store {
+        ticket: u64,
+        object: ObjectId,
+    },
+    Commit {
+        object: ObjectId,
+        replica: ReplicaId,
+        location: Location,
+    },
+    Acquire {
+        count: usize,
+    },
+    Return {
+        pool: PoolId,
+        offset_bytes: u64,
+    },
+    Heartbeat,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Pending {
+    pub(super) request: DirectoryRequest,
+    pub(super) purpose: Purpose,
+    sent_at: Timestamp,
+    attempts: u32,
+}
+
+/// One simulated node process. See the module documentation.
+pub struct SimNode {
+    pub name: String,
+    pub domains: Vec<DomainId>,
+    /// Bumps at every process start.
+    pub incarnation: u64,
+    /// Bumps at every process start and session loss: replies meant for an earlier
+    /// process or session are never delivered.
+    pub connection: u64,
+    pub session: Option<SessionId>,
+    /// The id the directory gave this node.
+    pub(super) node_id: Option<NodeId>,
+    /// The rejoin under way, if the node lost its session.
+    pub(super) rejoin: Option<super::rejoin::Rejoin>,
+    /// What the node held when the directory was last killed, and the extents it lost
+    /// since: checked when its rejoin ends.
+    pub(super) held_at_kill: Option<super::rejoin::HeldAtKill>,
+    pub(super) core: NodeCore,
+    pub(super) client: Option<ClientId>,
+    pub(super) cpu: Option<(PoolId, PageAllocator)>,
+    /// The extent allocator of each shared pool, by domain.
+    pub cxl: HashMap<u32, ExtentAllocator>,
+    pub(super) pending: BTreeMap<u64, Pending>,
+    next_request: u64,
+    /// The engine's leases.
+    pub leases: Vec<HeldLease>,
+    pub(super) committed: Vec<(ObjectId, ReplicaId)>,
+}
+
+impl SimNode {
+    /// A node that has not started yet.
+    pub fn new(index: usize, domains: &[u32]) -> SimNode {
+        SimNode {
+            name: format!("node{index}"),
+            domains: domains.iter().map(|domain| DomainId(*domain)).collect(),
+            incarnation: 0,
+            connection: 0,
+            session: None,
+            node_id: None,
+            rejoin: None,
+            held_at_kill: None,
+            core: NodeCore::default(),
+            client: None,
+            cpu: None,
+            cxl: HashMap::new(),
+            pending: BTreeMap::new(),
+            next_request: 1,
+            leases: Vec::new(),
+            committed: Vec::new(),
+        }
+    }
+
+    fn space_of_cpu(&self, index: usize) -> Space {
+        Space::Cpu {
+            node: index,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
+/// The CPU pool node `node` registers (and the directory declares, under any node id): as
+/// a node without tenant rules has it, the one partition of the unsalted group.
+pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
+    PoolSpec {
+        name: format!("cpu{node}"),
+        medium: Medium::Cpu,
+        scope: Scope::Host(host),
+        capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
+        page_bytes: 4096,
+        extent_bytes: None,
+        tenancy: kvtier_core::model::PoolTenancy::Partition(kvtier_core::model::SaltGroup::of(
+            None,
+        )),
+    }
+}
+
+/// The tier orders node `node` opens its sessions with: even nodes write CPU first.
+pub(super) fn media_orders(node: usize) -> (Vec<Medium>, Vec<Medium>) {
+    if node % 2 == 0 {
+        (
+            vec![Medium::Cpu, Medium::Cxl],
+            vec![Medium::Cpu, Medium::Cxl],
+        )
+    } else {
+        (
+            vec![Medium::Cxl, Medium::Cpu],
+            vec![Medium::Cpu, Medium::Cxl],
+        )
+    }
+}
+
+impl World {
+    /// The process of node `node` dies: its session, books, allocators and in-flight work
+    /// are gone; its engine's leases live on as orphans until their deadlines (the engine
+    /// keeps its mappings), and its CPU pool's bytes stay readable under them.
+    pub fn crash(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        self.orphan_leases.append(&mut state.leases);
+        state.session = None;
+        state.rejoin = None;
+        state.held_at_kill = None;
+        state.core = NodeCore::default();
+        state.client = None;
+        state.cpu = None;
+        state.cxl.clear();
+        state.pending.clear();
+        state.committed.clear();
+        self.receives.retain(|_, (receiver, _)| *receiver != node);
+        self.stats.covered.node_restarts += 1;
+    }
+
+    /// Starts node `node` as a new process: opens a session (a new epoch), registers a
+    /// fresh CPU pool and the namespace. Start-up talks to the directory directly.
+    fn start(&mut self, node: usize) {
+        let (write_order, read_order) = media_orders(node);
+        self.nodes[node].incarnation += 1;
+        self.nodes[node].connection += 1;
+        self.nodes[node].session = None;
+        let opened_at = self.now;
+        let DirectoryReply::Opened(opened) = self.call(
+            node,
+            DirectoryRequest::Open {
+                write_order,
+                read_order,
+            },
+        ) else {
+            return;
+        };
+        self.nodes[node].session = Some(opened.session);
+        self.nodes[node].node_id = Some(opened.node);
+        let spec = cpu_pool_spec(node, opened.node);
+        let DirectoryReply::Pool(pool) = self.call(node, DirectoryRequest::RegisterPool(spec))
+        else {
+            self.nodes[node].session = None;
+            return;
+        };
+        if let DirectoryReply::Namespace(id) =
+            self.call(node, DirectoryRequest::RegisterNamespace(descriptor()))
+        {
+            self.nodes[node]
+                .core
+                .holdings
+                .namespace_registered(id, descriptor());
+        }
+        let space = self.nodes[node].space_of_cpu(node);
+        self.spaces.insert(pool, space);
+        let pages = PageAllocator::new(CPU_POOL_OBJECTS * OBJECT_BYTES, 4096, ALLOCATIONS_MAX)
+            .expect("the simulated CPU pool's geometry is valid");
+        let cxl = self.shared_allocators(node);
+        let state = &mut self.nodes[node];
+        state.cpu = Some((pool, pages));
+        state.cxl = cxl;
+        state.client = state.core.connect_client(0).ok();
+        // The simulated engine registers the cluster's one namespace on its connection.
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            if books.admit_namespace().is_ok() {
+                books.namespace_registered(descriptor().id().ok());
+            }
+        }
+        let fence_after = Duration::from_millis(opened.fence_after_ms);
+        state.core.liveness = Liveness::new(opened_at, fence_after);
+    }
+
+    fn shared_allocators(&self, node: usize) -> HashMap<u32, ExtentAllocator> {
+        self.nodes[node]
+            .domains
+            .iter()
+            .map(|domain| {
+                let capacity = super::world::CXL_POOL_OBJECTS * OBJECT_BYTES;
+                (
+                    domain.0,
+                    ExtentAllocator::new(capacity, 4096, ALLOCATIONS_MAX),
+                )
+            })
+            .collect()
+    }
+
+    /// Sends `request` for `purpose` and remembers it until its reply.
+    pub(super) fn send(&mut self, node: usize, request: DirectoryRequest, purpose: Purpose) {
+        self.send_attempt(node, request, purpose, 1);
+    }
+
+    fn send_attempt(
+        &mut self,
+        node: usize,
+        request: DirectoryRequest,
+        purpose: Purpose,
+        attempts: u32,
+    ) {
+        let state = &mut self.nodes[node];
+        let request_id = state.next_request;
+        state.next_request += 1;
+        let pending = Pending {
+            request: request.clone(),
+            purpose,
+            sent_at: self.now,
+            attempts,
+        };
+        state.pending.insert(request_id, pending);
+        let connection = state.connection;
+        self.network.send(
+            &mut self.rng,
+            self.now,
+            node,
+            connection,
+            request_id,
+            Payload::Request(request),
+        );
+    }
+
+    /// A fresh operation id, or `None` when the window is full.
+    pub(super) fn operation(&mut self, node: usize) -> Option<OperationId> {
+        self.nodes[node].core.operations.begin()
+    }
+
+    /// One thing node `node` does: start, or one engine or node action.
+    pub fn node_step(&mut self, node: usize) {
+        if self.nodes[node].rejoin.is_some() {
+            // Not serving until the rejoin ends; a crash may still come.
+            if self.faults && self.rng.chance(1) {
+                self.crash(node);
+            }
+            return;
+        }
+        if self.nodes[node].session.is_none() {
+            if self.rng.chance(30) {
+                self.start(node);
+            }
+            return;
+        }
+        if self.nodes[node].core.liveness.may_be_fenced(self.now) {
+            // Silent for the fence window: the directory may have fenced this session and
+            // handed its extents on. Stop writing and rejoin (`extents_to_claim` decides
+            // which extents stay).
+            self.session_lost(node);
+            return;
+        }
+        match self.rng.below(100) {
+            0..=27 => self.begin_store(node),
+            28..=49 => self.begin_acquire(node),
+            50..=62 => self.release_one(node),
+            63..=68 => self.retire_one(node),
+            69..=80 => {
+                self.tidy_delegations(node);
+                self.send(
+                    node,
+                    DirectoryRequest::PollTasks { max: 16 },
+                    Purpose::Plain,
+                )
+            }
+            81..=92 => self.heartbeat(node),
+            93..=97 => self.return_empty_extents(node),
+            _ => {
+                if self.faults && self.rng.chance(15) {
+                    self.crash(node);
+                }
+            }
+        }
+    }
+
+    fn heartbeat(&mut self, node: usize) {
+        let acknowledged_through = self.nodes[node].core.operations.acknowledged_through();
+        let request = DirectoryRequest::Heartbeat {
+            acknowledged_through,
+        };
+        self.send(node, request, Purpose::Heartbeat);
+        let now = self.now;
+        if let Some(client) = self.nodes[node].client {
+            let state = &mut self.nodes[node];
+            if let Some(books) = state.core.client(client) {
+                books.prune(now);
+                let aborts = books.take_aborts();
+                let due = books.take_due_pages();
+                for (_, replica) in aborts {
+                    self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                }
+                for location in due {
+                    self.free(node, location).ok();
+                }
+            }
+        }
+        let now = self.now;
+        for location in self.nodes[node].core.holdings.due_frees(now) {
+            self.free(node, location).ok();
+        }
+        self.nodes[node]
+            .leases
+            .retain(|held| held.trusted_until > now);
+    }
+
+    fn begin_store(&mut self, node: usize) {
+        let object = self.random_object();
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
+            return;
+        };
+        let Ok(ticket) = books.admit_store(&object, OBJECT_BYTES, now) else {
+            return;
+        };
+        let Some(operation) = self.operation(node) else {
+            self.end_store(node, ticket);
+            return;
+        };
+        let item = ReserveItem {
+            object,
+            length_bytes: OBJECT_BYTES,
+        };
+        let request = DirectoryRequest::Reserve { operation, item };
+        self.send(node, request, Purpose::Store { ticket, object });
+    }
+
+    pub(super) fn end_store(&mut self, node: usize, ticket: u64) {
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            books.store_ended(ticket);
+        }
+    }
+
+    fn begin_acquire(&mut self, node: usize) {
+        let count = 1 + self.rng.below(3) as usize;
+        let objects: Vec<ObjectId> = (0..count).map(|_| self.random_object()).collect();
+        let mode = if self.rng.chance(50) {
+            AcquireMode::Each
+        } else {
+            AcquireMode::Manifest
+        };
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        let Some((books, delegations)) = state
+            .client
+            .and_then(|client| state.core.client_with_delegations(client))
+        else {
+            return;
+        };
+        if books.admit_acquire(&objects, now).is_err() {
+            return;
+        }
+        if delegations.covers(now, &objects) {
+            // Every object is a hit under the node's delegations: no message.
+            let leases = delegations.acquire(now, &objects).unwrap_or_default();
+            let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
+            books.leases_granted(count, granted.collect());
+            for (object, lease) in objects.iter().zip(leases) {
+                let held = self.held_lease(node, lease, *object, now);
+                self.verify(&held);
+                self.nodes[node].leases.push(held);
+                self.stats.covered.local_hits += 1;
+            }
+            return;
+        }
+        let request = DirectoryRequest::AcquireDelegating { objects, mode };
+        self.send(node, request, Purpose::Acquire { count });
+    }
+
+    /// Releases at the directory what the node's delegations no longer need.
+    pub(super) fn send_delegation_releases(&mut self, node: usize) {
+        let leases = self.nodes[node].core.delegations.take_releases();
+        if !leases.is_empty() {
+            self.send(node, DirectoryRequest::Release { leases }, Purpose::Plain);
+        }
+    }
+
+    /// The node's periodic delegation work: expiry, and the hits it answered reported.
+    fn tidy_delegations(&mut self, node: usize) {
+        let now = self.now;
+        let delegations = &mut self.nodes[node].core.delegations;
+        delegations.expire(now);
+        let hits = delegations.take_hit_reports(BATCH_ITEMS_MAX as usize);
+        self.send_delegation_releases(node);
+        if !hits.is_empty() {
+            self.send(node, DirectoryRequest::ReportHits { hits }, Purpose::Plain);
+        }
+    }
+
+    fn release_one(&mut self, node: usize) {
+        if self.nodes[node].leases.is_empty() {
+            return;
+        }
+        let index = self.rng.below(self.nodes[node].leases.len() as u64) as usize;
+        let held = self.nodes[node].leases.swap_remove(index);
+        if held.trusted_until > self.now {
+            self.verify(&held);
+        }
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            books.release(&[held.lease.lease], usize::MAX).ok();
+        }
+        if is_local(held.lease.lease) {
+            state.core.delegations.release_local(now, held.lease.lease);
+            return self.send_delegation_releases(node);
+        }
+        let request = DirectoryRequest::Release {
+            leases: vec![held.lease.lease],
+        };
+        self.send(node, request, Purpose::Plain);
+    }
+
+    fn retire_one(&mut self, node: usize) {
+        if self.nodes[node].committed.is_empty() {
+            return;
+        }
+        let index = self.rng.below(self.nodes[node].committed.len() as u64) as usize;
+        let (object, replica) = self.nodes[node].committed[index];
+        let request = DirectoryRequest::Retire {
+            object,
+            replica,
+            released: Vec::new(),
+        };
+        self.send(node, request, Purpose::Plain);
+    }
+
+    /// Offers every empty extent back to the directory, through the node core.
+    fn return_empty_extents(&mut self, node: usize) {
+        self.resolve_lost_returns(node);
+        let domains: Vec<u32> = self.nodes[node].cxl.keys().copied().collect();
+        for domain in domains {
+            let Some(pool) = self.pool_of_domain(domain) else {
+                continue;
+            };
+            let state = &mut self.nodes[node];
+            let Some(allocator) = state.cxl.get_mut(&domain) else {
+                continue;
+            };
+            let Some((offset_bytes, length_bytes)) = allocator.take_empty() else {
+                continue;
+            };
+            let Some(operation) = state.core.begin_return(pool, offset_bytes, length_bytes) else {
+                allocator.add_extent(offset_bytes, length_bytes).ok();
+                continue;
+            };
+            let owner_word = self
+                .owner_words
+                .get(&domain)
+                .and_then(|words| words.owner_word(offset_bytes / length_bytes.max(1)));
+            let request = DirectoryRequest::ReturnExtent {
+                operation,
+                pool,
+                offset_bytes,
+                owner_word,
+            };
+            self.send(node, request, Purpose::Return { pool, offset_bytes });
+        }
+    }
+
+    fn resolve_lost_returns(&mut self, node: usize) {
+        let Some(session) = self.nodes[node].session else {
+            return;
+        };
+        for (pool, offset_bytes, operation) in self.nodes[node].core.returns.unresolved() {
+            let already = self.nodes[node].pending.values().any(|pending| {
+                matches!(pending.request, DirectoryRequest::Resolve { operation: sent, .. } if sent == operation)
+            });
+            if !already {
+                let request = DirectoryRequest::Resolve {
+                    target: session,
+                    operation,
+                };
+                self.send(node, request, Purpose::Return { pool, offset_bytes });
+            }
+        }
+    }
+
+    /// The directory's current id of the shared pool of `domain`.
+    pub(super) fn pool_of_domain(&self, domain: u32) -> Option<PoolId> {
+        self.cxl_pools
+            .iter()
+            .find(|(_, pool_domain)| **pool_domain == domain)
+            .map(|(pool, _)| *pool)
+    }
+
+    /// Requests of node `node` whose replies are overdue: sent again, resolved, or given up.
+    pub fn node_timeouts(&mut self, node: usize) {
+        let Some(session) = self.nodes[node].session else {
+            return;
+        };
+        if self.nodes[node].rejoin.is_some() {
+            return;
+        }
+        let now = self.now;
+        let due: Vec<u64> = self.nodes[node]
+            .pending
+            .iter()
+            .filter(|(_, pending)| now.saturating_since(pending.sent_at) >= RETRY_AFTER)
+            .map(|(request_id, _)| *request_id)
+            .collect();
+        for request_id in due {
+            let Some(pending) = self.nodes[node].pending.remove(&request_id) else {
+                continue;
+            };
+            let resolving = matches!(pending.request, DirectoryRequest::Resolve { .. });
+            match operation_of(&pending.request) {
+                // Like the node's link: a lost reply of an operation with an id is resolved,
+                // never guessed.
+                Some(operation) if !resolving => {
+                    if let Purpose::Return { pool, offset_bytes } = pending.purpose {
+                        // The extent stays out of the allocator until the return is resolved.
+                        self.nodes[node]
+                            .core
+                            .returns
+                            .answered(pool, offset_bytes, None);
+                        self.stats.covered.extent_returns_quarantined += 1;
+                    }
+                    let request = DirectoryRequest::Resolve {
+                        target: session,
+                        operation,
+                    };
+                    self.send_attempt(node, request, pending.purpose, 1);
+                }
+                _ if pending.attempts < ATTEMPTS_MAX => {
+                    self.send_attempt(node, pending.request, pending.purpose, pending.attempts + 1);
+                }
+                _ => self.gave_up(node, pending),
+            }
+        }
+    }
+
+    /// A request without an operation id went unanswered: its slots are given back.
+    fn gave_up(&mut self, node: usize, pending: Pending) {
+        match (pending.request, pending.purpose) {
+            (
+                DirectoryRequest::Acquire { .. } | DirectoryRequest::AcquireDelegating { .. },
+                Purpose::Acquire { count },
+            ) => {
+                let state = &mut self.nodes[node];
+                if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+                    books.leases_granted(count, Vec::new());
+                }
+            }
+            // A return still unknown stays quarantined and is resolved again later.
+            (DirectoryRequest::Resolve { .. }, Purpose::Return { .. }) => {}
+            (DirectoryRequest::Resolve { operation, .. }, purpose) => {
+                self.resolved(node, operation, ResolveOutcome::Unknown, purpose);
+            }
+            _ => {}
+        }
+    }
+
+    /// A reply for node `node` arrived.
+    pub fn on_reply(&mut self, node: usize, request_id: u64, reply: DirectoryReply) {
+        let Some(pending) = self.nodes[node].pending.remove(&request_id) else {
+            return;
+        };
+        if let DirectoryReply::Error(ProtocolError::Directory(
+            DirectoryError::Fenced { .. } | DirectoryError::UnknownSession,
+        )) = reply
+        {
+            self.session_lost(node);
+            return;
+        }
+        if let DirectoryReply::Error(ProtocolError::Directory(DirectoryError::Paced)) = reply {
+            panic!(
+                "seed={}: node {node}'s {:?} was paced: only rejoin reports are",
+                self.stats.seed, pending.request
+            );
+        }
+        if (0..self.nodes.len()).any(|other| other != node && self.nodes[other].rejoin.is_some()) {
+            self.stats.covered.answered_beside_rejoins += 1;
+        }
+        match (pending.request, reply) {
+            (DirectoryRequest::Resolve { operation, .. }, DirectoryReply::Resolved(outcome)) => {
+                self.resolved(node, operation, outcome, pending.purpose)
+            }
+            (DirectoryRequest::Reserve { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                self.reserved(node, reply, pending.purpose)
+            }
+            (DirectoryRequest::Commit { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                let result = match reply {
+                    DirectoryReply::Committed(outcome) => CommitResult::Applied(outcome),
+                    _ => CommitResult::Refused,
+                };
+                self.committed(node, result, pending.purpose);
+            }
+            (DirectoryRequest::GrantExtent { operation, .. }, reply) => {
+                self.nodes[node].core.operations.end(operation);
+                if let DirectoryReply::Extent(grant) = reply {
+                    self.extent_granted(node, grant);
+                }
+            }
+            (DirectoryRequest::ReturnExtent { operation, .. }, reply) => {
+                let answer = match reply {
+                    DirectoryReply::ExtentReturned(answer) => answer,
+                    _ => ExtentReturn::NotOwner,
+                };
+                self.extent_returned(node, operation, Some(answer), pending.purpose);
+            }
+            (DirectoryRequest::Acquire { objects, .. }, reply) => {
+                self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
+            }
+            (DirectoryRequest::AcquireDelegating { objects, .. }, reply) => {
+                let reply = self.take_delegations(node, &objects, reply, pending.sent_at);
+                self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
+            }
+            (DirectoryRequest::PollTasks { .. }, DirectoryReply::Tasks(tasks)) => {
+                self.run_tasks(node, tasks)
+            }
+            (DirectoryRequest::Heartbeat { .. }, DirectoryReply::Alive(_)) => {
+                self.nodes[node].core.liveness.answered(pending.sent_at);
+            }
+            _ => {}
+        }
+    }
+
+    fn resolved(
+        &mut self,
+        node: usize,
+        operation: OperationId,
+        outcome: ResolveOutcome,
+        purpose: Purpose,
+    ) {
+        match (outcome, purpose) {
+            (outcome, Purpose::Return { pool, offset_bytes }) => {
+                let action =
+                    self.nodes[node]
+                        .core
+                        .return_resolved(pool, offset_bytes, operation, outcome);
+                self.apply_extent_action(node, action);
+            }
+            (ResolveOutcome::Reserved(reserved), purpose) => {
+                self.nodes[node].core.operations.end(operation);
+                self.reserved(node, DirectoryReply::Reserved(reserved), purpose);
+            }
+            (outcome, purpose @ Purpose::Commit { .. }) => {
+                self.nodes[node].core.operations.end(operation);
+                let result = match outcome {
+                    ResolveOutcome::Committed(outcome) => CommitResult::Applied(outcome),
+                    ResolveOutcome::NotApplied => CommitResult::NotApplied,
+                    _ => CommitResult::Unknown,
+                };
+                self.committed(node, result, purpose);
+            }
+            (ResolveOutcome::ExtentGranted(grant), _) => {
+                self.nodes[node].core.operations.end(operation);
+                self.extent_granted(node, grant);
+            }
+            (_, Purpose::Store { ticket, .. }) => {
+                self.nodes[node].core.operations.end(operation);
+                self.end_store(node, ticket);
+            }
+            _ => self.nodes[node].core.operations.end(operation),
+        }
+    }
+}
+
+/// The operation id a request carries, if any.
+pub(super) fn operation_of(request: &DirectoryRequest) -> Option<OperationId> {
+    match request {
+        DirectoryRequest::Reserve { operation, .. }
+        | DirectoryRequest::Commit { operation, .. }
+        | DirectoryRequest::GrantExtent { operation, .. }
+        | DirectoryRequest::ReturnExtent { operation, .. }
+        | DirectoryRequest::Resolve { operation, .. } => Some(*operation),
+        _ => None,
+    }
+}

@@ -1,0 +1,513 @@
+//! How a simulated node acts on the directory's replies: it writes granted stores into its
+//! allocators and commits them, keeps or frees pages by the node core's rule, checks and
+//! keeps its leases, runs reclaim and demotion tasks, and takes or gives back extents.
+
+use super::node::{HeldLease, Purpose};
+use super::world::{Space, World, OBJECT_BYTES};
+use kvtier_core::backends::PoolError;
+use kvtier_core::directory::{
+    AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
+};
+use kvtier_core::model::extent_owner::{take_extent, Ownership, TakeFrom};
+use kvtier_core::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
+use kvtier_core::node::{
+    after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
+};
+use kvtier_core::protocol::messages::{DirectoryReply, DirectoryRequest};
+use std::time::Duration;
+
+impl World {
+    /// A reserve was answered: a grant is written and committed at once; anything else
+    /// ends the store.
+    pub(super) fn reserved(&mut self, node: usize, reply: DirectoryReply, purpose: Purpose) {
+        let Purpose::Store { ticket, object } = purpose else {
+            return;
+        };
+        let DirectoryReply::Reserved(ReserveOutcome::Granted { replica, pool, .. }) = reply else {
+            self.end_store(node, ticket);
+            return;
+        };
+        let Some((location, space)) = self.allocate(node, pool) else {
+            self.end_store(node, ticket);
+            self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+            return;
+        };
+        self.write(space, location.offset_bytes, object);
+        let now = self.now;
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            let granted = Ticket {
+                session: state.session.unwrap_or(SessionId(0)),
+                replica,
+                object,
+                location,
+            };
+            books.store_granted(ticket, granted, now);
+            books.take_ticket(ticket);
+        }
+        let Some(operation) = self.operation(node) else {
+            self.free(node, location).ok();
+            self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+            return;
+        };
+        let request = DirectoryRequest::Commit {
+            operation,
+            replica,
+            location,
+        };
+        let purpose = Purpose::Commit {
+            object,
+            replica,
+            location,
+        };
+        self.send(node, request, purpose);
+    }
+
+    /// Allocates an object in `pool`: the node's CPU pool, or a shared pool inside an
+    /// extent it holds (asking for one when they are full, and giving up this time).
+    fn allocate(&mut self, node: usize, pool: PoolId) -> Option<(Location, Space)> {
+        let space = *self.spaces.get(&pool)?;
+        let allocated = match space {
+            Space::Cpu { .. } => {
+                let (own, pages) = self.nodes[node].cpu.as_mut()?;
+                if *own != pool {
+                    return None;
+                }
+                pages.allocate(OBJECT_BYTES)
+            }
+            Space::Cxl(domain) => {
+                let allocator = self.nodes[node].cxl.get_mut(&domain)?;
+                allocator.allocate(OBJECT_BYTES)
+            }
+        };
+        let allocation = match allocated {
+            Ok(allocation) => allocation,
+            Err(PoolError::Full { .. }) if matches!(space, Space::Cxl(_)) => {
+                if let Some(operation) = self.operation(node) {
+                    let request = DirectoryRequest::GrantExtent { operation, pool };
+                    self.send(node, request, Purpose::Plain);
+                }
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let location = Location {
+            pool,
+            allocation: allocation.id,
+            generation: allocation.generation,
+            offset_bytes: allocation.offset,
+            length_bytes: OBJECT_BYTES,
+        };
+        Some((location, space))
+    }
+
+    /// Frees an allocation of node `node`; its bytes are gone.
+    pub(super) fn free(&mut self, node: usize, location: Location) -> Result<u64, PoolError> {
+        let Some(space) = self.spaces.get(&location.pool).copied() else {
+            return Err(PoolError::UnknownAllocation {
+                id: location.allocation,
+                generation: location.generation,
+            });
+        };
+        let state = &mut self.nodes[node];
+        let freed = match space {
+            Space::Cpu { .. } => match state.cpu.as_mut() {
+                Some((pool, pages)) if *pool == location.pool => {
+                    pages.free(location.allocation, location.generation)
+                }
+                _ => Err(PoolError::UnknownAllocation {
+                    id: location.allocation,
+                    generation: location.generation,
+                }),
+            },
+            Space::Cxl(domain) => match state.cxl.get_mut(&domain) {
+                Some(allocator) => allocator.free(location.allocation, location.generation),
+                None => Err(PoolError::UnknownAllocation {
+                    id: location.allocation,
+                    generation: location.generation,
+                }),
+            },
+        };
+        if freed.is_ok() {
+            self.check_unread(space, location.offset_bytes, "freed");
+            self.memory.remove(&(space, location.offset_bytes));
+            self.nodes[node].core.holdings.freed(&location);
+        }
+        freed
+    }
+
+    /// A commit ended with `result`: the pages follow the node core's rule.
+    pub(super) fn committed(&mut self, node: usize, result: CommitResult, purpose: Purpose) {
+        let Purpose::Commit {
+            object,
+            replica,
+            location,
+        } = purpose
+        else {
+            return;
+        };
+        match after_commit(result) {
+            PagesAfterCommit::Published => {
+                self.stats.covered.stores_committed += 1;
+                self.nodes[node].committed.push((object, replica));
+                let holding = Holding { object, location };
+                self.nodes[node].core.holdings.published(holding);
+            }
+            PagesAfterCommit::Keep => {}
+            PagesAfterCommit::Free => {
+                self.free(node, location).ok();
+            }
+            PagesAfterCommit::FreeAndAbort => {
+                self.free(node, location).ok();
+                self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+            }
+        }
+    }
+
+    /// An acquire was answered: every lease is checked (mappable, right bytes) and kept.
+    pub(super) fn acquired(
+        &mut self,
+        node: usize,
+        objects: &[ObjectId],
+        reply: DirectoryReply,
+        purpose: Purpose,
+        sent_at: kvtier_core::model::Timestamp,
+    ) {
+        let Purpose::Acquire { count } = purpose else {
+            return;
+        };
+        let outcomes = match reply {
+            DirectoryReply::Acquired(outcomes) => outcomes,
+            _ => Vec::new(),
+        };
+        assert!(
+            outcomes.is_empty() || outcomes.len() == objects.len(),
+            "seed={}: one result per item, in order",
+            self.stats.seed
+        );
+        let mut granted = Vec::new();
+        for (object, outcome) in objects.iter().zip(outcomes) {
+            let AcquireOutcome::Leased(lease) = outcome else {
+                continue;
+            };
+            let held = self.held_lease(node, lease, *object, sent_at);
+            granted.push((held.lease.lease, held.trusted_until));
+            if held.trusted_until > self.now {
+                self.verify(&held);
+            }
+            self.nodes[node].leases.push(held);
+        }
+        let state = &mut self.nodes[node];
+        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+            books.leases_granted(count, granted);
+        }
+    }
+
+    /// An `AcquireDelegating`'s answer: its delegations join the node's (asked for at
+    /// `asked`), and its outcomes are answered as an acquire's.
+    pub(super) fn take_delegations(
+        &mut self,
+        node: usize,
+        objects: &[ObjectId],
+        reply: DirectoryReply,
+        asked: kvtier_core::model::Timestamp,
+    ) -> DirectoryReply {
+        let DirectoryReply::AcquiredDelegating {
+            outcomes,
+            delegations,
+        } = reply
+        else {
+            return reply;
+        };
+        let core = &mut self.nodes[node].core;
+        for ((object, outcome), delegation) in objects.iter().zip(&outcomes).zip(&delegations) {
+            if let (AcquireOutcome::Leased(lease), Some(delegation)) = (outcome, delegation) {
+                core.delegations.granted(asked, *object, lease, *delegation);
+                self.stats.covered.delegations += 1;
+            }
+        }
+        self.send_delegation_releases(node);
+        DirectoryReply::Acquired(outcomes)
+    }
+
+    /// The directory recalls one of node `node`'s delegations.
+    fn recall(&mut self, node: usize, delegation: kvtier_core::model::LeaseId) {
+        self.stats.covered.recalls += 1;
+        let now = self.now;
+        self.nodes[node].core.delegations.recall(now, delegation);
+        self.send_delegation_releases(node);
+    }
+
+    /// A lease as the engine holds it; a replica it cannot map is a violation.
+    pub(super) fn held_lease(
+        &self,
+        node: usize,
+        lease: kvtier_core::directory::Lease,
+        object: ObjectId,
+        sent_at: kvtier_core::model::Timestamp,
+    ) -> HeldLease {
+        let seed = self.stats.seed;
+        let space = self.spaces.get(&lease.location.pool).copied();
+        let mappable = match space {
+            Some(Space::Cpu { node: owner, .. }) => owner == node,
+            Some(Space::Cxl(domain)) => self.nodes[node]
+                .domains
+                .iter()
+                .any(|mapped| mapped.0 == domain),
+            None => false,
+        };
+        assert!(
+            mappable,
+            "seed={seed}: node {node} got a lease on {:?} in a pool it cannot map",
+            lease.replica
+        );
+        let trusted_until = sent_at + Duration::from_millis(lease.duration_ms);
+        HeldLease {
+            lease,
+            object,
+            space: space.unwrap_or(Space::Cxl(u32::MAX)),
+            trusted_until,
+        }
+    }
+
+    /// Runs the tasks the directory handed node `node`.
+    pub(super) fn run_tasks(&mut self, node: usize, tasks: Vec<Task>) {
+        for task in tasks {
+            match task.kind {
+                TaskKind::Reclaim { replica, location } => self.reclaim(node, replica, location),
+                TaskKind::Demote {
+                    source,
+                    target,
+                    target_pool,
+                } => {
+                    self.stats.covered.demotions += 1;
+                    self.demote(node, source, target, target_pool)
+                }
+                TaskKind::Replicate {
+                    source,
+                    target,
+                    target_pool,
+                } => {
+                    self.stats.covered.replications += 1;
+                    self.demote(node, source, target, target_pool)
+                }
+                TaskKind::Push { source, target, .. } => self.push(source, target),
+                TaskKind::Receive {
+                    target,
+                    target_pool,
+                    ..
+                } => self.receive(node, target, target_pool),
+                TaskKind::Recall { delegation, .. } => self.recall(node, delegation),
+            }
+        }
+    }
+
+    fn reclaim(&mut self, node: usize, replica: ReplicaId, location: Location) {
+        let now = self.now;
+        let readers = self
+            .nodes
+            .iter()
+            .flat_map(|node| node.leases.iter())
+            .chain(self.orphan_leases.iter())
+            .filter(|held| held.lease.replica == replica && held.trusted_until > now)
+            .count();
+        assert_eq!(
+            readers, 0,
+            "seed={}: reclaim of {replica:?} while a reader trusts a lease on it",
+            self.stats.seed
+        );
+        let freed = self.free(node, location);
+        self.nodes[node]
+            .committed
+            .retain(|(_, kept)| *kept != replica);
+        if reclaim_done(&freed) {
+            self.send(
+                node,
+                DirectoryRequest::ReclaimAck { replica },
+                Purpose::Plain,
+            );
+        }
+    }
+
+    /// Copies the object at `source` into `target_pool` and commits `target` (a demotion
+    /// or a replication into shared memory: the directory tells them apart).
+    fn demote(&mut self, node: usize, source: Location, target: ReplicaId, target_pool: PoolId) {
+        let space = self.spaces.get(&source.pool).copied();
+        let object =
+            space.and_then(|space| self.memory.get(&(space, source.offset_bytes)).copied());
+        self.write_copy(node, object, target, target_pool);
+    }
+
+    /// The source's half of a network replication: the object's bytes go on the wire
+    /// (instantly here) to the receiver, which writes them if it already runs its half.
+    fn push(&mut self, source: Location, target: ReplicaId) {
+        let space = self.spaces.get(&source.pool).copied();
+        let Some(object) =
+            space.and_then(|space| self.memory.get(&(space, source.offset_bytes)).copied())
+        else {
+            return;
+        };
+        match self.receives.remove(&target) {
+            Some((node, target_pool)) => {
+                self.stats.covered.replications += 1;
+                self.write_copy(node, Some(object), target, target_pool);
+            }
+            None => {
+                bounded_insert(&mut self.pushes, target, object);
+            }
+        }
+    }
+
+    /// The requester's half of a network replication: writes the pushed bytes, or waits
+    /// for them (the directory's reservation deadline ends a wait that lasts).
+    fn receive(&mut self, node: usize, target: ReplicaId, target_pool: PoolId) {
+        match self.pushes.remove(&target) {
+            Some(object) => {
+                self.stats.covered.replications += 1;
+                self.write_copy(node, Some(object), target, target_pool);
+            }
+            None => {
+                bounded_insert(&mut self.receives, target, (node, target_pool));
+            }
+        }
+    }
+
+    /// Writes `object` into `target_pool` for node `node` and commits `target`; aborts it
+    /// when there is nothing to copy or no room.
+    fn write_copy(
+        &mut self,
+        node: usize,
+        object: Option<ObjectId>,
+        target: ReplicaId,
+        target_pool: PoolId,
+    ) {
+        let copied = object.and_then(|object| Some((object, self.allocate(node, target_pool)?)));
+        let Some((object, (location, space))) = copied else {
+            self.send(
+                node,
+                DirectoryRequest::Abort { replica: target },
+                Purpose::Plain,
+            );
+            return;
+        };
+        self.write(space, location.offset_bytes, object);
+        let Some(operation) = self.operation(node) else {
+            self.free(node, location).ok();
+            self.send(
+                node,
+                DirectoryRequest::Abort { replica: target },
+                Purpose::Plain,
+            );
+            return;
+        };
+        let request = DirectoryRequest::Commit {
+            operation,
+            replica: target,
+            location,
+        };
+        let purpose = Purpose::Commit {
+            object,
+            replica: target,
+            location,
+        };
+        self.send(node, request, purpose);
+    }
+
+    /// An extent was granted: the node allocates in it from now on.
+    pub(super) fn extent_granted(&mut self, node: usize, grant: ExtentGrant) {
+        let ExtentGrant::Granted(extent) = grant else {
+            return;
+        };
+        let Some(domain) = self.cxl_pools.get(&extent.pool).copied() else {
+            return;
+        };
+        let (Some(words), Some(node_id)) =
+            (self.owner_words.get(&domain), self.nodes[node].node_id)
+        else {
+            return;
+        };
+        let index = extent.offset_bytes / extent.length_bytes.max(1);
+        let from = extent.owner_word.map_or(TakeFrom::Unknown, TakeFrom::Known);
+        if let Ownership::Refused(found) = take_extent(words, index, node_id, from) {
+            // Another node's in shared memory: never written, given back.
+            self.stats.covered.extent_grants_refused += 1;
+            let state = &mut self.nodes[node];
+            let Some(operation) =
+                state
+                    .core
+                    .begin_return(extent.pool, extent.offset_bytes, extent.length_bytes)
+            else {
+                return;
+            };
+            let request = DirectoryRequest::ReturnExtent {
+                operation,
+                pool: extent.pool,
+                offset_bytes: extent.offset_bytes,
+                owner_word: Some(found),
+            };
+            let purpose = Purpose::Return {
+                pool: extent.pool,
+                offset_bytes: extent.offset_bytes,
+            };
+            self.send(node, request, purpose);
+            return;
+        }
+        if let Some(allocator) = self.nodes[node].cxl.get_mut(&domain) {
+            allocator
+                .add_extent(extent.offset_bytes, extent.length_bytes)
+                .ok();
+        }
+    }
+
+    /// A return was answered (`None`: its reply is lost).
+    pub(super) fn extent_returned(
+        &mut self,
+        node: usize,
+        operation: OperationId,
+        answer: Option<ExtentReturn>,
+        purpose: Purpose,
+    ) {
+        let Purpose::Return { pool, offset_bytes } = purpose else {
+            return;
+        };
+        if answer == Some(ExtentReturn::Returned) {
+            self.stats.covered.extents_returned += 1;
+        }
+        let action = self.nodes[node]
+            .core
+            .return_answered(pool, offset_bytes, operation, answer);
+        self.apply_extent_action(node, action);
+    }
+
+    /// Puts an extent back into the node's allocator when the action says it is still its.
+    pub(super) fn apply_extent_action(&mut self, node: usize, action: ExtentAction) {
+        let ExtentAction::AddBack {
+            pool,
+            offset_bytes,
+            length_bytes,
+        } = action
+        else {
+            return;
+        };
+        let Some(domain) = self.cxl_pools.get(&pool).copied() else {
+            return;
+        };
+        if let Some(allocator) = self.nodes[node].cxl.get_mut(&domain) {
+            allocator.add_extent(offset_bytes, length_bytes).ok();
+        }
+    }
+}
+
+/// Inserts into a table of network copies half done, bounded by the directory's
+/// replications in flight: a table that reaches the bound holds halves the directory
+/// already cancelled, and is emptied (their reservations expire uncommitted).
+fn bounded_insert<V>(
+    table: &mut std::collections::HashMap<ReplicaId, V>,
+    target: ReplicaId,
+    value: V,
+) {
+    if table.len() >= kvtier_core::directory::replication::REPLICATIONS_IN_FLIGHT_MAX {
+        table.clear();
+    }
+    table.insert(target, value);
+}
