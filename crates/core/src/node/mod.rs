@@ -16,7 +16,10 @@
 //! * `stores`: what happens to a store's pages once its commit has an outcome, and when a
 //!   reclaim may be acknowledged.
 //! * `transfers`: the copies a node expects from its peers, and who may send each.
+//! * `pushes`: the copies this node is sending to its peers, each target once at a time.
+//! * `restores`: restores from the SSD under way, each object once at a time.
 //! * `retirements`: replicas the SSD store dropped, still to retire at the directory.
+//! * `ssd_pins`: a client's pins on the SSD store's regions, and when each lapses.
 
 pub mod accept;
 pub mod clients;
@@ -25,8 +28,11 @@ pub mod extents;
 pub mod holdings;
 pub mod liveness;
 pub mod operations;
+pub mod pushes;
 pub mod reply_timer;
+pub mod restores;
 pub mod retirements;
+pub mod ssd_pins;
 pub mod stores;
 pub mod tenants;
 pub mod transfers;

@@ -21,7 +21,7 @@ use anyhow::Context;
 use super::ssd::{self, SimulatedSsd};
 use crate::workload::prefix::chain;
 use crate::workload::trace::Request;
-use kvtier_core::actors::node::ssd_restore::{RESTORES_PER_LOAD_MAX, RESTORE_WAIT};
+use kvtier_core::actors::node::ssd_restore::RESTORE_WAIT;
 use kvtier_core::client::{batch_lengths, LOAD_BATCH_BYTES_MAX, LOAD_BATCH_ITEMS_MAX};
 use kvtier_core::directory::{
     AcquireMode, AcquireOutcome, CommitOutcome, Directory, DirectoryConfig, DirectoryError,
@@ -34,6 +34,7 @@ use kvtier_core::model::{
     PoolId, PoolSpec, ReplicaId, Scope, SessionId, Timestamp,
 };
 use kvtier_core::node::holdings::Holdings;
+use kvtier_core::node::restores::RESTORES_PER_LOAD_MAX;
 pub use tally::{ClusterTally, Pricing};
 
 /// How the replayed cluster is built and clocked.

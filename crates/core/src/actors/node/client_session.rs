@@ -143,7 +143,7 @@ impl ClientSessionActor {
         }
         self.send_aborts();
         if let Some(ssd) = &self.services.ssd {
-            self.ssd_pins.expire(ssd, Instant::now());
+            self.ssd_pins.expire(ssd, now);
         }
     }
 
@@ -280,7 +280,7 @@ impl ClientSessionActor {
         let Some(ssd) = self.services.ssd.clone() else {
             return refused(ClientRefusal::NoSsd);
         };
-        match self.ssd_pins.pin(&ssd, objects, Instant::now()) {
+        match self.ssd_pins.pin(&ssd, objects, self.services.clock.now()) {
             Ok(extents) => ClientReply::PinnedOnSsd(extents),
             Err(refusal) => refused(refusal),
         }

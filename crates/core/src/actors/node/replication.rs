@@ -18,18 +18,15 @@ use super::services::NodeServices;
 use crate::model::{
     Location, NodeId, ObjectId, PoolId, ReplicaId, SessionId, TaskId, TransferToken,
 };
+use crate::node::pushes::{PushSet, PushStart, PUSHES_QUEUED_MAX};
 use crate::node::transfers::{ExpectedTransfer, EXPECTED_TRANSFER_TIMEOUT};
 use crate::wire::peer::{self as wire, TransferHeader, Verdict};
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Pushes streaming at once: 4, enough to keep a connection's window full with 4 MiB
 /// objects (the transfer benchmark's concurrency) without starving the node's other work.
 pub const PUSHES_MAX: usize = 4;
-/// Pushes started and not yet done (streaming or waiting for a slot): 64. Past it a push
-/// is dropped and counted; the directory hands the task out again after its ack timeout.
-pub const PUSHES_QUEUED_MAX: usize = 64;
 /// How long a sender keeps asking a receiver that does not expect the transfer yet (it
 /// fetches its half of the task on its own timer, every 50 ms): 5 s.
 pub const RECEIVER_WAIT: Duration = Duration::from_secs(5);
@@ -38,10 +35,9 @@ pub const RECEIVER_RETRY_INTERVAL: Duration = Duration::from_millis(20);
 
 const _: () = assert!(PUSHES_MAX <= PUSHES_QUEUED_MAX);
 
-/// The sender's books: the targets being pushed (a task handed out again while its push
-/// runs starts no second one) and the streaming slots.
+/// The sender's books ([`PushSet`]: the targets being pushed) and the streaming slots.
 pub struct Pushes {
-    running: Mutex<HashSet<ReplicaId>>,
+    running: Mutex<PushSet>,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
@@ -54,40 +50,20 @@ impl Default for Pushes {
     }
 }
 
-/// What [`Pushes::start`] decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Start {
-    /// The push is marked: run it.
-    Started,
-    /// The same target is being pushed (its task was handed out again): nothing to do.
-    Running,
-    /// [`PUSHES_QUEUED_MAX`] pushes are marked: this one is dropped.
-    Full,
-}
-
 impl Pushes {
-    /// Marks `target` as pushed, unless it already is or [`PUSHES_QUEUED_MAX`] are.
-    fn start(&self, target: ReplicaId) -> Start {
-        let mut running = match self.running.lock() {
+    fn set(&self) -> std::sync::MutexGuard<'_, PushSet> {
+        match self.running.lock() {
             Ok(running) => running,
             Err(poisoned) => poisoned.into_inner(),
-        };
-        if running.contains(&target) {
-            Start::Running
-        } else if running.len() >= PUSHES_QUEUED_MAX {
-            Start::Full
-        } else {
-            running.insert(target);
-            Start::Started
         }
     }
 
+    fn start(&self, target: ReplicaId) -> PushStart {
+        self.set().start(target)
+    }
+
     fn done(&self, target: ReplicaId) {
-        let mut running = match self.running.lock() {
-            Ok(running) => running,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        running.remove(&target);
+        self.set().done(target);
     }
 }
 
@@ -118,9 +94,9 @@ pub fn push(services: &NodeServices, push: PushTask) {
         return;
     }
     match transport.pushes.start(push.target) {
-        Start::Started => {}
-        Start::Running => return,
-        Start::Full => {
+        PushStart::Started => {}
+        PushStart::Running => return,
+        PushStart::Full => {
             transport.metrics.transfer("sent", "dropped", 0);
             return;
         }

@@ -18,10 +18,10 @@ use crate::metrics::ssd::SsdMetrics;
 use crate::metrics::{Direction, Metrics};
 use crate::model::{Location, ObjectId, PoolId, PoolSpec};
 use crate::model::{ReplicaId, SessionId};
+use crate::node::restores::RestoreClaims;
 use crate::node::retirements::Retirements;
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A node's SSD store, its pool at the directory and its metrics.
@@ -32,9 +32,9 @@ pub struct NodeSsd {
     pub metrics: SsdMetrics,
     /// The store's pool at the directory, as registered.
     pub registration: SsdRegistration,
-    /// Restores in flight, joined by later loads and prefetches of the same object. Bounded
-    /// by [`super::ssd_restore::RESTORES_IN_FLIGHT_MAX`].
-    pub(super) restoring: Mutex<HashMap<ObjectId, tokio::sync::watch::Receiver<Option<bool>>>>,
+    /// Restores in flight, joined by later loads and prefetches of the same object (the
+    /// node core's books, bounded by [`crate::node::restores::RESTORES_IN_FLIGHT_MAX`]).
+    pub(super) restoring: Mutex<RestoreClaims<tokio::sync::watch::Receiver<Option<bool>>>>,
     /// Replicas of objects the store dropped, still to retire at the directory (bounded by
     /// [`crate::node::retirements::RETIREMENTS_PENDING_MAX`]).
     retirements: Mutex<Retirements>,

@@ -23,11 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Objects restored by one load or prefetch at most: one prefix's chunks, issued together.
-pub const RESTORES_PER_LOAD_MAX: usize = 64;
-/// Restores in flight on a node at most (loads' and prefetches' together); past it a
-/// prefetch starts nothing more and a load restores nothing more until some finish.
-pub const RESTORES_IN_FLIGHT_MAX: usize = 1024;
 /// How long a load waits for room in a pool to restore into: a few directory ticks, far
 /// below the cost of recomputing a prefix.
 pub const RESTORE_WAIT: Duration = Duration::from_millis(500);
@@ -43,27 +38,29 @@ struct Claim {
     done: watch::Sender<Option<bool>>,
 }
 
-/// Claims the objects of `objects` the store holds and no restore is under way for (at most
-/// [`RESTORES_PER_LOAD_MAX`], and within [`RESTORES_IN_FLIGHT_MAX`]); returns the claims and
-/// the restores under way this call joins.
+/// Claims what the node's restore books ([`crate::node::restores::RestoreClaims`]) give
+/// this call of `objects` (those the store holds and no restore is under way for, within
+/// the bounds); returns the claims and the restores under way this call joins.
 fn claim(ssd: &NodeSsd, objects: &[ObjectId]) -> (Vec<Claim>, Vec<watch::Receiver<Option<bool>>>) {
-    let mut restoring = super::ssd::lock(&ssd.restoring);
-    let mut claims = Vec::new();
-    let mut joined = Vec::new();
-    for object in objects.iter().take(RESTORES_PER_LOAD_MAX) {
-        if let Some(receiver) = restoring.get(object) {
-            joined.push(receiver.clone());
-        } else if restoring.len() < RESTORES_IN_FLIGHT_MAX && ssd.store.length_of(object).is_some()
-        {
+    let mut senders = HashMap::new();
+    let claimed = super::ssd::lock(&ssd.restoring).claim(
+        objects,
+        |object| ssd.store.length_of(object).is_some(),
+        |object| {
             let (done, receiver) = watch::channel(None);
-            restoring.insert(*object, receiver);
-            claims.push(Claim {
-                object: *object,
-                done,
-            });
-        }
-    }
-    (claims, joined)
+            senders.insert(object, done);
+            receiver
+        },
+    );
+    let claims = claimed
+        .claimed
+        .into_iter()
+        .filter_map(|object| {
+            let done = senders.remove(&object)?;
+            Some(Claim { object, done })
+        })
+        .collect();
+    (claims, claimed.joined)
 }
 
 /// Restores `claims` and tells those who joined; returns how many were published.
@@ -73,7 +70,7 @@ async fn run_claims(services: &NodeServices, ssd: &Arc<NodeSsd>, claims: Vec<Cla
     let mut restoring = super::ssd::lock(&ssd.restoring);
     let mut count = 0;
     for claim in claims {
-        restoring.remove(&claim.object);
+        restoring.finish(&claim.object);
         let done = published.contains(&claim.object);
         count += usize::from(done);
         claim.done.send_replace(Some(done));
