@@ -7,6 +7,7 @@
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
 //! * `accept`: how an accept loop backs off when descriptors run out.
 //! * `clients`: one local client's tickets, leases and bounds.
+//! * `copy_queue`: the copy engine's pieces in queue order, and each copy's progress.
 //! * `delegations`: the replicas this node answers hits on itself, and their local leases.
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
 //! * `tenants`: who a local client is (its peer credentials) and what its tenant may use.
@@ -23,6 +24,7 @@
 
 pub mod accept;
 pub mod clients;
+pub mod copy_queue;
 pub mod delegations;
 pub mod extents;
 pub mod holdings;

@@ -5,14 +5,14 @@
 //! The node's actors run on one thread. A copy done there in steps interleaves with the
 //! node's other work (directory round trips, commits, clients) and pays for both one after
 //! the other, on one core. On the engine, copies are cut into pieces of [`PIECE_BYTES`]
-//! that every worker takes in queue order: one long copy uses every worker, and a run of
-//! copies ends about in the order they were asked for. The engine's CPU is its workers'
-//! (`copy_threads` in the node's section), whatever the number of copies asked for.
+//! that every worker takes in queue order (the node core's [`PieceQueue`]): one long copy
+//! uses every worker, and a run of copies ends about in the order they were asked for. The
+//! engine's CPU is its workers' (`copy_threads` in the node's section), whatever the number
+//! of copies asked for.
 
 use crate::backends::PoolBackend;
 use crate::limits::COPY_THREADS_MAX;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::node::copy_queue::{CopyProgress, PieceQueue, Taken};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -40,13 +40,8 @@ pub struct CopyRequest {
 /// One queued copy and what its pieces report.
 struct Job {
     request: CopyRequest,
-    pieces: u64,
-    /// The next piece a worker takes (changed only under the queue's lock).
-    next_piece: AtomicU64,
-    /// Pieces not yet copied: the worker that copies the last one answers.
-    pieces_left: AtomicU64,
-    /// The first piece's failure, if any: the rest are skipped.
-    failure: Mutex<Option<String>>,
+    /// Its pieces still to end and its first failure (the node core's books).
+    progress: Mutex<CopyProgress>,
     /// Where the outcome goes, and the copy's place among [`COPY_QUEUE_MAX`]: both taken
     /// when its last piece ends, the place given back before the caller hears.
     done: Mutex<Option<(Outcome, OwnedSemaphorePermit)>>,
@@ -55,16 +50,10 @@ struct Job {
 /// Where a copy's outcome goes.
 type Outcome = oneshot::Sender<Result<(), String>>;
 
-#[derive(Default)]
-struct Queue {
-    jobs: VecDeque<Arc<Job>>,
-    closed: bool,
-}
-
 /// What the workers and the handles share.
 #[derive(Default)]
 struct Shared {
-    queue: Mutex<Queue>,
+    queue: Mutex<PieceQueue<Arc<Job>>>,
     work: Condvar,
 }
 
@@ -75,7 +64,7 @@ struct Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        lock(&self.shared.queue).closed = true;
+        lock(&self.shared.queue).close();
         self.shared.work.notify_all();
     }
 }
@@ -126,14 +115,11 @@ impl CopyEngine {
         let (done, finished) = oneshot::channel();
         let job = Arc::new(Job {
             request,
-            pieces,
-            next_piece: AtomicU64::new(0),
-            pieces_left: AtomicU64::new(pieces),
-            failure: Mutex::new(None),
+            progress: Mutex::new(CopyProgress::new(pieces)),
             done: Mutex::new(Some((done, room))),
         });
         let shared = &self.owner.shared;
-        lock(&shared.queue).jobs.push_back(job);
+        lock(&shared.queue).push(job, pieces);
         // One worker per piece at most: a one-piece copy wakes one thread, not all.
         for _ in 0..pieces.min(self.threads as u64) {
             shared.work.notify_one();
@@ -144,18 +130,18 @@ impl CopyEngine {
     }
 }
 
-/// A worker: takes the next piece in queue order, copies it, and answers for the copy when
-/// it was the last; ends once the queue is closed and empty.
+/// A worker: takes the next piece in queue order, copies it (unless an earlier piece of
+/// its copy failed), and answers for the copy when it was the last; ends once the queue is
+/// closed and empty.
 fn work(shared: &Shared) {
     while let Some((job, piece)) = next_piece(shared) {
-        let skip = lock(&job.failure).is_some();
-        if !skip {
-            if let Err(reason) = copy_piece(&job.request, piece) {
-                lock(&job.failure).get_or_insert(reason);
-            }
-        }
-        if job.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let outcome = lock(&job.failure).take().map_or(Ok(()), Err);
+        let ended = if lock(&job.progress).skips() {
+            Ok(())
+        } else {
+            copy_piece(&job.request, piece)
+        };
+        let outcome = lock(&job.progress).piece_ended(ended);
+        if let Some(outcome) = outcome {
             if let Some((done, room)) = lock(&job.done).take() {
                 drop(room);
                 // The caller may have stopped waiting: the outcome is then dropped.
@@ -165,25 +151,20 @@ fn work(shared: &Shared) {
     }
 }
 
-/// The front job's next piece (the job leaves the queue with its last piece), waiting for
-/// one; `None` once the queue is closed and empty.
+/// The queue's next piece, waiting for one; `None` once the queue is closed and empty.
 fn next_piece(shared: &Shared) -> Option<(Arc<Job>, u64)> {
     let mut queue = lock(&shared.queue);
     loop {
-        if let Some(job) = queue.jobs.front().cloned() {
-            let piece = job.next_piece.fetch_add(1, Ordering::Relaxed);
-            if piece + 1 >= job.pieces {
-                queue.jobs.pop_front();
+        match queue.take() {
+            Taken::Piece(job, piece) => return Some((job, piece)),
+            Taken::Closed => return None,
+            Taken::Idle => {
+                queue = shared
+                    .work
+                    .wait(queue)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
-            return Some((job, piece));
         }
-        if queue.closed {
-            return None;
-        }
-        queue = shared
-            .work
-            .wait(queue)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
     }
 }
 
@@ -273,7 +254,7 @@ mod tests {
         let shared = Arc::downgrade(&engine.owner.shared);
         let other = engine.clone();
         drop(engine);
-        assert!(!lock(&other.owner.shared.queue).closed);
+        assert!(!lock(&other.owner.shared.queue).is_closed());
         drop(other);
         // Each worker holds the shared state until it has seen the queue closed.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
