@@ -174,8 +174,11 @@ pub fn read_file(path: &Path) -> Result<Vec<Request>, TraceError> {
 pub fn load(path: Option<&Path>) -> Result<(String, Vec<Request>), TraceError> {
     let bundled = [
         PathBuf::from(BUNDLED_TRACE),
+        // This crate's manifest is crates/tools/Cargo.toml: the repository is two above.
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
+            .ancestors()
+            .nth(2)
+            .unwrap_or(Path::new(".."))
             .join(BUNDLED_TRACE),
     ];
     let found = path
