@@ -2,7 +2,9 @@
 //! must keep every invariant, and the run must have exercised what it claims to cover:
 //! directory restarts and leader failovers with rejoins, adoptions and paced reports, nodes
 //! cut off past their fence window that keep their extents, and a rejoin storm per seed
-//! (every node serving again within its computed bound).
+//! (every node serving again within its computed bound); and each node's SSD store on a disk
+//! that tears and loses unsynced blocks at crashes and rots bits: spills, evictions,
+//! restores, reads under pins and recovery scans.
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
 use kvtier_tools::sim::{run_seed, run_seeds};
@@ -67,6 +69,18 @@ fn the_simulated_cluster_keeps_every_invariant() {
             summary.covered.answered_beside_rejoins,
             20,
         ),
+        ("SSD stores opened", summary.covered.ssd_opened, 50),
+        (
+            "objects a recovery scan adopted",
+            summary.covered.ssd_objects_recovered,
+            50,
+        ),
+        ("unsynced blocks torn", summary.covered.disk_blocks_torn, 3),
+        ("bits rotted", summary.covered.disk_bits_rotted, 3),
+        ("spills", summary.covered.ssd_spills, 100),
+        ("stored objects evicted", summary.covered.ssd_evictions, 5),
+        ("restores published", summary.covered.ssd_restores, 30),
+        ("reads under SSD pins", summary.covered.ssd_pins_read, 100),
     ];
     for (what, count, least) in covered {
         assert!(

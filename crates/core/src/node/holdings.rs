@@ -39,7 +39,7 @@ impl Holdings {
         if self
             .replicas
             .get(&key)
-            .is_some_and(|held| held.location.generation == location.generation)
+            .is_some_and(|held| same_place(&held.location, location))
         {
             self.replicas.remove(&key);
         }
@@ -57,11 +57,14 @@ impl Holdings {
         before - self.replicas.len()
     }
 
-    /// The object whose published replica is at `location`, if this node holds it.
+    /// The object whose published replica is at `location`, if this node holds it: the
+    /// same allocation, generation and offset. An allocation id names an allocation of one
+    /// node process only (a restarted process numbers its allocations from the start again),
+    /// so a location of an earlier process never names what this one wrote elsewhere.
     pub fn object_at(&self, location: &Location) -> Option<crate::model::ObjectId> {
         self.replicas
             .get(&(location.pool, location.allocation))
-            .filter(|held| held.location.generation == location.generation)
+            .filter(|held| same_place(&held.location, location))
             .map(|held| held.object)
     }
 
@@ -151,6 +154,12 @@ impl Holdings {
     }
 }
 
+/// Whether two locations of one allocation id name the same pages: the same generation at
+/// the same offset.
+fn same_place(held: &Location, asked: &Location) -> bool {
+    held.generation == asked.generation && held.offset_bytes == asked.offset_bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +195,23 @@ mod tests {
         );
         holdings.freed(&holding(0, 1, 5, 0).location);
         assert_eq!(holdings.replica_count(), 0);
+    }
+
+    /// Found by the simulation: a restarted node numbers its allocations from the start, so
+    /// a demotion task naming a replica the previous process wrote (same allocation id and
+    /// generation, another offset) named the new process's object there, and the spill
+    /// wrote one object's bytes under another's id.
+    #[test]
+    fn a_location_of_another_offset_is_not_the_held_replica() {
+        let mut holdings = Holdings::default();
+        holdings.published(holding(0, 1, 1, 262_144));
+        let earlier_process = holding(0, 1, 1, 0).location;
+        assert_eq!(holdings.object_at(&earlier_process), None);
+        holdings.freed(&earlier_process);
+        assert_eq!(holdings.replica_count(), 1, "not the held replica");
+        assert!(holdings
+            .object_at(&holding(0, 1, 1, 262_144).location)
+            .is_some());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! [`RESTORES_PER_LOAD_MAX`] claimed by one call. Sans-I/O: `W` is how a joiner waits for
 //! the restore's end (a channel's receiving half in the node; a plain value in the tests).
 
+use crate::backends::ssd::ReadOutcome;
 use crate::model::ObjectId;
 use std::collections::HashMap;
 
@@ -75,6 +76,14 @@ impl<W: Clone> RestoreClaims<W> {
     pub fn is_empty(&self) -> bool {
         self.restoring.is_empty()
     }
+}
+
+/// Whether a restore's read may be published: the store verified the object's checksum
+/// (`outcome` is a [`ReadOutcome::Hit`]) and its target got every byte the directory
+/// reserved (`whole`). A read's bytes reach the target before the checksum's verdict, so a
+/// corrupt, failed or missing read is never published, whatever it wrote.
+pub fn restore_verified(outcome: Option<&ReadOutcome>, whole: bool) -> bool {
+    matches!(outcome, Some(ReadOutcome::Hit { .. })) && whole
 }
 
 #[cfg(test)]

@@ -73,6 +73,11 @@ impl<P> SsdPinBooks<P> {
         self.end(&lapsed)
     }
 
+    /// What the pins held pin, in no order.
+    pub fn held(&self) -> impl Iterator<Item = &P> {
+        self.pins.values().map(|(pinned, _)| pinned)
+    }
+
     /// Ends every pin (the connection is gone).
     pub fn end_all(&mut self) -> Vec<P> {
         self.pins.drain().map(|(_, (pinned, _))| pinned).collect()

@@ -2,14 +2,17 @@
 //! directory core and several node cores with their clients, over a network that drops,
 //! duplicates, delays and reorders, with crashes and restarts of nodes and of the
 //! directory, shared CXL pools in two domains, extents granted and given back, eviction,
-//! demotion and time to live. Virtual time jumps; one `u64` seed drives everything, so a
-//! failing seed replays exactly.
+//! demotion and time to live, and each node's SSD tier. Virtual time jumps; one `u64` seed
+//! drives everything, so a failing seed replays exactly.
 //!
 //! After every step it checks the invariants of docs/design.md (the directory's own
 //! checks) and the cluster's: no client reads bytes other than the ones committed for its
 //! object; no page is handed to two live writers (no two running nodes hold one extent);
 //! no lease outlives the bytes it protects (nothing is freed or overwritten under a lease a
-//! reader trusts); a replica in a pool the reader cannot map is never a hit.
+//! reader trusts); a replica in a pool the reader cannot map is never a hit; and the SSD
+//! tier's (`ssd`): a restore publishes only its object's bytes, no region is reused under
+//! a pin, a recovery scan adopts only its regions' current fills, and what the store
+//! reported written survives a crash.
 //!
 //! * `election`: etcd's leader lease and the leaders' cores: a leader cut off from etcd,
 //!   a standby elected as a new incarnation.
@@ -17,6 +20,9 @@
 //! * `node`: a simulated node process: the real node core and the real allocators; what
 //!   it sends, and its retries, resolutions and restarts.
 //! * `replies`: what a node does with the directory's replies.
+//! * `ssd`: each node's SSD store on a model disk that outlives its processes (torn and
+//!   lost unsynced blocks at crashes, rotted bits, failed writes and syncs): spills,
+//!   restores, the engine's pinned reads, recovery scans.
 //! * `world`: the directory, the nodes, the simulated bytes, and the checks.
 
 pub mod election;
@@ -24,6 +30,7 @@ pub mod network;
 pub mod node;
 pub mod rejoin;
 pub mod replies;
+pub mod ssd;
 pub mod storm;
 pub mod world;
 
@@ -75,7 +82,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
              {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
              {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents ({} kept after a silence, {} found taken by another node, {} grants refused by owner words), \
              {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
-             {} delegations, {} local hits, {} recalls",
+             {} delegations, {} local hits, {} recalls; SSD: {} opened ({} objects recovered, {} torn), {} adopted, \
+             {} spills ({} skipped), {} evictions, {} restores ({} refused, {} corrupt reads caught), {} pinned reads; \
+             disks: {} blocks torn, {} lost, {} bits rotted",
             summary.seeds,
             summary.steps,
             summary.elapsed_ms as f64 / 1e3,
@@ -112,6 +121,20 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.delegations,
             summary.covered.local_hits,
             summary.covered.recalls,
+            summary.covered.ssd_opened,
+            summary.covered.ssd_objects_recovered,
+            summary.covered.ssd_torn_objects,
+            summary.covered.ssd_objects_adopted,
+            summary.covered.ssd_spills,
+            summary.covered.ssd_spills_skipped,
+            summary.covered.ssd_evictions,
+            summary.covered.ssd_restores,
+            summary.covered.ssd_restores_refused,
+            summary.covered.ssd_corrupt_reads,
+            summary.covered.ssd_pins_read,
+            summary.covered.disk_blocks_torn,
+            summary.covered.disk_blocks_lost,
+            summary.covered.disk_bits_rotted,
         );
     }
     match summary.first_failing_seed {
@@ -184,6 +207,28 @@ pub struct Coverage {
     pub demotions: u64,
     /// Replication copies a node wrote (into shared memory, or received over the network).
     pub replications: u64,
+    /// SSD stores opened on a node's disk (a start after a crash scans what the last process left).
+    pub ssd_opened: u64,
+    /// Objects the recovery scans adopted, and objects they found torn (dropped).
+    pub ssd_objects_recovered: u64,
+    pub ssd_torn_objects: u64,
+    /// Stored objects the directory adopted when their node started.
+    pub ssd_objects_adopted: u64,
+    /// Unsynced blocks torn and lost at power cuts, and bits rot flipped.
+    pub disk_blocks_torn: u64,
+    pub disk_blocks_lost: u64,
+    pub disk_bits_rotted: u64,
+    /// Spills into a node's SSD committed (sent), and skipped (a failed write, no source).
+    pub ssd_spills: u64,
+    pub ssd_spills_skipped: u64,
+    /// Stored objects a region reclaim dropped (retired at the directory).
+    pub ssd_evictions: u64,
+    /// Restores published, refused by the node core's verdict, and reads a checksum caught.
+    pub ssd_restores: u64,
+    pub ssd_restores_refused: u64,
+    pub ssd_corrupt_reads: u64,
+    /// Objects the engine read from the disk under its pins.
+    pub ssd_pins_read: u64,
 }
 
 impl Coverage {
@@ -219,6 +264,20 @@ impl Coverage {
         self.evicted += other.evicted;
         self.demotions += other.demotions;
         self.replications += other.replications;
+        self.ssd_opened += other.ssd_opened;
+        self.ssd_objects_recovered += other.ssd_objects_recovered;
+        self.ssd_torn_objects += other.ssd_torn_objects;
+        self.ssd_objects_adopted += other.ssd_objects_adopted;
+        self.disk_blocks_torn += other.disk_blocks_torn;
+        self.disk_blocks_lost += other.disk_blocks_lost;
+        self.disk_bits_rotted += other.disk_bits_rotted;
+        self.ssd_spills += other.ssd_spills;
+        self.ssd_spills_skipped += other.ssd_spills_skipped;
+        self.ssd_evictions += other.ssd_evictions;
+        self.ssd_restores += other.ssd_restores;
+        self.ssd_restores_refused += other.ssd_restores_refused;
+        self.ssd_corrupt_reads += other.ssd_corrupt_reads;
+        self.ssd_pins_read += other.ssd_pins_read;
     }
 }
 

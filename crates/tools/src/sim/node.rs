@@ -56,6 +56,10 @@ pub(super) enum Purpose {
     Acquire {
         count: usize,
     },
+    /// A restore from the node's SSD, reserving room in memory.
+    Restore {
+        object: ObjectId,
+    },
     Return {
         pool: PoolId,
         offset_bytes: u64,
@@ -98,6 +102,8 @@ pub struct SimNode {
     /// The engine's leases.
     pub leases: Vec<HeldLease>,
     pub(super) committed: Vec<(ObjectId, ReplicaId)>,
+    /// The process's SSD store, once open.
+    pub(super) ssd: Option<super::ssd::SimSsd>,
 }
 
 impl SimNode {
@@ -120,6 +126,7 @@ impl SimNode {
             next_request: 1,
             leases: Vec::new(),
             committed: Vec::new(),
+            ssd: None,
         }
     }
 
@@ -178,6 +185,7 @@ impl World {
         state.cxl.clear();
         state.pending.clear();
         state.committed.clear();
+        self.crash_disk(node);
         self.receives.retain(|_, (receiver, _)| *receiver != node);
         self.stats.covered.node_restarts += 1;
     }
@@ -232,6 +240,7 @@ impl World {
         }
         let fence_after = Duration::from_millis(opened.fence_after_ms);
         state.core.liveness = Liveness::new(opened_at, fence_after);
+        self.start_ssd(node, opened.node);
     }
 
     fn shared_allocators(&self, node: usize) -> HashMap<u32, ExtentAllocator> {
@@ -311,7 +320,8 @@ impl World {
         match self.rng.below(100) {
             0..=27 => self.begin_store(node),
             28..=49 => self.begin_acquire(node),
-            50..=62 => self.release_one(node),
+            50..=58 => self.release_one(node),
+            59..=62 => self.engine_ssd_step(node),
             63..=68 => self.retire_one(node),
             69..=80 => {
                 self.tidy_delegations(node);
@@ -359,6 +369,7 @@ impl World {
         self.nodes[node]
             .leases
             .retain(|held| held.trusted_until > now);
+        self.end_lapsed_pins(node, now);
     }
 
     fn begin_store(&mut self, node: usize) {
@@ -712,6 +723,10 @@ impl World {
             (_, Purpose::Store { ticket, .. }) => {
                 self.nodes[node].core.operations.end(operation);
                 self.end_store(node, ticket);
+            }
+            (_, Purpose::Restore { object }) => {
+                self.nodes[node].core.operations.end(operation);
+                self.restore_ended(node, &object);
             }
             _ => self.nodes[node].core.operations.end(operation),
         }

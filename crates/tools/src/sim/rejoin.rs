@@ -118,6 +118,8 @@ impl World {
         }
         match pending.purpose {
             Purpose::Store { ticket, .. } => self.end_store(node, ticket),
+            Purpose::Restore { object } => self.restore_ended(node, &object),
+            Purpose::Commit { replica, .. } => self.spill_answered(node, replica),
             Purpose::Acquire { count } => {
                 let state = &mut self.nodes[node];
                 if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
@@ -185,6 +187,14 @@ impl World {
             matches!(reply, DirectoryReply::Pool(pool) if Some(pool) == own),
             "seed={seed}: node {node}'s CPU pool {own:?} came back as {reply:?}"
         );
+        if let Some(own) = self.nodes[node].ssd.as_ref().map(|ssd| ssd.pool) {
+            let again = self.register_ssd(node, opened.node);
+            assert_eq!(
+                again,
+                Some(own),
+                "seed={seed}: node {node}'s SSD pool {own:?} came back as {again:?}"
+            );
+        }
         for (id, registered) in self.nodes[node].core.holdings.namespaces() {
             let reply = self.call(node, DirectoryRequest::RegisterNamespace(registered));
             assert!(

@@ -20,6 +20,9 @@ impl World {
     /// A reserve was answered: a grant is written and committed at once; anything else
     /// ends the store.
     pub(super) fn reserved(&mut self, node: usize, reply: DirectoryReply, purpose: Purpose) {
+        if let Purpose::Restore { object } = purpose {
+            return self.restore_reserved(node, reply, object);
+        }
         let Purpose::Store { ticket, object } = purpose else {
             return;
         };
@@ -65,7 +68,7 @@ impl World {
 
     /// Allocates an object in `pool`: the node's CPU pool, or a shared pool inside an
     /// extent it holds (asking for one when they are full, and giving up this time).
-    fn allocate(&mut self, node: usize, pool: PoolId) -> Option<(Location, Space)> {
+    pub(super) fn allocate(&mut self, node: usize, pool: PoolId) -> Option<(Location, Space)> {
         let space = *self.spaces.get(&pool)?;
         let allocated = match space {
             Space::Cpu { .. } => {
@@ -79,6 +82,8 @@ impl World {
                 let allocator = self.nodes[node].cxl.get_mut(&domain)?;
                 allocator.allocate(OBJECT_BYTES)
             }
+            // Written by spills only, never granted to a store.
+            Space::Ssd { .. } => return None,
         };
         let allocation = match allocated {
             Ok(allocation) => allocation,
@@ -109,6 +114,9 @@ impl World {
                 generation: location.generation,
             });
         };
+        if let Space::Ssd { .. } = space {
+            return Ok(self.drop_stored(node, location));
+        }
         let state = &mut self.nodes[node];
         let freed = match space {
             Space::Cpu { .. } => match state.cpu.as_mut() {
@@ -127,6 +135,7 @@ impl World {
                     generation: location.generation,
                 }),
             },
+            Space::Ssd { .. } => Ok(location.length_bytes),
         };
         if freed.is_ok() {
             self.check_unread(space, location.offset_bytes, "freed");
@@ -162,6 +171,7 @@ impl World {
                 self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
             }
         }
+        self.spill_answered(node, replica);
     }
 
     /// An acquire was answered: every lease is checked (mappable, right bytes) and kept.
@@ -186,9 +196,15 @@ impl World {
             self.stats.seed
         );
         let mut granted = Vec::new();
+        let mut missed = Vec::new();
         for (object, outcome) in objects.iter().zip(outcomes) {
-            let AcquireOutcome::Leased(lease) = outcome else {
-                continue;
+            let lease = match outcome {
+                AcquireOutcome::Leased(lease) => lease,
+                AcquireOutcome::Miss => {
+                    missed.push(*object);
+                    continue;
+                }
+                AcquireOutcome::Withheld => continue,
             };
             let held = self.held_lease(node, lease, *object, sent_at);
             granted.push((held.lease.lease, held.trusted_until));
@@ -201,6 +217,8 @@ impl World {
         if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
             books.leases_granted(count, granted);
         }
+        // What the node's SSD holds of the misses is restored, as a load's misses are.
+        self.restore(node, &missed);
     }
 
     /// An `AcquireDelegating`'s answer: its delegations join the node's (asked for at
@@ -254,7 +272,7 @@ impl World {
                 .domains
                 .iter()
                 .any(|mapped| mapped.0 == domain),
-            None => false,
+            Some(Space::Ssd { .. }) | None => false,
         };
         assert!(
             mappable,
@@ -332,6 +350,9 @@ impl World {
     /// Copies the object at `source` into `target_pool` and commits `target` (a demotion
     /// or a replication into shared memory: the directory tells them apart).
     fn demote(&mut self, node: usize, source: Location, target: ReplicaId, target_pool: PoolId) {
+        if let Some(Space::Ssd { .. }) = self.spaces.get(&target_pool) {
+            return self.spill(node, source, target, target_pool);
+        }
         let space = self.spaces.get(&source.pool).copied();
         let object =
             space.and_then(|space| self.memory.get(&(space, source.offset_bytes)).copied());

@@ -32,6 +32,8 @@ pub const CXL_POOL_OBJECTS: u64 = 16;
 pub const EXTENT_OBJECTS: u64 = 4;
 /// Steps in a thousand at which the directory restarts.
 const DIRECTORY_RESTART_PER_MILLE: u64 = 1;
+/// Steps in a thousand at which a bit of a node's disk rots.
+const DISK_ROT_PER_MILLE: u64 = 1;
 /// Steps in a thousand at which a node is cut off from the directory for a while.
 const NODE_CUT_OFF_PER_MILLE: u64 = 1;
 /// The longest step of virtual time.
@@ -45,8 +47,15 @@ pub const ADOPT_ITEMS_PER_TICK: u32 = 6;
 /// but not its memory), or one of the shared pools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Space {
-    Cpu { node: usize, incarnation: u64 },
+    Cpu {
+        node: usize,
+        incarnation: u64,
+    },
     Cxl(u32),
+    /// A node's SSD store: its disk outlives the node's processes. Nothing maps it.
+    Ssd {
+        node: usize,
+    },
 }
 
 /// The simulated cluster. See the module documentation.
@@ -79,6 +88,8 @@ pub struct World {
     /// directory's replications in flight.
     pub pushes: HashMap<ReplicaId, ObjectId>,
     pub receives: HashMap<ReplicaId, (usize, PoolId)>,
+    /// Each node's disk (by node), which outlives its processes.
+    pub disks: Vec<super::ssd::SimDisk>,
     pub namespace: NamespaceId,
     pub stats: SeedReport,
 }
@@ -120,7 +131,7 @@ fn config(seed: u64) -> DirectoryConfig {
         hash_seed: Some(seed),
         ttl: [
             (Medium::Cpu, ttl(1_500, 500, true)),
-            (Medium::Cxl, ttl(3_000, 0, false)),
+            (Medium::Cxl, ttl(3_000, 0, true)),
         ]
         .into(),
         ..DirectoryConfig::default()
@@ -158,6 +169,9 @@ impl World {
             orphan_leases: Vec::new(),
             pushes: HashMap::new(),
             receives: HashMap::new(),
+            disks: (0..NODE_DOMAINS.len() as u64)
+                .map(|node| super::ssd::SimDisk::new(seed ^ (0xd15c << 16) ^ node))
+                .collect(),
             namespace: descriptor()
                 .id()
                 .expect("the simulation's namespace is valid"),
@@ -178,9 +192,13 @@ impl World {
     fn declare_nodes(&mut self) {
         for node in 0..self.nodes.len() {
             let name = self.nodes[node].name.clone();
-            let pool = super::node::cpu_pool_spec(node, kvtier_core::model::NodeId(0));
+            let host = kvtier_core::model::NodeId(0);
+            let pools = vec![
+                super::node::cpu_pool_spec(node, host),
+                super::ssd::ssd_pool_spec(node, host),
+            ];
             self.directory
-                .declare_node(&name, vec![pool])
+                .declare_node(&name, pools)
                 .expect("a configured node declares");
         }
     }
@@ -281,6 +299,9 @@ impl World {
         self.tick_items = 0;
         if self.faults && self.rng.below(1000) < DIRECTORY_RESTART_PER_MILLE {
             self.restart_directory();
+        }
+        if self.faults && self.rng.below(1000) < DISK_ROT_PER_MILLE {
+            self.rot();
         }
         if self.faults && self.rng.below(1000) < NODE_CUT_OFF_PER_MILLE {
             // Long enough, often, for the directory to fence the node and grant its

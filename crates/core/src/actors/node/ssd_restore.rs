@@ -16,6 +16,7 @@ use crate::directory::{AcquireMode, AcquireOutcome, CommitOutcome, ProbeOutcome}
 use crate::directory::{ReserveItem, ReserveOutcome};
 use crate::metrics::Direction;
 use crate::model::{Location, ObjectId, PoolId, ReplicaId, SessionId};
+use crate::node::restores::restore_verified;
 use crate::node::{after_commit, PagesAfterCommit};
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest};
 use std::collections::HashMap;
@@ -185,15 +186,11 @@ async fn restore_claimed(
     for (index, (item, whole)) in restoring.into_iter().zip(written).enumerate() {
         // The sink wrote the bytes before the checksum's verdict: only a verified object
         // written whole at the length the directory reserved is published.
-        let verified = match outcomes.get(index) {
-            Some(ReadOutcome::Hit { latency }) => {
-                ssd.metrics.observe_restore(*latency);
-                true
-            }
-            _ => false,
-        };
-        let written = verified && whole;
-        if !written {
+        let outcome = outcomes.get(index);
+        if let Some(ReadOutcome::Hit { latency }) = outcome {
+            ssd.metrics.observe_restore(*latency);
+        }
+        if !restore_verified(outcome, whole) {
             services.free(item.location).await;
             services.link.abort(session, item.replica).await;
         } else if publish(services, session, &item).await {
