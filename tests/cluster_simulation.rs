@@ -4,7 +4,8 @@
 //! cut off past their fence window that keep their extents, and a rejoin storm per seed
 //! (every node serving again within its computed bound); and each node's SSD store on a disk
 //! that tears and loses unsynced blocks at crashes and rots bits: spills, evictions,
-//! restores, reads under pins and recovery scans.
+//! restores, reads under pins and recovery scans; network copies through the nodes' push and
+//! expected-transfer books, and copies that take simulated time.
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
 use kvtier_tools::sim::{run_seed, run_seeds};
@@ -81,6 +82,12 @@ fn the_simulated_cluster_keeps_every_invariant() {
         ("stored objects evicted", summary.covered.ssd_evictions, 5),
         ("restores published", summary.covered.ssd_restores, 30),
         ("reads under SSD pins", summary.covered.ssd_pins_read, 100),
+        (
+            "network copies received",
+            summary.covered.transfers_received,
+            50,
+        ),
+        ("copies that took time", summary.covered.timed_copies, 300),
     ];
     for (what, count, least) in covered {
         assert!(

@@ -316,10 +316,16 @@ impl DirectoryConfig {
     }
 
     /// A 32-byte secret for `purpose`: random (from the OS) in service; derived from
-    /// `hash_seed` where a simulation or a test sets it, so that runs replay.
+    /// `hash_seed` and the incarnation where a simulation or a test sets the seed, so that
+    /// runs replay and a restarted directory still draws a new secret, as in service.
     pub fn secret_key(&self, purpose: &str) -> [u8; 32] {
         match self.hash_seed {
-            Some(seed) => blake3::derive_key(purpose, &seed.to_le_bytes()),
+            Some(seed) => {
+                let mut material = [0; 10];
+                material[..8].copy_from_slice(&seed.to_le_bytes());
+                material[8..].copy_from_slice(&self.incarnation.to_le_bytes());
+                blake3::derive_key(purpose, &material)
+            }
             None => {
                 let mut key = [0; 32];
                 crate::model::random::fill(&mut key);

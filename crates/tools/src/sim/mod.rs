@@ -14,20 +14,25 @@
 //! a pin, a recovery scan adopts only its regions' current fills, and what the store
 //! reported written survives a crash.
 //!
+//! * `copies`: copies and SSD reads that take simulated time.
 //! * `election`: etcd's leader lease and the leaders' cores: a leader cut off from etcd,
 //!   a standby elected as a new incarnation.
 //! * `network`: the faulty network.
 //! * `node`: a simulated node process: the real node core and the real allocators; what
 //!   it sends, and its retries, resolutions and restarts.
+//! * `peer`: network replication between nodes, through the node core's push and
+//!   expected-transfer books.
 //! * `replies`: what a node does with the directory's replies.
 //! * `ssd`: each node's SSD store on a model disk that outlives its processes (torn and
 //!   lost unsynced blocks at crashes, rotted bits, failed writes and syncs): spills,
 //!   restores, the engine's pinned reads, recovery scans.
 //! * `world`: the directory, the nodes, the simulated bytes, and the checks.
 
+pub mod copies;
 pub mod election;
 pub mod network;
 pub mod node;
+pub mod peer;
 pub mod rejoin;
 pub mod replies;
 pub mod ssd;
@@ -79,7 +84,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         println!(
             "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
              {} extents returned ({} returns quarantined), {} node restarts, {} nodes cut off, {} directory restarts, {} leaders cut off from etcd, {} failovers, \
-             {} expirations, {} evictions, {} demotions, {} replications; {} rejoins, {} holdings adopted ({} refused), \
+             {} expirations, {} evictions, {} demotions, {} replications ({} over the network), {} timed copies ({} of reused sources); {} rejoins, {} holdings adopted ({} refused), \
              {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents ({} kept after a silence, {} found taken by another node, {} grants refused by owner words), \
              {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
              {} delegations, {} local hits, {} recalls; SSD: {} opened ({} objects recovered, {} torn), {} adopted, \
@@ -102,6 +107,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             summary.covered.evicted,
             summary.covered.demotions,
             summary.covered.replications,
+            summary.covered.transfers_received,
+            summary.covered.timed_copies,
+            summary.covered.copies_of_reused_sources,
             summary.covered.rejoins,
             summary.covered.adopted,
             summary.covered.adoptions_refused,
@@ -207,6 +215,12 @@ pub struct Coverage {
     pub demotions: u64,
     /// Replication copies a node wrote (into shared memory, or received over the network).
     pub replications: u64,
+    /// Network copies a receiver claimed, wrote and committed.
+    pub transfers_received: u64,
+    /// Copies and SSD reads that ended after taking simulated time, and copies that found
+    /// their source reused meanwhile (not committed).
+    pub timed_copies: u64,
+    pub copies_of_reused_sources: u64,
     /// SSD stores opened on a node's disk (a start after a crash scans what the last process left).
     pub ssd_opened: u64,
     /// Objects the recovery scans adopted, and objects they found torn (dropped).
@@ -264,6 +278,9 @@ impl Coverage {
         self.evicted += other.evicted;
         self.demotions += other.demotions;
         self.replications += other.replications;
+        self.transfers_received += other.transfers_received;
+        self.timed_copies += other.timed_copies;
+        self.copies_of_reused_sources += other.copies_of_reused_sources;
         self.ssd_opened += other.ssd_opened;
         self.ssd_objects_recovered += other.ssd_objects_recovered;
         self.ssd_torn_objects += other.ssd_torn_objects;

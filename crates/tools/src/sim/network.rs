@@ -1,6 +1,8 @@
-//! The simulated network between the nodes and the directory: every message may be
+//! The simulated network between the nodes and the directory, and between the nodes'
+//! peer endpoints: every message may be
 //! dropped, duplicated, delayed and so reordered, as the seed decides, and a node may be
-//! cut off from the directory for a while (every message to or from it lost). Bounded: a
+//! cut off from the directory for a while (every message between it and the directory
+//! lost). Bounded: a
 //! message sent while [`IN_FLIGHT_MAX`] are in flight is dropped, as a full socket buffer
 //! would.
 
@@ -20,11 +22,21 @@ pub struct Faults {
     pub delay_ms_max: u64,
 }
 
-/// What travels: a node's request to the directory, or the directory's reply.
+/// What travels: a node's request to the directory, the directory's reply, or a message
+/// between two nodes' peer endpoints (to node `node`).
 #[derive(Clone, Debug)]
 pub enum Payload {
     Request(DirectoryRequest),
     Reply(DirectoryReply),
+    Peer(super::peer::PeerMessage),
+}
+
+impl Payload {
+    /// Whether it travels between nodes (a node cut off from the directory still reaches
+    /// its peers, and a directory's death breaks none of their connections).
+    fn between_nodes(&self) -> bool {
+        matches!(self, Payload::Peer(_))
+    }
 }
 
 /// One message of node `node`'s connection number `connection` (a restarted or rejoined
@@ -84,7 +96,8 @@ impl Network {
         request_id: u64,
         payload: Payload,
     ) {
-        if rng.chance(self.faults.drop_percent) || self.is_cut_off(node, now) {
+        let cut_off = !payload.between_nodes() && self.is_cut_off(node, now);
+        if rng.chance(self.faults.drop_percent) || cut_off {
             return;
         }
         let copies = if rng.chance(self.faults.duplicate_percent) {
@@ -115,14 +128,18 @@ impl Network {
             .into_iter()
             .partition(|message| message.deliver_at <= now);
         self.in_flight = later;
-        due.retain(|message| !self.is_cut_off(message.node, now));
+        due.retain(|message| {
+            message.payload.between_nodes() || !self.is_cut_off(message.node, now)
+        });
         due.sort_by_key(|message| (message.deliver_at, message.order));
         due
     }
 
-    /// Every connection breaks (the directory process died): what was in flight is lost.
+    /// Every connection to the directory breaks (its process died): what was in flight on
+    /// them is lost.
     pub fn break_connections(&mut self) {
-        self.in_flight.clear();
+        self.in_flight
+            .retain(|message| message.payload.between_nodes());
     }
 
     /// Messages in flight.

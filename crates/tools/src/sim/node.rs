@@ -18,6 +18,8 @@ use kvtier_core::model::{
     ReplicaId, Scope, SessionId, Timestamp,
 };
 use kvtier_core::node::delegations::is_local;
+use kvtier_core::node::pushes::PushSet;
+use kvtier_core::node::transfers::{ExpectedTransfers, EXPECTED_TRANSFERS_MAX};
 use kvtier_core::node::{ClientId, CommitResult, Liveness, NodeCore};
 use kvtier_core::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use std::collections::{BTreeMap, HashMap};
@@ -104,6 +106,10 @@ pub struct SimNode {
     pub(super) committed: Vec<(ObjectId, ReplicaId)>,
     /// The process's SSD store, once open.
     pub(super) ssd: Option<super::ssd::SimSsd>,
+    /// Network copies: the streams this node expects, and its pushes under way.
+    pub(super) transfers: ExpectedTransfers,
+    pub(super) pushes: PushSet,
+    pub(super) push_streams: HashMap<ReplicaId, super::peer::PushStream>,
 }
 
 impl SimNode {
@@ -127,6 +133,9 @@ impl SimNode {
             leases: Vec::new(),
             committed: Vec::new(),
             ssd: None,
+            transfers: ExpectedTransfers::with_capacity(EXPECTED_TRANSFERS_MAX),
+            pushes: PushSet::default(),
+            push_streams: HashMap::new(),
         }
     }
 
@@ -185,8 +194,10 @@ impl World {
         state.cxl.clear();
         state.pending.clear();
         state.committed.clear();
+        state.transfers = ExpectedTransfers::with_capacity(EXPECTED_TRANSFERS_MAX);
+        state.pushes = PushSet::default();
+        state.push_streams.clear();
         self.crash_disk(node);
-        self.receives.retain(|_, (receiver, _)| *receiver != node);
         self.stats.covered.node_restarts += 1;
     }
 
@@ -370,6 +381,7 @@ impl World {
             .leases
             .retain(|held| held.trusted_until > now);
         self.end_lapsed_pins(node, now);
+        self.expire_transfers(node);
     }
 
     fn begin_store(&mut self, node: usize) {

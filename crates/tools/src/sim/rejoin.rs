@@ -119,7 +119,10 @@ impl World {
         match pending.purpose {
             Purpose::Store { ticket, .. } => self.end_store(node, ticket),
             Purpose::Restore { object } => self.restore_ended(node, &object),
-            Purpose::Commit { replica, .. } => self.spill_answered(node, replica),
+            Purpose::Commit { replica, .. } => {
+                self.spill_answered(node, replica);
+                self.nodes[node].transfers.finished(replica);
+            }
             Purpose::Acquire { count } => {
                 let state = &mut self.nodes[node];
                 if let Some(books) = state.client.and_then(|client| state.core.client(client)) {

@@ -172,6 +172,7 @@ impl World {
             }
         }
         self.spill_answered(node, replica);
+        self.nodes[node].transfers.finished(replica);
     }
 
     /// An acquire was answered: every lease is checked (mappable, right bytes) and kept.
@@ -309,12 +310,8 @@ impl World {
                     self.stats.covered.replications += 1;
                     self.demote(node, source, target, target_pool)
                 }
-                TaskKind::Push { source, target, .. } => self.push(source, target),
-                TaskKind::Receive {
-                    target,
-                    target_pool,
-                    ..
-                } => self.receive(node, target, target_pool),
+                TaskKind::Push { .. } => self.push(node, task.kind),
+                TaskKind::Receive { .. } => self.expect_transfer(node, task.id, task.kind),
                 TaskKind::Recall { delegation, .. } => self.recall(node, delegation),
             }
         }
@@ -353,85 +350,7 @@ impl World {
         if let Some(Space::Ssd { .. }) = self.spaces.get(&target_pool) {
             return self.spill(node, source, target, target_pool);
         }
-        let space = self.spaces.get(&source.pool).copied();
-        let object =
-            space.and_then(|space| self.memory.get(&(space, source.offset_bytes)).copied());
-        self.write_copy(node, object, target, target_pool);
-    }
-
-    /// The source's half of a network replication: the object's bytes go on the wire
-    /// (instantly here) to the receiver, which writes them if it already runs its half.
-    fn push(&mut self, source: Location, target: ReplicaId) {
-        let space = self.spaces.get(&source.pool).copied();
-        let Some(object) =
-            space.and_then(|space| self.memory.get(&(space, source.offset_bytes)).copied())
-        else {
-            return;
-        };
-        match self.receives.remove(&target) {
-            Some((node, target_pool)) => {
-                self.stats.covered.replications += 1;
-                self.write_copy(node, Some(object), target, target_pool);
-            }
-            None => {
-                bounded_insert(&mut self.pushes, target, object);
-            }
-        }
-    }
-
-    /// The requester's half of a network replication: writes the pushed bytes, or waits
-    /// for them (the directory's reservation deadline ends a wait that lasts).
-    fn receive(&mut self, node: usize, target: ReplicaId, target_pool: PoolId) {
-        match self.pushes.remove(&target) {
-            Some(object) => {
-                self.stats.covered.replications += 1;
-                self.write_copy(node, Some(object), target, target_pool);
-            }
-            None => {
-                bounded_insert(&mut self.receives, target, (node, target_pool));
-            }
-        }
-    }
-
-    /// Writes `object` into `target_pool` for node `node` and commits `target`; aborts it
-    /// when there is nothing to copy or no room.
-    fn write_copy(
-        &mut self,
-        node: usize,
-        object: Option<ObjectId>,
-        target: ReplicaId,
-        target_pool: PoolId,
-    ) {
-        let copied = object.and_then(|object| Some((object, self.allocate(node, target_pool)?)));
-        let Some((object, (location, space))) = copied else {
-            self.send(
-                node,
-                DirectoryRequest::Abort { replica: target },
-                Purpose::Plain,
-            );
-            return;
-        };
-        self.write(space, location.offset_bytes, object);
-        let Some(operation) = self.operation(node) else {
-            self.free(node, location).ok();
-            self.send(
-                node,
-                DirectoryRequest::Abort { replica: target },
-                Purpose::Plain,
-            );
-            return;
-        };
-        let request = DirectoryRequest::Commit {
-            operation,
-            replica: target,
-            location,
-        };
-        let purpose = Purpose::Commit {
-            object,
-            replica: target,
-            location,
-        };
-        self.send(node, request, purpose);
+        self.start_pool_copy(node, source, target, target_pool);
     }
 
     /// An extent was granted: the node allocates in it from now on.
@@ -517,18 +436,4 @@ impl World {
             allocator.add_extent(offset_bytes, length_bytes).ok();
         }
     }
-}
-
-/// Inserts into a table of network copies half done, bounded by the directory's
-/// replications in flight: a table that reaches the bound holds halves the directory
-/// already cancelled, and is emptied (their reservations expire uncommitted).
-fn bounded_insert<V>(
-    table: &mut std::collections::HashMap<ReplicaId, V>,
-    target: ReplicaId,
-    value: V,
-) {
-    if table.len() >= kvtier_core::directory::replication::REPLICATIONS_IN_FLIGHT_MAX {
-        table.clear();
-    }
-    table.insert(target, value);
 }

@@ -478,8 +478,8 @@ impl World {
         }
     }
 
-    /// A restore's reservation was answered: the object is read from the store into the
-    /// granted pages and, when the node core's verdict allows, published.
+    /// A restore's reservation was answered: its pages are allocated and the read starts
+    /// (`super::copies`).
     pub(super) fn restore_reserved(
         &mut self,
         node: usize,
@@ -493,6 +493,19 @@ impl World {
         let Some((location, space)) = self.allocate(node, pool) else {
             return self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
         };
+        self.start_restore_read(node, object, replica, location, space);
+    }
+
+    /// A restore's read ended: the object read from the store is published when the node
+    /// core's verdict allows (its checksum held and every byte arrived).
+    pub(super) fn end_restore_read(
+        &mut self,
+        node: usize,
+        object: ObjectId,
+        replica: ReplicaId,
+        location: Location,
+        space: Space,
+    ) {
         let (outcome, bytes) = match self.nodes[node].ssd.as_ref() {
             Some(ssd) => read_one(&ssd.store, object),
             None => (None, Vec::new()),
@@ -512,22 +525,8 @@ impl World {
             self.stats.seed
         );
         self.write(space, location.offset_bytes, object);
-        let Some(operation) = self.operation(node) else {
-            self.free(node, location).ok();
-            return self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
-        };
         self.stats.covered.ssd_restores += 1;
-        let request = DirectoryRequest::Commit {
-            operation,
-            replica,
-            location,
-        };
-        let purpose = Purpose::Commit {
-            object,
-            replica,
-            location,
-        };
-        self.send(node, request, purpose);
+        self.commit_copy(node, object, replica, location);
     }
 
     /// The engine of node `node` pins an object its store holds, to read the disk itself,

@@ -10,7 +10,7 @@ use kvtier_core::directory::{Directory, DirectoryConfig, DirectoryError, Namespa
 use kvtier_core::model::extent_owner::OwnerWordsInMemory;
 use kvtier_core::model::{
     DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
-    PrefixDigest, ReplicaId, Scope, SessionId, Timestamp,
+    PrefixDigest, Scope, SessionId, Timestamp,
 };
 use kvtier_core::policy::lifecycle::LifecyclePolicy;
 use kvtier_core::protocol::directory::{handle, NodeGrant, PeerRole};
@@ -83,11 +83,8 @@ pub struct World {
     pub election: Election,
     /// Leases still read by engines whose node process died.
     pub orphan_leases: Vec<HeldLease>,
-    /// Network replications whose push ran before the receive (target → object), and
-    /// receives waiting for their push (target → node, pool); each bounded by the
-    /// directory's replications in flight.
-    pub pushes: HashMap<ReplicaId, ObjectId>,
-    pub receives: HashMap<ReplicaId, (usize, PoolId)>,
+    /// Copies under way on the nodes (`super::copies`).
+    pub copies: Vec<super::copies::LocalCopy>,
     /// Each node's disk (by node), which outlives its processes.
     pub disks: Vec<super::ssd::SimDisk>,
     pub namespace: NamespaceId,
@@ -167,8 +164,7 @@ impl World {
                 .collect(),
             election: Election::new(Timestamp::ZERO),
             orphan_leases: Vec::new(),
-            pushes: HashMap::new(),
-            receives: HashMap::new(),
+            copies: Vec::new(),
             disks: (0..NODE_DOMAINS.len() as u64)
                 .map(|node| super::ssd::SimDisk::new(seed ^ (0xd15c << 16) ^ node))
                 .collect(),
@@ -238,10 +234,6 @@ impl World {
     /// A new directory incarnation serves (after a restart or a failover) over the same
     /// shared pools, holding their extents for its recovery window.
     pub(super) fn new_incarnation(&mut self) {
-        // Copies half done die with the connections; the new incarnation may hand out
-        // the same replica ids again.
-        self.pushes.clear();
-        self.receives.clear();
         self.config.incarnation = self.config.incarnation.wrapping_add(1).max(1);
         self.directory = Directory::new(self.config.clone());
         let before = std::mem::take(&mut self.cxl_pools);
@@ -323,6 +315,10 @@ impl World {
                 self.rejoin_step(rejoining);
             }
         }
+        self.run_copies();
+        for pushing in 0..self.nodes.len() {
+            self.push_timeouts(pushing);
+        }
         let node = self.rng.below(self.nodes.len() as u64) as usize;
         self.node_step(node);
         self.node_timeouts(node);
@@ -351,6 +347,7 @@ impl World {
                 );
             }
             Payload::Reply(reply) => self.on_reply(message.node, message.request_id, reply),
+            Payload::Peer(peer) => self.on_peer(message.node, peer),
         }
     }
 
