@@ -5,7 +5,8 @@
 //! (every node serving again within its computed bound); and each node's SSD store on a disk
 //! that tears and loses unsynced blocks at crashes and rots bits: spills, evictions,
 //! restores, reads under pins and recovery scans; network copies through the nodes' push and
-//! expected-transfer books, and copies that take simulated time.
+//! expected-transfer books, and copies that take simulated time; two tenants with a CPU
+//! partition each, whose engines now and then name the other's objects.
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
 use kvtier_tools::sim::{run_seed, run_seeds};
@@ -88,6 +89,11 @@ fn the_simulated_cluster_keeps_every_invariant() {
             50,
         ),
         ("copies that took time", summary.covered.timed_copies, 300),
+        (
+            "requests for another tenant's objects refused",
+            summary.covered.trespasses_refused,
+            50,
+        ),
     ];
     for (what, count, least) in covered {
         assert!(

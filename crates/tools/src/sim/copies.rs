@@ -202,9 +202,11 @@ impl World {
         let (id, generation) = (source.allocation, source.generation);
         let (offset, length) = (source.offset_bytes, source.length_bytes);
         match self.spaces.get(&source.pool) {
-            Some(Space::Cpu { .. }) => state.cpu.as_ref().is_some_and(|(pool, pages)| {
-                *pool == source.pool && pages.check(id, generation, offset, length).is_ok()
-            }),
+            Some(Space::Cpu { partition, .. }) => {
+                state.cpu.get(*partition).is_some_and(|(pool, pages)| {
+                    *pool == source.pool && pages.check(id, generation, offset, length).is_ok()
+                })
+            }
             Some(Space::Cxl(domain)) => state
                 .cxl
                 .get_mut(domain)

@@ -26,6 +26,8 @@
 //! * `ssd`: each node's SSD store on a model disk that outlives its processes (torn and
 //!   lost unsynced blocks at crashes, rotted bits, failed writes and syncs): spills,
 //!   restores, the engine's pinned reads, recovery scans.
+//! * `tenants`: two tenants, each with an engine on every node and a CPU partition of its
+//!   own, admitted and salted by the node core's tenant rules.
 //! * `world`: the directory, the nodes, the simulated bytes, and the checks.
 
 pub mod copies;
@@ -37,6 +39,7 @@ pub mod rejoin;
 pub mod replies;
 pub mod ssd;
 pub mod storm;
+pub mod tenants;
 pub mod world;
 
 use kvtier_core::progress::{Progress, Unit};
@@ -81,69 +84,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
-        println!(
-            "{} seeds x {} steps in {:.1} s: {} violations; {} stores committed, {} reads verified, \
-             {} extents returned ({} returns quarantined), {} node restarts, {} nodes cut off, {} directory restarts, {} leaders cut off from etcd, {} failovers, \
-             {} expirations, {} evictions, {} demotions, {} replications ({} over the network), {} timed copies ({} of reused sources); {} rejoins, {} holdings adopted ({} refused), \
-             {} reports paced, {} replicas kept across directory restarts ({} superseded, {} refused for reservations), {} lost with {} extents ({} kept after a silence, {} found taken by another node, {} grants refused by owner words), \
-             {} replies while another node rejoined; {} storms ({} items), nearest its bound: {:?}; \
-             {} delegations, {} local hits, {} recalls; SSD: {} opened ({} objects recovered, {} torn), {} adopted, \
-             {} spills ({} skipped), {} evictions, {} restores ({} refused, {} corrupt reads caught), {} pinned reads; \
-             disks: {} blocks torn, {} lost, {} bits rotted",
-            summary.seeds,
-            summary.steps,
-            summary.elapsed_ms as f64 / 1e3,
-            summary.violations,
-            summary.covered.stores_committed,
-            summary.covered.reads_verified,
-            summary.covered.extents_returned,
-            summary.covered.extent_returns_quarantined,
-            summary.covered.node_restarts,
-            summary.covered.node_cut_offs,
-            summary.covered.directory_restarts,
-            summary.covered.leader_cut_offs,
-            summary.covered.failovers,
-            summary.covered.expired,
-            summary.covered.evicted,
-            summary.covered.demotions,
-            summary.covered.replications,
-            summary.covered.transfers_received,
-            summary.covered.timed_copies,
-            summary.covered.copies_of_reused_sources,
-            summary.covered.rejoins,
-            summary.covered.adopted,
-            summary.covered.adoptions_refused,
-            summary.covered.paced,
-            summary.covered.replicas_kept_across_restarts,
-            summary.covered.replicas_superseded,
-            summary.covered.replicas_refused_for_reservations,
-            summary.covered.replicas_lost_with_extents,
-            summary.covered.extents_lost,
-            summary.covered.extents_kept_after_silence,
-            summary.covered.extents_found_taken,
-            summary.covered.extent_grants_refused,
-            summary.covered.answered_beside_rejoins,
-            summary.covered.storms,
-            summary.covered.storm_items,
-            summary.storm_nearest_bound,
-            summary.covered.delegations,
-            summary.covered.local_hits,
-            summary.covered.recalls,
-            summary.covered.ssd_opened,
-            summary.covered.ssd_objects_recovered,
-            summary.covered.ssd_torn_objects,
-            summary.covered.ssd_objects_adopted,
-            summary.covered.ssd_spills,
-            summary.covered.ssd_spills_skipped,
-            summary.covered.ssd_evictions,
-            summary.covered.ssd_restores,
-            summary.covered.ssd_restores_refused,
-            summary.covered.ssd_corrupt_reads,
-            summary.covered.ssd_pins_read,
-            summary.covered.disk_blocks_torn,
-            summary.covered.disk_blocks_lost,
-            summary.covered.disk_bits_rotted,
-        );
+        println!("{}", summary_text(&summary)?);
     }
     match summary.first_failing_seed {
         Some(seed) => {
@@ -153,149 +94,134 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     }
 }
 
-/// What a run exercised, summed over its steps (and over seeds in a summary).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Coverage {
-    /// Stores whose commit was applied.
-    pub stores_committed: u64,
-    /// Reads whose bytes were checked against the object they claim.
-    pub reads_verified: u64,
-    /// Delegations granted to nodes, hits they answered under them, and recalls they got.
-    pub delegations: u64,
-    pub local_hits: u64,
-    pub recalls: u64,
-    /// Extents given back and taken by the directory.
-    pub extents_returned: u64,
-    /// Extent returns whose reply was lost, held out of the allocator until resolved.
-    pub extent_returns_quarantined: u64,
-    pub node_restarts: u64,
-    pub directory_restarts: u64,
-    /// Nodes cut off from the directory for a while.
-    pub node_cut_offs: u64,
-    /// Leaders cut off from etcd (still reaching the nodes), and standbys elected.
-    pub leader_cut_offs: u64,
-    pub failovers: u64,
-    /// Sessions lost and rejoined (after a directory restart, or a fence).
-    pub rejoins: u64,
-    /// Holdings a rejoining node reported that the directory adopted (or already knew).
-    pub adopted: u64,
-    /// Holdings the directory refused to adopt (the node freed them).
-    pub adoptions_refused: u64,
-    /// Rejoin reports the directory paced (sent again next tick).
-    pub paced: u64,
-    /// Replicas a node held when the directory was killed, READY again after its rejoin.
-    pub replicas_kept_across_restarts: u64,
-    /// Replicas a node held when the directory was killed, refused on rejoining because a
-    /// newer copy was READY in the same pool.
-    pub replicas_superseded: u64,
-    /// Replicas a node held when the directory was killed, refused on rejoining because
-    /// the pool's books were full of reservations (the node's extent still held them).
-    pub replicas_refused_for_reservations: u64,
-    /// Replicas a node held when the directory was killed, lost with their extent.
-    pub replicas_lost_with_extents: u64,
-    /// Shared extents nodes gave up or were refused on rejoining.
-    pub extents_lost: u64,
-    /// Extents a node claimed back from a new directory incarnation after a silence past
-    /// its fence window, their owner words still naming it.
-    pub extents_kept_after_silence: u64,
-    /// Grants whose extent's owner word had moved on (taken by another node): never used.
-    pub extent_grants_refused: u64,
-    /// Extents a rejoining node gave up because their owner words named another node.
-    pub extents_found_taken: u64,
-    /// Replies to a node while another node was rejoining.
-    pub answered_beside_rejoins: u64,
-    /// Rejoin storms run, and the extents and replicas their nodes reported.
-    pub storms: u64,
-    pub storm_items: u64,
-    /// Replicas that left by their tier's time to live.
-    pub expired: u64,
-    /// Replicas evicted under pressure.
-    pub evicted: u64,
-    /// Demotion tasks a node ran (a copy one tier colder).
-    pub demotions: u64,
-    /// Replication copies a node wrote (into shared memory, or received over the network).
-    pub replications: u64,
-    /// Network copies a receiver claimed, wrote and committed.
-    pub transfers_received: u64,
-    /// Copies and SSD reads that ended after taking simulated time, and copies that found
-    /// their source reused meanwhile (not committed).
-    pub timed_copies: u64,
-    pub copies_of_reused_sources: u64,
-    /// SSD stores opened on a node's disk (a start after a crash scans what the last process left).
-    pub ssd_opened: u64,
-    /// Objects the recovery scans adopted, and objects they found torn (dropped).
-    pub ssd_objects_recovered: u64,
-    pub ssd_torn_objects: u64,
-    /// Stored objects the directory adopted when their node started.
-    pub ssd_objects_adopted: u64,
-    /// Unsynced blocks torn and lost at power cuts, and bits rot flipped.
-    pub disk_blocks_torn: u64,
-    pub disk_blocks_lost: u64,
-    pub disk_bits_rotted: u64,
-    /// Spills into a node's SSD committed (sent), and skipped (a failed write, no source).
-    pub ssd_spills: u64,
-    pub ssd_spills_skipped: u64,
-    /// Stored objects a region reclaim dropped (retired at the directory).
-    pub ssd_evictions: u64,
-    /// Restores published, refused by the node core's verdict, and reads a checksum caught.
-    pub ssd_restores: u64,
-    pub ssd_restores_refused: u64,
-    pub ssd_corrupt_reads: u64,
-    /// Objects the engine read from the disk under its pins.
-    pub ssd_pins_read: u64,
+/// The summary as `kvtier sim` prints it without `--json`: the run, then every coverage
+/// counter by name.
+fn summary_text(summary: &SimSummary) -> anyhow::Result<String> {
+    let covered = serde_json::to_value(&summary.covered)?;
+    let counters: Vec<String> = covered
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, count)| format!("{} {count}", name.replace('_', " ")))
+        .collect();
+    Ok(format!(
+        "{} seeds x {} steps in {:.1} s: {} violations; {}; nearest storm to its bound: {:?}",
+        summary.seeds,
+        summary.steps,
+        summary.elapsed_ms as f64 / 1e3,
+        summary.violations,
+        counters.join(", "),
+        summary.storm_nearest_bound,
+    ))
 }
 
-impl Coverage {
-    fn add(&mut self, other: &Coverage) {
-        self.stores_committed += other.stores_committed;
-        self.reads_verified += other.reads_verified;
-        self.delegations += other.delegations;
-        self.local_hits += other.local_hits;
-        self.recalls += other.recalls;
-        self.extents_returned += other.extents_returned;
-        self.extent_returns_quarantined += other.extent_returns_quarantined;
-        self.node_restarts += other.node_restarts;
-        self.directory_restarts += other.directory_restarts;
-        self.node_cut_offs += other.node_cut_offs;
-        self.leader_cut_offs += other.leader_cut_offs;
-        self.failovers += other.failovers;
-        self.rejoins += other.rejoins;
-        self.adopted += other.adopted;
-        self.adoptions_refused += other.adoptions_refused;
-        self.paced += other.paced;
-        self.replicas_kept_across_restarts += other.replicas_kept_across_restarts;
-        self.replicas_lost_with_extents += other.replicas_lost_with_extents;
-        self.replicas_superseded += other.replicas_superseded;
-        self.replicas_refused_for_reservations += other.replicas_refused_for_reservations;
-        self.extents_lost += other.extents_lost;
-        self.extents_kept_after_silence += other.extents_kept_after_silence;
-        self.extent_grants_refused += other.extent_grants_refused;
-        self.extents_found_taken += other.extents_found_taken;
-        self.answered_beside_rejoins += other.answered_beside_rejoins;
-        self.storms += other.storms;
-        self.storm_items += other.storm_items;
-        self.expired += other.expired;
-        self.evicted += other.evicted;
-        self.demotions += other.demotions;
-        self.replications += other.replications;
-        self.transfers_received += other.transfers_received;
-        self.timed_copies += other.timed_copies;
-        self.copies_of_reused_sources += other.copies_of_reused_sources;
-        self.ssd_opened += other.ssd_opened;
-        self.ssd_objects_recovered += other.ssd_objects_recovered;
-        self.ssd_torn_objects += other.ssd_torn_objects;
-        self.ssd_objects_adopted += other.ssd_objects_adopted;
-        self.disk_blocks_torn += other.disk_blocks_torn;
-        self.disk_blocks_lost += other.disk_blocks_lost;
-        self.disk_bits_rotted += other.disk_bits_rotted;
-        self.ssd_spills += other.ssd_spills;
-        self.ssd_spills_skipped += other.ssd_spills_skipped;
-        self.ssd_evictions += other.ssd_evictions;
-        self.ssd_restores += other.ssd_restores;
-        self.ssd_restores_refused += other.ssd_restores_refused;
-        self.ssd_corrupt_reads += other.ssd_corrupt_reads;
-        self.ssd_pins_read += other.ssd_pins_read;
-    }
+/// Defines [`Coverage`], every counter a `u64`, and its sum.
+macro_rules! coverage {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// What a run exercised, summed over its steps (and over seeds in a summary).
+        #[derive(Clone, Debug, Default, Serialize)]
+        pub struct Coverage {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        impl Coverage {
+            fn add(&mut self, other: &Coverage) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+
+coverage! {
+    /// Stores whose commit was applied.
+    stores_committed,
+    /// Reads whose bytes were checked against the object they claim.
+    reads_verified,
+    /// Delegations granted to nodes, hits they answered under them, and recalls they got.
+    delegations,
+    local_hits,
+    recalls,
+    /// Extents given back and taken by the directory.
+    extents_returned,
+    /// Extent returns whose reply was lost, held out of the allocator until resolved.
+    extent_returns_quarantined,
+    node_restarts,
+    directory_restarts,
+    /// Nodes cut off from the directory for a while.
+    node_cut_offs,
+    /// Leaders cut off from etcd (still reaching the nodes), and standbys elected.
+    leader_cut_offs,
+    failovers,
+    /// Sessions lost and rejoined (after a directory restart, or a fence).
+    rejoins,
+    /// Holdings a rejoining node reported that the directory adopted (or already knew).
+    adopted,
+    /// Holdings the directory refused to adopt (the node freed them).
+    adoptions_refused,
+    /// Rejoin reports the directory paced (sent again next tick).
+    paced,
+    /// Replicas a node held when the directory was killed, READY again after its rejoin.
+    replicas_kept_across_restarts,
+    /// Replicas a node held when the directory was killed, refused on rejoining because a
+    /// newer copy was READY in the same pool.
+    replicas_superseded,
+    /// Replicas a node held when the directory was killed, refused on rejoining because
+    /// the pool's books were full of reservations (the node's extent still held them).
+    replicas_refused_for_reservations,
+    /// Replicas a node held when the directory was killed, lost with their extent.
+    replicas_lost_with_extents,
+    /// Shared extents nodes gave up or were refused on rejoining.
+    extents_lost,
+    /// Extents a node claimed back from a new directory incarnation after a silence past
+    /// its fence window, their owner words still naming it.
+    extents_kept_after_silence,
+    /// Grants whose extent's owner word had moved on (taken by another node): never used.
+    extent_grants_refused,
+    /// Extents a rejoining node gave up because their owner words named another node.
+    extents_found_taken,
+    /// Replies to a node while another node was rejoining.
+    answered_beside_rejoins,
+    /// Rejoin storms run, and the extents and replicas their nodes reported.
+    storms,
+    storm_items,
+    /// Replicas that left by their tier's time to live.
+    expired,
+    /// Replicas evicted under pressure.
+    evicted,
+    /// Demotion tasks a node ran (a copy one tier colder).
+    demotions,
+    /// Replication copies a node wrote (into shared memory, or received over the network).
+    replications,
+    /// Network copies a receiver claimed, wrote and committed.
+    transfers_received,
+    /// Requests an engine made for another tenant's objects, refused by its books.
+    trespasses_refused,
+    /// Copies and SSD reads that ended after taking simulated time, and copies that found
+    /// their source reused meanwhile (not committed).
+    timed_copies,
+    copies_of_reused_sources,
+    /// SSD stores opened on a node's disk (a start after a crash scans what the last process left).
+    ssd_opened,
+    /// Objects the recovery scans adopted, and objects they found torn (dropped).
+    ssd_objects_recovered,
+    ssd_torn_objects,
+    /// Stored objects the directory adopted when their node started.
+    ssd_objects_adopted,
+    /// Unsynced blocks torn and lost at power cuts, and bits rot flipped.
+    disk_blocks_torn,
+    disk_blocks_lost,
+    disk_bits_rotted,
+    /// Spills into a node's SSD committed (sent), and skipped (a failed write, no source).
+    ssd_spills,
+    ssd_spills_skipped,
+    /// Stored objects a region reclaim dropped (retired at the directory).
+    ssd_evictions,
+    /// Restores published, refused by the node core's verdict, and reads a checksum caught.
+    ssd_restores,
+    ssd_restores_refused,
+    ssd_corrupt_reads,
+    /// Objects the engine read from the disk under its pins.
+    ssd_pins_read,
 }
 
 /// The outcome of one seed.

@@ -7,15 +7,16 @@
 //! process and a new epoch.
 
 use super::network::Payload;
-use super::world::{descriptor, Space, World, BATCH_ITEMS_MAX, CPU_POOL_OBJECTS, OBJECT_BYTES};
+use super::tenants::{cpu_pool_spec, descriptor_of, TENANTS};
+use super::world::{Space, World, BATCH_ITEMS_MAX, CPU_POOL_OBJECTS, OBJECT_BYTES};
 use kvtier_core::backends::extent_allocator::ExtentAllocator;
 use kvtier_core::backends::PageAllocator;
 use kvtier_core::directory::{
     AcquireMode, DirectoryError, ExtentReturn, Lease, ReserveItem, ResolveOutcome,
 };
 use kvtier_core::model::{
-    DomainId, Location, Medium, NodeId, ObjectId, OperationId, OwnerTable, PoolId, PoolSpec,
-    ReplicaId, Scope, SessionId, Timestamp,
+    DomainId, Location, Medium, NodeId, ObjectId, OperationId, OwnerTable, PoolId, ReplicaId,
+    SessionId, Timestamp,
 };
 use kvtier_core::node::delegations::is_local;
 use kvtier_core::node::pushes::PushSet;
@@ -38,6 +39,8 @@ pub struct HeldLease {
     pub lease: Lease,
     pub object: ObjectId,
     pub space: Space,
+    /// The tenant of the engine that holds it.
+    pub tenant: usize,
     /// Until when the engine reads under it: its deadline on the engine's clock.
     pub trusted_until: Timestamp,
 }
@@ -49,6 +52,7 @@ pub(super) enum Purpose {
     Store {
         ticket: u64,
         object: ObjectId,
+        tenant: usize,
     },
     Commit {
         object: ObjectId,
@@ -57,6 +61,7 @@ pub(super) enum Purpose {
     },
     Acquire {
         count: usize,
+        tenant: usize,
     },
     /// A restore from the node's SSD, reserving room in memory.
     Restore {
@@ -95,8 +100,10 @@ pub struct SimNode {
     /// since: checked when its rejoin ends.
     pub(super) held_at_kill: Option<super::rejoin::HeldAtKill>,
     pub(super) core: NodeCore,
-    pub(super) client: Option<ClientId>,
-    pub(super) cpu: Option<(PoolId, PageAllocator)>,
+    /// Each tenant's engine's connection (by tenant).
+    pub(super) clients: [Option<ClientId>; TENANTS.len()],
+    /// Each tenant's CPU partition and its allocator (by tenant; empty until started).
+    pub(super) cpu: Vec<(PoolId, PageAllocator)>,
     /// The extent allocator of each shared pool, by domain.
     pub cxl: HashMap<u32, ExtentAllocator>,
     pub(super) pending: BTreeMap<u64, Pending>,
@@ -125,8 +132,8 @@ impl SimNode {
             rejoin: None,
             held_at_kill: None,
             core: NodeCore::default(),
-            client: None,
-            cpu: None,
+            clients: [None; TENANTS.len()],
+            cpu: Vec::new(),
             cxl: HashMap::new(),
             pending: BTreeMap::new(),
             next_request: 1,
@@ -139,27 +146,12 @@ impl SimNode {
         }
     }
 
-    fn space_of_cpu(&self, index: usize) -> Space {
+    fn space_of_cpu(&self, index: usize, partition: usize) -> Space {
         Space::Cpu {
             node: index,
             incarnation: self.incarnation,
+            partition,
         }
-    }
-}
-
-/// The CPU pool node `node` registers (and the directory declares, under any node id): as
-/// a node without tenant rules has it, the one partition of the unsalted group.
-pub fn cpu_pool_spec(node: usize, host: NodeId) -> PoolSpec {
-    PoolSpec {
-        name: format!("cpu{node}"),
-        medium: Medium::Cpu,
-        scope: Scope::Host(host),
-        capacity_bytes: CPU_POOL_OBJECTS * OBJECT_BYTES,
-        page_bytes: 4096,
-        extent_bytes: None,
-        tenancy: kvtier_core::model::PoolTenancy::Partition(kvtier_core::model::SaltGroup::of(
-            None,
-        )),
     }
 }
 
@@ -189,8 +181,8 @@ impl World {
         state.rejoin = None;
         state.held_at_kill = None;
         state.core = NodeCore::default();
-        state.client = None;
-        state.cpu = None;
+        state.clients = [None; TENANTS.len()];
+        state.cpu.clear();
         state.cxl.clear();
         state.pending.clear();
         state.committed.clear();
@@ -202,7 +194,8 @@ impl World {
     }
 
     /// Starts node `node` as a new process: opens a session (a new epoch), registers a
-    /// fresh CPU pool and the namespace. Start-up talks to the directory directly.
+    /// fresh CPU partition and the namespace of each tenant, connects the tenants' engines
+    /// and opens its SSD store. Start-up talks to the directory directly.
     fn start(&mut self, node: usize) {
         let (write_order, read_order) = media_orders(node);
         self.nodes[node].incarnation += 1;
@@ -220,35 +213,36 @@ impl World {
         };
         self.nodes[node].session = Some(opened.session);
         self.nodes[node].node_id = Some(opened.node);
-        let spec = cpu_pool_spec(node, opened.node);
-        let DirectoryReply::Pool(pool) = self.call(node, DirectoryRequest::RegisterPool(spec))
-        else {
-            self.nodes[node].session = None;
-            return;
-        };
-        if let DirectoryReply::Namespace(id) =
-            self.call(node, DirectoryRequest::RegisterNamespace(descriptor()))
-        {
-            self.nodes[node]
-                .core
-                .holdings
-                .namespace_registered(id, descriptor());
-        }
-        let space = self.nodes[node].space_of_cpu(node);
-        self.spaces.insert(pool, space);
-        let pages = PageAllocator::new(CPU_POOL_OBJECTS * OBJECT_BYTES, 4096, ALLOCATIONS_MAX)
-            .expect("the simulated CPU pool's geometry is valid");
-        let cxl = self.shared_allocators(node);
-        let state = &mut self.nodes[node];
-        state.cpu = Some((pool, pages));
-        state.cxl = cxl;
-        state.client = state.core.connect_client(0).ok();
-        // The simulated engine registers the cluster's one namespace on its connection.
-        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
-            if books.admit_namespace().is_ok() {
-                books.namespace_registered(descriptor().id().ok());
+        let mut partitions = Vec::new();
+        for tenant in 0..TENANTS.len() {
+            let spec = cpu_pool_spec(node, opened.node, tenant);
+            let DirectoryReply::Pool(pool) = self.call(node, DirectoryRequest::RegisterPool(spec))
+            else {
+                self.nodes[node].session = None;
+                return;
+            };
+            let space = self.nodes[node].space_of_cpu(node, tenant);
+            self.spaces.insert(pool, space);
+            let pages = PageAllocator::new(CPU_POOL_OBJECTS * OBJECT_BYTES, 4096, ALLOCATIONS_MAX)
+                .expect("the simulated CPU pool's geometry is valid");
+            partitions.push((pool, pages));
+            let descriptor = descriptor_of(tenant);
+            if let DirectoryReply::Namespace(id) = self.call(
+                node,
+                DirectoryRequest::RegisterNamespace(descriptor.clone()),
+            ) {
+                self.nodes[node]
+                    .core
+                    .holdings
+                    .namespace_registered(id, descriptor);
             }
         }
+        let cxl = self.shared_allocators(node);
+        let state = &mut self.nodes[node];
+        state.cpu = partitions;
+        state.cxl = cxl;
+        self.connect_engines(node);
+        let state = &mut self.nodes[node];
         let fence_after = Duration::from_millis(opened.fence_after_ms);
         state.core.liveness = Liveness::new(opened_at, fence_after);
         self.start_ssd(node, opened.node);
@@ -359,7 +353,7 @@ impl World {
         };
         self.send(node, request, Purpose::Heartbeat);
         let now = self.now;
-        if let Some(client) = self.nodes[node].client {
+        for client in self.nodes[node].clients.into_iter().flatten() {
             let state = &mut self.nodes[node];
             if let Some(books) = state.core.client(client) {
                 books.prune(now);
@@ -385,17 +379,19 @@ impl World {
     }
 
     fn begin_store(&mut self, node: usize) {
-        let object = self.random_object();
+        let (tenant, named) = self.pick_tenants();
+        let object = self.random_object(named);
         let now = self.now;
         let state = &mut self.nodes[node];
-        let Some(books) = state.client.and_then(|client| state.core.client(client)) else {
+        let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) else {
             return;
         };
         let Ok(ticket) = books.admit_store(&object, OBJECT_BYTES, now) else {
-            return;
+            return self.trespass_refused(tenant, &[object]);
         };
+        self.check_admitted(tenant, &[object]);
         let Some(operation) = self.operation(node) else {
-            self.end_store(node, ticket);
+            self.end_store(node, tenant, ticket);
             return;
         };
         let item = ReserveItem {
@@ -403,19 +399,25 @@ impl World {
             length_bytes: OBJECT_BYTES,
         };
         let request = DirectoryRequest::Reserve { operation, item };
-        self.send(node, request, Purpose::Store { ticket, object });
+        let purpose = Purpose::Store {
+            ticket,
+            object,
+            tenant,
+        };
+        self.send(node, request, purpose);
     }
 
-    pub(super) fn end_store(&mut self, node: usize, ticket: u64) {
+    pub(super) fn end_store(&mut self, node: usize, tenant: usize, ticket: u64) {
         let state = &mut self.nodes[node];
-        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+        if let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) {
             books.store_ended(ticket);
         }
     }
 
     fn begin_acquire(&mut self, node: usize) {
+        let (tenant, named) = self.pick_tenants();
         let count = 1 + self.rng.below(3) as usize;
-        let objects: Vec<ObjectId> = (0..count).map(|_| self.random_object()).collect();
+        let objects: Vec<ObjectId> = (0..count).map(|_| self.random_object(named)).collect();
         let mode = if self.rng.chance(50) {
             AcquireMode::Each
         } else {
@@ -423,30 +425,35 @@ impl World {
         };
         let now = self.now;
         let state = &mut self.nodes[node];
-        let Some((books, delegations)) = state
-            .client
-            .and_then(|client| state.core.client_with_delegations(client))
-        else {
+        let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) else {
             return;
         };
         if books.admit_acquire(&objects, now).is_err() {
-            return;
+            return self.trespass_refused(tenant, &objects);
         }
+        let state = &mut self.nodes[node];
+        let Some((books, delegations)) =
+            state.clients[tenant].and_then(|client| state.core.client_with_delegations(client))
+        else {
+            return;
+        };
         if delegations.covers(now, &objects) {
             // Every object is a hit under the node's delegations: no message.
             let leases = delegations.acquire(now, &objects).unwrap_or_default();
             let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
             books.leases_granted(count, granted.collect());
+            self.check_admitted(tenant, &objects);
             for (object, lease) in objects.iter().zip(leases) {
-                let held = self.held_lease(node, lease, *object, now);
+                let held = self.held_lease(node, tenant, lease, *object, now);
                 self.verify(&held);
                 self.nodes[node].leases.push(held);
                 self.stats.covered.local_hits += 1;
             }
             return;
         }
+        self.check_admitted(tenant, &objects);
         let request = DirectoryRequest::AcquireDelegating { objects, mode };
-        self.send(node, request, Purpose::Acquire { count });
+        self.send(node, request, Purpose::Acquire { count, tenant });
     }
 
     /// Releases at the directory what the node's delegations no longer need.
@@ -480,7 +487,8 @@ impl World {
         }
         let now = self.now;
         let state = &mut self.nodes[node];
-        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+        let client = state.clients[held.tenant];
+        if let Some(books) = client.and_then(|client| state.core.client(client)) {
             books.release(&[held.lease.lease], usize::MAX).ok();
         }
         if is_local(held.lease.lease) {
@@ -617,10 +625,11 @@ impl World {
         match (pending.request, pending.purpose) {
             (
                 DirectoryRequest::Acquire { .. } | DirectoryRequest::AcquireDelegating { .. },
-                Purpose::Acquire { count },
+                Purpose::Acquire { count, tenant },
             ) => {
                 let state = &mut self.nodes[node];
-                if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+                let client = state.clients[tenant];
+                if let Some(books) = client.and_then(|client| state.core.client(client)) {
                     books.leases_granted(count, Vec::new());
                 }
             }
@@ -732,9 +741,9 @@ impl World {
                 self.nodes[node].core.operations.end(operation);
                 self.extent_granted(node, grant);
             }
-            (_, Purpose::Store { ticket, .. }) => {
+            (_, Purpose::Store { ticket, tenant, .. }) => {
                 self.nodes[node].core.operations.end(operation);
-                self.end_store(node, ticket);
+                self.end_store(node, tenant, ticket);
             }
             (_, Purpose::Restore { object }) => {
                 self.nodes[node].core.operations.end(operation);

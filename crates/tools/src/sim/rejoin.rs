@@ -15,8 +15,9 @@
 //! `adopt_items_per_tick` report items per tick; a node's ids never change; nothing but a
 //! rejoin report is ever paced.
 
-use super::node::{cpu_pool_spec, media_orders, operation_of, Pending, Purpose, SimNode};
-use super::world::{descriptor, World, ADOPT_ITEMS_PER_TICK};
+use super::node::{media_orders, operation_of, Pending, Purpose, SimNode};
+use super::tenants::{cpu_pool_spec, descriptor_of, TENANTS};
+use super::world::{World, ADOPT_ITEMS_PER_TICK};
 use kvtier_core::directory::{AdoptOutcome, DirectoryError, ExtentClaim, Holding};
 use kvtier_core::model::extent_owner::{take_extent, Ownership, TakeFrom};
 use kvtier_core::model::{Location, NodeId, OwnerWord, PoolId};
@@ -117,15 +118,16 @@ impl World {
             self.nodes[node].core.operations.end(operation);
         }
         match pending.purpose {
-            Purpose::Store { ticket, .. } => self.end_store(node, ticket),
+            Purpose::Store { ticket, tenant, .. } => self.end_store(node, tenant, ticket),
             Purpose::Restore { object } => self.restore_ended(node, &object),
             Purpose::Commit { replica, .. } => {
                 self.spill_answered(node, replica);
                 self.nodes[node].transfers.finished(replica);
             }
-            Purpose::Acquire { count } => {
+            Purpose::Acquire { count, tenant } => {
                 let state = &mut self.nodes[node];
-                if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+                let client = state.clients[tenant];
+                if let Some(books) = client.and_then(|client| state.core.client(client)) {
                     books.leases_granted(count, Vec::new());
                 }
             }
@@ -181,15 +183,15 @@ impl World {
         state.session = Some(opened.session);
         let fence_after = Duration::from_millis(opened.fence_after_ms);
         state.core.liveness = Liveness::new(opened_at, fence_after);
-        let own = state.cpu.as_ref().map(|(pool, _)| *pool);
-        let reply = self.call(
-            node,
-            DirectoryRequest::RegisterPool(cpu_pool_spec(node, opened.node)),
-        );
-        assert!(
-            matches!(reply, DirectoryReply::Pool(pool) if Some(pool) == own),
-            "seed={seed}: node {node}'s CPU pool {own:?} came back as {reply:?}"
-        );
+        let owned: Vec<PoolId> = state.cpu.iter().map(|(pool, _)| *pool).collect();
+        for (tenant, own) in owned.into_iter().enumerate() {
+            let spec = cpu_pool_spec(node, opened.node, tenant);
+            let reply = self.call(node, DirectoryRequest::RegisterPool(spec));
+            assert!(
+                matches!(reply, DirectoryReply::Pool(pool) if pool == own),
+                "seed={seed}: node {node}'s CPU partition {own:?} came back as {reply:?}"
+            );
+        }
         if let Some(own) = self.nodes[node].ssd.as_ref().map(|ssd| ssd.pool) {
             let again = self.register_ssd(node, opened.node);
             assert_eq!(
@@ -206,7 +208,12 @@ impl World {
             );
         }
         if self.nodes[node].core.holdings.namespaces().is_empty() {
-            self.call(node, DirectoryRequest::RegisterNamespace(descriptor()));
+            for tenant in 0..TENANTS.len() {
+                self.call(
+                    node,
+                    DirectoryRequest::RegisterNamespace(descriptor_of(tenant)),
+                );
+            }
         }
         let batch = (opened.batch_items_max as usize).max(1);
         let claims = self.extents_to_claim(node, opened.session.incarnation(), opened.node, batch);
@@ -468,11 +475,9 @@ impl World {
     /// was killed, less what was in extents it lost.
     fn rejoined(&mut self, node: usize) {
         let seed = self.stats.seed;
+        self.nodes[node].rejoin = None;
+        self.connect_engines(node);
         let state = &mut self.nodes[node];
-        state.rejoin = None;
-        if state.client.is_none() {
-            state.client = state.core.connect_client(0).ok();
-        }
         let Some(held) = state.held_at_kill.take() else {
             return;
         };

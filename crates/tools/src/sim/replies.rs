@@ -23,22 +23,27 @@ impl World {
         if let Purpose::Restore { object } = purpose {
             return self.restore_reserved(node, reply, object);
         }
-        let Purpose::Store { ticket, object } = purpose else {
+        let Purpose::Store {
+            ticket,
+            object,
+            tenant,
+        } = purpose
+        else {
             return;
         };
         let DirectoryReply::Reserved(ReserveOutcome::Granted { replica, pool, .. }) = reply else {
-            self.end_store(node, ticket);
+            self.end_store(node, tenant, ticket);
             return;
         };
         let Some((location, space)) = self.allocate(node, pool) else {
-            self.end_store(node, ticket);
+            self.end_store(node, tenant, ticket);
             self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
             return;
         };
         self.write(space, location.offset_bytes, object);
         let now = self.now;
         let state = &mut self.nodes[node];
-        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+        if let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) {
             let granted = Ticket {
                 session: state.session.unwrap_or(SessionId(0)),
                 replica,
@@ -71,8 +76,8 @@ impl World {
     pub(super) fn allocate(&mut self, node: usize, pool: PoolId) -> Option<(Location, Space)> {
         let space = *self.spaces.get(&pool)?;
         let allocated = match space {
-            Space::Cpu { .. } => {
-                let (own, pages) = self.nodes[node].cpu.as_mut()?;
+            Space::Cpu { partition, .. } => {
+                let (own, pages) = self.nodes[node].cpu.get_mut(partition)?;
                 if *own != pool {
                     return None;
                 }
@@ -119,7 +124,7 @@ impl World {
         }
         let state = &mut self.nodes[node];
         let freed = match space {
-            Space::Cpu { .. } => match state.cpu.as_mut() {
+            Space::Cpu { partition, .. } => match state.cpu.get_mut(partition) {
                 Some((pool, pages)) if *pool == location.pool => {
                     pages.free(location.allocation, location.generation)
                 }
@@ -184,7 +189,7 @@ impl World {
         purpose: Purpose,
         sent_at: kvtier_core::model::Timestamp,
     ) {
-        let Purpose::Acquire { count } = purpose else {
+        let Purpose::Acquire { count, tenant } = purpose else {
             return;
         };
         let outcomes = match reply {
@@ -207,7 +212,7 @@ impl World {
                 }
                 AcquireOutcome::Withheld => continue,
             };
-            let held = self.held_lease(node, lease, *object, sent_at);
+            let held = self.held_lease(node, tenant, lease, *object, sent_at);
             granted.push((held.lease.lease, held.trusted_until));
             if held.trusted_until > self.now {
                 self.verify(&held);
@@ -215,7 +220,7 @@ impl World {
             self.nodes[node].leases.push(held);
         }
         let state = &mut self.nodes[node];
-        if let Some(books) = state.client.and_then(|client| state.core.client(client)) {
+        if let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) {
             books.leases_granted(count, granted);
         }
         // What the node's SSD holds of the misses is restored, as a load's misses are.
@@ -257,16 +262,28 @@ impl World {
         self.send_delegation_releases(node);
     }
 
-    /// A lease as the engine holds it; a replica it cannot map is a violation.
+    /// A lease as the engine of `tenant` holds it; a replica it cannot map (another
+    /// tenant's partition, another node's memory, a domain it does not map) is a violation.
     pub(super) fn held_lease(
         &self,
         node: usize,
+        tenant: usize,
         lease: kvtier_core::directory::Lease,
         object: ObjectId,
         sent_at: kvtier_core::model::Timestamp,
     ) -> HeldLease {
         let seed = self.stats.seed;
         let space = self.spaces.get(&lease.location.pool).copied();
+        if let Some(Space::Cpu { partition, .. }) = space {
+            assert_eq!(
+                partition,
+                tenant,
+                "seed={seed}: an engine of tenant {} got a lease on {:?} in tenant {}'s partition",
+                super::tenants::TENANTS[tenant].0,
+                lease.replica,
+                super::tenants::TENANTS[partition].0
+            );
+        }
         let mappable = match space {
             Some(Space::Cpu { node: owner, .. }) => owner == node,
             Some(Space::Cxl(domain)) => self.nodes[node]
@@ -285,6 +302,7 @@ impl World {
             lease,
             object,
             space: space.unwrap_or(Space::Cxl(u32::MAX)),
+            tenant,
             trusted_until,
         }
     }

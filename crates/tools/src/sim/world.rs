@@ -9,8 +9,8 @@ use super::SeedReport;
 use kvtier_core::directory::{Directory, DirectoryConfig, DirectoryError, NamespaceAccess};
 use kvtier_core::model::extent_owner::OwnerWordsInMemory;
 use kvtier_core::model::{
-    DomainId, KvDtype, Medium, NamespaceDescriptor, NamespaceId, ObjectId, PoolId, PoolSpec,
-    PrefixDigest, Scope, SessionId, Timestamp,
+    DomainId, Medium, NamespaceId, ObjectId, PoolId, PoolSpec, PrefixDigest, Scope, SessionId,
+    Timestamp,
 };
 use kvtier_core::policy::lifecycle::LifecyclePolicy;
 use kvtier_core::protocol::directory::{handle, NodeGrant, PeerRole};
@@ -43,13 +43,14 @@ pub const STEP_MS_MAX: u64 = 20;
 pub const BATCH_ITEMS_MAX: u32 = 4;
 pub const ADOPT_ITEMS_PER_TICK: u32 = 6;
 
-/// Where bytes live: a node process's CPU pool (a restarted process keeps the pool's id
-/// but not its memory), or one of the shared pools.
+/// Where bytes live: a node process's CPU partition of a tenant (a restarted process keeps
+/// the pool's id but not its memory), one of the shared pools, or a node's SSD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Space {
     Cpu {
         node: usize,
         incarnation: u64,
+        partition: usize,
     },
     Cxl(u32),
     /// A node's SSD store: its disk outlives the node's processes. Nothing maps it.
@@ -87,28 +88,10 @@ pub struct World {
     pub copies: Vec<super::copies::LocalCopy>,
     /// Each node's disk (by node), which outlives its processes.
     pub disks: Vec<super::ssd::SimDisk>,
-    pub namespace: NamespaceId,
+    /// Each tenant's namespace (by tenant), and the rules every node admits engines by.
+    pub namespaces: Vec<NamespaceId>,
+    pub tenants: kvtier_core::node::Tenants,
     pub stats: SeedReport,
-}
-
-/// The namespace every simulated client uses.
-pub fn descriptor() -> NamespaceDescriptor {
-    NamespaceDescriptor {
-        model: "sim".into(),
-        revision: "1".into(),
-        adapter: None,
-        kv_dtype: KvDtype::Float16,
-        quantization: None,
-        layers: 1,
-        kv_heads: 1,
-        head_dim: 64,
-        block_tokens: 16,
-        format_version: 1,
-        chunk_tokens: 16,
-        tensor_parallel: 1,
-        pipeline_parallel: 1,
-        salt: None,
-    }
 }
 
 fn config(seed: u64) -> DirectoryConfig {
@@ -168,9 +151,14 @@ impl World {
             disks: (0..NODE_DOMAINS.len() as u64)
                 .map(|node| super::ssd::SimDisk::new(seed ^ (0xd15c << 16) ^ node))
                 .collect(),
-            namespace: descriptor()
-                .id()
-                .expect("the simulation's namespace is valid"),
+            namespaces: (0..super::tenants::TENANTS.len())
+                .map(|tenant| {
+                    super::tenants::descriptor_of(tenant)
+                        .id()
+                        .expect("the simulation's namespaces are valid")
+                })
+                .collect(),
+            tenants: super::tenants::tenant_rules(),
             stats: SeedReport {
                 seed,
                 ..SeedReport::default()
@@ -189,10 +177,10 @@ impl World {
         for node in 0..self.nodes.len() {
             let name = self.nodes[node].name.clone();
             let host = kvtier_core::model::NodeId(0);
-            let pools = vec![
-                super::node::cpu_pool_spec(node, host),
-                super::ssd::ssd_pool_spec(node, host),
-            ];
+            let mut pools: Vec<PoolSpec> = (0..super::tenants::TENANTS.len())
+                .map(|tenant| super::tenants::cpu_pool_spec(node, host, tenant))
+                .collect();
+            pools.push(super::ssd::ssd_pool_spec(node, host));
             self.directory
                 .declare_node(&name, pools)
                 .expect("a configured node declares");
@@ -257,18 +245,19 @@ impl World {
         }
     }
 
-    pub fn object(&self, index: u32) -> ObjectId {
+    /// Object `index` of tenant `tenant`'s namespace.
+    pub fn object(&self, tenant: usize, index: u32) -> ObjectId {
         ObjectId {
-            namespace: self.namespace,
+            namespace: self.namespaces[tenant],
             prefix: PrefixDigest::ROOT.chain(&[index]),
             shard: 0,
             part: 0,
         }
     }
 
-    pub fn random_object(&mut self) -> ObjectId {
+    pub fn random_object(&mut self, tenant: usize) -> ObjectId {
         let index = self.rng.below(u64::from(OBJECTS)) as u32;
-        self.object(index)
+        self.object(tenant, index)
     }
 
     /// The grant the configuration gives node `node`.
@@ -397,6 +386,7 @@ impl World {
     /// A writer puts `object`'s bytes at `offset` of `space`: nobody may still read other
     /// bytes there.
     pub fn write(&mut self, space: Space, offset: u64, object: ObjectId) {
+        self.check_partition(space, &object);
         for held in self.trusted_leases() {
             assert!(
                 held.space != space || held.lease.location.offset_bytes != offset || held.object == object,
