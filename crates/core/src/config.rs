@@ -404,32 +404,7 @@ impl ClusterConfig {
                     node.name
                 );
             }
-            if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
-                bail!(
-                    "node `{}`: the CPU pool needs a capacity and a power-of-two page size",
-                    node.name
-                );
-            }
-            if !(1200..=crate::wire::peer::DATAGRAM_BYTES_MAX).contains(&node.peer_datagram_bytes) {
-                bail!(
-                    "node `{}`: peer_datagram_bytes must be 1200 to 65527",
-                    node.name
-                );
-            }
-            let busy_poll_us_max = crate::limits::BUSY_POLL_TAIL_MAX.as_micros();
-            if u128::from(node.busy_poll_us) > busy_poll_us_max {
-                bail!(
-                    "node `{}`: busy_poll_us must be 0 to {busy_poll_us_max}",
-                    node.name
-                );
-            }
-            let copy_threads_max = crate::limits::COPY_THREADS_MAX;
-            if !(1..=copy_threads_max).contains(&node.copy_threads) {
-                bail!(
-                    "node `{}`: copy_threads must be 1 to {copy_threads_max}",
-                    node.name
-                );
-            }
+            node.validate()?;
         }
         let tenants: std::collections::HashSet<&str> = self
             .tenants
@@ -568,6 +543,39 @@ impl DirectorySection {
 }
 
 impl NodeSection {
+    /// The checks of one node's section serde cannot make: its CPU pool, peer datagrams,
+    /// busy polling and copy threads within their bounds.
+    fn validate(&self) -> anyhow::Result<()> {
+        let node = self;
+        if node.cpu_pool.capacity_bytes == 0 || !node.cpu_pool.page_bytes.is_power_of_two() {
+            bail!(
+                "node `{}`: the CPU pool needs a capacity and a power-of-two page size",
+                node.name
+            );
+        }
+        if !(1200..=crate::wire::peer::DATAGRAM_BYTES_MAX).contains(&node.peer_datagram_bytes) {
+            bail!(
+                "node `{}`: peer_datagram_bytes must be 1200 to 65527",
+                node.name
+            );
+        }
+        let busy_poll_us_max = crate::limits::BUSY_POLL_TAIL_MAX.as_micros();
+        if u128::from(node.busy_poll_us) > busy_poll_us_max {
+            bail!(
+                "node `{}`: busy_poll_us must be 0 to {busy_poll_us_max}",
+                node.name
+            );
+        }
+        let copy_threads_max = crate::limits::COPY_THREADS_MAX;
+        if !(1..=copy_threads_max).contains(&node.copy_threads) {
+            bail!(
+                "node `{}`: copy_threads must be 1 to {copy_threads_max}",
+                node.name
+            );
+        }
+        Ok(())
+    }
+
     /// The node's SSD store as a pool (`None` without `[nodes.ssd]` or with a store whose
     /// configuration is invalid): medium `ssd`, private to the node, its capacity the
     /// store's whole regions, 4 KiB pages.

@@ -73,6 +73,36 @@ impl ClusterConfig {
                 tenants: Vec::new(),
             }]);
         }
+        let groups = self.salt_groups(node)?;
+        let stated: u64 = groups
+            .iter()
+            .filter_map(|group| group.stated_bytes)
+            .fold(0, u64::saturating_add);
+        if stated > total {
+            bail!(
+                "node `{}`: the tenants' cpu_bytes sum to {stated} bytes, more than its CPU pool's {total}",
+                node.name
+            );
+        }
+        let unstated = groups
+            .iter()
+            .filter(|group| group.stated_bytes.is_none())
+            .count() as u64;
+        let share = (total - stated).checked_div(unstated).unwrap_or(0);
+        let single = groups.len() == 1;
+        groups
+            .into_iter()
+            .map(|group| {
+                let bytes = group.stated_bytes.unwrap_or(share);
+                partition_of(node, group, bytes - bytes % page, single)
+            })
+            .collect()
+    }
+
+    /// The salt groups of the tenants `node` serves (those its CXL pools do not refuse),
+    /// in rule order, each with its tenants and the CPU bytes they state; at least one, at
+    /// most [`CPU_PARTITIONS_MAX`].
+    fn salt_groups(&self, node: &NodeSection) -> anyhow::Result<Vec<Group<'_>>> {
         let refused = self.refused_tenants(node);
         let mut groups: Vec<Group<'_>> = Vec::new();
         for rule in self
@@ -112,54 +142,7 @@ impl ClusterConfig {
                 groups.len()
             );
         }
-        let stated: u64 = groups
-            .iter()
-            .filter_map(|group| group.stated_bytes)
-            .fold(0, u64::saturating_add);
-        if stated > total {
-            bail!(
-                "node `{}`: the tenants' cpu_bytes sum to {stated} bytes, more than its CPU pool's {total}",
-                node.name
-            );
-        }
-        let unstated = groups
-            .iter()
-            .filter(|group| group.stated_bytes.is_none())
-            .count() as u64;
-        let share = (total - stated).checked_div(unstated).unwrap_or(0);
-        let single = groups.len() == 1;
-        groups
-            .into_iter()
-            .map(|group| {
-                let bytes = group.stated_bytes.unwrap_or(share);
-                let capacity_bytes = bytes - bytes % page;
-                let first = group.tenants[0];
-                if capacity_bytes == 0 {
-                    bail!(
-                        "node `{}`: the CPU partition of tenant `{first}` would be under one page ({page} bytes)",
-                        node.name
-                    );
-                }
-                let name = if single {
-                    format!("{}-cpu", node.name)
-                } else {
-                    format!("{}-cpu-{first}", node.name)
-                };
-                if name.len() > crate::directory::NAME_BYTES_MAX {
-                    bail!(
-                        "node `{}`: the pool name `{name}` is longer than {} bytes",
-                        node.name,
-                        crate::directory::NAME_BYTES_MAX
-                    );
-                }
-                Ok(CpuPartition {
-                    name,
-                    group: group.group,
-                    capacity_bytes,
-                    tenants: group.tenants.into_iter().map(str::to_string).collect(),
-                })
-            })
-            .collect()
+        Ok(groups)
     }
 
     /// The host pools of `node` as the directory declares them at start, in a fixed order
@@ -214,6 +197,42 @@ impl ClusterConfig {
         }
         refused
     }
+}
+
+/// The CPU partition of `group` on `node`, of `capacity_bytes` (whole pages): named after
+/// the node alone when it is the node's only one, else after its first tenant.
+fn partition_of(
+    node: &NodeSection,
+    group: Group<'_>,
+    capacity_bytes: u64,
+    single: bool,
+) -> anyhow::Result<CpuPartition> {
+    let first = group.tenants[0];
+    if capacity_bytes == 0 {
+        bail!(
+            "node `{}`: the CPU partition of tenant `{first}` would be under one page ({} bytes)",
+            node.name,
+            node.cpu_pool.page_bytes
+        );
+    }
+    let name = if single {
+        format!("{}-cpu", node.name)
+    } else {
+        format!("{}-cpu-{first}", node.name)
+    };
+    if name.len() > crate::directory::NAME_BYTES_MAX {
+        bail!(
+            "node `{}`: the pool name `{name}` is longer than {} bytes",
+            node.name,
+            crate::directory::NAME_BYTES_MAX
+        );
+    }
+    Ok(CpuPartition {
+        name,
+        group: group.group,
+        capacity_bytes,
+        tenants: group.tenants.into_iter().map(str::to_string).collect(),
+    })
 }
 
 #[cfg(test)]

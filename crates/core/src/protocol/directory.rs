@@ -167,21 +167,30 @@ fn data(
     session: SessionId,
     request: DirectoryRequest,
 ) -> Result<DirectoryReply, DirectoryError> {
+    use DirectoryRequest as Request;
+    match request {
+        Request::Probe { .. }
+        | Request::Locate { .. }
+        | Request::Acquire { .. }
+        | Request::Release { .. }
+        | Request::AcquireDelegating { .. }
+        | Request::ReportHits { .. }
+        | Request::Retire { .. }
+        | Request::RetireHeld { .. } => reads(core, now, session, request),
+        request => writes(core, now, session, request),
+    }
+}
+
+/// The lookups, leases and retirements of a bound session.
+fn reads(
+    core: &mut Directory,
+    now: Timestamp,
+    session: SessionId,
+    request: DirectoryRequest,
+) -> Result<DirectoryReply, DirectoryError> {
     use DirectoryReply as Reply;
     use DirectoryRequest as Request;
     Ok(match request {
-        Request::Reserve { operation, item } => {
-            Reply::Reserved(core.reserve(now, session, operation, item)?)
-        }
-        Request::Commit {
-            operation,
-            replica,
-            location,
-        } => Reply::Committed(core.commit(now, session, operation, replica, location)?),
-        Request::Resolve { target, operation } => {
-            Reply::Resolved(core.resolve(session, target, operation)?)
-        }
-        Request::Abort { replica } => Reply::Aborted(core.abort(session, replica)?),
         Request::Probe { objects } => {
             Reply::Probed(core.probe_noting_demand(now, session, &objects)?)
         }
@@ -212,6 +221,32 @@ fn data(
         Request::RetireHeld { holdings } => {
             Reply::RetiredHeld(core.retire_held(session, &holdings)?)
         }
+        request => unreachable!("`data` sends {request:?} to `writes`"),
+    })
+}
+
+/// The stores and extents of a bound session.
+fn writes(
+    core: &mut Directory,
+    now: Timestamp,
+    session: SessionId,
+    request: DirectoryRequest,
+) -> Result<DirectoryReply, DirectoryError> {
+    use DirectoryReply as Reply;
+    use DirectoryRequest as Request;
+    Ok(match request {
+        Request::Reserve { operation, item } => {
+            Reply::Reserved(core.reserve(now, session, operation, item)?)
+        }
+        Request::Commit {
+            operation,
+            replica,
+            location,
+        } => Reply::Committed(core.commit(now, session, operation, replica, location)?),
+        Request::Resolve { target, operation } => {
+            Reply::Resolved(core.resolve(session, target, operation)?)
+        }
+        Request::Abort { replica } => Reply::Aborted(core.abort(session, replica)?),
         Request::GrantExtent { operation, pool } => {
             Reply::Extent(core.grant_extent(now, session, operation, pool)?)
         }

@@ -184,57 +184,15 @@ fn local(
             }
         }
         ClientRequest::Acquire { objects, mode } if fresh && delegations.covers(now, &objects) => {
-            if let Err(refusal) = books.admit_acquire(&objects, now) {
-                return Ok(refused(refusal));
-            }
-            let Some(leases) = delegations.acquire(now, &objects) else {
-                // Covered a moment ago at the same instant: not reached. The admission
-                // goes back and the directory answers.
-                books.leases_granted(objects.len(), Vec::new());
-                return Err(Box::new(ClientRequest::Acquire { objects, mode }));
-            };
-            let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
-            books.leases_granted(objects.len(), granted.collect());
-            let outcomes = leases.into_iter().map(AcquireOutcome::Leased).collect();
-            Ok(Decision::Reply(ClientReply::Acquired(outcomes)))
+            acquire_locally(books, delegations, now, objects, mode)
         }
-        ClientRequest::Release { leases } => {
-            let owned = match books.release(&leases, batch_items_max) {
-                Ok(owned) => owned,
-                Err(ClientRefusal::BatchTooLarge { items, max }) => {
-                    return Ok(refuse(ProtocolError::Directory(
-                        DirectoryError::BatchTooLarge { items, max },
-                    )))
-                }
-                Err(refusal) => return Ok(refused(refusal)),
-            };
-            let released_here: Vec<bool> = leases
-                .iter()
-                .zip(&owned)
-                .map(|(lease, owned)| *owned && delegations.release_local(now, *lease))
-                .collect();
-            let owned: Vec<bool> = owned
-                .iter()
-                .zip(&leases)
-                .map(|(owned, lease)| *owned && !is_local(*lease))
-                .collect();
-            if !owned.contains(&true) {
-                let outcomes = released_here
-                    .iter()
-                    .map(|here| match here {
-                        true => ReleaseOutcome::Released,
-                        false => ReleaseOutcome::Unknown,
-                    })
-                    .collect();
-                return Ok(Decision::Reply(ClientReply::Released(outcomes)));
-            }
-            let release = Work::Release {
-                leases,
-                owned,
-                released_here,
-            };
-            Ok(work(release, Slots::None))
-        }
+        ClientRequest::Release { leases } => Ok(release_locally(
+            books,
+            delegations,
+            now,
+            batch_items_max,
+            leases,
+        )),
         ClientRequest::Retire { object, replica }
             if books.check_objects(std::slice::from_ref(&object)).is_ok() =>
         {
@@ -251,6 +209,76 @@ fn local(
         }
         request => Err(Box::new(request)),
     }
+}
+
+/// An acquire every object of which is a local hit under the node's delegations: leased
+/// here, or given back for [`admit`] when the delegations no longer cover it.
+fn acquire_locally(
+    books: &mut ClientBooks,
+    delegations: &mut crate::node::delegations::Delegations,
+    now: Timestamp,
+    objects: Vec<ObjectId>,
+    mode: AcquireMode,
+) -> Result<Decision, Box<ClientRequest>> {
+    if let Err(refusal) = books.admit_acquire(&objects, now) {
+        return Ok(refused(refusal));
+    }
+    let Some(leases) = delegations.acquire(now, &objects) else {
+        // Covered a moment ago at the same instant: not reached. The admission
+        // goes back and the directory answers.
+        books.leases_granted(objects.len(), Vec::new());
+        return Err(Box::new(ClientRequest::Acquire { objects, mode }));
+    };
+    let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
+    books.leases_granted(objects.len(), granted.collect());
+    let outcomes = leases.into_iter().map(AcquireOutcome::Leased).collect();
+    Ok(Decision::Reply(ClientReply::Acquired(outcomes)))
+}
+
+/// A release: local leases end here; the others go on to the directory.
+fn release_locally(
+    books: &mut ClientBooks,
+    delegations: &mut crate::node::delegations::Delegations,
+    now: Timestamp,
+    batch_items_max: usize,
+    leases: Vec<LeaseId>,
+) -> Decision {
+    let owned = match books.release(&leases, batch_items_max) {
+        Ok(owned) => owned,
+        Err(ClientRefusal::BatchTooLarge { items, max }) => {
+            return refuse(ProtocolError::Directory(DirectoryError::BatchTooLarge {
+                items,
+                max,
+            }))
+        }
+        Err(refusal) => return refused(refusal),
+    };
+    let released_here: Vec<bool> = leases
+        .iter()
+        .zip(&owned)
+        .map(|(lease, owned)| *owned && delegations.release_local(now, *lease))
+        .collect();
+    let owned: Vec<bool> = owned
+        .iter()
+        .zip(&leases)
+        .map(|(owned, lease)| *owned && !is_local(*lease))
+        .collect();
+    if !owned.contains(&true) {
+        let outcomes = released_here
+            .iter()
+            .map(|here| match here {
+                true => ReleaseOutcome::Released,
+                false => ReleaseOutcome::Unknown,
+            })
+            .collect();
+        return Decision::Reply(ClientReply::Released(outcomes));
+    }
+    let release = Work::Release {
+        leases,
+        owned,
+        released_here,
+    };
+    work(release, Slots::None)
 }
 
 /// The hello: the protocol version both speak, or a refusal that closes the connection.

@@ -246,56 +246,22 @@ async fn one_failover(
     tracing::info!(old, new, ?elected, partition, "a standby leads");
     let mut found = 0;
     for (node, (client, namespace, before)) in probes.iter().enumerate() {
-        let probe = ObjectId {
-            namespace: *namespace,
-            prefix: PrefixDigest::ROOT.chain(&[0xFA11_0BE5, node as u32, fault]),
-            shard: 0,
-            part: 0,
-        };
-        let bytes = vec![node as u8; 4096];
-        loop {
-            let now_hits = hits(client, &canaries.stored[node])
-                .await
-                .unwrap_or_default();
-            let complete = before.is_subset(&now_hits);
-            // Stored, or skipped for a reason only a directory that answered gives (a new
-            // leader grants no extent of a shared pool during its recovery window, so a
-            // full node's stores are skipped for room meanwhile).
-            let outcome = client.store(probe, &bytes).await;
-            let answered = matches!(
-                outcome,
-                Ok(StoreOutcome::Stored | StoreOutcome::AlreadyPresent)
-                    | Ok(StoreOutcome::Skipped(
-                        StoreSkip::NoRoom | StoreSkip::NoPool | StoreSkip::PoolRefused
-                    ))
-            );
-            if complete && answered {
-                found += before.len() as u64;
-                break;
-            }
-            if faulted.elapsed() > FAILOVER_DEADLINE {
-                found += before.intersection(&now_hits).count() as u64;
-                break;
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        found += served_again(
+            client,
+            *namespace,
+            before,
+            &canaries.stored[node],
+            node,
+            fault,
+            faulted,
+        )
+        .await;
     }
     let took = faulted.elapsed();
-    let mut deposed_answered = false;
-    if let Some(pid) = stopped {
-        signal(pid, libc::SIGCONT)?;
-        let deadline = Instant::now() + FAILOVER_DEADLINE;
-        let status = loop {
-            if let Some(status) = cluster.directory_process_exit(old) {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        deposed_answered = status.and_then(|status| status.code()) != Some(EXIT_DEPOSED);
-    }
+    let deposed_answered = match stopped {
+        Some(pid) => resumed_answers(cluster, old, pid).await?,
+        None => false,
+    };
     cluster.start_directory_process(old)?;
     let before = probes
         .iter()
@@ -312,6 +278,66 @@ async fn one_failover(
         elected,
         deposed_answered,
     })
+}
+
+/// Waits until node `node`'s client has its canaries `before` back and stores through a
+/// directory that answers (or [`FAILOVER_DEADLINE`] passed since `faulted`); the canaries
+/// found.
+async fn served_again(
+    client: &Client,
+    namespace: kvtier_core::model::NamespaceId,
+    before: &std::collections::HashSet<usize>,
+    stored: &[ObjectId],
+    node: usize,
+    fault: u32,
+    faulted: Instant,
+) -> u64 {
+    let probe = ObjectId {
+        namespace,
+        prefix: PrefixDigest::ROOT.chain(&[0xFA11_0BE5, node as u32, fault]),
+        shard: 0,
+        part: 0,
+    };
+    let bytes = vec![node as u8; 4096];
+    loop {
+        let now_hits = hits(client, stored).await.unwrap_or_default();
+        let complete = before.is_subset(&now_hits);
+        // Stored, or skipped for a reason only a directory that answered gives (a new
+        // leader grants no extent of a shared pool during its recovery window, so a full
+        // node's stores are skipped for room meanwhile).
+        let outcome = client.store(probe, &bytes).await;
+        let answered = matches!(
+            outcome,
+            Ok(StoreOutcome::Stored | StoreOutcome::AlreadyPresent)
+                | Ok(StoreOutcome::Skipped(
+                    StoreSkip::NoRoom | StoreSkip::NoPool | StoreSkip::PoolRefused
+                ))
+        );
+        if complete && answered {
+            return before.len() as u64;
+        }
+        if faulted.elapsed() > FAILOVER_DEADLINE {
+            return before.intersection(&now_hits).count() as u64;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Resumes the stopped leader `old` (process `pid`): whether it failed to exit with
+/// [`EXIT_DEPOSED`] within [`FAILOVER_DEADLINE`] (a deposed leader that kept serving).
+async fn resumed_answers(cluster: &mut LocalCluster, old: usize, pid: u32) -> anyhow::Result<bool> {
+    signal(pid, libc::SIGCONT)?;
+    let deadline = Instant::now() + FAILOVER_DEADLINE;
+    let status = loop {
+        if let Some(status) = cluster.directory_process_exit(old) {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    Ok(status.and_then(|status| status.code()) != Some(EXIT_DEPOSED))
 }
 
 /// The directory process that leads, once exactly one does (other than `other_than`).

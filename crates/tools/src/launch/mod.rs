@@ -437,18 +437,7 @@ impl LocalCluster {
         std::fs::create_dir(root).with_context(|| format!("creating {}", root.display()))?;
         created.root = Some(root.to_path_buf());
         let names: Vec<String> = (0..spec.nodes).map(node_name).collect();
-        let mut certificate_names = names.clone();
-        certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
-        certificate_names.extend([
-            "directory".to_string(),
-            BENCH_PEER.to_string(),
-            kvtier_core::config::DEFAULT_OPERATOR.to_string(),
-        ]);
-        kvtier_core::wire::certs::init_cluster_certs(
-            &root.join("certs"),
-            &certificate_names,
-            false,
-        )?;
+        issue_certificates(spec, root, &names)?;
         // With namespaces, every node's veth pair is a port of one bridge; the directory
         // listens on all addresses and each node reaches it at the bridge's.
         let network = if spec.netns {
@@ -483,20 +472,7 @@ impl LocalCluster {
             created: Created::default(),
         };
         cluster.directory = Some(cluster.spawn(None, &["directory"])?);
-        for listen in cluster.config.directory.standbys.clone() {
-            let metrics = if spec.metrics {
-                Some(free_tcp_port()?)
-            } else {
-                None
-            };
-            cluster.standbys.push(directories::StandbyDirectory {
-                listen,
-                metrics,
-                child: None,
-            });
-            let index = cluster.standbys.len();
-            cluster.start_directory_process(index)?;
-        }
+        cluster.start_standbys()?;
         for (index, name) in names.iter().enumerate() {
             let namespace = cluster.namespaces.get(index).cloned();
             let child = cluster.spawn(namespace.as_deref(), &["node", "--name", name])?;
@@ -506,6 +482,26 @@ impl LocalCluster {
             cluster.wait_ready_or_cancel(index, cancel)?;
         }
         Ok(cluster)
+    }
+
+    /// Starts the standby directories the configuration names, each with a metrics port
+    /// when the cluster serves metrics.
+    fn start_standbys(&mut self) -> anyhow::Result<()> {
+        for listen in self.config.directory.standbys.clone() {
+            let metrics = if self.spec.metrics {
+                Some(free_tcp_port()?)
+            } else {
+                None
+            };
+            self.standbys.push(directories::StandbyDirectory {
+                listen,
+                metrics,
+                child: None,
+            });
+            let index = self.standbys.len();
+            self.start_directory_process(index)?;
+        }
+        Ok(())
     }
 
     /// Stops every process and removes everything the cluster created; returns what is
@@ -766,4 +762,18 @@ impl LocalCluster {
     pub fn uses_namespaces(&self) -> bool {
         !self.namespaces.is_empty()
     }
+}
+
+/// The cluster's certificates under `root`: one per node (spares included), the
+/// directory, the benchmarks' peer and the default operator.
+fn issue_certificates(spec: &ClusterSpec, root: &Path, names: &[String]) -> anyhow::Result<()> {
+    let mut certificate_names = names.to_vec();
+    certificate_names.extend((spec.nodes..spec.nodes + spec.spare_nodes).map(node_name));
+    certificate_names.extend([
+        "directory".to_string(),
+        BENCH_PEER.to_string(),
+        kvtier_core::config::DEFAULT_OPERATOR.to_string(),
+    ]);
+    kvtier_core::wire::certs::init_cluster_certs(&root.join("certs"), &certificate_names, false)?;
+    Ok(())
 }

@@ -77,48 +77,13 @@ pub async fn run(
         counts,
         Arc::from(section.certs.as_path()),
     ));
-    let (gate, leadership) = if section.etcd.is_empty() {
-        election_metrics.leading(0, false);
-        (ServingGate::open(), None)
-    } else {
-        election_metrics.standing_by();
-        let settings = ElectionSettings {
-            etcd: EtcdClient::new(section.etcd.clone()),
-            key: section.election_key(),
-            address: addresses.listen.to_string(),
-            ttl: section.lease_ttl(),
-        };
-        let gate = ServingGate::closed();
-        tracing::info!(address = %addresses.listen, key = %settings.key, "standing by for the directory's election");
-        let won = tokio::select! {
-            won = election::campaign(&settings, &gate) => won,
-            signal = shutdown_signal() => {
-                tracing::info!("{} received while standing by: the directory stops", signal?);
-                endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
-                return Ok(());
-            }
-        };
-        election_metrics.leading(won.1.term(), true);
-        (gate, Some((settings, won)))
+    let Some((gate, leadership)) =
+        stand_for_election(section, &addresses, &endpoint, &election_metrics).await?
+    else {
+        return Ok(());
     };
     // Pools are formatted and registered before the endpoint accepts any node.
-    let mut limits = section.limits.clone();
-    limits.incarnation = fresh_incarnation();
-    let mut core = Directory::new(limits);
-    let mut created = Vec::new();
-    for pool in &config.cxl_pools {
-        if add_cxl_pool(&mut core, pool)? == Prepared::Created {
-            created.push(OwnedFile::record(&pool.path)?);
-        }
-    }
-    // Nodes and their pools get the ids of the previous incarnation (configuration order).
-    for node in &config.nodes {
-        let specs = config.host_pool_specs(node, crate::model::NodeId(0))?;
-        core.declare_node(&node.name, specs)
-            .with_context(|| format!("declaring node `{}`", node.name))?;
-        core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
-    }
-    core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
+    let (core, created) = prepared_core(&config)?;
     let replication_metrics = ReplicationMetrics::register(&metrics)?;
     let tick_interval = section.tick_interval();
     let directory = DirectoryActor::new(
@@ -136,24 +101,99 @@ pub async fn run(
     }
     tracing::info!(address = %endpoint.local_addr()?, "directory listening");
     actix_rt::spawn(reload_on_hangup(directory.clone()));
-    let stopped_by = match &leadership {
-        None => shutdown_signal().await?,
-        Some((settings, (lease, held))) => tokio::select! {
-            reason = election::hold(settings, *lease, *held, &gate) => {
-                tracing::error!(reason, "deposed: the directory stops serving and exits");
-                std::process::exit(election::EXIT_DEPOSED);
-            }
-            signal = shutdown_signal() => {
-                election::resign(settings, *lease, &gate).await;
-                signal?
-            }
-        },
-    };
+    let stopped_by = serve_until_stopped(leadership.as_ref(), &gate).await?;
     let open_sessions = directory.send(OpenSessions).await.unwrap_or(u64::MAX);
     tracing::info!(open_sessions, "{stopped_by} received: the directory stops");
     endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
     remove_created_pools(created, open_sessions);
     Ok(())
+}
+
+/// What an elected leader holds: the election's settings, its etcd lease and leadership.
+type Held = (
+    ElectionSettings,
+    (
+        crate::wire::etcd::EtcdLease,
+        crate::directory::leadership::Leadership,
+    ),
+);
+
+/// Without etcd, an open gate at once; with it, stands by until this process wins the
+/// election (its gate then following the leadership). `None` when a stop signal came while
+/// standing by (the endpoint is closed).
+async fn stand_for_election(
+    section: &crate::config::DirectorySection,
+    addresses: &Addresses,
+    endpoint: &quinn::Endpoint,
+    election_metrics: &ElectionMetrics,
+) -> anyhow::Result<Option<(Arc<ServingGate>, Option<Held>)>> {
+    if section.etcd.is_empty() {
+        election_metrics.leading(0, false);
+        return Ok(Some((ServingGate::open(), None)));
+    }
+    election_metrics.standing_by();
+    let settings = ElectionSettings {
+        etcd: EtcdClient::new(section.etcd.clone()),
+        key: section.election_key(),
+        address: addresses.listen.to_string(),
+        ttl: section.lease_ttl(),
+    };
+    let gate = ServingGate::closed();
+    tracing::info!(address = %addresses.listen, key = %settings.key, "standing by for the directory's election");
+    let won = tokio::select! {
+        won = election::campaign(&settings, &gate) => won,
+        signal = shutdown_signal() => {
+            tracing::info!("{} received while standing by: the directory stops", signal?);
+            endpoint.close(quinn::VarInt::from_u32(0), b"directory shutting down");
+            return Ok(None);
+        }
+    };
+    election_metrics.leading(won.1.term(), true);
+    Ok(Some((gate, Some((settings, won)))))
+}
+
+/// The directory core of a new incarnation: the configured CXL pools formatted or adopted
+/// (with the files this process created), then the nodes and their pools declared in
+/// configuration order, so each gets the id it had in the previous incarnation.
+fn prepared_core(config: &ClusterConfig) -> anyhow::Result<(Directory, Vec<OwnedFile>)> {
+    let mut limits = config.directory.limits.clone();
+    limits.incarnation = fresh_incarnation();
+    let mut core = Directory::new(limits);
+    let mut created = Vec::new();
+    for pool in &config.cxl_pools {
+        if add_cxl_pool(&mut core, pool)? == Prepared::Created {
+            created.push(OwnedFile::record(&pool.path)?);
+        }
+    }
+    for node in &config.nodes {
+        let specs = config.host_pool_specs(node, crate::model::NodeId(0))?;
+        core.declare_node(&node.name, specs)
+            .with_context(|| format!("declaring node `{}`", node.name))?;
+        core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
+    }
+    core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
+    Ok((core, created))
+}
+
+/// Serves until a stop signal (its name returned), resigning an elected leadership; a
+/// leadership lost meanwhile exits the process ([`election::EXIT_DEPOSED`]).
+async fn serve_until_stopped(
+    leadership: Option<&Held>,
+    gate: &ServingGate,
+) -> anyhow::Result<&'static str> {
+    Ok(match leadership {
+        None => shutdown_signal().await?,
+        Some((settings, (lease, held))) => tokio::select! {
+            reason = election::hold(settings, *lease, *held, gate) => {
+                tracing::error!(reason, "deposed: the directory stops serving and exits");
+                std::process::exit(election::EXIT_DEPOSED);
+            }
+            signal = shutdown_signal() => {
+                election::resign(settings, *lease, gate).await;
+                signal?
+            }
+        },
+    })
 }
 
 /// The directory actor connections go to once this process serves, and its gate.

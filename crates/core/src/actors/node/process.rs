@@ -317,6 +317,48 @@ async fn start_pools(
         profiles: Vec::new(),
         ssd: None,
     };
+    let cpu = register_partitions(link, metrics, section, partitions, &mut registration).await?;
+    let mut cxl = Vec::new();
+    for (name, pool_id, pool) in locate_cxl_pools(link, cxl_pools).await? {
+        metrics.set_pool_capacity(pool_id, Medium::Cxl, pool.memory().data_bytes());
+        let probed = probe_shared_pool(link, pool_id, &pool).await;
+        registration
+            .profiles
+            .extend(report_probe(link, metrics, pool_id, probed).await);
+        registration.shared_pools.push((name, pool_id));
+        cxl.push((pool_id, pool));
+    }
+    let handoffs = Handoffs::new(
+        &cpu.iter()
+            .map(|(group, pool_id, pool)| (*group, handed(*pool_id, Medium::Cpu, pool)))
+            .collect::<Vec<_>>(),
+        &cxl.iter()
+            .map(|(pool_id, pool)| handed(*pool_id, Medium::Cxl, pool))
+            .collect::<Vec<_>>(),
+        &section.write_order,
+    )?;
+    let mut pools = HashMap::new();
+    for (pool_id, pool) in cpu
+        .into_iter()
+        .map(|(_, pool_id, pool)| (pool_id, pool))
+        .chain(cxl)
+    {
+        pools.insert(pool_id, PoolActor::new(Box::new(pool)).start());
+    }
+    Ok((pools, Arc::new(handoffs), registration))
+}
+
+/// Registers the CPU partitions (one probe of the CPU memory, on the largest partition,
+/// fresh: the probe may write anywhere, reported for every partition); each partition's
+/// salt group, pool id and pool.
+async fn register_partitions(
+    link: &DirectoryLink,
+    metrics: &Metrics,
+    section: &NodeSection,
+    partitions: Vec<(CpuPartition, MemoryPool)>,
+    registration: &mut Registration,
+) -> anyhow::Result<Vec<(crate::model::SaltGroup, PoolId, MemoryPool)>> {
+    let node = registration.node;
     // One probe of the CPU memory (the largest partition, fresh: the probe may write
     // anywhere), reported for every partition.
     let probed = partitions
@@ -354,34 +396,7 @@ async fn start_pools(
     if let Some(Err(error)) = probed {
         tracing::warn!(%error, "probing the CPU memory failed; its partitions keep default figures");
     }
-    let mut cxl = Vec::new();
-    for (name, pool_id, pool) in locate_cxl_pools(link, cxl_pools).await? {
-        metrics.set_pool_capacity(pool_id, Medium::Cxl, pool.memory().data_bytes());
-        let probed = probe_shared_pool(link, pool_id, &pool).await;
-        registration
-            .profiles
-            .extend(report_probe(link, metrics, pool_id, probed).await);
-        registration.shared_pools.push((name, pool_id));
-        cxl.push((pool_id, pool));
-    }
-    let handoffs = Handoffs::new(
-        &cpu.iter()
-            .map(|(group, pool_id, pool)| (*group, handed(*pool_id, Medium::Cpu, pool)))
-            .collect::<Vec<_>>(),
-        &cxl.iter()
-            .map(|(pool_id, pool)| handed(*pool_id, Medium::Cxl, pool))
-            .collect::<Vec<_>>(),
-        &section.write_order,
-    )?;
-    let mut pools = HashMap::new();
-    for (pool_id, pool) in cpu
-        .into_iter()
-        .map(|(_, pool_id, pool)| (pool_id, pool))
-        .chain(cxl)
-    {
-        pools.insert(pool_id, PoolActor::new(Box::new(pool)).start());
-    }
-    Ok((pools, Arc::new(handoffs), registration))
+    Ok(cpu)
 }
 
 /// The text of a user database (`/etc/passwd`, `/etc/group`); empty where there is none.
@@ -537,6 +552,17 @@ fn admit_client(
             ProtocolError::Tenant(refusal)
         }
     };
+    answer_refused(refusals, stream, refusal);
+}
+
+/// Tells a refused client why at its hello (within [`REFUSED_HANDSHAKE_TIMEOUT`]), handing
+/// it no memory file; at most as many at once as `refusals` has permits (past them the
+/// connection is closed unanswered).
+fn answer_refused(
+    refusals: &Arc<tokio::sync::Semaphore>,
+    stream: tokio::net::UnixStream,
+    refusal: ProtocolError,
+) {
     let Ok(permit) = refusals.clone().try_acquire_owned() else {
         return;
     };

@@ -185,6 +185,22 @@ impl NodeServices {
                 return Ok(Err(AllocationRefused::Client(refusal)));
             }
         }
+        self.allocate_in_granted_extent(actor, pool, length_bytes, client, again)
+            .await
+    }
+
+    /// The rest of [`NodeServices::allocate_for`] once the pool is full (`full`, its
+    /// answer): asks the directory for an extent, takes it in shared memory (giving back
+    /// one another node holds) and allocates in it; an extent this node cannot use goes
+    /// back at once.
+    async fn allocate_in_granted_extent(
+        &self,
+        actor: &Addr<PoolActor>,
+        pool: PoolId,
+        length_bytes: u64,
+        client: Option<ClientId>,
+        full: Result<Allocation, PoolError>,
+    ) -> Result<Result<Allocation, AllocationRefused>, MailboxError> {
         let Ok(ExtentGrant::Granted(extent)) = self.link.grant_extent(pool).await else {
             // Only extents obtained count against the client's quota.
             if let Some(client) = client {
@@ -192,7 +208,7 @@ impl NodeServices {
                     books.extent_not_granted();
                 }
             }
-            return Ok(again.map_err(AllocationRefused::Pool));
+            return Ok(full.map_err(AllocationRefused::Pool));
         };
         let from = extent.owner_word.map_or(TakeFrom::Unknown, TakeFrom::Known);
         let taken = actor
@@ -218,7 +234,7 @@ impl NodeServices {
                 .link
                 .give_back_extent(pool, extent.offset_bytes, extent.length_bytes, Some(found))
                 .await;
-            return Ok(again.map_err(AllocationRefused::Pool));
+            return Ok(full.map_err(AllocationRefused::Pool));
         }
         let allocated = actor
             .send(AllocateInNewExtent {
