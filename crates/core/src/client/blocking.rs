@@ -13,6 +13,7 @@
 
 use super::batches::batch_lengths;
 use super::load::LOAD_BATCHES_IN_FLIGHT;
+use super::spin;
 use super::store::{every_item, BatchGrants, CopiedBatch, STORE_BATCH_BYTES_MAX};
 use super::{Client, ClientError, LoadedView, StoreOutcome};
 use crate::directory::ReserveItem;
@@ -99,7 +100,7 @@ impl Client {
             }
             if let Some(group) = reserving.pop_front() {
                 // A reserve that failed sends no grants: its task reports the error.
-                if let Ok(parts) = group.grants.blocking_recv() {
+                if let Some(parts) = spin::recv(group.grants) {
                     let mut at = group.start;
                     for (grants, copied) in parts.into_iter().zip(group.copied) {
                         let part = &items[at..at + grants.len()];
@@ -118,8 +119,8 @@ impl Client {
             let Some(front) = committing.pop_front() else {
                 return outcomes;
             };
-            let done = front.done.blocking_recv();
-            outcomes.extend(done.unwrap_or_else(|_| every_item(front.items, &stopped())));
+            let done = spin::recv(front.done);
+            outcomes.extend(done.unwrap_or_else(|| every_item(front.items, &stopped())));
         }
     }
 
@@ -209,7 +210,7 @@ impl Client {
         if lengths.len() == 1 {
             // One batch: nothing to overlap its copy with, so the calling thread sends the
             // acquire itself and waits for it (no hand-off to a runtime thread and back).
-            let views = runtime.block_on(self.load_each(&objects[..count]))?;
+            let views = spin::block_on(runtime, self.load_each(&objects[..count]))?;
             let (hits, leases) = self.copy_views(views, &mut buffers[..count]);
             self.release_soon(runtime, leases);
             return Ok(hits);
@@ -238,18 +239,18 @@ impl Client {
             };
             let (targets, others) = std::mem::take(&mut buffers).split_at_mut(length);
             buffers = others;
-            match views.blocking_recv() {
-                Ok(Ok(views)) if failed.is_none() => {
+            match spin::recv(views) {
+                Some(Ok(views)) if failed.is_none() => {
                     let (batch, leases) = self.copy_views(views, targets);
                     hits.extend(batch);
                     self.release_soon(runtime, leases);
                 }
                 // After a failure the views are dropped uncopied: their leases go back.
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
+                Some(Ok(_)) => {}
+                Some(Err(error)) => {
                     failed.get_or_insert(error);
                 }
-                Err(_) => {
+                None => {
                     failed.get_or_insert(stopped());
                 }
             }

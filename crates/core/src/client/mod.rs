@@ -11,6 +11,7 @@ mod batches;
 mod blocking;
 mod load;
 mod releases;
+mod spin;
 mod store;
 
 pub use batches::batch_lengths;

@@ -182,14 +182,27 @@ impl World {
                 Purpose::Plain,
             );
         };
+        self.send_commit(node, operation, object, target, location);
+    }
+
+    /// Sends the commit of `replica`, written at `location` with `object`'s bytes, under
+    /// `operation`; its answer is handled as any commit's (`World::committed`).
+    pub(super) fn send_commit(
+        &mut self,
+        node: usize,
+        operation: kvtier_core::model::OperationId,
+        object: ObjectId,
+        replica: ReplicaId,
+        location: Location,
+    ) {
         let request = DirectoryRequest::Commit {
             operation,
-            replica: target,
+            replica,
             location,
         };
         let purpose = Purpose::Commit {
             object,
-            replica: target,
+            replica,
             location,
         };
         self.send(node, request, purpose);

@@ -290,17 +290,7 @@ impl World {
         };
         self.stats.covered.replications += 1;
         self.stats.covered.transfers_received += 1;
-        let request = DirectoryRequest::Commit {
-            operation,
-            replica: target,
-            location,
-        };
-        let purpose = Purpose::Commit {
-            object: expected.object,
-            replica: target,
-            location,
-        };
-        self.send(node, request, purpose);
+        self.send_commit(node, operation, expected.object, target, location);
         PeerVerdict::Committed
     }
 }

@@ -58,17 +58,7 @@ impl World {
             self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
             return;
         };
-        let request = DirectoryRequest::Commit {
-            operation,
-            replica,
-            location,
-        };
-        let purpose = Purpose::Commit {
-            object,
-            replica,
-            location,
-        };
-        self.send(node, request, purpose);
+        self.send_commit(node, operation, object, replica, location);
     }
 
     /// Allocates an object in `pool`: the node's CPU pool, or a shared pool inside an

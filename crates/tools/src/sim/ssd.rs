@@ -352,17 +352,7 @@ impl World {
             }
         }
         self.stats.covered.ssd_spills += 1;
-        let request = DirectoryRequest::Commit {
-            operation,
-            replica: target,
-            location,
-        };
-        let purpose = Purpose::Commit {
-            object: label,
-            replica: target,
-            location,
-        };
-        self.send(node, request, purpose);
+        self.send_commit(node, operation, label, target, location);
     }
 
     /// Writes `bytes_of`'s bytes as `label` into node `node`'s store (a copy already there
