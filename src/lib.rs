@@ -58,6 +58,7 @@
 //! re-exported here. [`tools`] holds what the Python package needs besides the client: a
 //! local cluster launcher and the command line, public on purpose.
 
+pub use kvtier_core::client::spin::block_on;
 pub use kvtier_core::client::{Client, ClientError, LoadedView, StoreOutcome, StoreSkip};
 pub use kvtier_core::directory::{AcquireMode, Lease, NodeRun, ProbeOutcome, RetireOutcome};
 pub use kvtier_core::model::{
@@ -79,6 +80,7 @@ pub mod errors {
 
 /// The bounds one client keeps: requests in flight, batch sizes, background queues.
 pub mod limits {
+    pub use kvtier_core::client::spin::REPLY_SPIN;
     pub use kvtier_core::client::{
         CLIENT_INFLIGHT_MAX, CLIENT_REQUEST_TIMEOUT, DROPPED_LEASES_QUEUED_MAX,
         DROPPED_TICKETS_QUEUED_MAX, LOAD_BATCHES_IN_FLIGHT, LOAD_BATCH_BYTES_MAX,

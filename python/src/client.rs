@@ -177,7 +177,7 @@ impl Client {
     fn connect(py: Python<'_>, socket_path: PathBuf) -> PyResult<Client> {
         let runtime = runtime()?;
         let inner = py
-            .allow_threads(|| runtime.block_on(Inner::connect(&socket_path)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), Inner::connect(&socket_path)))
             .map_err(errors::to_py)?;
         Ok(Client {
             inner,
@@ -239,7 +239,7 @@ impl Client {
         let runtime = runtime()?;
         let inner = &self.inner;
         let id = py
-            .allow_threads(|| runtime.block_on(inner.register_namespace(descriptor)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), inner.register_namespace(descriptor)))
             .map_err(errors::to_py)?;
         Ok(Namespace { id })
     }
@@ -262,7 +262,7 @@ impl Client {
         let inner = &self.inner;
         let outcome = py.allow_threads(|| {
             // SAFETY: `buffer` holds the export until after this closure; nothing writes it.
-            runtime.block_on(inner.store(object, unsafe { span.bytes() }))
+            kvtier::block_on(runtime.handle(), inner.store(object, unsafe { span.bytes() }))
         });
         drop(buffer);
         outcome.map(store_status).map_err(errors::to_py)
@@ -316,7 +316,7 @@ impl Client {
         let runtime = runtime()?;
         let inner = &self.inner;
         let outcomes = py
-            .allow_threads(|| runtime.block_on(inner.probe(&objects)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), inner.probe(&objects)))
             .map_err(errors::to_py)?;
         Ok(outcomes.into_iter().map(ProbeResult::from).collect())
     }
@@ -334,7 +334,7 @@ impl Client {
         let runtime = runtime()?;
         let inner = &self.inner;
         let runs = py
-            .allow_threads(|| runtime.block_on(inner.locate(&objects)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), inner.locate(&objects)))
             .map_err(errors::to_py)?;
         Ok(runs.into_iter().map(NodeRunResult::from).collect())
     }
@@ -351,7 +351,7 @@ impl Client {
         let objects = keys::objects(namespace.id, &keys)?;
         let runtime = runtime()?;
         let inner = &self.inner;
-        py.allow_threads(|| runtime.block_on(inner.prefetch(&objects)))
+        py.allow_threads(|| kvtier::block_on(runtime.handle(), inner.prefetch(&objects)))
             .map_err(errors::to_py)
     }
 
@@ -369,7 +369,7 @@ impl Client {
         let runtime = runtime()?;
         let inner = &self.inner;
         let extents = py
-            .allow_threads(|| runtime.block_on(inner.pin_on_ssd(&objects)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), inner.pin_on_ssd(&objects)))
             .map_err(errors::to_py)?;
         Ok(extents
             .into_iter()
@@ -381,7 +381,7 @@ impl Client {
     fn unpin_on_ssd(&self, py: Python<'_>, pins: Vec<u64>) -> PyResult<u32> {
         let runtime = runtime()?;
         let inner = &self.inner;
-        py.allow_threads(|| runtime.block_on(inner.unpin_on_ssd(&pins)))
+        py.allow_threads(|| kvtier::block_on(runtime.handle(), inner.unpin_on_ssd(&pins)))
             .map_err(errors::to_py)
     }
 
@@ -433,7 +433,7 @@ impl Client {
         let runtime = runtime()?;
         let inner = &self.inner;
         let views = py
-            .allow_threads(|| runtime.block_on(inner.load(&objects, AcquireMode::Each)))
+            .allow_threads(|| kvtier::block_on(runtime.handle(), inner.load(&objects, AcquireMode::Each)))
             .map_err(errors::to_py)?;
         Loaded::new(py, views)
     }

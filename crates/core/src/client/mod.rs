@@ -11,7 +11,7 @@ mod batches;
 mod blocking;
 mod load;
 mod releases;
-mod spin;
+pub mod spin;
 mod store;
 
 pub use batches::batch_lengths;

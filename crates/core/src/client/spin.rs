@@ -37,9 +37,12 @@ impl Wake for Signal {
     }
 }
 
-/// Runs `future` to its end on the calling thread, in `runtime`'s context (its timers and
-/// sockets are driven by the runtime's threads), spinning for up to [`REPLY_SPIN`] before
-/// it sleeps between polls. Must not be called from a task of a runtime.
+/// Runs `future` (a call of a [`Client`](super::Client) made on `runtime`) to its end on
+/// the calling thread, as an engine's own thread calls the client: in `runtime`'s context
+/// (its timers and sockets driven by the runtime's threads), spinning for up to
+/// [`REPLY_SPIN`] for each wake before it sleeps (a wake is a reply or a timer: a call
+/// spins at most that long per round trip). `Handle::block_on` does the same
+/// but always sleeps. Must not be called from a task of a runtime.
 pub fn block_on<F: Future>(runtime: &Handle, future: F) -> F::Output {
     let _context = runtime.enter();
     let signal = Arc::new(Signal {
@@ -49,11 +52,12 @@ pub fn block_on<F: Future>(runtime: &Handle, future: F) -> F::Output {
     let waker = Waker::from(Arc::clone(&signal));
     let mut context = Context::from_waker(&waker);
     let mut future = pin!(future);
-    let started = Instant::now();
     loop {
         if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
             return output;
         }
+        // Each wait spins afresh: a call of several round trips spins for each reply.
+        let started = Instant::now();
         while !signal.woken.swap(false, Ordering::Acquire) {
             if started.elapsed() < REPLY_SPIN {
                 std::hint::spin_loop();

@@ -8,6 +8,7 @@ use crate::workload::histogram::Histogram;
 use crate::workload::prefix::seeded_ids;
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt};
+use kvtier_core::client::spin::block_on;
 use kvtier_core::client::Client;
 use kvtier_core::directory::{AcquireMode, Delegation, Lease};
 use kvtier_core::model::demo_namespace;
@@ -31,6 +32,10 @@ pub struct LocalHitReport {
     /// goes in the background), of a delegated hit: the pair's p50 and p99.
     pub probe_acquire_p50_us: f64,
     pub probe_acquire_p99_us: f64,
+    /// The same pair from an engine's own thread (`kvtier::block_on`: the thread spins
+    /// briefly for each reply instead of sleeping), as the Python package calls.
+    pub probe_acquire_blocking_p50_us: f64,
+    pub probe_acquire_blocking_p99_us: f64,
     /// A single-key acquire alone.
     pub acquire_p50_us: f64,
     /// Batch-64 probes over the socket, `concurrency` in flight.
@@ -81,6 +86,7 @@ pub async fn measure(
         drop(client.load(&[id], AcquireMode::Each).await?);
         acquire.record(started.elapsed());
     }
+    let blocking = blocking_pairs(&client, &ids, round_trips, seed).await?;
     let requests = 2000u64;
     let probes: Vec<Vec<ObjectId>> = (0..requests)
         .map(|_| {
@@ -106,12 +112,44 @@ pub async fn measure(
     Ok(LocalHitReport {
         probe_acquire_p50_us: micros(pair.quantile(0.5)),
         probe_acquire_p99_us: micros(pair.quantile(0.99)),
+        probe_acquire_blocking_p50_us: micros(blocking.quantile(0.5)),
+        probe_acquire_blocking_p99_us: micros(blocking.quantile(0.99)),
         acquire_p50_us: micros(acquire.quantile(0.5)),
         socket_batch64_keys_per_s: socket_keys_per_s,
         index_batch64_keys_per_s: index_keys_per_s(&ids, seed).context("the index alone")?,
         dashmap_batch64_keys_per_s: dashmap_keys_per_s(&ids, seed),
         local_fraction: local as f64 / f64::from(round_trips.max(1)),
     })
+}
+
+/// `round_trips` probe+acquire pairs of delegated hits from a thread of its own, as an
+/// engine's thread calls (`kvtier_core::client::spin::block_on`); their latencies.
+async fn blocking_pairs(
+    client: &Client,
+    ids: &[ObjectId],
+    round_trips: u32,
+    seed: u64,
+) -> anyhow::Result<Histogram> {
+    let (client, ids) = (client.clone(), ids.to_vec());
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut rng = SplitMix64::new(seed ^ 0xb10c);
+        let mut pairs = Histogram::default();
+        for _ in 0..round_trips {
+            let id = ids[rng.below(OBJECTS) as usize];
+            let started = Instant::now();
+            let views = block_on(&runtime, async {
+                client.probe(&[id]).await?;
+                client.load(&[id], AcquireMode::Each).await
+            })?;
+            pairs.record(started.elapsed());
+            if views.into_iter().next().flatten().is_none() {
+                bail!("a stored object missed");
+            }
+        }
+        Ok(pairs)
+    })
+    .await?
 }
 
 /// Batches of [`BATCH`] keys drawn from `ids`.
