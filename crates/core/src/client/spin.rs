@@ -42,8 +42,12 @@ impl Wake for Signal {
 /// (its timers and sockets driven by the runtime's threads), spinning for up to
 /// [`REPLY_SPIN`] for each wake before it sleeps (a wake is a reply or a timer: a call
 /// spins at most that long per round trip). `Handle::block_on` does the same
-/// but always sleeps. Must not be called from a task of a runtime.
+/// but always sleeps. A thread already in a runtime's context gets `Handle::block_on`
+/// itself, which refuses (panics) when called from a task, as it always did.
 pub fn block_on<F: Future>(runtime: &Handle, future: F) -> F::Output {
+    if Handle::try_current().is_ok() {
+        return runtime.block_on(future);
+    }
     let _context = runtime.enter();
     let signal = Arc::new(Signal {
         woken: AtomicBool::new(false),
@@ -117,5 +121,8 @@ mod tests {
             drop(sender);
         });
         assert_eq!(recv(receiver), None);
+        // A thread already in the runtime's context gets the runtime's own block_on.
+        let _inside = runtime.enter();
+        assert_eq!(block_on(runtime.handle(), async { 5 }), 5);
     }
 }

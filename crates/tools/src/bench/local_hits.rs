@@ -132,7 +132,8 @@ async fn blocking_pairs(
 ) -> anyhow::Result<Histogram> {
     let (client, ids) = (client.clone(), ids.to_vec());
     let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
+    // A thread of its own, outside the runtime, as an engine's.
+    let engine = std::thread::spawn(move || {
         let mut rng = SplitMix64::new(seed ^ 0xb10c);
         let mut pairs = Histogram::default();
         for _ in 0..round_trips {
@@ -148,8 +149,10 @@ async fn blocking_pairs(
             }
         }
         Ok(pairs)
-    })
-    .await?
+    });
+    tokio::task::spawn_blocking(move || engine.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?
 }
 
 /// Batches of [`BATCH`] keys drawn from `ids`.
