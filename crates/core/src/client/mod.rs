@@ -110,10 +110,8 @@ impl Client {
                 .into_iter()
                 .map(Some)
                 .collect();
-        let (reader, writer) = stream.into_split();
-        let rpc = RpcClient::spawn(
-            reader,
-            writer,
+        let rpc = RpcClient::spawn_unix(
+            stream,
             RpcConfig {
                 inflight_requests_max: CLIENT_INFLIGHT_MAX,
                 request_timeout: CLIENT_REQUEST_TIMEOUT,

@@ -49,6 +49,8 @@ pub fn block_on<F: Future>(runtime: &Handle, future: F) -> F::Output {
         return runtime.block_on(future);
     }
     let _context = runtime.enter();
+    // Replies to calls sent from this thread may be read here while it spins.
+    let _spinning = crate::wire::rpc::spinning();
     let signal = Arc::new(Signal {
         woken: AtomicBool::new(false),
         thread: std::thread::current(),
@@ -64,6 +66,7 @@ pub fn block_on<F: Future>(runtime: &Handle, future: F) -> F::Output {
         let started = Instant::now();
         while !signal.woken.swap(false, Ordering::Acquire) {
             if started.elapsed() < REPLY_SPIN {
+                crate::wire::rpc::read_now();
                 std::hint::spin_loop();
             } else {
                 std::thread::park();

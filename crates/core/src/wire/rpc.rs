@@ -19,9 +19,13 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::error::WireError;
 use super::frame::{encode_frame, read_frame};
+use inbox::{Inbox, ReadNow};
 use outgoing::Outgoing;
 
+mod inbox;
 mod outgoing;
+
+pub(crate) use inbox::{read_now, spinning};
 
 /// Upper bound on [`RpcConfig::inflight_requests_max`]: each in-flight call holds a map entry
 /// and a queued frame of up to 4 MiB, so more than this per connection would let one client
@@ -80,6 +84,8 @@ pub struct RpcClient<Req, Rep> {
     /// Held by every clone: the driver shuts the stream down when the last one is dropped.
     _alive: mpsc::Sender<()>,
     shared: Arc<Shared<Rep>>,
+    /// The replies' inbox, where a spinning caller can read them itself (a Unix socket).
+    inbox: Option<Arc<dyn ReadNow>>,
     request_timeout: Duration,
     _request: PhantomData<fn(Req)>,
 }
@@ -90,6 +96,7 @@ impl<Req, Rep> Clone for RpcClient<Req, Rep> {
             outgoing: Arc::clone(&self.outgoing),
             _alive: self._alive.clone(),
             shared: Arc::clone(&self.shared),
+            inbox: self.inbox.clone(),
             request_timeout: self.request_timeout,
             _request: PhantomData,
         }
@@ -129,6 +136,54 @@ where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        let (client, outgoing, closing) = Self::new(writer, config)?;
+        let shared = Arc::clone(&client.shared);
+        let replies = async move {
+            let mut reader = reader;
+            read_replies(&mut reader, &shared).await
+        };
+        tokio::spawn(drive(
+            replies,
+            outgoing,
+            closing,
+            Arc::clone(&client.shared),
+        ));
+        Ok(client)
+    }
+
+    /// [`RpcClient::spawn`] over a Unix socket, whose replies a thread spinning for its
+    /// reply may read itself ([`spinning`]).
+    pub fn spawn_unix(
+        stream: tokio::net::UnixStream,
+        config: RpcConfig,
+    ) -> Result<Self, WireError> {
+        let (reader, writer) = stream.into_split();
+        let (mut client, outgoing, closing) = Self::new(writer, config)?;
+        let inbox = Arc::new(Inbox::new(reader, Arc::clone(&client.shared)));
+        let replies = {
+            let inbox = Arc::clone(&inbox);
+            async move { inbox.drive().await }
+        };
+        client.inbox = Some(inbox);
+        tokio::spawn(drive(
+            replies,
+            outgoing,
+            closing,
+            Arc::clone(&client.shared),
+        ));
+        Ok(client)
+    }
+
+    /// The client over `writer`, the writing half its driver task drives and the receiver
+    /// that ends when the last clone is dropped.
+    #[allow(clippy::type_complexity)]
+    fn new<W>(
+        writer: W,
+        config: RpcConfig,
+    ) -> Result<(Self, Arc<Outgoing>, mpsc::Receiver<()>), WireError>
+    where
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         config.validate()?;
         let outgoing = Arc::new(Outgoing::new(writer, config.inflight_requests_max));
         let (alive, closing) = mpsc::channel(1);
@@ -141,19 +196,15 @@ where
             next_request_id: AtomicU64::new(1),
             inflight_requests_max: config.inflight_requests_max,
         });
-        tokio::spawn(drive(
-            reader,
-            Arc::clone(&outgoing),
-            closing,
-            Arc::clone(&shared),
-        ));
-        Ok(RpcClient {
-            outgoing,
+        let client = RpcClient {
+            outgoing: Arc::clone(&outgoing),
             _alive: alive,
             shared,
+            inbox: None,
             request_timeout: config.request_timeout,
             _request: PhantomData,
-        })
+        };
+        Ok((client, outgoing, closing))
     }
 
     /// Sends `request` and waits for its reply.
@@ -190,6 +241,9 @@ where
         let (reply_sender, reply) = oneshot::channel();
         let _registration = self.shared.register(request_id, reply_sender)?;
         self.outgoing.send(frame).await?;
+        if let Some(inbox) = &self.inbox {
+            inbox::sent_from_here(inbox);
+        }
         reply.await.map_err(|_closed| self.shared.lost_error())?
     }
 }
@@ -269,20 +323,18 @@ impl<Rep> Drop for Registration<'_, Rep> {
     }
 }
 
-/// Runs both halves until either ends, then fails whatever is still waiting.
-async fn drive<R, Rep>(
-    mut reader: R,
+/// Runs both halves (`replies` reads them) until either ends, then fails whatever is
+/// still waiting.
+async fn drive<Rep>(
+    replies: impl std::future::Future<Output = String>,
     outgoing: Arc<Outgoing>,
     mut closing: mpsc::Receiver<()>,
     shared: Arc<Shared<Rep>>,
-) where
-    R: AsyncRead + Unpin,
-    Rep: DeserializeOwned,
-{
+) {
     // `recv` ends only when every client was dropped: nothing is ever sent on it.
     let every_client_dropped = async move { while closing.recv().await.is_some() {} };
     let reason = tokio::select! {
-        reason = read_replies(&mut reader, &shared) => reason,
+        reason = replies => reason,
         reason = outgoing.drive(every_client_dropped) => reason,
     };
     tracing::debug!(%reason, "rpc connection ended");
@@ -322,25 +374,56 @@ mod tests {
         value: u64,
     }
 
+    /// How a test's client reads its replies.
+    #[derive(Debug, Clone, Copy)]
+    enum Via {
+        /// [`RpcClient::spawn`] over the stream's halves (as a QUIC stream is driven).
+        Halves,
+        /// [`RpcClient::spawn_unix`]: its inbox, which spinning threads may read too.
+        Unix,
+    }
+
     fn client(
+        via: Via,
         stream: UnixStream,
         inflight_requests_max: usize,
         request_timeout: Duration,
     ) -> RpcClient<Delayed, u64> {
-        let (reader, writer) = stream.into_split();
         let config = RpcConfig {
             inflight_requests_max,
             request_timeout,
         };
-        RpcClient::spawn(reader, writer, config).unwrap()
+        match via {
+            Via::Halves => {
+                let (reader, writer) = stream.into_split();
+                RpcClient::spawn(reader, writer, config).unwrap()
+            }
+            Via::Unix => RpcClient::spawn_unix(stream, config).unwrap(),
+        }
     }
 
-    #[tokio::test]
-    async fn concurrent_calls_get_their_own_replies_out_of_order() {
+    /// Runs `case` over both ways of reading replies.
+    macro_rules! over_both {
+        ($test:ident, $case:ident) => {
+            #[tokio::test]
+            async fn $test() {
+                for via in [Via::Halves, Via::Unix] {
+                    $case(via).await;
+                }
+            }
+        };
+    }
+
+    over_both!(
+        concurrent_calls_get_their_own_replies_out_of_order,
+        concurrent_calls_get_their_own_replies_out_of_order_via
+    );
+
+    async fn concurrent_calls_get_their_own_replies_out_of_order_via(via: Via) {
         const CALLS: u64 = 200;
         const BATCH: usize = 50;
         let (client_stream, server_stream) = UnixStream::pair().unwrap();
-        let rpc = client(client_stream, BATCH, Duration::from_secs(5));
+        let rpc = client(via, client_stream, BATCH, Duration::from_secs(5));
         // The server collects a full batch, then answers it in reverse order.
         let server = tokio::spawn(async move {
             let (mut reader, mut writer) = server_stream.into_split();
@@ -370,10 +453,14 @@ mod tests {
         server.await.unwrap();
     }
 
-    #[tokio::test]
-    async fn a_call_without_reply_times_out_and_frees_its_slot() {
+    over_both!(
+        a_call_without_reply_times_out_and_frees_its_slot,
+        a_call_without_reply_times_out_and_frees_its_slot_via
+    );
+
+    async fn a_call_without_reply_times_out_and_frees_its_slot_via(via: Via) {
         let (client_stream, server_stream) = UnixStream::pair().unwrap();
-        let rpc = client(client_stream, 1, Duration::from_millis(50));
+        let rpc = client(via, client_stream, 1, Duration::from_millis(50));
         let (mut server_reader, mut server_writer) = server_stream.into_split();
         let first = rpc.call(Delayed { value: 1 }).await;
         assert!(matches!(first, Err(WireError::Timeout { .. })), "{first:?}");
@@ -400,10 +487,14 @@ mod tests {
         assert_eq!(second.await.unwrap().unwrap(), 222);
     }
 
-    #[tokio::test]
-    async fn peer_drop_fails_every_pending_call() {
+    over_both!(
+        peer_drop_fails_every_pending_call,
+        peer_drop_fails_every_pending_call_via
+    );
+
+    async fn peer_drop_fails_every_pending_call_via(via: Via) {
         let (client_stream, server_stream) = UnixStream::pair().unwrap();
-        let rpc = client(client_stream, 8, Duration::from_secs(5));
+        let rpc = client(via, client_stream, 8, Duration::from_secs(5));
         let calls: Vec<_> = (0..8)
             .map(|value| {
                 let rpc = rpc.clone();
@@ -433,11 +524,17 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn an_abandoned_connection_fails_its_waiting_calls_at_once_and_every_later_one() {
+    over_both!(
+        an_abandoned_connection_fails_its_waiting_calls_at_once_and_every_later_one,
+        an_abandoned_connection_fails_its_waiting_calls_at_once_and_every_later_one_via
+    );
+
+    async fn an_abandoned_connection_fails_its_waiting_calls_at_once_and_every_later_one_via(
+        via: Via,
+    ) {
         let (client_stream, server_stream) = UnixStream::pair().unwrap();
         // Timeouts far longer than the test: only the abandon can end these calls.
-        let rpc = client(client_stream, 8, Duration::from_secs(3600));
+        let rpc = client(via, client_stream, 8, Duration::from_secs(3600));
         let calls: Vec<_> = (0..4)
             .map(|value| {
                 let rpc = rpc.clone();
@@ -472,10 +569,14 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn an_undecodable_reply_fails_only_its_call() {
+    over_both!(
+        an_undecodable_reply_fails_only_its_call,
+        an_undecodable_reply_fails_only_its_call_via
+    );
+
+    async fn an_undecodable_reply_fails_only_its_call_via(via: Via) {
         let (client_stream, server_stream) = UnixStream::pair().unwrap();
-        let rpc = client(client_stream, 4, Duration::from_secs(5));
+        let rpc = client(via, client_stream, 4, Duration::from_secs(5));
         let (mut server_reader, mut server_writer) = server_stream.into_split();
         let first = tokio::spawn({
             let rpc = rpc.clone();
