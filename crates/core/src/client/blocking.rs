@@ -10,11 +10,14 @@
 //! grant after the group's first; it commits the group in parts of at most
 //! [`STORE_BATCH_BYTES_MAX`], each sent as soon as its copies are done, so the commit of one
 //! part overlaps the copy of the next. The next group's reserve overlaps this group's copy.
+//! A call of one group (the common case: an engine's prefix) sends its reserve and its last
+//! commit from the calling thread, which reads their replies itself while it spins
+//! ([`spin::block_on`]): no runtime thread is woken on their way.
 
 use super::batches::batch_lengths;
 use super::load::LOAD_BATCHES_IN_FLIGHT;
 use super::spin;
-use super::store::{every_item, BatchGrants, CopiedBatch, STORE_BATCH_BYTES_MAX};
+use super::store::{every_item, AbortOnDrop, BatchGrants, CopiedBatch, STORE_BATCH_BYTES_MAX};
 use super::{Client, ClientError, LoadedView, StoreOutcome};
 use crate::directory::ReserveItem;
 use crate::model::{LeaseId, ObjectId};
@@ -67,10 +70,18 @@ impl Client {
     /// thread, which makes the copies, while tasks on `runtime` reserve and commit: one
     /// reserve round trip per group of at most [`STORE_BATCH_ITEMS_MAX`] items and
     /// [`STORE_RESERVE_BYTES_MAX`] bytes (at most [`STORE_RESERVES_HELD_MAX`] groups held),
-    /// one commit per [`STORE_BATCH_BYTES_MAX`] of it, sent as its copies finish. Must not
+    /// one commit per [`STORE_BATCH_BYTES_MAX`] of it, sent as its copies finish (a call of
+    /// one group: see [`Client::store_group_here`]). Must not
     /// be called from a task of a runtime. Grants that are never copied (the caller
     /// unwound) are aborted at once.
     pub fn store_many_blocking(&self, runtime: &Handle, items: &[(ObjectId, &[u8])]) -> Outcomes {
+        let bytes: u64 = items.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        if items.is_empty() {
+            return Vec::new();
+        }
+        if items.len() <= STORE_BATCH_ITEMS_MAX && bytes <= STORE_RESERVE_BYTES_MAX {
+            return self.store_group_here(runtime, items);
+        }
         let sizes = items.iter().map(|(_, bytes)| bytes.len() as u64);
         let mut groups =
             batch_lengths(sizes, STORE_BATCH_ITEMS_MAX, STORE_RESERVE_BYTES_MAX).into_iter();
@@ -122,6 +133,58 @@ impl Client {
             let done = spin::recv(front.done);
             outcomes.extend(done.unwrap_or_else(|| every_item(front.items, &stopped())));
         }
+    }
+
+    /// A call that is one reserve group, on the calling thread: it sends the reserve and
+    /// waits for it (spinning, reading the reply itself), copies the parts, hands each
+    /// part but the last to a task to commit while it copies the next, and commits the
+    /// last itself. No hand-off to a runtime thread and back on the way of the reserve or
+    /// of the last commit. Grants not handed to a commit when the thread unwinds are
+    /// aborted.
+    fn store_group_here(&self, runtime: &Handle, items: &[(ObjectId, &[u8])]) -> Outcomes {
+        let reserve = items
+            .iter()
+            .map(|(object, bytes)| ReserveItem {
+                object: *object,
+                length_bytes: bytes.len() as u64,
+            })
+            .collect();
+        let grants = match spin::block_on(runtime, self.begin_batch(reserve)) {
+            Ok(grants) => grants,
+            Err(error) => return every_item(items.len(), &error),
+        };
+        let sizes = items.iter().map(|(_, bytes)| bytes.len() as u64);
+        let parts = grants.split(&batch_lengths(sizes, usize::MAX, STORE_BATCH_BYTES_MAX));
+        let mut unsettled = AbortOnDrop::new(self, Vec::new());
+        unsettled.tickets = parts.iter().flat_map(BatchGrants::tickets).collect();
+        let mut committing = Vec::new();
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut at = 0;
+        let last = parts.len().saturating_sub(1);
+        for (index, grants) in parts.into_iter().enumerate() {
+            let part = &items[at..at + grants.len()];
+            at += part.len();
+            let handed = grants.tickets().len();
+            let copied = self.copy_batch(grants, part.iter().map(|(_, bytes)| *bytes));
+            // This part's grants are the commit's now (committed or aborted there).
+            unsettled.tickets.drain(..handed);
+            if index < last {
+                let (done, receiver) = oneshot::channel();
+                let client = self.clone();
+                runtime.spawn(async move {
+                    let _ = done.send(client.finish_batch(copied).await);
+                });
+                committing.push((part.len(), receiver));
+                continue;
+            }
+            let done = spin::block_on(runtime, self.finish_batch(copied));
+            for (items, receiver) in committing.drain(..) {
+                let committed = spin::recv(receiver);
+                outcomes.extend(committed.unwrap_or_else(|| every_item(items, &stopped())));
+            }
+            outcomes.extend(done);
+        }
+        outcomes
     }
 
     /// Starts the task of one group of stores: one reserve, the grants handed to the caller

@@ -127,10 +127,7 @@ impl Client {
         let client = self.clone();
         tokio::spawn(async move {
             let reserved = client.begin_batch(items).await.map(|grants| {
-                let guard = AbortOnDrop {
-                    tickets: grants.tickets(),
-                    queue: client.dropped_tickets.clone(),
-                };
+                let guard = AbortOnDrop::new(&client, grants.tickets());
                 (guard, grants)
             });
             // A send refused (or a value never read) drops the guard, which queues the aborts.
@@ -305,9 +302,19 @@ impl BatchGrants {
 /// on drop, those left go to the client's background aborter (bounded: past
 /// [`DROPPED_TICKETS_QUEUED_MAX`](super::DROPPED_TICKETS_QUEUED_MAX) they expire). An abort
 /// of a ticket whose commit the node did take is refused, harmlessly.
-struct AbortOnDrop {
-    tickets: Vec<u64>,
+pub(super) struct AbortOnDrop {
+    pub(super) tickets: Vec<u64>,
     queue: mpsc::Sender<u64>,
+}
+
+impl AbortOnDrop {
+    /// Aborts `tickets` when dropped, unless taken out of it first.
+    pub(super) fn new(client: &Client, tickets: Vec<u64>) -> AbortOnDrop {
+        AbortOnDrop {
+            tickets,
+            queue: client.dropped_tickets.clone(),
+        }
+    }
 }
 
 impl Drop for AbortOnDrop {
