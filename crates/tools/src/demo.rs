@@ -162,7 +162,7 @@ fn print_local_hits(cluster: &LocalCluster) {
         // Published after the last hit: the gauge agrees with the counters.
         let settled = |body: &str| {
             let value = |name| metric_value(body, name).unwrap_or(0.0);
-            let (hits, asked) = (value(HIT), value("kvtier_directory_lookups_total"));
+            let (hits, asked) = (value(HIT), value("kvtier_directory_hit_lookups_total"));
             let per_hit = value("kvtier_directory_requests_per_hit");
             hits == 0.0 || (per_hit * hits - asked).abs() < 0.5
         };
@@ -174,10 +174,12 @@ fn print_local_hits(cluster: &LocalCluster) {
         };
         let value = |name| metric_value(&body, name).unwrap_or(0.0);
         println!(
-            "  {name:<10} {:.0} of {:.0} hits answered by the node itself; {:.3} directory requests per hit",
+            "  {name:<10} {:.0} of {:.0} hits answered by the node itself; {:.3} directory requests per hit ({:.0} lookups, {:.0} of them found a hit)",
             value("kvtier_local_hits_total"),
             value(HIT),
             value("kvtier_directory_requests_per_hit"),
+            value("kvtier_directory_lookups_total"),
+            value("kvtier_directory_hit_lookups_total"),
         );
     }
 }

@@ -24,6 +24,7 @@ fn catch_up(counter: &IntCounter, value: u64) {
 pub struct NodeDelegationMetrics {
     local_hits_total: IntCounter,
     directory_lookups_total: IntCounter,
+    directory_hit_lookups_total: IntCounter,
     directory_requests_per_hit: Gauge,
     recalls_total: IntCounter,
     recall_seconds: Histogram,
@@ -42,9 +43,13 @@ impl NodeDelegationMetrics {
                 "kvtier_directory_lookups_total",
                 "Probes and acquires this node asked the directory for its clients.",
             )?,
+            directory_hit_lookups_total: IntCounter::new(
+                "kvtier_directory_hit_lookups_total",
+                "Of the directory lookups, those the directory answered with a hit (objects this node held no delegation on).",
+            )?,
             directory_requests_per_hit: Gauge::new(
                 "kvtier_directory_requests_per_hit",
-                "Directory probes and acquires per hit (local and directory hits), since the node started.",
+                "Directory probes and acquires that found a hit, per hit (local and directory hits), since the node started: what the hits cost the directory (a miss's lookup is not a hit's).",
             )?,
             recalls_total: IntCounter::new(
                 "kvtier_recalls_total",
@@ -64,6 +69,7 @@ impl NodeDelegationMetrics {
         };
         metrics.register(Box::new(families.local_hits_total.clone()))?;
         metrics.register(Box::new(families.directory_lookups_total.clone()))?;
+        metrics.register(Box::new(families.directory_hit_lookups_total.clone()))?;
         metrics.register(Box::new(families.directory_requests_per_hit.clone()))?;
         metrics.register(Box::new(families.recalls_total.clone()))?;
         metrics.register(Box::new(families.recall_seconds.clone()))?;
@@ -82,10 +88,14 @@ impl NodeDelegationMetrics {
     ) {
         catch_up(&self.local_hits_total, counts.local_hits);
         catch_up(&self.directory_lookups_total, counts.directory_lookups);
+        catch_up(
+            &self.directory_hit_lookups_total,
+            counts.directory_hit_lookups,
+        );
         catch_up(&self.recalls_total, counts.recalls);
         if hits > 0 {
             self.directory_requests_per_hit
-                .set(counts.directory_lookups as f64 / hits as f64);
+                .set(counts.directory_hit_lookups as f64 / hits as f64);
         }
         self.delegations
             .set(i64::try_from(held).unwrap_or(i64::MAX));
@@ -152,13 +162,16 @@ mod tests {
         let counts = DelegationCounts {
             local_hits: 7,
             recalls: 2,
-            directory_lookups: 1,
+            directory_lookups: 3,
+            directory_hit_lookups: 1,
         };
         node.publish(&counts, 3, 8, &[Duration::from_millis(2)]);
         directory.publish(&[(RecallReason::Retire, 1), (RecallReason::Evict, 4)], 3);
         let text = metrics.render();
         for line in [
             "kvtier_local_hits_total 7",
+            "kvtier_directory_lookups_total 3",
+            "kvtier_directory_hit_lookups_total 1",
             "kvtier_directory_requests_per_hit 0.125",
             "kvtier_recall_seconds_count 1",
             "kvtier_delegations 3",

@@ -74,6 +74,9 @@ pub struct DelegationCounts {
     /// Probes and acquires this node asked the directory for (its clients' misses of the
     /// index).
     pub directory_lookups: u64,
+    /// Of those, the ones the directory answered with a hit (an object held, or leased):
+    /// the hits that needed the directory, one count per request.
+    pub directory_hit_lookups: u64,
 }
 
 /// The delegations this node holds. See the module documentation.
@@ -108,6 +111,12 @@ impl Delegations {
     /// The answers to a probe of `objects` at `now` when every one is a hit under a
     /// delegation; `None` (ask the directory) otherwise.
     pub fn probe(&self, now: Timestamp, objects: &[ObjectId]) -> Option<Vec<ProbeOutcome>> {
+        self.probe_each(now, objects).into_iter().collect()
+    }
+
+    /// The outcome of each of `objects` that is a hit under a delegation at `now`, `None`
+    /// for the others (the directory's to answer), in order.
+    pub fn probe_each(&self, now: Timestamp, objects: &[ObjectId]) -> Vec<Option<ProbeOutcome>> {
         objects
             .iter()
             .map(|object| {
@@ -144,6 +153,25 @@ impl Delegations {
         objects
             .iter()
             .map(|object| self.grant_local(now, object))
+            .collect()
+    }
+
+    /// Whether any of `objects` is a hit under a delegation at `now`.
+    pub fn covers_any(&self, now: Timestamp, objects: &[ObjectId]) -> bool {
+        objects
+            .iter()
+            .any(|object| self.usable(now, object).is_some())
+    }
+
+    /// A local lease on each of `objects` that is a hit under a delegation at `now`,
+    /// `None` for the others (the directory's to lease), in order.
+    pub fn acquire_each(&mut self, now: Timestamp, objects: &[ObjectId]) -> Vec<Option<Lease>> {
+        objects
+            .iter()
+            .map(|object| {
+                self.usable(now, object)?;
+                self.grant_local(now, object)
+            })
             .collect()
     }
 
@@ -381,9 +409,10 @@ impl Delegations {
         self.local.len()
     }
 
-    /// A probe or an acquire went to the directory.
-    pub fn count_directory_lookup(&mut self) {
+    /// A probe or an acquire went to the directory; `found` when its answer had a hit.
+    pub fn count_directory_lookup(&mut self, found: bool) {
         self.counts.directory_lookups += 1;
+        self.counts.directory_hit_lookups += u64::from(found);
     }
 
     /// What was counted since the start.

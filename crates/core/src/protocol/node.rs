@@ -10,7 +10,9 @@ use super::messages::{
     ClientReply, ClientRequest, DirectoryRequest, Hello, ProtocolError, STORE_BATCH_ITEMS_MAX,
     SUPPORTED_VERSIONS,
 };
-use crate::directory::{AcquireMode, AcquireOutcome, DirectoryError, ReleaseOutcome, ReserveItem};
+use crate::directory::{
+    AcquireMode, AcquireOutcome, DirectoryError, Lease, ProbeOutcome, ReleaseOutcome, ReserveItem,
+};
 use crate::model::{LeaseId, NamespaceDescriptor, NamespaceId, ObjectId, Timestamp};
 use crate::node::delegations::is_local;
 use crate::node::{ClientBooks, ClientId, ClientRefusal, NodeCore, Tenant, TenantRefusal, Ticket};
@@ -53,10 +55,19 @@ pub enum Work {
     CommitStoreMany(Vec<Option<Ticket>>),
     /// Free an unwritten grant's pages and abort its reservation.
     AbortStore(Ticket),
-    /// Acquire leases (restoring from SSD what only the SSD holds).
+    /// Acquire leases (restoring from SSD what only the SSD holds) on `objects`, the
+    /// objects of the request not leased here: `answered` is empty when none was, else it
+    /// has one entry per object of the request, the local lease of each leased here.
     Acquire {
         objects: Vec<ObjectId>,
         mode: AcquireMode,
+        answered: Vec<Option<Lease>>,
+    },
+    /// Ask the directory about `objects`, the objects of a probe not answered here;
+    /// `answered` has one entry per object of the probe, the outcome of each answered here.
+    ProbeRest {
+        objects: Vec<ObjectId>,
+        answered: Vec<Option<ProbeOutcome>>,
     },
     /// Release at the directory the leases marked `true` in `owned` (the client's own);
     /// those marked in `released_here` were local leases, already released.
@@ -178,13 +189,17 @@ fn local(
     };
     match request {
         ClientRequest::Probe { objects } if fresh && books.check_objects(&objects).is_ok() => {
-            match delegations.probe(now, &objects) {
-                Some(outcomes) => Ok(Decision::Reply(ClientReply::Probed(outcomes))),
-                None => Err(Box::new(ClientRequest::Probe { objects })),
-            }
+            Ok(probe_locally(delegations, now, objects))
         }
         ClientRequest::Acquire { objects, mode } if fresh && delegations.covers(now, &objects) => {
             acquire_locally(books, delegations, now, objects, mode)
+        }
+        // Items leased one by one: those delegated here are leased here, the rest asked.
+        ClientRequest::Acquire {
+            objects,
+            mode: AcquireMode::Each,
+        } if fresh && delegations.covers_any(now, &objects) => {
+            Ok(acquire_partly(books, delegations, now, objects))
         }
         ClientRequest::Release { leases } => Ok(release_locally(
             books,
@@ -233,6 +248,90 @@ fn acquire_locally(
     books.leases_granted(objects.len(), granted.collect());
     let outcomes = leases.into_iter().map(AcquireOutcome::Leased).collect();
     Ok(Decision::Reply(ClientReply::Acquired(outcomes)))
+}
+
+/// A probe whose objects the delegations answer: at once when they answer every one, else
+/// the rest goes to the directory (all of it when they answer none).
+fn probe_locally(
+    delegations: &crate::node::delegations::Delegations,
+    now: Timestamp,
+    objects: Vec<ObjectId>,
+) -> Decision {
+    let answered = delegations.probe_each(now, &objects);
+    if answered.iter().all(Option::is_some) {
+        return Decision::Reply(ClientReply::Probed(
+            answered.into_iter().flatten().collect(),
+        ));
+    }
+    let rest: Vec<ObjectId> = unanswered(&objects, &answered);
+    if rest.len() == objects.len() {
+        return work(
+            Work::Forward(DirectoryRequest::Probe { objects }),
+            Slots::None,
+        );
+    }
+    work(
+        Work::ProbeRest {
+            objects: rest,
+            answered,
+        },
+        Slots::None,
+    )
+}
+
+/// An acquire of items leased one by one, some of them local hits: those leased here, the
+/// rest asked of the directory; the whole acquire is admitted at once.
+fn acquire_partly(
+    books: &mut ClientBooks,
+    delegations: &mut crate::node::delegations::Delegations,
+    now: Timestamp,
+    objects: Vec<ObjectId>,
+) -> Decision {
+    if let Err(refusal) = books.admit_acquire(&objects, now) {
+        return refused(refusal);
+    }
+    let answered = delegations.acquire_each(now, &objects);
+    let local: Vec<(LeaseId, Timestamp)> = answered
+        .iter()
+        .flatten()
+        .map(|lease| (lease.lease, lease.deadline))
+        .collect();
+    books.leases_granted(local.len(), local);
+    let rest = unanswered(&objects, &answered);
+    let slots = Slots::Leases(rest.len());
+    let acquire = Work::Acquire {
+        objects: rest,
+        mode: AcquireMode::Each,
+        answered,
+    };
+    work(acquire, slots)
+}
+
+/// The objects whose entry in `answered` is `None`, in order.
+fn unanswered<T>(objects: &[ObjectId], answered: &[Option<T>]) -> Vec<ObjectId> {
+    objects
+        .iter()
+        .zip(answered)
+        .filter(|(_, answer)| answer.is_none())
+        .map(|(object, _)| *object)
+        .collect()
+}
+
+/// `answered` (one entry per object of a request, empty when none was answered here)
+/// with its gaps filled, in order, by `rest`, the outcomes of the objects not answered
+/// here; a missing outcome (a short reply) becomes `missing`.
+pub fn merge_answers<T>(answered: Vec<Option<T>>, rest: Vec<T>, missing: T) -> Vec<T>
+where
+    T: Clone,
+{
+    if answered.is_empty() {
+        return rest;
+    }
+    let mut rest = rest.into_iter();
+    answered
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|| rest.next().unwrap_or_else(|| missing.clone())))
+        .collect()
 }
 
 /// A release: local leases end here; the others go on to the directory.
@@ -340,7 +439,15 @@ fn admit(
         Request::Acquire { objects, mode } => match books.admit_acquire(&objects, now) {
             Ok(()) => {
                 let slots = Slots::Leases(objects.len());
-                work(Work::Acquire { objects, mode }, slots)
+                let answered = Vec::new();
+                work(
+                    Work::Acquire {
+                        objects,
+                        mode,
+                        answered,
+                    },
+                    slots,
+                )
             }
             Err(refusal) => refused(refusal),
         },

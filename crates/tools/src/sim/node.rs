@@ -437,22 +437,42 @@ impl World {
         else {
             return;
         };
-        if delegations.covers(now, &objects) {
-            // Every object is a hit under the node's delegations: no message.
-            let leases = delegations.acquire(now, &objects).unwrap_or_default();
-            let granted = leases.iter().map(|lease| (lease.lease, lease.deadline));
-            books.leases_granted(count, granted.collect());
-            self.check_admitted(tenant, &objects);
-            for (object, lease) in objects.iter().zip(leases) {
-                let held = self.held_lease(node, tenant, lease, *object, now);
-                self.verify(&held);
-                self.nodes[node].leases.push(held);
-                self.stats.covered.local_hits += 1;
-            }
+        // As the node core decides (`protocol::node`): every object a hit under the
+        // node's delegations is leased here, with no message, when all are or when items
+        // are leased one by one; the rest go to the directory.
+        let answered = if delegations.covers(now, &objects)
+            || (mode == AcquireMode::Each && delegations.covers_any(now, &objects))
+        {
+            delegations.acquire_each(now, &objects)
+        } else {
+            vec![None; objects.len()]
+        };
+        let granted = answered
+            .iter()
+            .flatten()
+            .map(|lease| (lease.lease, lease.deadline));
+        let local = answered.iter().flatten().count();
+        books.leases_granted(local, granted.collect());
+        self.check_admitted(tenant, &objects);
+        let mut rest = Vec::new();
+        for (object, lease) in objects.iter().zip(answered) {
+            let Some(lease) = lease else {
+                rest.push(*object);
+                continue;
+            };
+            let held = self.held_lease(node, tenant, lease, *object, now);
+            self.verify(&held);
+            self.nodes[node].leases.push(held);
+            self.stats.covered.local_hits += 1;
+        }
+        if rest.is_empty() {
             return;
         }
-        self.check_admitted(tenant, &objects);
-        let request = DirectoryRequest::AcquireDelegating { objects, mode };
+        let count = rest.len();
+        let request = DirectoryRequest::AcquireDelegating {
+            objects: rest,
+            mode,
+        };
         self.send(node, request, Purpose::Acquire { count, tenant });
     }
 

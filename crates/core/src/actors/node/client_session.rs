@@ -17,14 +17,16 @@ use super::store::{begin_store, begin_store_many, commit_store, commit_store_man
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
-use crate::directory::{AcquireOutcome, ProbeOutcome, ReleaseOutcome};
+use crate::directory::{AcquireOutcome, Lease, ProbeOutcome, ReleaseOutcome};
 use crate::metrics::{Direction, Operation};
 use crate::model::{LeaseId, ObjectId};
 use crate::node::{ClientId, ClientRefusal, Tenant, Ticket};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, NodeDescription, ProtocolError,
 };
-use crate::protocol::node::{self as dispatch, Caller, Change, Decision, Slots, Work};
+use crate::protocol::node::{
+    self as dispatch, merge_answers, Caller, Change, Decision, Slots, Work,
+};
 use crate::wire::{RawFrame, WireError};
 use actix::prelude::*;
 use std::future::Future;
@@ -252,7 +254,14 @@ impl ClientSessionActor {
                 give_back(&services, granted).await;
                 (ClientReply::Aborted, Change::None)
             }),
-            Work::Acquire { objects, mode } => Box::pin(acquire(services, objects, mode)),
+            Work::Acquire {
+                objects,
+                mode,
+                answered,
+            } => Box::pin(acquire(services, objects, mode, answered)),
+            Work::ProbeRest { objects, answered } => {
+                Box::pin(probe_rest(services, objects, answered))
+            }
             Work::Release {
                 leases,
                 owned,
@@ -391,10 +400,12 @@ async fn forward(services: NodeServices, request: DirectoryRequest) -> (ClientRe
         _ => (0, Vec::new()),
     };
     namespaces.dedup();
-    if probed > 0 {
-        services.core().delegations.count_directory_lookup();
-    }
     let answer = services.link.call(request).await;
+    if probed > 0 {
+        let found = matches!(&answer, Ok(DirectoryReply::Probed(outcomes))
+            if outcomes.iter().any(|outcome| *outcome != ProbeOutcome::Miss));
+        services.core().delegations.count_directory_lookup(found);
+    }
     if let Err(error) = &answer {
         services.reregister_if_unknown(error, namespaces);
     }
@@ -455,6 +466,7 @@ async fn acquire(
     services: NodeServices,
     objects: Vec<crate::model::ObjectId>,
     mode: crate::directory::AcquireMode,
+    answered: Vec<Option<Lease>>,
 ) -> (ClientReply, Change) {
     let sent = services.clock.now();
     let wanted = objects.len();
@@ -462,8 +474,7 @@ async fn acquire(
         objects: objects.clone(),
         mode,
     };
-    services.core().delegations.count_directory_lookup();
-    match services.link.call(request).await {
+    let (outcomes, leases) = match services.link.call(request).await {
         Ok(DirectoryReply::AcquiredDelegating {
             outcomes,
             delegations,
@@ -471,7 +482,11 @@ async fn acquire(
             take_delegations(&services, sent, &objects, &outcomes, &delegations);
             let outcomes =
                 super::ssd_restore::restore_misses(&services, &objects, mode, outcomes).await;
-            count_lookups(&services, &outcomes);
+            services.core().delegations.count_directory_lookup(
+                outcomes
+                    .iter()
+                    .any(|outcome| matches!(outcome, AcquireOutcome::Leased(_))),
+            );
             let leases = outcomes
                 .iter()
                 .filter_map(|outcome| match outcome {
@@ -481,18 +496,52 @@ async fn acquire(
                     _ => None,
                 })
                 .collect();
-            (ClientReply::Acquired(outcomes), Change::Leases(leases))
+            (outcomes, leases)
         }
-        Err(unavailable) if unavailable.is_unavailable() => {
-            services
-                .reregister_if_unknown(&unavailable, objects.iter().map(|object| object.namespace));
-            services.metrics.add_lookups(0, wanted as u64);
-            (
-                ClientReply::Acquired(vec![AcquireOutcome::Miss; wanted]),
-                Change::None,
-            )
+        // Out of reach, or (for a request some of whose objects were leased here, under
+        // the node's delegations) refused: the rest are misses.
+        other if other.as_ref().is_err_and(LinkError::is_unavailable) || !answered.is_empty() => {
+            if let Err(error) = &other {
+                services
+                    .reregister_if_unknown(error, objects.iter().map(|object| object.namespace));
+            }
+            services.core().delegations.count_directory_lookup(false);
+            (vec![AcquireOutcome::Miss; wanted], Vec::new())
         }
-        other => (ClientReply::Error(refusal(other)), Change::None),
+        other => return (ClientReply::Error(refusal(other)), Change::None),
+    };
+    let outcomes = merge_answers(
+        answered
+            .into_iter()
+            .map(|lease| lease.map(AcquireOutcome::Leased))
+            .collect(),
+        outcomes,
+        AcquireOutcome::Miss,
+    );
+    count_lookups(&services, &outcomes);
+    (ClientReply::Acquired(outcomes), Change::Leases(leases))
+}
+
+/// The objects of a probe the node's delegations did not answer, asked of the directory;
+/// the reply is every object's outcome in order (the rest are misses when the directory
+/// is out of reach).
+async fn probe_rest(
+    services: NodeServices,
+    objects: Vec<ObjectId>,
+    answered: Vec<Option<ProbeOutcome>>,
+) -> (ClientReply, Change) {
+    let wanted = objects.len();
+    match forward(services, DirectoryRequest::Probe { objects }).await {
+        (ClientReply::Probed(outcomes), change) => {
+            let outcomes = merge_answers(answered, outcomes, ProbeOutcome::Miss);
+            (ClientReply::Probed(outcomes), change)
+        }
+        // Refused: the objects answered here still are.
+        (_, change) => {
+            let rest = vec![ProbeOutcome::Miss; wanted];
+            let outcomes = merge_answers(answered, rest, ProbeOutcome::Miss);
+            (ClientReply::Probed(outcomes), change)
+        }
     }
 }
 

@@ -2,6 +2,7 @@ use super::*;
 use crate::model::demo_namespace;
 use crate::model::{NamespaceId, PrefixDigest, ReplicaId};
 use crate::node::tenants::ModelAccess;
+use std::time::Duration;
 
 const NOW: Timestamp = Timestamp::ZERO;
 
@@ -342,5 +343,162 @@ fn dispatch_namespace(core: &mut NodeCore, client: ClientId, namespace: Namespac
     assert_eq!(
         finish(core, client, NOW, slots, Change::Namespace(namespace)),
         None
+    );
+}
+
+/// A greeted client's core whose node holds a delegation on the first of two objects of a
+/// registered namespace: `(core, client, delegated, other)`.
+fn delegated_on_one() -> (NodeCore, ClientId, ObjectId, ObjectId) {
+    use crate::directory::Delegation;
+    use crate::model::{AllocationId, Generation, Location, Medium, PoolId};
+    let (mut core, client) = greeted();
+    dispatch_namespace(&mut core, client, NamespaceId([3; 16]));
+    let (held, other) = (
+        object(3),
+        ObjectId {
+            part: 1,
+            ..object(3)
+        },
+    );
+    let lease = Lease {
+        lease: LeaseId(5),
+        duration_ms: 30_000,
+        replica: ReplicaId(1),
+        medium: Medium::Cpu,
+        location: Location {
+            pool: PoolId(0),
+            allocation: AllocationId(1),
+            generation: Generation(1),
+            offset_bytes: 0,
+            length_bytes: 4096,
+        },
+        deadline: NOW + Duration::from_secs(30),
+    };
+    let delegation = Delegation {
+        lease: LeaseId(77),
+        duration_ms: 60_000,
+    };
+    core.delegations.granted(NOW, held, &lease, delegation);
+    (core, client, held, other)
+}
+
+#[test]
+fn a_probe_partly_delegated_asks_the_directory_only_the_rest() {
+    let (mut core, client, held, other) = delegated_on_one();
+    let tenant = tenant(ModelAccess::Any);
+    let probe = ClientRequest::Probe {
+        objects: vec![other, held, other],
+    };
+    match handle(&mut core, NOW, caller(client, &tenant, false), 64, probe) {
+        Decision::Work(Work::ProbeRest { objects, answered }, Slots::None) => {
+            assert_eq!(objects, [other, other]);
+            assert!(matches!(
+                answered[..],
+                [None, Some(ProbeOutcome::Hit { .. }), None]
+            ));
+            let merged = merge_answers(answered, vec![ProbeOutcome::Miss], ProbeOutcome::Miss);
+            assert!(matches!(
+                merged[..],
+                [
+                    ProbeOutcome::Miss,
+                    ProbeOutcome::Hit { .. },
+                    ProbeOutcome::Miss
+                ]
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing delegated: the whole probe goes, as before.
+    let probe = ClientRequest::Probe {
+        objects: vec![other],
+    };
+    let decision = handle(&mut core, NOW, caller(client, &tenant, false), 64, probe);
+    assert!(
+        matches!(&decision, Decision::Work(Work::Forward(DirectoryRequest::Probe { objects }), _) if objects == &[other]),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn an_acquire_of_each_partly_delegated_leases_here_what_it_can_and_asks_the_rest() {
+    let (mut core, client, held, other) = delegated_on_one();
+    let tenant = tenant(ModelAccess::Any);
+    let acquire = ClientRequest::Acquire {
+        objects: vec![held, other],
+        mode: AcquireMode::Each,
+    };
+    let (rest, answered, slots) =
+        match handle(&mut core, NOW, caller(client, &tenant, false), 64, acquire) {
+            Decision::Work(
+                Work::Acquire {
+                    objects,
+                    mode: AcquireMode::Each,
+                    answered,
+                },
+                slots,
+            ) => (objects, answered, slots),
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(rest, [other]);
+    assert_eq!(slots, Slots::Leases(1), "the local lease is booked already");
+    let local = answered[0].expect("the delegated object is leased here");
+    assert!(is_local(local.lease));
+    assert!(answered[1].is_none());
+    assert_eq!(core.delegations.local_leases(), 1);
+    assert_eq!(
+        core.client(client).map(|books| books.leases_held()),
+        Some(1)
+    );
+    // The directory's lease of the rest joins it; both are the client's.
+    let deadline = NOW + Duration::from_secs(1);
+    let change = Change::Leases(vec![(LeaseId(9), deadline)]);
+    assert_eq!(finish(&mut core, client, NOW, slots, change), None);
+    assert_eq!(
+        core.client(client).map(|books| books.leases_held()),
+        Some(2)
+    );
+    let merged = merge_answers(
+        answered
+            .into_iter()
+            .map(|lease| lease.map(AcquireOutcome::Leased))
+            .collect(),
+        vec![AcquireOutcome::Miss],
+        AcquireOutcome::Miss,
+    );
+    assert!(matches!(
+        merged[..],
+        [AcquireOutcome::Leased(_), AcquireOutcome::Miss]
+    ));
+}
+
+#[test]
+fn a_manifest_partly_delegated_goes_whole_to_the_directory() {
+    let (mut core, client, held, other) = delegated_on_one();
+    let tenant = tenant(ModelAccess::Any);
+    let acquire = ClientRequest::Acquire {
+        objects: vec![held, other],
+        mode: AcquireMode::Manifest,
+    };
+    match handle(&mut core, NOW, caller(client, &tenant, false), 64, acquire) {
+        Decision::Work(
+            Work::Acquire {
+                objects, answered, ..
+            },
+            Slots::Leases(2),
+        ) => {
+            assert_eq!(objects, [held, other]);
+            assert!(answered.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(core.delegations.local_leases(), 0);
+}
+
+#[test]
+fn merged_answers_fill_the_gaps_in_order_and_a_short_reply_with_the_missing_value() {
+    assert_eq!(merge_answers(Vec::new(), vec![1, 2], 0), [1, 2]);
+    assert_eq!(
+        merge_answers(vec![None, Some(7), None, None], vec![1, 2], 0),
+        [1, 7, 2, 0]
     );
 }
