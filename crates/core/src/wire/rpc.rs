@@ -136,19 +136,13 @@ where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (client, outgoing, closing) = Self::new(writer, config)?;
-        let shared = Arc::clone(&client.shared);
-        let replies = async move {
-            let mut reader = reader;
-            read_replies(&mut reader, &shared).await
-        };
-        tokio::spawn(drive(
-            replies,
-            outgoing,
-            closing,
-            Arc::clone(&client.shared),
-        ));
-        Ok(client)
+        Self::start(writer, config, |shared| {
+            let replies = async move {
+                let mut reader = reader;
+                read_replies(&mut reader, &shared).await
+            };
+            (replies, None)
+        })
     }
 
     /// [`RpcClient::spawn`] over a Unix socket, whose replies a thread spinning for its
@@ -158,31 +152,25 @@ where
         config: RpcConfig,
     ) -> Result<Self, WireError> {
         let (reader, writer) = stream.into_split();
-        let (mut client, outgoing, closing) = Self::new(writer, config)?;
-        let inbox = Arc::new(Inbox::new(reader, Arc::clone(&client.shared)));
-        let replies = {
-            let inbox = Arc::clone(&inbox);
-            async move { inbox.drive().await }
-        };
-        client.inbox = Some(inbox);
-        tokio::spawn(drive(
-            replies,
-            outgoing,
-            closing,
-            Arc::clone(&client.shared),
-        ));
-        Ok(client)
+        Self::start(writer, config, |shared| {
+            let inbox = Arc::new(Inbox::new(reader, shared));
+            let reading = Arc::clone(&inbox);
+            let inbox: Arc<dyn ReadNow> = inbox;
+            (async move { reading.drive().await }, Some(inbox))
+        })
     }
 
-    /// The client over `writer`, the writing half its driver task drives and the receiver
-    /// that ends when the last clone is dropped.
-    #[allow(clippy::type_complexity)]
-    fn new<W>(
+    /// The client over `writer`, its driver task spawned: the writing half, and the
+    /// replies `reading` makes (a future that reads them until the stream ends, and the
+    /// inbox a spinning thread may read, if any) from the calls' shared state.
+    fn start<W, F>(
         writer: W,
         config: RpcConfig,
-    ) -> Result<(Self, Arc<Outgoing>, mpsc::Receiver<()>), WireError>
+        reading: impl FnOnce(Arc<Shared<Rep>>) -> (F, Option<Arc<dyn ReadNow>>),
+    ) -> Result<Self, WireError>
     where
         W: AsyncWrite + Unpin + Send + 'static,
+        F: std::future::Future<Output = String> + Send + 'static,
     {
         config.validate()?;
         let outgoing = Arc::new(Outgoing::new(writer, config.inflight_requests_max));
@@ -196,15 +184,21 @@ where
             next_request_id: AtomicU64::new(1),
             inflight_requests_max: config.inflight_requests_max,
         });
-        let client = RpcClient {
-            outgoing: Arc::clone(&outgoing),
+        let (replies, inbox) = reading(Arc::clone(&shared));
+        tokio::spawn(drive(
+            replies,
+            Arc::clone(&outgoing),
+            closing,
+            Arc::clone(&shared),
+        ));
+        Ok(RpcClient {
+            outgoing,
             _alive: alive,
             shared,
-            inbox: None,
+            inbox,
             request_timeout: config.request_timeout,
             _request: PhantomData,
-        };
-        Ok((client, outgoing, closing))
+        })
     }
 
     /// Sends `request` and waits for its reply.
