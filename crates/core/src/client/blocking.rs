@@ -75,10 +75,10 @@ impl Client {
     /// be called from a task of a runtime. Grants that are never copied (the caller
     /// unwound) are aborted at once.
     pub fn store_many_blocking(&self, runtime: &Handle, items: &[(ObjectId, &[u8])]) -> Outcomes {
-        let bytes: u64 = items.iter().map(|(_, bytes)| bytes.len() as u64).sum();
         if items.is_empty() {
             return Vec::new();
         }
+        let bytes: u64 = items.iter().map(|(_, bytes)| bytes.len() as u64).sum();
         if items.len() <= STORE_BATCH_ITEMS_MAX && bytes <= STORE_RESERVE_BYTES_MAX {
             return self.store_group_here(runtime, items);
         }
@@ -155,8 +155,8 @@ impl Client {
         };
         let sizes = items.iter().map(|(_, bytes)| bytes.len() as u64);
         let parts = grants.split(&batch_lengths(sizes, usize::MAX, STORE_BATCH_BYTES_MAX));
-        let mut unsettled = AbortOnDrop::new(self, Vec::new());
-        unsettled.tickets = parts.iter().flat_map(BatchGrants::tickets).collect();
+        let tickets = parts.iter().flat_map(BatchGrants::tickets).collect();
+        let mut unsettled = AbortOnDrop::new(self, tickets);
         let mut committing = Vec::new();
         let mut outcomes = Vec::with_capacity(items.len());
         let mut at = 0;
