@@ -1,8 +1,9 @@
 //! A real etcd server on loopback for local clusters with standby directories: Debian's
 //! `etcd` (package `etcd-server`), one member, its data in a folder the caller owns.
 
+use super::ports::free_tcp_port;
 use anyhow::{bail, Context as _};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,10 +26,6 @@ pub fn etcd_program() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("etcd"))
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 impl EtcdServer {
     /// Starts etcd with its data under `folder` (created, mode 0700) on free loopback
     /// ports, and waits until it answers.
@@ -36,7 +33,7 @@ impl EtcdServer {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(folder)
             .with_context(|| format!("creating {}", folder.display()))?;
-        let (client, peer) = (free_port()?, free_port()?);
+        let (client, peer) = (free_tcp_port()?, free_tcp_port()?);
         let log = std::fs::File::create(folder.join("etcd.log"))?;
         let data = folder.join("data");
         let child = Command::new(etcd_program())

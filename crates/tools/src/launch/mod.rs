@@ -8,13 +8,14 @@
 mod directories;
 pub mod etcd;
 mod host;
+mod ports;
 
 use anyhow::{bail, Context};
 use kvtier_core::client::Client;
 use kvtier_core::config::ClusterConfig;
 pub use kvtier_core::metrics::scrape::{metric_value, scrape_metrics, wait_for_metrics};
 use kvtier_core::model::Medium;
-use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 pub use host::network_namespaces_unavailable;
 use host::{create_network, Created, Network};
+use ports::{free_tcp_port, free_udp_port};
 
 /// How long a started process has to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,6 +34,8 @@ pub const BENCH_PEER: &str = "bench";
 /// Names a start tries for its folder before giving up: folders left by crashed earlier
 /// processes with this one's id are skipped, and there are never many.
 const ROOT_NAME_TRIES: u32 = 64;
+/// How much of a process's log a start-up error quotes.
+const LOG_TAIL_BYTES: usize = 4096;
 /// Region size of every SSD store a local cluster gives its nodes: small, so a test's
 /// store of a few megabytes has several regions to reclaim.
 pub const SSD_REGION_BYTES: u64 = 4 << 20;
@@ -192,14 +196,6 @@ impl std::fmt::Display for StartError {
 }
 
 impl std::error::Error for StartError {}
-
-fn free_udp_port() -> anyhow::Result<SocketAddr> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-fn free_tcp_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
 
@@ -371,6 +367,17 @@ fn node_toml(
         spec.page_bytes,
     );
     Ok(section + &ssd)
+}
+
+/// The last [`LOG_TAIL_BYTES`] of the log at `path`, or why it could not be read.
+fn log_tail(path: &Path) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let start = bytes.len().saturating_sub(LOG_TAIL_BYTES);
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(error) => format!("({} unreadable: {error})", path.display()),
+    }
 }
 
 impl LocalCluster {
@@ -562,10 +569,9 @@ impl LocalCluster {
         loop {
             if let Some((name, Some(child))) = self.nodes.get_mut(index) {
                 if let Some(status) = child.try_wait()? {
-                    bail!(
-                        "node {name} exited during start-up ({status}); see {}",
-                        self.root.display()
-                    );
+                    // The folder goes with a failed start: the log's end goes in the error.
+                    let log = log_tail(&self.root.join(format!("{name}.log")));
+                    bail!("node {name} exited during start-up ({status}); its log ends:\n{log}");
                 }
             }
             if socket.exists() && runtime.block_on(Client::connect(&socket)).is_ok() {
