@@ -3,7 +3,7 @@
 
 use super::delegations::RecallReason;
 use super::replicas::Replica;
-use super::sessions::Session;
+use super::sessions::{Session, HANDED_OUT_COMPACTION_MIN};
 use super::{
     Directory, DirectoryError, ReclaimOutcome, ReplicaState, RetireOutcome, Task, TaskKind,
 };
@@ -232,7 +232,14 @@ impl Directory {
                 }
                 self.nodes[index].handed_out.pop_front();
                 let waiting = match task.kind {
-                    TaskKind::Reclaim { replica, .. } => self.awaits_reclaim(replica),
+                    TaskKind::Reclaim { replica, .. } => {
+                        let awaited = self.awaits_reclaim(replica);
+                        if !awaited {
+                            let acknowledged = &mut self.nodes[index].acknowledged_reclaims;
+                            *acknowledged = acknowledged.saturating_sub(1);
+                        }
+                        awaited
+                    }
                     TaskKind::Recall { delegation, .. } => self.delegation_live(delegation),
                     TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
                     TaskKind::Replicate { target, .. }
@@ -275,11 +282,42 @@ impl Directory {
                 needed: "retiring without leases".into(),
             });
         }
-        self.nodes[node.0 as usize]
-            .handed_out
-            .retain(|(_, task)| !matches!(task.kind, TaskKind::Reclaim { replica, .. } if replica == replica_id));
         self.free_replica(replica_id);
+        // Its task stays handed out until a compaction: no scan per acknowledgement.
+        let record = &mut self.nodes[node.0 as usize];
+        record.acknowledged_reclaims += 1;
+        if record.acknowledged_reclaims > HANDED_OUT_COMPACTION_MIN.max(record.handed_out.len() / 2)
+        {
+            self.compact_handed_out(node);
+        }
         Ok(ReclaimOutcome::Freed)
+    }
+
+    /// [`Directory::reclaim_ack`] for each replica, in order; one outcome (or refusal)
+    /// per replica. `BatchTooLarge` (nothing applied) past `batch_items_max` replicas.
+    pub fn reclaim_ack_many(
+        &mut self,
+        session_id: SessionId,
+        replicas: &[ReplicaId],
+    ) -> Result<Vec<Result<ReclaimOutcome, DirectoryError>>, DirectoryError> {
+        self.check_batch(replicas.len())?;
+        self.open_session(session_id)?;
+        Ok(replicas
+            .iter()
+            .map(|replica| self.reclaim_ack(session_id, *replica))
+            .collect())
+    }
+
+    /// Drops from `node`'s handed-out tasks the reclaims no longer awaited (acknowledged).
+    fn compact_handed_out(&mut self, node: NodeId) {
+        let mut handed_out = std::mem::take(&mut self.nodes[node.0 as usize].handed_out);
+        handed_out.retain(|(_, task)| match task.kind {
+            TaskKind::Reclaim { replica, .. } => self.awaits_reclaim(replica),
+            _ => true,
+        });
+        let record = &mut self.nodes[node.0 as usize];
+        record.handed_out = handed_out;
+        record.acknowledged_reclaims = 0;
     }
 
     /// Removes a committed replica and returns its bytes; its leases must be gone.

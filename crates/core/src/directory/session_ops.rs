@@ -91,6 +91,7 @@ impl Directory {
             session: None,
             tasks: VecDeque::new(),
             handed_out: VecDeque::new(),
+            acknowledged_reclaims: 0,
             peer_endpoint: true,
             peer_address: None,
             fenced_leases_end: Timestamp::ZERO,
@@ -247,6 +248,7 @@ impl Directory {
             .drain(..)
             .chain(node_record.handed_out.drain(..).map(|(_, task)| task))
             .collect();
+        node_record.acknowledged_reclaims = 0;
         for task in pending {
             // A demotion's target was one of the session's reservations: aborted above.
             let TaskKind::Reclaim { replica, location } = task.kind else {

@@ -70,6 +70,9 @@ impl Session {
     }
 }
 
+/// Acknowledged reclaims a node's `handed_out` may hold before a compaction.
+pub const HANDED_OUT_COMPACTION_MIN: usize = 64;
+
 /// A node: its epoch counter, its current session and its pending tasks.
 #[derive(Debug)]
 pub struct NodeRecord {
@@ -79,8 +82,17 @@ pub struct NodeRecord {
     /// most one of `tasks` and `handed_out`, so both are bounded by the replica table.
     pub tasks: VecDeque<Task>,
     /// Tasks handed out and not yet acknowledged, with the time after which they are
-    /// handed out again (a lost reply or a failed step must not leak the bytes).
+    /// handed out again (a lost reply or a failed step must not leak the bytes). An
+    /// acknowledged reclaim stays until the next compaction (see
+    /// [`NodeRecord::acknowledged_reclaims`]) or its time, and is then dropped, its replica
+    /// gone.
     pub handed_out: VecDeque<(Timestamp, Task)>,
+    /// Acknowledged reclaims still in `handed_out` (at most; some may have left on their
+    /// time). Once they are more than half of it, and more than
+    /// [`HANDED_OUT_COMPACTION_MIN`], one pass drops them: an acknowledgement costs O(1)
+    /// amortized, not a scan of every task handed out, and `handed_out` stays within twice
+    /// its awaited tasks plus that minimum.
+    pub acknowledged_reclaims: usize,
     /// Whether the node serves a peer endpoint, so copies over the network may come from
     /// or go to it. True until the configuration that declared it says otherwise
     /// ([`super::Directory::set_peer_endpoint`]).

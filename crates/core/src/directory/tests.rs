@@ -1215,6 +1215,78 @@ fn a_reclaim_acknowledged_before_a_restart_is_not_handed_to_the_new_incarnation(
     fixture.directory.check_invariants();
 }
 
+/// Acknowledged reclaims leave the handed-out tasks in amortized passes, not one scan
+/// each: the queue stays within twice its awaited tasks plus the compaction minimum, and a
+/// reclaim handed out but never acknowledged is still handed out again on its time. A
+/// batch of acknowledgements past the batch bound is refused whole.
+#[test]
+fn acknowledged_reclaims_leave_the_handed_out_tasks_in_bounded_passes() {
+    let mut fixture = Fixture::new();
+    let a = fixture.node("a", 64 * MIB);
+    let count = 600u32;
+    let replicas: Vec<ReplicaId> = (0..count)
+        .map(|index| fixture.store(&a, fixture.object(index), 4096).0)
+        .collect();
+    for replica in &replicas {
+        fixture.directory.retire(Some(a.session), *replica).unwrap();
+    }
+    let mut handed = Vec::new();
+    while handed.len() < count as usize {
+        let tasks = fixture
+            .directory
+            .poll_tasks(fixture.now, a.session, 1000)
+            .unwrap();
+        assert!(!tasks.is_empty());
+        handed.extend(tasks);
+    }
+    let (unacknowledged, acknowledged) = replicas.split_last().unwrap();
+    let max = fixture.directory.config().batch_items_max as usize;
+    let too_many = vec![*unacknowledged; max + 1];
+    assert!(matches!(
+        fixture.directory.reclaim_ack_many(a.session, &too_many),
+        Err(DirectoryError::BatchTooLarge { .. })
+    ));
+    // Every reclaim but the last acknowledged, seven at a time.
+    let mut awaited = count as usize;
+    for batch in acknowledged.chunks(7) {
+        let outcomes = fixture
+            .directory
+            .reclaim_ack_many(a.session, batch)
+            .unwrap();
+        assert_eq!(outcomes, vec![Ok(ReclaimOutcome::Freed); batch.len()]);
+        awaited -= batch.len();
+        let queued = fixture.directory.nodes[a.node.0 as usize].handed_out.len();
+        assert!(
+            queued <= 2 * awaited + sessions::HANDED_OUT_COMPACTION_MIN + batch.len(),
+            "{queued} tasks handed out for {awaited} awaited"
+        );
+    }
+    assert_eq!(
+        fixture
+            .directory
+            .reclaim_ack(a.session, acknowledged[0])
+            .unwrap(),
+        ReclaimOutcome::Unknown
+    );
+    fixture.directory.check_invariants();
+    let later = fixture.now + fixture.directory.config().task_ack_timeout;
+    fixture.directory.heartbeat(later, a.session, None).unwrap();
+    fixture.directory.tick(later);
+    let again = fixture
+        .directory
+        .poll_tasks(later, a.session, 1000)
+        .unwrap();
+    assert_eq!(
+        again.len(),
+        1,
+        "only the unacknowledged reclaim again: {again:?}"
+    );
+    assert!(
+        matches!(again[0].kind, TaskKind::Reclaim { replica, .. } if replica == *unacknowledged)
+    );
+    fixture.directory.check_invariants();
+}
+
 #[test]
 fn fencing_a_reader_keeps_its_shared_pool_leases_until_their_deadline() {
     let mut fixture = Fixture::new();

@@ -144,6 +144,9 @@ fn bound(
             Reply::Tasks(core.poll_tasks(now, session, max)?)
         }
         Request::ReclaimAck { replica } => Reply::Reclaimed(core.reclaim_ack(session, replica)?),
+        Request::ReclaimAckMany { replicas } => {
+            Reply::ReclaimedMany(core.reclaim_ack_many(session, &replicas)?)
+        }
         Request::ClaimExtents { pool, claims } => {
             Reply::Claimed(core.claim_extents(session, pool, &claims)?)
         }

@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 /// CPU memory by salt group (a pool's tenancy, a mapping's write permission); 12 records
 /// each extent's owner in the shared pool ([`crate::model::extent_owner`]): a grant carries
 /// the owner word the directory knew, a claim the word the node wrote; 13 added `Locate`
-/// (which nodes can load how much of a prefix, for routers). An older peer is refused at
+/// (which nodes can load how much of a prefix, for routers); 14 added `ReclaimAckMany`. An older peer is refused at
 /// hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[13];
+pub const SUPPORTED_VERSIONS: &[u16] = &[14];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -160,6 +160,12 @@ pub enum DirectoryRequest {
     ReclaimAck {
         replica: ReplicaId,
     },
+    /// `ReclaimAck` for each replica, in order, answered with `ReclaimedMany`; at most the
+    /// session's `batch_items_max` replicas. A node acknowledges a batch of reclaim tasks
+    /// in one request: under a full cache, every store is an eviction.
+    ReclaimAckMany {
+        replicas: Vec<ReplicaId>,
+    },
     /// What the node's start-up probe measured of a pool it maps.
     ReportProfile {
         pool: PoolId,
@@ -276,6 +282,8 @@ pub enum DirectoryReply {
     /// Whether a returned extent was taken back.
     ExtentReturned(ExtentReturn),
     Reclaimed(ReclaimOutcome),
+    /// Per replica of a `ReclaimAckMany`, in order: its outcome or why it was refused.
+    ReclaimedMany(Vec<Result<ReclaimOutcome, DirectoryError>>),
     /// The profile in force after a report.
     Profile(Measurement),
     Usage(Vec<PoolUsageReport>),

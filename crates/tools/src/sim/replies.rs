@@ -3,7 +3,7 @@
 //! keeps its leases, runs reclaim and demotion tasks, and takes or gives back extents.
 
 use super::node::{HeldLease, Purpose};
-use super::world::{Space, World, OBJECT_BYTES};
+use super::world::{Space, World, BATCH_ITEMS_MAX, OBJECT_BYTES};
 use kvtier_core::backends::PoolError;
 use kvtier_core::directory::{
     AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
@@ -298,10 +298,17 @@ impl World {
     }
 
     /// Runs the tasks the directory handed node `node`.
+    /// Reclaims are acknowledged together after the batch, as the node does: one
+    /// `ReclaimAck`, or one `ReclaimAckMany` for several.
     pub(super) fn run_tasks(&mut self, node: usize, tasks: Vec<Task>) {
+        let mut reclaimed = Vec::new();
         for task in tasks {
             match task.kind {
-                TaskKind::Reclaim { replica, location } => self.reclaim(node, replica, location),
+                TaskKind::Reclaim { replica, location } => {
+                    if self.reclaim(node, replica, location) {
+                        reclaimed.push(replica);
+                    }
+                }
                 TaskKind::Demote {
                     source,
                     target,
@@ -323,9 +330,19 @@ impl World {
                 TaskKind::Recall { delegation, .. } => self.recall(node, delegation),
             }
         }
+        for batch in reclaimed.chunks(BATCH_ITEMS_MAX as usize) {
+            let request = match batch {
+                [replica] => DirectoryRequest::ReclaimAck { replica: *replica },
+                _ => DirectoryRequest::ReclaimAckMany {
+                    replicas: batch.to_vec(),
+                },
+            };
+            self.send(node, request, Purpose::Plain);
+        }
     }
 
-    fn reclaim(&mut self, node: usize, replica: ReplicaId, location: Location) {
+    /// Frees the replica's storage; whether the reclaim is done (to be acknowledged).
+    fn reclaim(&mut self, node: usize, replica: ReplicaId, location: Location) -> bool {
         let now = self.now;
         let readers = self
             .nodes
@@ -343,13 +360,7 @@ impl World {
         self.nodes[node]
             .committed
             .retain(|(_, kept)| *kept != replica);
-        if reclaim_done(&freed) {
-            self.send(
-                node,
-                DirectoryRequest::ReclaimAck { replica },
-                Purpose::Plain,
-            );
-        }
+        reclaim_done(&freed)
     }
 
     /// Copies the object at `source` into `target_pool` and commits `target` (a demotion

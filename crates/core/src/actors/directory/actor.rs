@@ -457,7 +457,7 @@ fn operation_label(request: &DirectoryRequest) -> Option<Operation> {
         Request::ReportHits { .. } => Operation::ReportHits,
         Request::Release { .. } => Operation::Release,
         Request::Retire { .. } | Request::RetireHeld { .. } => Operation::Retire,
-        Request::ReclaimAck { .. } => Operation::ReclaimAck,
+        Request::ReclaimAck { .. } | Request::ReclaimAckMany { .. } => Operation::ReclaimAck,
         Request::Usage => Operation::Usage,
         Request::PollTasks { .. } | Request::AwaitTasks { .. } => Operation::PollTasks,
         Request::ClaimExtents { .. } | Request::Adopt { .. } => Operation::Rejoin,

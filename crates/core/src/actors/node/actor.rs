@@ -328,21 +328,24 @@ async fn tidy_delegations(services: &NodeServices) {
     }
 }
 
-/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once.
+/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once. Its reclaims are
+/// acknowledged together once freed ([`reclaim_all`]): one request for the batch, not one
+/// per evicted replica.
 async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>) {
-    futures_util::stream::iter(tasks)
+    let (reclaims, others): (Vec<Task>, Vec<Task>) = tasks
+        .into_iter()
+        .partition(|task| matches!(task.kind, TaskKind::Reclaim { .. }));
+    let others = futures_util::stream::iter(others)
         .for_each_concurrent(TASKS_IN_FLIGHT_MAX, |task| {
             run_task(services, session, task)
-        })
-        .await;
+        });
+    futures_util::join!(reclaim_all(services, session, reclaims), others);
 }
 
-/// Carries out one task of `session`.
+/// Carries out one task of `session` (a reclaim is [`reclaim_all`]'s).
 async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
     match task.kind {
-        TaskKind::Reclaim { replica, location } => {
-            reclaim(services, session, replica, location).await
-        }
+        TaskKind::Reclaim { .. } => reclaim_all(services, session, vec![task]).await,
         TaskKind::Recall { delegation, .. } => {
             let now = services.clock.now();
             services.core().delegations.recall(now, delegation);
@@ -419,14 +422,47 @@ async fn publish_usage(services: &NodeServices) {
     }
 }
 
-/// Frees a retired replica's pages and acknowledges. Idempotent: an allocation already
-/// freed (a task handed out again after a lost acknowledgement) is acknowledged too.
-async fn reclaim(
-    services: &NodeServices,
-    session: SessionId,
-    replica: ReplicaId,
-    location: Location,
-) {
+/// Frees the retired replicas of `reclaims` (reclaim tasks) one after another (a message
+/// to the pool's actor each, no round trip to the directory), and acknowledges those freed in requests of at most the session's batch size:
+/// `ReclaimAck` for one, `ReclaimAckMany` for more. A replica not acknowledged (a lost
+/// reply, a refusal) comes back as a task.
+async fn reclaim_all(services: &NodeServices, session: SessionId, reclaims: Vec<Task>) {
+    let freed: Vec<ReplicaId> = futures_util::stream::iter(reclaims)
+        .filter_map(|task| async move {
+            let TaskKind::Reclaim { replica, location } = task.kind else {
+                return None;
+            };
+            free_retired(services, location).await.then_some(replica)
+        })
+        .collect()
+        .await;
+    for batch in freed.chunks(services.link.batch_items_max().max(1)) {
+        let request = match batch {
+            [replica] => DirectoryRequest::ReclaimAck { replica: *replica },
+            _ => DirectoryRequest::ReclaimAckMany {
+                replicas: batch.to_vec(),
+            },
+        };
+        match services.link.call_in(session, request).await {
+            Ok(DirectoryReply::ReclaimedMany(outcomes)) => {
+                for (replica, outcome) in batch.iter().zip(outcomes) {
+                    if let Err(error) = outcome {
+                        tracing::warn!(%error, ?replica, "reclaim acknowledgement refused; the task comes back");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, replicas = batch.len(), "reclaim acknowledgement failed; the tasks come back")
+            }
+        }
+    }
+}
+
+/// Frees a retired replica's pages; whether it is done (to be acknowledged). Idempotent:
+/// an allocation already freed (a task handed out again after a lost acknowledgement)
+/// counts as done too.
+async fn free_retired(services: &NodeServices, location: Location) -> bool {
     let freed = match services.pools.get(&location.pool) {
         Some(pool) => {
             services.core().holdings.freed(&location);
@@ -443,20 +479,15 @@ async fn reclaim(
         }
         None => {
             tracing::error!(?location, "reclaim task for a pool this node does not own");
-            return;
+            return false;
         }
     };
     match freed {
-        Ok(freed) if reclaim_done(&freed) => {
-            if let Err(error) = services
-                .link
-                .call_in(session, DirectoryRequest::ReclaimAck { replica })
-                .await
-            {
-                tracing::warn!(%error, ?replica, "reclaim acknowledgement failed; the task comes back");
-            }
+        Ok(freed) if reclaim_done(&freed) => true,
+        other => {
+            tracing::error!(?other, ?location, "reclaim could not free the allocation");
+            false
         }
-        other => tracing::error!(?other, ?location, "reclaim could not free the allocation"),
     }
 }
 
