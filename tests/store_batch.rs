@@ -470,3 +470,40 @@ fn blocking_store_many_and_load_into_pipeline_batches_from_a_plain_thread() {
         );
     }
 }
+
+/// More small stores within one heartbeat period than the directory's ledger holds for a
+/// session (65,536 operations: 40,000 stores are 80,000, a reserve and a commit each): the
+/// node acknowledges on volume, not only with its heartbeat, so every store succeeds.
+#[test]
+fn more_stores_in_a_heartbeat_period_than_the_ledger_holds_all_succeed() {
+    let spec = ClusterSpec {
+        nodes: 1,
+        cpu_pool_bytes: 192 << 20,
+        page_bytes: 4096,
+        high_watermark_percent: 100,
+        low_watermark_percent: 100,
+        // A heartbeat every 40 s: none within the test.
+        suspect_after_ms: 120_000,
+        fence_after_ms: 600_000,
+        ..ClusterSpec::default()
+    };
+    let cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        for first in (0..40_000u32).step_by(1_000) {
+            let objects: Vec<_> = (first..first + 1_000)
+                .map(|index| object(namespace, index, 6, 4096))
+                .collect();
+            let items: Vec<_> = objects
+                .iter()
+                .map(|(id, bytes)| (*id, &bytes[..]))
+                .collect();
+            for outcome in client.store_many(&items).await {
+                assert!(
+                    matches!(outcome, Ok(StoreOutcome::Stored)),
+                    "after {first} stores: {outcome:?}"
+                );
+            }
+        }
+    });
+}

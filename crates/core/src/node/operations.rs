@@ -11,12 +11,21 @@ use std::collections::BTreeSet;
 /// refuse with a full ledger before it refuses itself.
 pub const OPERATIONS_OUTSTANDING_MAX: usize = 1 << 16;
 
+/// Operation ids issued since the last acknowledgement the directory answered after which
+/// the node acknowledges at once rather than at its next heartbeat: a quarter of the
+/// directory's default ledger. The node checks every task interval (50 ms), so the ledger
+/// holds at most this plus what the node issues in one interval and one round trip; a
+/// heartbeat period (1 s by default) of small stores could otherwise fill it.
+pub const ACKNOWLEDGE_AFTER_OPERATIONS: u64 = (OPERATIONS_OUTSTANDING_MAX / 4) as u64;
+
 /// The window of one session's operation ids. Ids start at 1 and grow; ids end in any
 /// order. See the module documentation.
 #[derive(Debug)]
 pub struct OperationWindow {
     next: u64,
     outstanding: BTreeSet<u64>,
+    /// The last acknowledgement the directory answered (0: none).
+    acknowledged: u64,
 }
 
 impl Default for OperationWindow {
@@ -31,6 +40,7 @@ impl OperationWindow {
         OperationWindow {
             next: 1,
             outstanding: BTreeSet::new(),
+            acknowledged: 0,
         }
     }
 
@@ -64,6 +74,20 @@ impl OperationWindow {
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
     }
+
+    /// The directory answered a heartbeat that acknowledged `through`.
+    pub fn acknowledged(&mut self, through: Option<OperationId>) {
+        if let Some(through) = through {
+            self.acknowledged = self.acknowledged.max(through.0);
+        }
+    }
+
+    /// Whether so many ids were issued since the last answered acknowledgement
+    /// ([`ACKNOWLEDGE_AFTER_OPERATIONS`]) that the node should acknowledge now. An upper
+    /// bound of what the directory's ledger holds for the node.
+    pub fn acknowledgement_due(&self) -> bool {
+        (self.next - 1).saturating_sub(self.acknowledged) >= ACKNOWLEDGE_AFTER_OPERATIONS
+    }
 }
 
 #[cfg(test)]
@@ -86,6 +110,26 @@ mod tests {
         window.end(third);
         assert_eq!(window.acknowledged_through(), Some(OperationId(3)));
         assert_eq!(window.outstanding(), 0);
+    }
+
+    #[test]
+    fn an_acknowledgement_is_due_after_a_quarter_of_the_ledger() {
+        let mut window = OperationWindow::new();
+        for _ in 0..ACKNOWLEDGE_AFTER_OPERATIONS - 1 {
+            let operation = window.begin().unwrap();
+            window.end(operation);
+        }
+        assert!(!window.acknowledgement_due());
+        let last = window.begin().unwrap();
+        window.end(last);
+        assert!(window.acknowledgement_due());
+        window.acknowledged(window.acknowledged_through());
+        assert!(!window.acknowledgement_due(), "answered through {last:?}");
+        window.acknowledged(Some(OperationId(1)));
+        assert!(
+            !window.acknowledgement_due(),
+            "an older answer moves nothing back"
+        );
     }
 
     #[test]

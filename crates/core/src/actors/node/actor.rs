@@ -160,6 +160,11 @@ impl Actor for NodeActor {
                 .link_metrics
                 .publish(link.is_reachable() && link.is_serving(), link.outages());
             actor.await_tasks(context);
+            // Many small stores since the last acknowledgement: acknowledge now, before the
+            // directory's ledger of this session fills.
+            if actor.services.core().operations.acknowledgement_due() {
+                actor.beat(context);
+            }
             if !actor.services.link.is_serving() || std::mem::replace(&mut actor.tidying, true) {
                 return;
             }
@@ -220,10 +225,12 @@ async fn heartbeat(services: &NodeServices) -> Beat {
         .core()
         .heartbeat_timer
         .timeout(link.binding().heartbeat_interval);
-    let answered = link.heartbeat(link.acknowledged_through(), wait).await;
+    let acknowledged_through = link.acknowledged_through();
+    let answered = link.heartbeat(acknowledged_through, wait).await;
     let may_be_fenced = {
         let mut core = services.core();
         if answered.is_ok() {
+            core.operations.acknowledged(acknowledged_through);
             core.liveness.answered(sent_at);
             // Only a heartbeat answered on its first try is a round trip (Karn's rule).
             let round_trip = services.clock.now().saturating_since(sent_at);
