@@ -5,6 +5,7 @@
 //! pass with a client pass back to back (which goes first alternates), and the ratios are
 //! the median over rounds of each round's client pass over its memcpy pass.
 
+use super::full_cache::FullCacheReport;
 use crate::launch::{ClusterSpec, LocalCluster};
 use crate::workload::chunk;
 use crate::workload::prefix::seeded_ids;
@@ -40,6 +41,9 @@ pub struct DataBenchArgs {
     /// Seed of the object ids.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Objects of 4 KiB the full-cache row stores while every store evicts (0: no row).
+    #[arg(long, default_value_t = 100_000)]
+    pub full_cache_objects: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -62,6 +66,9 @@ pub struct ChunkReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct DataReport {
     pub chunks: Vec<ChunkReport>,
+    /// Stores into a full cache against the same into an empty one (see
+    /// [`super::full_cache`]); `None` with `--full-cache-objects 0`.
+    pub full_cache: Option<FullCacheReport>,
     /// The copy routines the client ran (see `kvtier_core::backends::copy`).
     pub copy_routines: Routines,
 }
@@ -118,8 +125,13 @@ pub fn run(exe: &std::path::Path, args: &DataBenchArgs) -> anyhow::Result<()> {
     bar.finish();
     drop(client);
     drop(cluster);
+    let full_cache = match args.full_cache_objects {
+        0 => None,
+        objects => Some(super::full_cache::measure(exe, objects)?),
+    };
     let report = DataReport {
         chunks,
+        full_cache,
         copy_routines: routines().clone(),
     };
     if args.json {
@@ -145,6 +157,19 @@ fn print_table(report: &DataReport) {
             chunk.memcpy_gbps,
             chunk.store_ratio,
             chunk.load_ratio
+        );
+    }
+    if let Some(full) = &report.full_cache {
+        println!(
+            "full cache: {}-byte objects into a {} MiB pool, 32 a call: {:.0} stored/s while every store evicts, {:.0} while empty ({:.2} of it; {:.1} % skipped); directory CPU {:.2} us per stored object ({:.2} while empty)",
+            full.object_bytes,
+            full.pool_bytes >> 20,
+            full.full_stored_per_s,
+            full.empty_stored_per_s,
+            full.ratio,
+            full.full_skipped_share * 100.0,
+            full.full_directory_cpu_us_per_object,
+            full.empty_directory_cpu_us_per_object,
         );
     }
     let routines = &report.copy_routines;

@@ -9,6 +9,7 @@ pub mod cxl;
 pub mod data;
 pub mod directory;
 pub mod directory_quic;
+mod full_cache;
 pub mod local_hits;
 pub mod peer;
 pub mod replicate;
