@@ -297,9 +297,9 @@ impl World {
         }
     }
 
-    /// Runs the tasks the directory handed node `node`.
-    /// Reclaims are acknowledged together after the batch, as the node does: one
-    /// `ReclaimAck`, or one `ReclaimAckMany` for several.
+    /// Runs the tasks the directory handed node `node`; their reclaims are acknowledged
+    /// together after the batch, as the node does: one `ReclaimAck`, or one
+    /// `ReclaimAckMany` for several.
     pub(super) fn run_tasks(&mut self, node: usize, tasks: Vec<Task>) {
         let mut reclaimed = Vec::new();
         for task in tasks {

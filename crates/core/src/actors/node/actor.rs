@@ -430,9 +430,10 @@ async fn publish_usage(services: &NodeServices) {
 }
 
 /// Frees the retired replicas of `reclaims` (reclaim tasks) one after another (a message
-/// to the pool's actor each, no round trip to the directory), and acknowledges those freed in requests of at most the session's batch size:
-/// `ReclaimAck` for one, `ReclaimAckMany` for more. A replica not acknowledged (a lost
-/// reply, a refusal) comes back as a task.
+/// to the pool's actor each, no round trip to the directory), then acknowledges those
+/// freed in requests of at most the session's batch size: `ReclaimAck` for one,
+/// `ReclaimAckMany` for more. A replica not acknowledged (a lost reply, a refusal) comes
+/// back as a task.
 async fn reclaim_all(services: &NodeServices, session: SessionId, reclaims: Vec<Task>) {
     let freed: Vec<ReplicaId> = futures_util::stream::iter(reclaims)
         .filter_map(|task| async move {
