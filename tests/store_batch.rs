@@ -507,3 +507,74 @@ fn more_stores_in_a_heartbeat_period_than_the_ledger_holds_all_succeed() {
         }
     });
 }
+
+/// Stores `objects` in one `store_many` call; the outcomes.
+async fn store_batch(client: &Client, objects: &[(ObjectId, Vec<u8>)]) -> Vec<StoreOutcome> {
+    let items: Vec<_> = objects
+        .iter()
+        .map(|(id, bytes)| (*id, &bytes[..]))
+        .collect();
+    let outcomes = client.store_many(&items).await;
+    outcomes.into_iter().map(Result::unwrap).collect()
+}
+
+/// The node's early grants so far whose reserve ended with `outcome`.
+fn early_grants(node: std::net::SocketAddr, outcome: &str) -> f64 {
+    let series = format!("kvtier_node_early_grants_total{{outcome=\"{outcome}\"}}");
+    common::scraped(node, &series)
+}
+
+/// The bytes the node's allocators hold, over its pools.
+fn allocated_bytes(node: std::net::SocketAddr) -> f64 {
+    let body = kvtier_tools::launch::scrape_metrics(node).unwrap();
+    body.lines()
+        .filter(|line| line.starts_with("kvtier_pool_bytes{") && line.contains("allocated"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_session_placed_in_one_pool_is_granted_before_its_reserve_and_ends_as_the_directory_says() {
+    let cluster = cluster(64 << 20);
+    let node = common::metrics_of(&cluster, "node-a");
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let batch = |first: u32, tag: u32| -> Vec<(ObjectId, Vec<u8>)> {
+            (first..first + 8)
+                .map(|index| object(namespace, index, tag, 64 << 10))
+                .collect()
+        };
+        let stored = vec![StoreOutcome::Stored; 8];
+        // The first batch asks first and places the session; the second is granted at once.
+        let first = batch(0, 30);
+        assert_eq!(store_batch(&client, &first).await, stored);
+        assert_eq!(early_grants(node, "reserved"), 0.0);
+        let second = batch(8, 30);
+        assert_eq!(store_batch(&client, &second).await, stored);
+        assert_eq!(early_grants(node, "reserved"), 8.0);
+        // The same objects with other bytes, granted at once: the directory has them, so
+        // each ends as already present at its commit and its copy's pages are freed.
+        let mut again = batch(0, 30);
+        for (_, bytes) in &mut again {
+            bytes.iter_mut().for_each(|byte| *byte = !*byte);
+        }
+        let present = vec![StoreOutcome::AlreadyPresent; 8];
+        assert_eq!(store_batch(&client, &again).await, present);
+        assert_eq!(early_grants(node, "ended"), 8.0);
+        let held = 16.0 * f64::from(64u32 << 10);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while allocated_bytes(node) != held {
+            assert!(Instant::now() < deadline, "{} bytes", allocated_bytes(node));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A batch not placed whole asks first again: the next batch relearns the pool.
+        let third = batch(16, 30);
+        assert_eq!(store_batch(&client, &third).await, stored);
+        assert_eq!(early_grants(node, "reserved"), 8.0);
+        let fourth = batch(24, 30);
+        assert_eq!(store_batch(&client, &fourth).await, stored);
+        assert_eq!(early_grants(node, "reserved"), 16.0);
+        let every: Vec<_> = [first, second, third, fourth].concat();
+        assert_eq!(common::verified_hits(&client, &every).await, every.len());
+    });
+}

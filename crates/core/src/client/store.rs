@@ -384,6 +384,8 @@ fn outcome(committed: StoreCommitted) -> Result<StoreOutcome, ClientError> {
         StoreCommitted::Stored(CommitOutcome::Committed) => Ok(StoreOutcome::Stored),
         StoreCommitted::Stored(CommitOutcome::AlreadyPresent) => Ok(StoreOutcome::AlreadyPresent),
         StoreCommitted::NotStored => Ok(StoreOutcome::Skipped(StoreSkip::NotPublished)),
+        StoreCommitted::Pending => Ok(StoreOutcome::Pending),
+        StoreCommitted::Skipped(skip) => Ok(StoreOutcome::Skipped(skip)),
         StoreCommitted::Refused(refused) => Err(ClientError::Refused(refused)),
     }
 }

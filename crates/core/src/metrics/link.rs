@@ -12,6 +12,7 @@ pub struct NodeLinkMetrics {
     directory_outages_total: IntCounter,
     rejoins_total: IntCounterVec,
     rejoin_extents_total: IntCounterVec,
+    early_grants_total: IntCounterVec,
 }
 
 /// Why a node rejoined: the label of `kvtier_node_rejoins_total`.
@@ -49,11 +50,19 @@ impl NodeLinkMetrics {
                 ),
                 &["outcome"],
             )?,
+            early_grants_total: IntCounterVec::new(
+                Opts::new(
+                    "kvtier_node_early_grants_total",
+                    "Store grants this node handed out before the directory answered their reserve, by what it answered: reserved (in the granted pool), no_room (placed in another pool or nowhere for room: the store skipped) or ended (already stored, being stored, skipped for another reason, or failed).",
+                ),
+                &["outcome"],
+            )?,
         };
         metrics.register(Box::new(families.directory_reachable.clone()))?;
         metrics.register(Box::new(families.directory_outages_total.clone()))?;
         metrics.register(Box::new(families.rejoins_total.clone()))?;
         metrics.register(Box::new(families.rejoin_extents_total.clone()))?;
+        metrics.register(Box::new(families.early_grants_total.clone()))?;
         Ok(families)
     }
 
@@ -74,6 +83,21 @@ impl NodeLinkMetrics {
         self.rejoin_extents_total
             .with_label_values(&["lost"])
             .inc_by(extents_lost as u64);
+    }
+
+    /// A batch of grants handed out before their reserve was answered: `reserved` reserved
+    /// where their pages are, `no_room` placed elsewhere or nowhere for room, `ended` ended
+    /// otherwise.
+    pub fn early_grants_answered(&self, reserved: usize, no_room: usize, ended: usize) {
+        for (label, count) in [
+            ("reserved", reserved),
+            ("no_room", no_room),
+            ("ended", ended),
+        ] {
+            self.early_grants_total
+                .with_label_values(&[label])
+                .inc_by(count as u64);
+        }
     }
 
     /// Exports whether lookups reach the directory (`reaching`) and the outages so far.

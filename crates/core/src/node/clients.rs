@@ -6,7 +6,8 @@
 //! namespaces it registered. When the client leaves, [`ClientBooks::close`] says what to
 //! give back.
 
-use crate::model::{LeaseId, Location, NamespaceId, ObjectId, ReplicaId, SessionId, Timestamp};
+use super::awaited::Reservation;
+use crate::model::{LeaseId, Location, NamespaceId, ObjectId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -49,9 +50,9 @@ pub const CLIENT_LIMITS: ClientLimits = ClientLimits {
 /// A granted, unwritten store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
-    /// The session that reserved it: its commit or abort goes there only.
-    pub session: SessionId,
-    pub replica: ReplicaId,
+    /// Its reservation at the directory: the session that made it (its commit or abort
+    /// goes there only) and the replica, or the awaited reserve that will say.
+    pub reservation: Reservation,
     pub object: ObjectId,
     pub location: Location,
 }
@@ -151,7 +152,7 @@ pub struct ClientBooks {
     /// Expired pages whose time came, to free (drained by the shell).
     pages_due: Vec<Location>,
     /// Reservations of expired grants to abort at the directory (drained by the shell).
-    aborts: Vec<(SessionId, ReplicaId)>,
+    aborts: Vec<Reservation>,
 }
 
 impl ClientBooks {
@@ -212,7 +213,7 @@ impl ClientBooks {
             if let Some((granted, _)) = self.tickets.remove(&ticket) {
                 let free_at = now + self.limits.ticket_duration;
                 self.expired_pages.push((granted.location, free_at));
-                self.aborts.push((granted.session, granted.replica));
+                self.aborts.push(granted.reservation);
             }
         }
     }
@@ -223,7 +224,7 @@ impl ClientBooks {
     }
 
     /// Reservations to abort at the directory, taken once.
-    pub fn take_aborts(&mut self) -> Vec<(SessionId, ReplicaId)> {
+    pub fn take_aborts(&mut self) -> Vec<Reservation> {
         std::mem::take(&mut self.aborts)
     }
 
@@ -433,7 +434,7 @@ impl ClientBooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{AllocationId, Generation, PoolId, PrefixDigest};
+    use crate::model::{AllocationId, Generation, PoolId, PrefixDigest, ReplicaId, SessionId};
 
     fn at(ms: u64) -> Timestamp {
         Timestamp::ZERO + Duration::from_millis(ms)
@@ -473,8 +474,10 @@ mod tests {
 
     fn ticket(replica: u64) -> Ticket {
         Ticket {
-            session: SessionId(1),
-            replica: ReplicaId(replica),
+            reservation: Reservation::Made {
+                session: SessionId(1),
+                replica: ReplicaId(replica),
+            },
             object: ObjectId {
                 namespace: crate::model::NamespaceId([1; 16]),
                 prefix: crate::model::PrefixDigest::ROOT,
@@ -513,7 +516,7 @@ mod tests {
             store(&mut books, 8, 200),
             Err(ClientRefusal::TooManyTickets { max: 2 })
         );
-        assert_eq!(books.take_aborts(), vec![(SessionId(1), ReplicaId(1))]);
+        assert_eq!(books.take_aborts(), vec![ticket(1).reservation]);
         assert_eq!(
             books.take_ticket(first),
             None,

@@ -7,6 +7,7 @@
 //! * `extents`: extents being given back, quarantined until the directory's answer is known.
 //! * `accept`: how an accept loop backs off when descriptors run out.
 //! * `clients`: one local client's tickets, leases and bounds.
+//! * `awaited`: reserves still under way for grants already handed out.
 //! * `copy_queue`: the copy engine's pieces in queue order, and each copy's progress.
 //! * `delegations`: the replicas this node answers hits on itself, and their local leases.
 //! * `holdings`: the READY replicas and namespaces a node reports again when it rejoins.
@@ -23,6 +24,7 @@
 //! * `ssd_pins`: a client's pins on the SSD store's regions, and when each lapses.
 
 pub mod accept;
+pub mod awaited;
 pub mod clients;
 pub mod copy_queue;
 pub mod delegations;
@@ -39,6 +41,7 @@ pub mod stores;
 pub mod tenants;
 pub mod transfers;
 
+pub use awaited::{AwaitedEnd, AwaitedReserves, Reservation, Resolution, Taken};
 pub use clients::{ClientBooks, ClientCleanup, ClientLimits, ClientRefusal, Ticket, CLIENT_LIMITS};
 pub use delegations::Delegations;
 pub use extents::{ExtentAction, ExtentReturns, ReturnRefused};
@@ -94,6 +97,8 @@ pub struct NodeCore {
     clients: HashMap<ClientId, ClientBooks>,
     /// The replicas this node answers hits on itself, and the local leases under them.
     pub delegations: Delegations,
+    /// Reserves under way at the directory for grants already handed out.
+    pub awaited: AwaitedReserves,
     /// The namespaces each tenant registered (bounded per tenant).
     pub tenant_namespaces: tenants::TenantNamespaces,
     /// Each connected client's user, and the clients each user holds (entries of users
@@ -122,6 +127,7 @@ impl NodeCore {
             holdings: Holdings::default(),
             clients: HashMap::new(),
             delegations: Delegations::default(),
+            awaited: AwaitedReserves::default(),
             tenant_namespaces: tenants::TenantNamespaces::default(),
             client_users: HashMap::new(),
             clients_of_user: HashMap::new(),

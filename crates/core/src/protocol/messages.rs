@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 /// CPU memory by salt group (a pool's tenancy, a mapping's write permission); 12 records
 /// each extent's owner in the shared pool ([`crate::model::extent_owner`]): a grant carries
 /// the owner word the directory knew, a claim the word the node wrote; 13 added `Locate`
-/// (which nodes can load how much of a prefix, for routers); 14 added `ReclaimAckMany`. An older peer is refused at
-/// hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[14];
+/// (which nodes can load how much of a prefix, for routers); 14 added `ReclaimAckMany`; 15
+/// lets a batch's commit say a store ended as pending or skipped (grants handed out before
+/// their reserve was answered). An older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[15];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -455,6 +456,12 @@ pub enum StoreCommitted {
     NotStored,
     /// The commit was refused (an unknown ticket, say).
     Refused(ProtocolError),
+    /// Not published: another writer was storing the object when the grant's reserve
+    /// reached the directory (pages freed).
+    Pending,
+    /// Not published, for this reason, found when the grant's reserve reached the
+    /// directory (pages freed).
+    Skipped(crate::directory::StoreSkip),
 }
 
 /// A pool the client can map.

@@ -135,6 +135,10 @@ macro_rules! coverage {
 coverage! {
     /// Stores whose commit was applied.
     stores_committed,
+    /// Stores whose pages were granted and written before their reserve was answered, and
+    /// those of them the directory placed in another pool (pages freed, store skipped).
+    early_grants,
+    early_grants_elsewhere,
     /// Reads whose bytes were checked against the object they claim.
     reads_verified,
     /// Delegations granted to nodes, hits they answered under them, and recalls they got.

@@ -21,7 +21,7 @@ use kvtier_core::model::{
 use kvtier_core::node::delegations::is_local;
 use kvtier_core::node::pushes::PushSet;
 use kvtier_core::node::transfers::{ExpectedTransfers, EXPECTED_TRANSFERS_MAX};
-use kvtier_core::node::{ClientId, CommitResult, Liveness, NodeCore};
+use kvtier_core::node::{ClientId, CommitResult, Liveness, NodeCore, Reservation};
 use kvtier_core::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -53,6 +53,9 @@ pub(super) enum Purpose {
         ticket: u64,
         object: ObjectId,
         tenant: usize,
+        /// Pages granted and written before the reserve was sent (the node's grants before
+        /// the reserve): committed if the directory reserves in their pool, else freed.
+        early: Option<Location>,
     },
     Commit {
         object: ObjectId,
@@ -117,6 +120,9 @@ pub struct SimNode {
     pub(super) transfers: ExpectedTransfers,
     pub(super) pushes: PushSet,
     pub(super) push_streams: HashMap<ReplicaId, super::peer::PushStream>,
+    /// The pool each tenant's engine's last store was granted in (by tenant): its next
+    /// store's pages are granted and written there before the reserve is answered.
+    pub(super) placed: [Option<PoolId>; TENANTS.len()],
 }
 
 impl SimNode {
@@ -143,6 +149,7 @@ impl SimNode {
             transfers: ExpectedTransfers::with_capacity(EXPECTED_TRANSFERS_MAX),
             pushes: PushSet::default(),
             push_streams: HashMap::new(),
+            placed: [None; TENANTS.len()],
         }
     }
 
@@ -189,6 +196,7 @@ impl World {
         state.transfers = ExpectedTransfers::with_capacity(EXPECTED_TRANSFERS_MAX);
         state.pushes = PushSet::default();
         state.push_streams.clear();
+        state.placed = [None; TENANTS.len()];
         self.crash_disk(node);
         self.stats.covered.node_restarts += 1;
     }
@@ -359,8 +367,11 @@ impl World {
                 books.prune(now);
                 let aborts = books.take_aborts();
                 let due = books.take_due_pages();
-                for (_, replica) in aborts {
-                    self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                for reservation in aborts {
+                    // The simulation's grants follow their reserve's answer: always made.
+                    if let Reservation::Made { replica, .. } = reservation {
+                        self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                    }
                 }
                 for location in due {
                     self.free(node, location).ok();
@@ -398,13 +409,37 @@ impl World {
             object,
             length_bytes: OBJECT_BYTES,
         };
+        // Placed before: the pages are granted and written now, while the reserve travels.
+        let early = self.nodes[node].placed[tenant]
+            .and_then(|pool| self.allocate(node, pool))
+            .map(|(location, space)| {
+                self.write(space, location.offset_bytes, object);
+                self.stats.covered.early_grants += 1;
+                location
+            });
         let request = DirectoryRequest::Reserve { operation, item };
         let purpose = Purpose::Store {
             ticket,
             object,
             tenant,
+            early,
         };
         self.send(node, request, purpose);
+    }
+
+    /// A store ended before its commit: its early pages, if any, are freed and the books'
+    /// slot given back.
+    pub(super) fn end_early_store(
+        &mut self,
+        node: usize,
+        tenant: usize,
+        ticket: u64,
+        early: Option<Location>,
+    ) {
+        if let Some(location) = early {
+            self.free(node, location).ok();
+        }
+        self.end_store(node, tenant, ticket);
     }
 
     pub(super) fn end_store(&mut self, node: usize, tenant: usize, ticket: u64) {
@@ -761,9 +796,17 @@ impl World {
                 self.nodes[node].core.operations.end(operation);
                 self.extent_granted(node, grant);
             }
-            (_, Purpose::Store { ticket, tenant, .. }) => {
+            (
+                _,
+                Purpose::Store {
+                    ticket,
+                    tenant,
+                    early,
+                    ..
+                },
+            ) => {
                 self.nodes[node].core.operations.end(operation);
-                self.end_store(node, tenant, ticket);
+                self.end_early_store(node, tenant, ticket, early);
             }
             (_, Purpose::Restore { object }) => {
                 self.nodes[node].core.operations.end(operation);

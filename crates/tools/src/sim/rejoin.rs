@@ -118,7 +118,12 @@ impl World {
             self.nodes[node].core.operations.end(operation);
         }
         match pending.purpose {
-            Purpose::Store { ticket, tenant, .. } => self.end_store(node, tenant, ticket),
+            Purpose::Store {
+                ticket,
+                tenant,
+                early,
+                ..
+            } => self.end_early_store(node, tenant, ticket, early),
             Purpose::Restore { object } => self.restore_ended(node, &object),
             Purpose::Commit { replica, .. } => {
                 self.spill_answered(node, replica);

@@ -11,7 +11,7 @@ use kvtier_core::directory::{
 use kvtier_core::model::extent_owner::{take_extent, Ownership, TakeFrom};
 use kvtier_core::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
 use kvtier_core::node::{
-    after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Ticket,
+    after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Reservation, Ticket,
 };
 use kvtier_core::protocol::messages::{DirectoryReply, DirectoryRequest};
 use std::time::Duration;
@@ -27,26 +27,47 @@ impl World {
             ticket,
             object,
             tenant,
+            early,
         } = purpose
         else {
             return;
         };
         let DirectoryReply::Reserved(ReserveOutcome::Granted { replica, pool, .. }) = reply else {
-            self.end_store(node, tenant, ticket);
+            self.nodes[node].placed[tenant] = None;
+            self.end_early_store(node, tenant, ticket, early);
             return;
         };
-        let Some((location, space)) = self.allocate(node, pool) else {
-            self.end_store(node, tenant, ticket);
-            self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
-            return;
+        let location = match early {
+            // Written already, in the pool the directory chose.
+            Some(location) if location.pool == pool => location,
+            // Placed elsewhere: the early pages go, the reservation is given back, and the
+            // next store asks first.
+            Some(_) => {
+                self.nodes[node].placed[tenant] = None;
+                self.stats.covered.early_grants_elsewhere += 1;
+                self.end_early_store(node, tenant, ticket, early);
+                self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                return;
+            }
+            None => {
+                let Some((location, space)) = self.allocate(node, pool) else {
+                    self.end_store(node, tenant, ticket);
+                    self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
+                    return;
+                };
+                self.write(space, location.offset_bytes, object);
+                self.nodes[node].placed[tenant] = Some(pool);
+                location
+            }
         };
-        self.write(space, location.offset_bytes, object);
         let now = self.now;
         let state = &mut self.nodes[node];
         if let Some(books) = state.clients[tenant].and_then(|client| state.core.client(client)) {
             let granted = Ticket {
-                session: state.session.unwrap_or(SessionId(0)),
-                replica,
+                reservation: Reservation::Made {
+                    session: state.session.unwrap_or(SessionId(0)),
+                    replica,
+                },
                 object,
                 location,
             };

@@ -13,14 +13,16 @@
 use super::link::LinkError;
 use super::services::NodeServices;
 use super::ssd_pins::SsdPins;
-use super::store::{begin_store, begin_store_many, commit_store, commit_store_many};
+use super::store::{
+    begin_store, begin_store_many, commit_store, commit_store_many, StorePlacement,
+};
 use crate::actors::frames::{
     frame_stream, incoming, spawn_writer, Incoming, INFLIGHT_REQUESTS_MAX,
 };
 use crate::directory::{AcquireOutcome, Lease, ProbeOutcome, ReleaseOutcome};
 use crate::metrics::{Direction, Operation};
 use crate::model::{LeaseId, ObjectId};
-use crate::node::{ClientId, ClientRefusal, Tenant, Ticket};
+use crate::node::{ClientId, ClientRefusal, Reservation, Resolution, Tenant, Ticket};
 use crate::protocol::messages::{
     ClientReply, ClientRequest, DirectoryReply, DirectoryRequest, NodeDescription, ProtocolError,
 };
@@ -72,6 +74,9 @@ pub struct ClientSessionActor {
     operator: bool,
     /// Where objects' bytes are in the node's SSD files, handed to this client.
     ssd_pins: SsdPins,
+    /// The pool this client's stores were last placed in, where its next batch's pages
+    /// are granted before the directory answers.
+    placement: Arc<StorePlacement>,
 }
 
 /// Whether the peer of `stream` may read the cluster's status: only a process of the node
@@ -105,6 +110,7 @@ impl ClientSessionActor {
             inflight: 0,
             operator,
             ssd_pins: SsdPins::default(),
+            placement: Arc::default(),
         }
     }
 
@@ -123,9 +129,9 @@ impl ClientSessionActor {
             .client(self.client)
             .map(|books| (books.take_aborts(), books.take_due_pages()))
             .unwrap_or_default();
-        for (session, replica) in aborts {
+        for reservation in aborts {
             let services = self.services.clone();
-            actix_rt::spawn(async move { services.link.abort(session, replica).await });
+            actix_rt::spawn(async move { abort_reservation(&services, reservation).await });
         }
         if !due.is_empty() {
             let services = self.services.clone();
@@ -246,7 +252,14 @@ impl ClientSessionActor {
                 Box::pin(begin_store(services, self.client, admitted, valid))
             }
             Work::BeginStoreMany { admitted, valid } => {
-                Box::pin(begin_store_many(services, self.client, admitted, valid))
+                let placement = self.placement.clone();
+                Box::pin(begin_store_many(
+                    services,
+                    self.client,
+                    admitted,
+                    valid,
+                    placement,
+                ))
             }
             Work::CommitStore(granted) => Box::pin(commit_store(services, granted)),
             Work::CommitStoreMany(granted) => Box::pin(commit_store_many(services, granted)),
@@ -456,10 +469,18 @@ pub fn refusal(result: Result<DirectoryReply, LinkError>) -> ProtocolError {
     }
 }
 
-/// Frees an unwritten grant's pages and gives its reservation back to the directory.
+/// Frees an unwritten grant's pages and gives its reservation back to the directory (once
+/// its awaited reserve answered, if it has one).
 pub async fn give_back(services: &NodeServices, granted: Ticket) {
     services.free(granted.location).await;
-    services.link.abort(granted.session, granted.replica).await;
+    abort_reservation(services, granted.reservation).await;
+}
+
+/// Gives a grant's reservation back to the directory, if the directory made one.
+pub async fn abort_reservation(services: &NodeServices, reservation: Reservation) {
+    if let Resolution::Made { session, replica } = services.resolve(reservation).await {
+        services.link.abort(session, replica).await;
+    }
 }
 
 async fn acquire(

@@ -31,6 +31,20 @@ pub const DIRECTORY_INFLIGHT_MAX: usize = INFLIGHT_REQUESTS_MAX;
 /// Attempts to resolve an operation whose reply was lost before giving up with `Unknown`.
 const RESOLVE_ATTEMPTS_MAX: u32 = 3;
 
+tokio::task_local! {
+    /// Set around requests whose replies nobody waits for on an engine's path (the
+    /// reserve of grants already handed out, answered while the engine copies): the node
+    /// does not busy-poll for them, so its spinning takes no CPU from that copy or from a
+    /// directory on the same host.
+    static UNWATCHED: ();
+}
+
+/// Runs `requests` (calls on the link) as requests no engine waits for: see
+/// [`UNWATCHED`].
+pub async fn unwatched<F: std::future::Future>(requests: F) -> F::Output {
+    UNWATCHED.scope((), requests).await
+}
+
 /// Why a request through the link failed.
 #[derive(Debug, Error)]
 pub enum LinkError {
@@ -468,9 +482,10 @@ impl DirectoryLink {
     /// that saw it fail) before the error is returned.
     pub async fn send(&self, request: DirectoryRequest) -> Result<DirectoryReply, LinkError> {
         let (rpc, generation) = self.current()?;
-        // A long wait for tasks is no request whose reply is due.
-        let awaiting = (!matches!(request, DirectoryRequest::AwaitTasks { .. }))
-            .then(|| self.busy_poll.awaiting());
+        // A long wait for tasks is no request whose reply is due, nor is one nobody waits for.
+        let watched = !matches!(request, DirectoryRequest::AwaitTasks { .. })
+            && UNWATCHED.try_with(|_| ()).is_err();
+        let awaiting = watched.then(|| self.busy_poll.awaiting());
         let reply = rpc.call(request).await;
         drop(awaiting);
         match reply {

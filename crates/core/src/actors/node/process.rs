@@ -280,6 +280,7 @@ async fn start(
         peer: peer.clone(),
         copier: super::copy_engine::CopyEngine::start(section.copy_threads)
             .context("starting the node's copy threads")?,
+        reserves_answered: Arc::default(),
     };
     if let Some(peer) = &peer {
         peer.serve(services.clone());

@@ -10,7 +10,9 @@ use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::extent_owner::{Ownership, TakeFrom};
 use crate::model::{Clock, Location, ObjectId, PoolId};
-use crate::node::{ClientId, ClientRefusal, ExtentAction, NodeCore};
+use crate::node::{
+    AwaitedEnd, ClientId, ClientRefusal, ExtentAction, NodeCore, Reservation, Resolution, Taken,
+};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,9 +55,36 @@ pub struct NodeServices {
     /// The worker threads that copy between pools (demotions, replications into shared
     /// pools).
     pub copier: super::copy_engine::CopyEngine,
+    /// Woken whenever an awaited reserve is answered ([`NodeCore::awaited`]).
+    pub reserves_answered: Arc<tokio::sync::Notify>,
 }
 
 impl NodeServices {
+    /// The reservation behind a ticket: made, or what its awaited reserve's answer says
+    /// (waited for; taken once, so each ticket resolves its reservation exactly once).
+    pub async fn resolve(&self, reservation: Reservation) -> Resolution {
+        let (batch, index) = match reservation {
+            Reservation::Made { session, replica } => return Resolution::Made { session, replica },
+            Reservation::Awaited { batch, index } => (batch, index),
+        };
+        loop {
+            let answered = self.reserves_answered.notified();
+            tokio::pin!(answered);
+            // Registered before the look, so an answer between the two is not missed.
+            answered.as_mut().enable();
+            // Taken before the match: the core's lock is not held across the wait.
+            let taken = self.core().awaited.take(batch, index);
+            match taken {
+                Taken::Resolved(resolution) => return resolution,
+                Taken::Unknown => {
+                    let unknown = "the reserve of this grant is unknown to the node".to_string();
+                    return Resolution::Ended(AwaitedEnd::Failed(unknown));
+                }
+                Taken::Waiting => answered.await,
+            }
+        }
+    }
+
     /// Whether `pool` is this node's SSD pool.
     pub fn is_ssd_pool(&self, pool: PoolId) -> bool {
         self.ssd.as_ref().is_some_and(|ssd| ssd.pool() == pool)
