@@ -539,9 +539,10 @@ fn a_session_placed_in_one_pool_is_granted_before_its_reserve_and_ends_as_the_di
     let node = common::metrics_of(&cluster, "node-a");
     runtime().block_on(async {
         let (client, namespace) = connect(&cluster, 0).await;
+        // 8 × 256 KiB: a batch large enough to be granted before its reserve.
         let batch = |first: u32, tag: u32| -> Vec<(ObjectId, Vec<u8>)> {
             (first..first + 8)
-                .map(|index| object(namespace, index, tag, 64 << 10))
+                .map(|index| object(namespace, index, tag, 256 << 10))
                 .collect()
         };
         let stored = vec![StoreOutcome::Stored; 8];
@@ -561,7 +562,7 @@ fn a_session_placed_in_one_pool_is_granted_before_its_reserve_and_ends_as_the_di
         let present = vec![StoreOutcome::AlreadyPresent; 8];
         assert_eq!(store_batch(&client, &again).await, present);
         assert_eq!(early_grants(node, "ended"), 8.0);
-        let held = 16.0 * f64::from(64u32 << 10);
+        let held = 16.0 * f64::from(256u32 << 10);
         let deadline = Instant::now() + Duration::from_secs(10);
         while allocated_bytes(node) != held {
             assert!(Instant::now() < deadline, "{} bytes", allocated_bytes(node));
@@ -576,5 +577,11 @@ fn a_session_placed_in_one_pool_is_granted_before_its_reserve_and_ends_as_the_di
         assert_eq!(early_grants(node, "reserved"), 16.0);
         let every: Vec<_> = [first, second, third, fourth].concat();
         assert_eq!(common::verified_hits(&client, &every).await, every.len());
+        // A small batch asks first, placed or not.
+        let small: Vec<_> = (32..40)
+            .map(|index| object(namespace, index, 30, 4 << 10))
+            .collect();
+        assert_eq!(store_batch(&client, &small).await, stored);
+        assert_eq!(early_grants(node, "reserved"), 16.0);
     });
 }
