@@ -1,7 +1,7 @@
 //! Reserves still under way at the directory for grants the node already handed out.
 //!
 //! A node whose client session has seen its stores placed in one pool grants the next
-//! batch's pages in that pool at once and sends the batch's reserve to the directory at the
+//! batch's pages (a batch of 1 MiB or more) in that pool at once and sends the batch's reserve to the directory at the
 //! same time: the client copies while the reserve travels, and the reserve's round trip
 //! leaves the store's path. Each such grant's ticket names its batch and its index in it
 //! ([`Reservation::Awaited`]); whoever ends the ticket (its commit, its abort, its expiry,

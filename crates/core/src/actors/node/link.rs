@@ -39,8 +39,9 @@ tokio::task_local! {
     static UNWATCHED: ();
 }
 
-/// Runs `requests` (calls on the link) as requests no engine waits for: see
-/// [`UNWATCHED`].
+/// Runs `requests` (calls on the link) as requests no engine waits for: the node does not
+/// busy-poll for their replies, so its spinning takes no CPU from an engine's copy or from
+/// a directory on the same host.
 pub async fn unwatched<F: std::future::Future>(requests: F) -> F::Output {
     UNWATCHED.scope((), requests).await
 }

@@ -44,8 +44,9 @@ pub async fn begin_store(
 
 /// `BeginStoreMany`: one reserve round trip for every admitted item, then each item as
 /// `BeginStore` would answer it; an item the books refused keeps its refusal. When the
-/// client's last batch was placed whole in one pool, this batch's pages are granted there
-/// at once and its reserve answered while the client copies ([`grant_before_reserve`]).
+/// client's last batch was placed whole in one pool and this one carries at least
+/// [`EARLY_GRANT_BYTES_MIN`], its pages are granted there at once and its reserve answered
+/// while the client copies ([`grant_before_reserve`]).
 pub async fn begin_store_many(
     services: NodeServices,
     client: ClientId,
