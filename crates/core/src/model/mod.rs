@@ -1,6 +1,7 @@
 //! Identities, locations and records shared by every role.
 
 pub mod demo;
+mod digest_bytes;
 pub mod extent_owner;
 pub mod ids;
 pub mod namespace;

@@ -88,7 +88,7 @@ pub enum NamespaceError {
 
 /// The 128-bit hash of a namespace's canonical encoding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct NamespaceId(pub [u8; 16]);
+pub struct NamespaceId(#[serde(with = "super::digest_bytes")] pub [u8; 16]);
 
 impl fmt::Debug for NamespaceId {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {

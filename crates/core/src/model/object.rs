@@ -9,7 +9,7 @@ use std::fmt;
 /// The chained digest of a prompt prefix: `digest(chunk) = H(predecessor digest, tokens)`.
 /// Equal digests mean equal token prefixes (up to 128-bit collisions).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PrefixDigest(pub [u8; 16]);
+pub struct PrefixDigest(#[serde(with = "super::digest_bytes")] pub [u8; 16]);
 
 impl PrefixDigest {
     /// The digest before the first chunk.

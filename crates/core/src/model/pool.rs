@@ -57,7 +57,7 @@ pub enum Scope {
 /// sharing a salt share objects, so they may share memory; tenants of different salts
 /// never do. Derived from the salt by a keyed hash, so a pool's description names no salt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct SaltGroup(pub [u8; 16]);
+pub struct SaltGroup(#[serde(with = "super::digest_bytes")] pub [u8; 16]);
 
 impl SaltGroup {
     /// The group of the namespaces registered with `salt` (`None`: unsalted).

@@ -34,8 +34,10 @@ use serde::{Deserialize, Serialize};
 /// the owner word the directory knew, a claim the word the node wrote; 13 added `Locate`
 /// (which nodes can load how much of a prefix, for routers); 14 added `ReclaimAckMany`; 15
 /// lets a batch's commit say a store ended as pending or skipped (grants handed out before
-/// their reserve was answered). An older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[15];
+/// their reserve was answered); 16 writes the 128-bit identities (namespaces, prefix
+/// digests, salt groups) as one byte string each instead of 16 numbers
+/// ([`crate::model::object`]). An older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[16];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
