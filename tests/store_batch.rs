@@ -585,3 +585,67 @@ fn a_session_placed_in_one_pool_is_granted_before_its_reserve_and_ends_as_the_di
         assert_eq!(early_grants(node, "reserved"), 16.0);
     });
 }
+
+/// A node answers hits on what its clients stored in its CPU pool from the commit on, with
+/// no request to the directory. Retired while an engine reads it, the object's pages stay
+/// until that reader is gone: the reclaim waits for the node's local lease.
+#[test]
+fn a_stored_object_is_a_local_hit_from_its_commit_and_outlives_its_retire_while_read() {
+    let cluster = cluster(64 << 20);
+    let node = common::metrics_of(&cluster, "node-a");
+    runtime().block_on(async {
+        let (client, namespace) = connect(&cluster, 0).await;
+        let objects: Vec<_> = (0..4)
+            .map(|index| object(namespace, index, 40, 256 << 10))
+            .collect();
+        assert_eq!(
+            store_batch(&client, &objects).await,
+            vec![StoreOutcome::Stored; 4]
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let metric = |name: &str| common::scraped(node, name);
+        let lookups = metric("kvtier_directory_lookups_total");
+        let views = client
+            .load(&[objects[0].0], AcquireMode::Each)
+            .await
+            .unwrap();
+        let view = views
+            .into_iter()
+            .next()
+            .flatten()
+            .expect("a stored object hits");
+        assert!(
+            kvtier_core::node::delegations::is_local(view.lease().lease),
+            "the first load of a stored object is answered by its node"
+        );
+        assert_eq!(metric("kvtier_directory_lookups_total"), lookups);
+        // Retired while the view reads it: the node puts the reclaim off.
+        client
+            .retire(objects[0].0, view.lease().replica)
+            .await
+            .unwrap();
+        while metric("kvtier_reclaims_deferred_total") < 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "the reclaim never reached the node"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let four = 4.0 * f64::from(256u32 << 10);
+        assert_eq!(allocated_bytes(node), four, "its pages are held while read");
+        assert_eq!(view.bytes().unwrap(), &objects[0].1[..]);
+        assert_eq!(
+            common::verified_hits(&client, &objects[..1]).await,
+            0,
+            "retired"
+        );
+        // The reader gone, the pages go.
+        drop(view);
+        let three = 3.0 * f64::from(256u32 << 10);
+        while allocated_bytes(node) != three {
+            assert!(Instant::now() < deadline, "{} bytes", allocated_bytes(node));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(common::verified_hits(&client, &objects[1..]).await, 3);
+    });
+}

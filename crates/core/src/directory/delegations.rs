@@ -20,7 +20,7 @@
 use super::leases::LeaseRecord;
 use super::ops::{Task, TaskKind};
 use super::{AcquireMode, AcquireOutcome, Directory, DirectoryError, ReplicaState};
-use crate::model::{LeaseId, ObjectId, ReplicaId, SessionId, TaskId, Timestamp};
+use crate::model::{LeaseId, ObjectId, ReplicaId, Scope, SessionId, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -55,10 +55,13 @@ pub struct Delegation {
     pub duration_ms: u64,
 }
 
-/// Hits a node answered under one of its delegations since its last report.
+/// Hits a node answered itself since its last report: under one of its delegations, or on
+/// a replica in one of its own CPU pools (then `delegation` is the node's own key, unknown
+/// here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalHits {
     pub delegation: LeaseId,
+    pub replica: ReplicaId,
     pub object: ObjectId,
     pub hits: u32,
 }
@@ -258,9 +261,11 @@ impl Directory {
             .is_some_and(|record| record.delegation)
     }
 
-    /// Counts the hits a session's node answered under its delegations as accesses, as
-    /// the directory counts the hits it answers: the eviction order and the access history
-    /// see them. Reports of delegations the session no longer holds are ignored.
+    /// Counts the hits a session's node answered itself (under its delegations, or on
+    /// replicas in its own CPU pools) as accesses, as the directory counts the hits it
+    /// answers: the eviction order and the access history see them. Reports of
+    /// delegations the session no longer holds, and of replicas no longer READY, are
+    /// ignored.
     pub fn report_local_hits(
         &mut self,
         now: Timestamp,
@@ -269,16 +274,21 @@ impl Directory {
     ) -> Result<(), DirectoryError> {
         self.check_batch(hits.len())?;
         self.open_session(session_id)?;
+        let node = self.sessions.get(&session_id).map(|session| session.node);
         for report in hits {
-            let Some(record) = self.leases.get(report.delegation) else {
-                continue;
-            };
-            if !record.delegation || record.session != session_id {
-                continue;
-            }
-            let replica_id = record.replica;
+            let delegated = self.leases.get(report.delegation).is_some_and(|record| {
+                record.delegation
+                    && record.session == session_id
+                    && record.replica == report.replica
+            });
+            let replica_id = report.replica;
             let matches = self.replicas.get(replica_id).is_some_and(|replica| {
-                replica.object == report.object && replica.state == ReplicaState::Ready
+                replica.object == report.object
+                    && replica.state == ReplicaState::Ready
+                    && (delegated
+                        || node.is_some_and(|node| {
+                            self.pools[replica.pool.0 as usize].spec.scope == Scope::Host(node)
+                        }))
             });
             if !matches {
                 continue;

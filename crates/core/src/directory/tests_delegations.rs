@@ -157,11 +157,12 @@ fn local_hits_reported_count_as_accesses_and_stale_reports_are_ignored() {
     let b = fixture.node("b", 16 * MIB);
     let object = fixture.object(1);
     fixture.store(&a, object, MIB);
-    let (_, delegation) = acquire_delegating(&mut fixture, &a, object);
+    let (lease, delegation) = acquire_delegating(&mut fixture, &a, object);
     let delegation = delegation.unwrap().lease;
     let before = fixture.directory.access_count(&object);
     let report = LocalHits {
         delegation,
+        replica: lease.replica,
         object,
         hits: 3,
     };
@@ -184,6 +185,33 @@ fn local_hits_reported_count_as_accesses_and_stale_reports_are_ignored() {
         .report_local_hits(fixture.now, a.session, &[wrong_object])
         .unwrap();
     assert_eq!(fixture.directory.access_count(&object), before + 3);
+    // Hits `a` answered on the replica in its own CPU pool with no delegation (its own key,
+    // unknown here) count; the same report from `b`, which does not own the pool, does not.
+    let owned = LocalHits {
+        delegation: LeaseId(u64::MAX),
+        hits: 2,
+        ..report
+    };
+    fixture
+        .directory
+        .report_local_hits(fixture.now, b.session, &[owned])
+        .unwrap();
+    assert_eq!(fixture.directory.access_count(&object), before + 3);
+    fixture
+        .directory
+        .report_local_hits(fixture.now, a.session, &[owned])
+        .unwrap();
+    assert_eq!(fixture.directory.access_count(&object), before + 5);
+    // Once the replica is no longer READY, its reports count nothing.
+    fixture
+        .directory
+        .retire_object(a.session, &object, lease.replica)
+        .unwrap();
+    fixture
+        .directory
+        .report_local_hits(fixture.now, a.session, &[owned])
+        .unwrap();
+    assert_eq!(fixture.directory.access_count(&object), before + 5);
 }
 
 #[test]

@@ -29,6 +29,7 @@ pub struct NodeDelegationMetrics {
     recalls_total: IntCounter,
     recall_seconds: Histogram,
     delegations: IntGauge,
+    reclaims_deferred_total: IntCounter,
 }
 
 impl NodeDelegationMetrics {
@@ -64,7 +65,11 @@ impl NodeDelegationMetrics {
             )?,
             delegations: IntGauge::new(
                 "kvtier_delegations",
-                "Delegations this node holds: replicas it answers hits on itself.",
+                "Replicas this node answers hits on itself: under its delegations, and those it stored in its own CPU pools.",
+            )?,
+            reclaims_deferred_total: IntCounter::new(
+                "kvtier_reclaims_deferred_total",
+                "Reclaims of replicas in this node's CPU pools put off while a local lease read them (done once the last one ended).",
             )?,
         };
         metrics.register(Box::new(families.local_hits_total.clone()))?;
@@ -74,6 +79,7 @@ impl NodeDelegationMetrics {
         metrics.register(Box::new(families.recalls_total.clone()))?;
         metrics.register(Box::new(families.recall_seconds.clone()))?;
         metrics.register(Box::new(families.delegations.clone()))?;
+        metrics.register(Box::new(families.reclaims_deferred_total.clone()))?;
         Ok(families)
     }
 
@@ -93,6 +99,7 @@ impl NodeDelegationMetrics {
             counts.directory_hit_lookups,
         );
         catch_up(&self.recalls_total, counts.recalls);
+        catch_up(&self.reclaims_deferred_total, counts.reclaims_deferred);
         if hits > 0 {
             self.directory_requests_per_hit
                 .set(counts.directory_hit_lookups as f64 / hits as f64);
@@ -164,6 +171,7 @@ mod tests {
             recalls: 2,
             directory_lookups: 3,
             directory_hit_lookups: 1,
+            reclaims_deferred: 5,
         };
         node.publish(&counts, 3, 8, &[Duration::from_millis(2)]);
         directory.publish(&[(RecallReason::Retire, 1), (RecallReason::Evict, 4)], 3);
@@ -175,6 +183,7 @@ mod tests {
             "kvtier_directory_requests_per_hit 0.125",
             "kvtier_recall_seconds_count 1",
             "kvtier_delegations 3",
+            "kvtier_reclaims_deferred_total 5",
             "kvtier_directory_recalls_total{reason=\"evict\"} 4",
         ] {
             assert!(text.contains(line), "{line} in {text}");

@@ -13,12 +13,20 @@
 //! * a recall of a delegation this node has not heard of yet is remembered, so a grant
 //!   that arrives after its recall is released at once instead of served.
 //!
-//! Bounds: [`DELEGATIONS_MAX`] delegations, the local leases of the clients' books (each
-//! client's and each user's lease bounds), [`EARLY_RECALLS_MAX`] early recalls, and the
-//! outboxes by the entries they come from.
+//! The node also answers hits on the replicas it published in its own CPU pools
+//! ([`Delegations::owned`]) from the moment their commit is answered, with no delegation:
+//! only this node frees those pages, and only when the directory hands it their reclaim
+//! ([`Delegations::may_reclaim`]). That reclaim is the recall: from it the replica grants
+//! nothing more, and it is done (pages freed, acknowledged) only once no local lease on it
+//! is live, then at once ([`Delegations::take_reclaims_ready`]); until then it is not
+//! acknowledged (the directory hands it out again, and finds it done).
+//!
+//! Bounds: [`DELEGATIONS_MAX`] delegations, [`OWNED_MAX`] owned replicas, the local leases
+//! of the clients' books (each client's and each user's lease bounds), [`EARLY_RECALLS_MAX`]
+//! early recalls, and the outboxes by the entries they come from.
 
 use crate::directory::{Delegation, Lease, LocalHits, ProbeOutcome};
-use crate::model::{LeaseId, ObjectId, Timestamp};
+use crate::model::{LeaseId, Location, ObjectId, ReplicaId, Timestamp};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
@@ -26,6 +34,13 @@ use std::time::Duration;
 pub const LOCAL_LEASE_BIT: u64 = 1 << 63;
 /// Delegations one node holds: the directory's default bound for a session.
 pub const DELEGATIONS_MAX: usize = 1 << 16;
+/// Replicas of its own CPU pools a node answers hits on without a delegation: 2^18, a
+/// 512 GiB pool of 2 MiB chunks, about 40 MiB of index. Past it, a published replica's
+/// hits go to the directory (and bring a delegation) as any other's.
+pub const OWNED_MAX: usize = 1 << 18;
+/// Tags the index's key of an owned replica (with [`LOCAL_LEASE_BIT`], which no
+/// directory lease sets): a key only this node uses, never sent.
+const OWNED_BIT: u64 = 1 << 62;
 /// Recalls remembered for delegations whose grant has not arrived yet.
 pub const EARLY_RECALLS_MAX: usize = 4096;
 /// An early recall is kept at least this long (or as long as the longest delegation).
@@ -44,8 +59,11 @@ struct Delegated {
     template: Lease,
     /// Until when the delegation lasts, on this node's clock.
     valid_until: Timestamp,
-    /// When its recall arrived.
+    /// When its recall arrived (for an owned replica: its reclaim).
     recalled: Option<Timestamp>,
+    /// A replica this node published in its own CPU pool, not a delegation: nothing to
+    /// release at the directory, and no end but its reclaim or the session's.
+    owned: bool,
     /// Whether it is the one `index` names for its object (a newer grant supersedes it).
     current: bool,
     /// Local leases under it still live.
@@ -77,6 +95,9 @@ pub struct DelegationCounts {
     /// Of those, the ones the directory answered with a hit (an object held, or leased):
     /// the hits that needed the directory, one count per request.
     pub directory_hit_lookups: u64,
+    /// Reclaims of owned replicas put off because a local lease read them (each counted
+    /// once, however often its task comes back).
+    pub reclaims_deferred: u64,
 }
 
 /// The delegations this node holds. See the module documentation.
@@ -85,6 +106,15 @@ pub struct Delegations {
     delegated: HashMap<LeaseId, Delegated, foldhash::fast::RandomState>,
     /// The delegation each object's hits are answered under.
     index: HashMap<ObjectId, LeaseId, foldhash::fast::RandomState>,
+    /// The key in `delegated` of each owned replica ([`Delegations::owned`]).
+    owned: HashMap<ReplicaId, LeaseId, foldhash::fast::RandomState>,
+    next_owned: u64,
+    /// Sessions ended so far ([`Delegations::clear`]): an owned replica is recorded only
+    /// in the session its commit was sent in.
+    sessions_ended: u64,
+    /// Owned replicas whose reclaim waited for their last local lease, which has ended:
+    /// to free and acknowledge now (bounded by the owned replicas).
+    reclaims_ready: Vec<(ReplicaId, Location)>,
     /// Each live local lease's delegation.
     local: HashMap<LeaseId, LeaseId, foldhash::fast::RandomState>,
     /// Local leases in grant order, with their deadlines.
@@ -212,7 +242,7 @@ impl Delegations {
             return;
         }
         if self.early_recalls.remove(&delegation.lease).is_some()
-            || self.delegated.len() >= DELEGATIONS_MAX
+            || self.delegated.len() - self.owned.len() >= DELEGATIONS_MAX
         {
             self.releases.push(delegation.lease);
             return;
@@ -234,6 +264,7 @@ impl Delegations {
                 template: *lease,
                 valid_until: asked + length,
                 recalled: None,
+                owned: false,
                 current: true,
                 readers: 0,
                 unreported_hits: 0,
@@ -263,11 +294,21 @@ impl Delegations {
         if delegated.readers > 0 || (delegated.current && delegated.recalled.is_none()) {
             return;
         }
-        if let Some(recalled) = delegated.recalled {
-            self.recall_latencies.push(now.saturating_since(recalled));
+        let (owned, replica, location) = (
+            delegated.owned,
+            delegated.template.replica,
+            delegated.template.location,
+        );
+        match (owned, delegated.recalled) {
+            (false, Some(recalled)) => self.recall_latencies.push(now.saturating_since(recalled)),
+            // Its reclaim came while it was read: it is done now, not when handed out again.
+            (true, Some(_)) => self.reclaims_ready.push((replica, location)),
+            _ => {}
         }
         self.forget(delegation);
-        self.releases.push(delegation);
+        if !owned {
+            self.releases.push(delegation);
+        }
     }
 
     fn forget(&mut self, delegation: LeaseId) {
@@ -275,7 +316,85 @@ impl Delegations {
             if delegated.current && self.index.get(&delegated.object) == Some(&delegation) {
                 self.index.remove(&delegated.object);
             }
+            if delegated.owned {
+                self.owned.remove(&delegated.template.replica);
+            }
         }
+    }
+
+    /// Which session the node is in, for [`Delegations::owned`]: read before a commit is
+    /// sent. It changes when the session ends ([`Delegations::clear`]).
+    pub fn session_mark(&self) -> u64 {
+        self.sessions_ended
+    }
+
+    /// This node published `template`'s replica of `object` in one of its own CPU pools
+    /// and the directory answered its commit, sent in the session `mark` says
+    /// ([`Delegations::session_mark`]): its hits are answered here from now on, each local
+    /// lease as long as `template`'s `duration_ms` (the directory's lease length), until
+    /// [`Delegations::may_reclaim`] or the session's end. Nothing is recorded when that
+    /// session has ended (a later one may number the replica otherwise), when the object
+    /// is answered here already, or when [`OWNED_MAX`] are held.
+    pub fn owned(&mut self, mark: u64, object: ObjectId, template: Lease) {
+        if mark != self.sessions_ended
+            || self.index.contains_key(&object)
+            || self.owned.len() >= OWNED_MAX
+            || self.owned.contains_key(&template.replica)
+        {
+            return;
+        }
+        self.next_owned = self.next_owned.wrapping_add(1) & !(LOCAL_LEASE_BIT | OWNED_BIT);
+        let key = LeaseId(LOCAL_LEASE_BIT | OWNED_BIT | self.next_owned);
+        self.index.insert(object, key);
+        self.owned.insert(template.replica, key);
+        self.delegated.insert(
+            key,
+            Delegated {
+                object,
+                template,
+                valid_until: Timestamp(u64::MAX),
+                recalled: None,
+                owned: true,
+                current: true,
+                readers: 0,
+                unreported_hits: 0,
+            },
+        );
+    }
+
+    /// The directory hands this node the reclaim of `replica` at `now`: whether its pages
+    /// may be freed and the reclaim acknowledged now. Any replica but an owned one may go
+    /// at once (its readers held directory leases, which ended); so may an owned one no
+    /// local lease reads. One that is read grants no local lease from this call on, and
+    /// once its last reader is gone it is among [`Delegations::take_reclaims_ready`].
+    pub fn may_reclaim(&mut self, now: Timestamp, replica: ReplicaId) -> bool {
+        let Some(key) = self.owned.get(&replica).copied() else {
+            return true;
+        };
+        let Some(delegated) = self.delegated.get_mut(&key) else {
+            return true;
+        };
+        if delegated.readers == 0 {
+            self.forget(key);
+            return true;
+        }
+        if delegated.recalled.is_none() {
+            delegated.recalled = Some(now);
+            self.counts.reclaims_deferred += 1;
+        }
+        if delegated.current {
+            delegated.current = false;
+            if self.index.get(&delegated.object) == Some(&key) {
+                self.index.remove(&delegated.object);
+            }
+        }
+        false
+    }
+
+    /// Owned replicas whose reclaim was put off and whose last local lease has ended, taken:
+    /// the caller frees their pages and acknowledges their reclaims.
+    pub fn take_reclaims_ready(&mut self) -> Vec<(ReplicaId, Location)> {
+        std::mem::take(&mut self.reclaims_ready)
     }
 
     /// The directory recalls `delegation` at `now`: it grants nothing more, and is
@@ -372,6 +491,7 @@ impl Delegations {
                 let hits = std::mem::take(&mut delegated.unreported_hits);
                 (hits > 0).then_some(LocalHits {
                     delegation,
+                    replica: delegated.template.replica,
                     object: delegated.object,
                     hits,
                 })
@@ -388,6 +508,7 @@ impl Delegations {
     pub fn clear(&mut self) {
         *self = Delegations {
             next_local: self.next_local,
+            sessions_ended: self.sessions_ended + 1,
             counts: self.counts,
             longest: self.longest,
             ..Delegations::default()

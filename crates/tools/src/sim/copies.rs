@@ -182,7 +182,7 @@ impl World {
                 Purpose::Plain,
             );
         };
-        self.send_commit(node, operation, object, target, location);
+        self.send_commit(node, operation, object, target, location, None);
     }
 
     /// Sends the commit of `replica`, written at `location` with `object`'s bytes, under
@@ -194,6 +194,7 @@ impl World {
         object: ObjectId,
         replica: ReplicaId,
         location: Location,
+        owned_mark: Option<u64>,
     ) {
         let request = DirectoryRequest::Commit {
             operation,
@@ -204,6 +205,7 @@ impl World {
             object,
             replica,
             location,
+            owned_mark,
         };
         self.send(node, request, purpose);
     }

@@ -145,6 +145,10 @@ coverage! {
     delegations,
     local_hits,
     recalls,
+    /// Replicas a node published in its CPU pool and answered hits on with no delegation,
+    /// and reclaims of them it put off while a local lease on them was live.
+    owned_replicas,
+    reclaims_deferred,
     /// Extents given back and taken by the directory.
     extents_returned,
     /// Extent returns whose reply was lost, held out of the allocator until resolved.

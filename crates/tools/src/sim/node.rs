@@ -61,6 +61,9 @@ pub(super) enum Purpose {
         object: ObjectId,
         replica: ReplicaId,
         location: Location,
+        /// A client's store, sent while the node served: the node core's session mark
+        /// then (`Delegations::session_mark`); `None` for copies.
+        owned_mark: Option<u64>,
     },
     Acquire {
         count: usize,
@@ -511,12 +514,20 @@ impl World {
         self.send(node, request, Purpose::Acquire { count, tenant });
     }
 
-    /// Releases at the directory what the node's delegations no longer need.
+    /// Releases at the directory what the node's delegations no longer need, and frees
+    /// (and acknowledges) the owned replicas whose reclaim waited for their last reader.
     pub(super) fn send_delegation_releases(&mut self, node: usize) {
         let leases = self.nodes[node].core.delegations.take_releases();
         if !leases.is_empty() {
             self.send(node, DirectoryRequest::Release { leases }, Purpose::Plain);
         }
+        let ready = self.nodes[node].core.delegations.take_reclaims_ready();
+        let reclaimed: Vec<_> = ready
+            .into_iter()
+            .filter(|(replica, location)| self.reclaim(node, *replica, *location))
+            .map(|(replica, _)| replica)
+            .collect();
+        self.send_reclaim_acks(node, &reclaimed);
     }
 
     /// The node's periodic delegation work: expiry, and the hits it answered reported.

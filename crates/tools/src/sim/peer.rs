@@ -290,7 +290,7 @@ impl World {
         };
         self.stats.covered.replications += 1;
         self.stats.covered.transfers_received += 1;
-        self.send_commit(node, operation, expected.object, target, location);
+        self.send_commit(node, operation, expected.object, target, location, None);
         PeerVerdict::Committed
     }
 }

@@ -6,10 +6,12 @@ use super::node::{HeldLease, Purpose};
 use super::world::{Space, World, BATCH_ITEMS_MAX, OBJECT_BYTES};
 use kvtier_core::backends::PoolError;
 use kvtier_core::directory::{
-    AcquireOutcome, ExtentGrant, ExtentReturn, Holding, ReserveOutcome, Task, TaskKind,
+    AcquireOutcome, ExtentGrant, ExtentReturn, Holding, Lease, ReserveOutcome, Task, TaskKind,
 };
 use kvtier_core::model::extent_owner::{take_extent, Ownership, TakeFrom};
-use kvtier_core::model::{Location, ObjectId, OperationId, PoolId, ReplicaId, SessionId};
+use kvtier_core::model::{
+    LeaseId, Location, Medium, ObjectId, OperationId, PoolId, ReplicaId, SessionId, Timestamp,
+};
 use kvtier_core::node::{
     after_commit, reclaim_done, CommitResult, ExtentAction, PagesAfterCommit, Reservation, Ticket,
 };
@@ -79,7 +81,10 @@ impl World {
             self.send(node, DirectoryRequest::Abort { replica }, Purpose::Plain);
             return;
         };
-        self.send_commit(node, operation, object, replica, location);
+        let state = &self.nodes[node];
+        let owned_mark = (state.session.is_some() && state.rejoin.is_none())
+            .then(|| state.core.delegations.session_mark());
+        self.send_commit(node, operation, object, replica, location, owned_mark);
     }
 
     /// Allocates an object in `pool`: the node's CPU pool, or a shared pool inside an
@@ -167,6 +172,7 @@ impl World {
             object,
             replica,
             location,
+            owned_mark,
         } = purpose
         else {
             return;
@@ -177,6 +183,22 @@ impl World {
                 self.nodes[node].committed.push((object, replica));
                 let holding = Holding { object, location };
                 self.nodes[node].core.holdings.published(holding);
+                let in_cpu = matches!(self.spaces.get(&location.pool), Some(Space::Cpu { .. }));
+                if let (Some(mark), true) = (owned_mark, in_cpu) {
+                    let template = Lease {
+                        lease: LeaseId(0),
+                        duration_ms: self.config.lease_duration.as_millis() as u64,
+                        replica,
+                        medium: Medium::Cpu,
+                        location,
+                        deadline: Timestamp::ZERO,
+                    };
+                    self.nodes[node]
+                        .core
+                        .delegations
+                        .owned(mark, object, template);
+                    self.stats.covered.owned_replicas += 1;
+                }
             }
             PagesAfterCommit::Keep => {}
             PagesAfterCommit::Free => {
@@ -351,7 +373,13 @@ impl World {
                 TaskKind::Recall { delegation, .. } => self.recall(node, delegation),
             }
         }
-        for batch in reclaimed.chunks(BATCH_ITEMS_MAX as usize) {
+        self.send_reclaim_acks(node, &reclaimed);
+    }
+
+    /// Acknowledges the reclaims of `replicas`, as the node does: one `ReclaimAck`, or one
+    /// `ReclaimAckMany` per batch.
+    pub(super) fn send_reclaim_acks(&mut self, node: usize, replicas: &[ReplicaId]) {
+        for batch in replicas.chunks(BATCH_ITEMS_MAX as usize) {
             let request = match batch {
                 [replica] => DirectoryRequest::ReclaimAck { replica: *replica },
                 _ => DirectoryRequest::ReclaimAckMany {
@@ -363,8 +391,14 @@ impl World {
     }
 
     /// Frees the replica's storage; whether the reclaim is done (to be acknowledged).
-    fn reclaim(&mut self, node: usize, replica: ReplicaId, location: Location) -> bool {
+    pub(super) fn reclaim(&mut self, node: usize, replica: ReplicaId, location: Location) -> bool {
         let now = self.now;
+        // A replica the node answers hits on itself goes once no local lease on it is
+        // live; until then the reclaim is not acknowledged and comes back.
+        if !self.nodes[node].core.delegations.may_reclaim(now, replica) {
+            self.stats.covered.reclaims_deferred += 1;
+            return false;
+        }
         let readers = self
             .nodes
             .iter()

@@ -352,7 +352,7 @@ impl World {
             }
         }
         self.stats.covered.ssd_spills += 1;
-        self.send_commit(node, operation, label, target, location);
+        self.send_commit(node, operation, label, target, location, None);
     }
 
     /// Writes `bytes_of`'s bytes as `label` into node `node`'s store (a copy already there

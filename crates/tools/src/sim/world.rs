@@ -64,7 +64,7 @@ pub struct World {
     pub rng: SplitMix64,
     pub now: Timestamp,
     pub directory: Directory,
-    config: DirectoryConfig,
+    pub(super) config: DirectoryConfig,
     /// Whether the seed's faults (directory restarts, node crashes) happen.
     pub faults: bool,
     /// Rejoin report items the directory took since its last tick.

@@ -435,12 +435,47 @@ async fn publish_usage(services: &NodeServices) {
 /// `ReclaimAckMany` for more. A replica not acknowledged (a lost reply, a refusal) comes
 /// back as a task.
 async fn reclaim_all(services: &NodeServices, session: SessionId, reclaims: Vec<Task>) {
+    let now = services.clock.now();
+    let due: Vec<(ReplicaId, Location)> = reclaims
+        .into_iter()
+        .filter_map(|task| match task.kind {
+            TaskKind::Reclaim { replica, location } => Some((replica, location)),
+            _ => None,
+        })
+        // A replica whose hits this node answers itself goes once no local lease on it is
+        // live: then [`reclaim_ready`] frees it (and the task, handed out again, finds it done).
+        .filter(|(replica, _)| services.core().delegations.may_reclaim(now, *replica))
+        .collect();
+    free_and_acknowledge(services, session, due, None).await;
+}
+
+/// Frees the owned replicas whose reclaim waited for their last local lease, taken in
+/// the session `mark` names ([`crate::node::Delegations::take_reclaims_ready`]), and
+/// acknowledges their reclaims; none once that session has ended (its rejoin reports what
+/// the node holds, and the directory hands out what it still wants reclaimed).
+pub(super) async fn reclaim_ready(
+    services: &NodeServices,
+    mark: u64,
+    ready: Vec<(ReplicaId, Location)>,
+) {
+    if !ready.is_empty() {
+        free_and_acknowledge(services, services.link.session(), ready, Some(mark)).await;
+    }
+}
+
+/// Frees each replica's pages (while the session `mark` names lasts, when given), then
+/// acknowledges the freed ones' reclaims in `session`, in batches the directory accepts.
+async fn free_and_acknowledge(
+    services: &NodeServices,
+    session: SessionId,
+    reclaims: Vec<(ReplicaId, Location)>,
+    mark: Option<u64>,
+) {
     let freed: Vec<ReplicaId> = futures_util::stream::iter(reclaims)
-        .filter_map(|task| async move {
-            let TaskKind::Reclaim { replica, location } = task.kind else {
-                return None;
-            };
-            free_retired(services, location).await.then_some(replica)
+        .filter_map(|(replica, location)| async move {
+            free_retired(services, location, mark)
+                .await
+                .then_some(replica)
         })
         .collect()
         .await;
@@ -470,10 +505,18 @@ async fn reclaim_all(services: &NodeServices, session: SessionId, reclaims: Vec<
 /// Frees a retired replica's pages; whether it is done (to be acknowledged). Idempotent:
 /// an allocation already freed (a task handed out again after a lost acknowledgement)
 /// counts as done too.
-async fn free_retired(services: &NodeServices, location: Location) -> bool {
+async fn free_retired(services: &NodeServices, location: Location, mark: Option<u64>) -> bool {
     let freed = match services.pools.get(&location.pool) {
         Some(pool) => {
-            services.core().holdings.freed(&location);
+            {
+                let mut core = services.core();
+                // Checked with the holdings' change: a rejoin reports holdings only after
+                // the session ended, so what it reports is never freed here after.
+                if mark.is_some_and(|mark| mark != core.delegations.session_mark()) {
+                    return false;
+                }
+                core.holdings.freed(&location);
+            }
             pool.send(Free {
                 allocation: location.allocation,
                 generation: location.generation,

@@ -137,6 +137,9 @@ pub struct Binding {
     pub recovery_window: Duration,
     /// Just before the `Open` that opened the session was sent.
     pub opened: std::time::Instant,
+    /// How long a lease the directory grants lasts: the length of a local lease on a
+    /// replica the node owns.
+    pub lease_duration: Duration,
 }
 
 impl Binding {
@@ -150,6 +153,7 @@ impl Binding {
             batch_items_max: opened.batch_items_max as usize,
             recovery_window: Duration::from_millis(opened.recovery_window_ms),
             opened: sent,
+            lease_duration: Duration::from_millis(opened.lease_duration_ms),
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::backends::{Allocation, PoolError};
 use crate::directory::ExtentGrant;
 use crate::metrics::Metrics;
 use crate::model::extent_owner::{Ownership, TakeFrom};
-use crate::model::{Clock, Location, ObjectId, PoolId};
+use crate::model::{Clock, Location, ObjectId, PoolId, ReplicaId};
 use crate::node::{
     AwaitedEnd, ClientId, ClientRefusal, ExtentAction, NodeCore, Reservation, Resolution, Taken,
 };
@@ -116,14 +116,23 @@ impl NodeServices {
     }
 
     /// Releases at the directory the delegations the core no longer needs (recalled or
-    /// superseded, with no local lease under them), off the caller's path.
+    /// superseded, with no local lease under them), and frees the owned replicas whose
+    /// reclaim waited for their last local lease, off the caller's path.
     pub fn send_delegation_releases(&self) {
-        let releases = self.core().delegations.take_releases();
-        if releases.is_empty() {
+        let (releases, reclaims_ready, mark) = {
+            let mut core = self.core();
+            (
+                core.delegations.take_releases(),
+                core.delegations.take_reclaims_ready(),
+                core.delegations.session_mark(),
+            )
+        };
+        if releases.is_empty() && reclaims_ready.is_empty() {
             return;
         }
         let services = self.clone();
         actix_rt::spawn(async move {
+            super::actor::reclaim_ready(&services, mark, reclaims_ready).await;
             for chunk in releases.chunks(services.link.batch_items_max().max(1)) {
                 let leases = chunk.to_vec();
                 // A delegation not released (the directory out of reach) ends at its deadline.
@@ -141,6 +150,39 @@ impl NodeServices {
         self.core()
             .holdings
             .published(crate::directory::Holding { object, location });
+    }
+
+    /// What [`NodeServices::own`] is given for a commit, read before the commit is sent:
+    /// the node core's session mark, or `None` while the node does not serve (its session
+    /// is ending: a rejoin).
+    pub fn owned_mark(&self) -> Option<u64> {
+        let mark = self.core().delegations.session_mark();
+        self.link.is_serving().then_some(mark)
+    }
+
+    /// A replica this node stored was published at `location`, its commit sent under
+    /// `mark` ([`NodeServices::owned_mark`]): when it is in one of the node's CPU pools,
+    /// its hits are answered here from now on ([`crate::node::Delegations::owned`]).
+    pub fn own(&self, mark: Option<u64>, object: ObjectId, replica: ReplicaId, location: Location) {
+        let Some(mark) = mark else {
+            return;
+        };
+        if !self.pools.contains_key(&location.pool)
+            || self.shared_pools.contains_key(&location.pool)
+        {
+            return;
+        }
+        let template = crate::directory::Lease {
+            // A local lease gets an id of its own; the template's is never read.
+            lease: crate::model::LeaseId(0),
+            duration_ms: u64::try_from(self.link.binding().lease_duration.as_millis())
+                .unwrap_or(u64::MAX),
+            replica,
+            medium: crate::model::Medium::Cpu,
+            location,
+            deadline: crate::model::Timestamp::ZERO,
+        };
+        self.core().delegations.owned(mark, object, template);
     }
 
     /// Frees an allocation this node holds; logs when the pool refuses.

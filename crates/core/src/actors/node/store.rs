@@ -483,11 +483,12 @@ async fn grant(
 pub async fn commit_store(services: NodeServices, granted: Ticket) -> (ClientReply, Change) {
     let reply = match resolved(&services, granted).await {
         Ok((granted, request)) => {
+            let mark = services.owned_mark();
             let committed = services
                 .link
                 .commit(request.session, request.replica, request.location)
                 .await;
-            settle(&services, granted, committed).await
+            settle(&services, granted, committed, mark).await
         }
         Err(ended) => ended,
     };
@@ -521,6 +522,7 @@ pub async fn commit_store_many(
         .flatten()
         .filter_map(|ticket| ticket.as_ref().ok().map(|(_, request)| *request))
         .collect();
+    let mark = services.owned_mark();
     let mut committed = services.link.commit_many(&requests).await.into_iter();
     let mut replies = Vec::with_capacity(tickets.len());
     for ticket in tickets {
@@ -531,7 +533,7 @@ pub async fn commit_store_many(
                 let outcome = committed.next().unwrap_or_else(|| {
                     Err(LinkError::Unexpected("a commit outcome is missing".into()))
                 });
-                settle(&services, ticket, outcome).await
+                settle(&services, ticket, outcome, mark).await
             }
         });
     }
@@ -570,11 +572,13 @@ async fn resolved(
 }
 
 /// The client's answer for a commit that ended with `committed`, after its pages followed
-/// the node core's rule for that ending.
+/// the node core's rule for that ending; a published replica in a CPU pool is answered
+/// here from now on ([`NodeServices::own`], the commit sent under `mark`).
 async fn settle(
     services: &NodeServices,
     granted: Ticket,
     committed: Result<Option<CommitOutcome>, LinkError>,
+    mark: Option<u64>,
 ) -> StoreCommitted {
     let reply = match &committed {
         Ok(Some(outcome)) => StoreCommitted::Stored(*outcome),
@@ -588,6 +592,9 @@ async fn settle(
         PagesAfterCommit::Published => {
             if published {
                 services.published(granted.object, granted.location);
+                if let Reservation::Made { replica, .. } = granted.reservation {
+                    services.own(mark, granted.object, replica, granted.location);
+                }
                 services
                     .metrics
                     .add_bytes_moved(Direction::Store, granted.location.length_bytes);

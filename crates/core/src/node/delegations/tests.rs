@@ -166,3 +166,87 @@ fn the_same_grant_twice_is_kept_not_released() {
     assert!(delegations.take_releases().is_empty());
     assert!(delegations.acquire(at(1), &[object(1)]).is_some());
 }
+
+#[test]
+fn an_owned_replica_is_a_local_hit_until_its_reclaim_and_goes_after_its_last_reader() {
+    let mut delegations = Delegations::default();
+    let mark = delegations.session_mark();
+    delegations.owned(mark, object(2), lease(2));
+    // Hits from its commit on, for as long as the session: a local lease of a lease's length.
+    let leases = delegations.acquire(at(500), &[object(2)]).unwrap();
+    assert!(is_local(leases[0].lease));
+    assert_eq!(leases[0].replica, ReplicaId(2));
+    assert_eq!(leases[0].deadline, at(530));
+    // Its reclaim while the lease is live: no more grants, and not yet.
+    assert!(!delegations.may_reclaim(at(501), ReplicaId(2)));
+    assert!(delegations.probe(at(501), &[object(2)]).is_none());
+    assert!(
+        !delegations.may_reclaim(at(502), ReplicaId(2)),
+        "handed out again"
+    );
+    // The last reader gone: the reclaim goes, and nothing is owed to the directory.
+    assert!(delegations.release_local(at(503), leases[0].lease));
+    assert!(delegations.may_reclaim(at(504), ReplicaId(2)));
+    assert!(delegations.take_releases().is_empty());
+    assert!(delegations.is_empty());
+    // The hits are reported by replica, for the directory to count.
+    let reports = delegations.take_hit_reports(16);
+    assert!(reports.is_empty(), "the entry is gone with its reports");
+    // A replica never owned goes at once.
+    assert!(delegations.may_reclaim(at(505), ReplicaId(9)));
+}
+
+#[test]
+fn an_owned_replica_reports_its_hits_by_replica_and_a_reader_past_its_deadline_lets_it_go() {
+    let mut delegations = Delegations::default();
+    delegations.owned(delegations.session_mark(), object(3), lease(3));
+    let leases = delegations.acquire(at(0), &[object(3)]).unwrap();
+    let reports = delegations.take_hit_reports(16);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        (reports[0].replica, reports[0].object, reports[0].hits),
+        (ReplicaId(3), object(3), 1)
+    );
+    assert!(!delegations.may_reclaim(at(1), ReplicaId(3)));
+    delegations.expire(at(30));
+    assert_eq!(
+        delegations.local_leases(),
+        0,
+        "{leases:?} ended at its deadline"
+    );
+    assert!(delegations.may_reclaim(at(31), ReplicaId(3)));
+}
+
+#[test]
+fn a_commit_answered_after_its_session_ended_records_nothing() {
+    let mut delegations = Delegations::default();
+    let sent_in = delegations.session_mark();
+    delegations.owned(sent_in, object(4), lease(4));
+    delegations.clear();
+    assert!(
+        delegations.probe(at(0), &[object(4)]).is_none(),
+        "gone with its session"
+    );
+    // A commit sent in the ended session, answered now: its replica id may name
+    // something else in the next session, so it is not recorded.
+    delegations.owned(sent_in, object(5), lease(5));
+    assert!(delegations.probe(at(0), &[object(5)]).is_none());
+    delegations.owned(delegations.session_mark(), object(5), lease(5));
+    assert!(delegations.probe(at(0), &[object(5)]).is_some());
+}
+
+#[test]
+fn an_object_answered_here_already_is_not_owned_twice_and_a_delegation_supersedes_it() {
+    let mut delegations = delegated();
+    let mark = delegations.session_mark();
+    // Object 1 is delegated: owning another replica of it records nothing.
+    delegations.owned(mark, object(1), lease(6));
+    assert!(delegations.may_reclaim(at(1), ReplicaId(6)));
+    // An owned object whose delegation arrives: the delegation answers, the owned entry
+    // goes (idle), and its reclaim is not held back.
+    delegations.owned(mark, object(2), lease(2));
+    delegations.granted(at(2), object(2), &lease(12), delegation(8));
+    assert!(delegations.may_reclaim(at(3), ReplicaId(2)));
+    let leases = delegations.acquire(at(3), &[object(2)]).unwrap();
+    assert_eq!(leases[0].replica, ReplicaId(12));
+}
