@@ -269,14 +269,18 @@ class Worker:
 
 
 def acquires(cluster: kvtier.LocalCluster) -> float:
-    """The directory's count of lease acquisitions (each kvtier load acquires)."""
-    address = dict(cluster.metrics_addresses())["directory"]
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    for line in text.splitlines():
-        if line.startswith("kvtier_requests_total{") and 'op="acquire"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """The objects the nodes' clients acquired so far (each kvtier load acquires), whether
+    a node answered them itself or asked the directory."""
+    total = 0.0
+    for name, address in cluster.metrics_addresses():
+        if name == "directory":
+            continue
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("kvtier_lookups_total{") and 'result="hit"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def prompt(seed: int) -> list[int]:
