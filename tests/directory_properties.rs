@@ -557,8 +557,18 @@ impl Harness {
         for task in polled.unwrap() {
             let replica = match task.kind {
                 TaskKind::Reclaim { replica, .. } => replica,
-                // This model's engines ask for no delegation.
+                // This model's engines ask for no delegation, and give an offered one
+                // (only ever to a node that maps the shared pool) back at once.
                 TaskKind::Recall { .. } => continue,
+                TaskKind::Delegate { delegation, .. } => {
+                    assert!(in_domain(node), "node {node} was offered a delegation");
+                    let released = self.directory.release(session, &[delegation.lease]);
+                    assert!(
+                        released.is_ok(),
+                        "releasing an offered delegation: {released:?}"
+                    );
+                    continue;
+                }
                 TaskKind::Demote {
                     source,
                     target,

@@ -16,10 +16,22 @@
 //! delegations: a `Recall` task to each holder, handed out again until the delegation
 //! ends (a lost or duplicated recall changes nothing). A holder that never answers loses
 //! its delegations at their deadline, or with its session when it is fenced.
+//!
+//! A node's first hit on a replica in shared memory would still need the directory: the
+//! delegation comes with the acquire. So when such a replica becomes READY the directory
+//! *offers* a delegation on it to every node that maps it: the offer waits in the node's
+//! queue and is granted when the node next polls its tasks, as a `Delegate` task. The node
+//! measures it from before that poll, as it measures an acquire's from before the acquire;
+//! so the same rules hold, and the first hit is local too. Offers take at most half of a
+//! session's delegations, so the ones its acquires bring always have room.
+//!
+//! A delegation does not keep its replica from eviction: a replica only delegations hold is
+//! chosen by the eviction order like an unleased one, and retiring it recalls them; its
+//! bytes go once the holders released them.
 
 use super::leases::LeaseRecord;
-use super::ops::{Task, TaskKind};
-use super::{AcquireMode, AcquireOutcome, Directory, DirectoryError, ReplicaState};
+use super::ops::{Lease, Task, TaskKind};
+use super::{AcquireMode, AcquireOutcome, Delegation, Directory, DirectoryError, ReplicaState};
 use crate::model::{LeaseId, ObjectId, ReplicaId, Scope, SessionId, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -30,29 +42,28 @@ use std::time::Duration;
 pub enum RecallReason {
     /// Its replica was retired by its owner (or after a demotion or a drain's move).
     Retire,
-    /// Its replica is among the coldest the eviction order looks at under pressure.
+    /// Its replica was chosen by the eviction order under pressure.
     Evict,
+    /// Its holder is being drained: it reads nothing more under delegations.
+    Drain,
 }
 
 impl RecallReason {
     /// Every reason, in metrics order.
-    pub const ALL: [RecallReason; 2] = [RecallReason::Retire, RecallReason::Evict];
+    pub const ALL: [RecallReason; 3] = [
+        RecallReason::Retire,
+        RecallReason::Evict,
+        RecallReason::Drain,
+    ];
 
     /// The metrics label.
     pub fn label(self) -> &'static str {
         match self {
             RecallReason::Retire => "retire",
             RecallReason::Evict => "evict",
+            RecallReason::Drain => "drain",
         }
     }
-}
-
-/// A delegation granted with a lease: the node answers hits on the lease's replica under
-/// `lease` for `duration_ms`, measured on its clock from before it asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delegation {
-    pub lease: LeaseId,
-    pub duration_ms: u64,
 }
 
 /// Hits a node answered itself since its last report: under one of its delegations, or on
@@ -66,6 +77,11 @@ pub struct LocalHits {
     pub hits: u32,
 }
 
+/// Delegation offers one node's queue holds ([`Directory::offer_delegation`]); past it the
+/// oldest goes: an offer only saves a first hit's round trip, and the newest replicas are
+/// the likeliest to be read next.
+pub const OFFERS_QUEUED_MAX: usize = 1024;
+
 /// Accesses one report counts per object at most: a frequency class is reached long before.
 const REPORTED_HITS_PER_OBJECT_MAX: u32 = 16;
 
@@ -78,6 +94,8 @@ pub(super) struct Delegations {
     per_session: HashMap<SessionId, u32>,
     recalled: HashSet<LeaseId>,
     recalls: [u64; RecallReason::ALL.len()],
+    /// Delegations granted on offer ([`Directory::hand_out_offers`]).
+    offered: u64,
 }
 
 impl Directory {
@@ -112,6 +130,7 @@ impl Directory {
         leased: &[Option<ReplicaId>],
     ) -> Vec<Option<Delegation>> {
         let max = self.config.delegations_per_session_max;
+        let draining = self.draining(session_id);
         let duration = 2 * self.config.lease_duration;
         let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         leased
@@ -124,7 +143,11 @@ impl Directory {
                     .get(&session_id)
                     .copied()
                     .unwrap_or(0);
-                if held >= max || !self.leases.has_room(1) || self.demoting.contains(&replica) {
+                if held >= max
+                    || draining
+                    || !self.leases.has_room(1)
+                    || self.demoting.contains(&replica)
+                {
                     return None;
                 }
                 if self.holds_fresh_delegation(now, session_id, replica) {
@@ -134,6 +157,120 @@ impl Directory {
                 Some(Delegation { lease, duration_ms })
             })
             .collect()
+    }
+
+    /// `object`'s `replica` was just made READY: in a shared pool, every node with an open
+    /// session that maps the pool's domain is offered a delegation on it, handed out with
+    /// its next poll of tasks ([`Directory::hand_out_offers`]), which wakes for it. One pass
+    /// over the node records (at most `nodes_max`).
+    pub(super) fn offer_to_domain(&mut self, object: ObjectId, replica: ReplicaId) {
+        let Some(pool) = self.replicas.get(replica).map(|replica| replica.pool) else {
+            return;
+        };
+        let Scope::Domain(domain) = self.pools[pool.0 as usize].spec.scope else {
+            return;
+        };
+        let mut offered = false;
+        for index in 0..self.nodes.len() {
+            let maps = self.nodes[index]
+                .session
+                .and_then(|session| self.sessions.get(&session))
+                .is_some_and(|session| session.is_open() && session.domains.contains(&domain));
+            if !maps {
+                continue;
+            }
+            let offers = &mut self.nodes[index].offers;
+            if offers.len() >= OFFERS_QUEUED_MAX {
+                offers.pop_front();
+            }
+            offers.push_back((object, replica));
+            offered = true;
+        }
+        if offered {
+            self.tasks_queued += 1;
+        }
+    }
+
+    /// Up to `max` of the offers queued for `session_id`'s node, each a `Delegate` task
+    /// whose delegation is granted now, as an acquire's would be. An offer that no longer
+    /// holds (its replica not READY, not the session's to map, a delegation on it held
+    /// fresh, the session holding half its `delegations_per_session_max` or more, or no
+    /// room for a lease) is dropped.
+    pub(super) fn hand_out_offers(
+        &mut self,
+        now: Timestamp,
+        session_id: SessionId,
+        max: usize,
+    ) -> Vec<Task> {
+        let Some(session) = self.sessions.get(&session_id) else {
+            return Vec::new();
+        };
+        let node = session.node.0 as usize;
+        if self.draining(session_id) {
+            self.nodes[node].offers.clear();
+            return Vec::new();
+        }
+        let view = self.read_view(session);
+        let offers_max = self.config.delegations_per_session_max / 2;
+        let lease_ms = u64::try_from(self.config.lease_duration.as_millis()).unwrap_or(u64::MAX);
+        let mut tasks = Vec::new();
+        while tasks.len() < max {
+            let Some((object, replica_id)) = self.nodes[node].offers.pop_front() else {
+                break;
+            };
+            let Some(replica) = self.replicas.get(replica_id) else {
+                continue;
+            };
+            let readable = self.sessions.get(&session_id).is_some_and(|session| {
+                self.check_namespaces(session, std::iter::once(object.namespace))
+                    .is_ok()
+            });
+            let held = self
+                .delegations
+                .per_session
+                .get(&session_id)
+                .copied()
+                .unwrap_or(0);
+            if replica.object != object
+                || replica.state != ReplicaState::Ready
+                || view.rank(replica.pool).is_none()
+                || !readable
+                || held >= offers_max
+            {
+                continue;
+            }
+            let template = Lease {
+                lease: LeaseId(0),
+                duration_ms: lease_ms,
+                replica: replica_id,
+                medium: self.pools[replica.pool.0 as usize].spec.medium,
+                location: replica.location(),
+                deadline: now + self.config.lease_duration,
+            };
+            let Some(Some(delegation)) = self.delegate(now, session_id, &[Some(replica_id)]).pop()
+            else {
+                continue;
+            };
+            tasks.push(Task {
+                id: TaskId(self.next_task),
+                kind: TaskKind::Delegate {
+                    object,
+                    lease: Lease {
+                        lease: delegation.lease,
+                        ..template
+                    },
+                    delegation,
+                },
+            });
+            self.next_task += 1;
+            self.delegations.offered += 1;
+        }
+        tasks
+    }
+
+    /// Delegations granted on offer so far.
+    pub fn delegations_offered(&self) -> u64 {
+        self.delegations.offered
     }
 
     /// Whether `session_id` holds a delegation on `replica` with a lease's length or more
@@ -201,6 +338,39 @@ impl Directory {
         books.recalled.remove(&lease);
     }
 
+    /// Recalls every delegation `session_id` holds not recalled yet (its node is being
+    /// drained): one pass over the delegations in force.
+    pub(super) fn recall_session_delegations(&mut self, session_id: SessionId) {
+        let Some(node) = self.sessions.get(&session_id).map(|session| session.node) else {
+            return;
+        };
+        let held: Vec<(ReplicaId, LeaseId)> = self
+            .delegations
+            .by_replica
+            .iter()
+            .flat_map(|(replica, leases)| leases.iter().map(move |lease| (*replica, *lease)))
+            .filter(|(_, lease)| !self.delegations.recalled.contains(lease))
+            .filter(|(_, lease)| {
+                self.leases
+                    .get(*lease)
+                    .is_some_and(|record| record.session == session_id)
+            })
+            .collect();
+        for (replica, delegation) in held {
+            self.delegations.recalled.insert(delegation);
+            self.delegations.recalls[RecallReason::Drain as usize] += 1;
+            let task = Task {
+                id: TaskId(self.next_task),
+                kind: TaskKind::Recall {
+                    delegation,
+                    replica,
+                },
+            };
+            self.next_task += 1;
+            self.queue_task(node, task);
+        }
+    }
+
     /// Recalls every delegation on `replica` not recalled yet: a `Recall` task to each
     /// holder's node. Returns how many were recalled now.
     pub(super) fn recall_delegations(&mut self, replica: ReplicaId, reason: RecallReason) -> u32 {
@@ -242,16 +412,6 @@ impl Directory {
             .by_replica
             .get(&replica)
             .map_or(0, |leases| leases.len() as u32)
-    }
-
-    /// Whether every lease on `replica` is a delegation (so recalling them frees it).
-    pub(super) fn only_delegated(&self, replica: ReplicaId, lease_count: u32) -> bool {
-        lease_count > 0
-            && self
-                .delegations
-                .by_replica
-                .get(&replica)
-                .is_some_and(|leases| leases.len() as u32 == lease_count)
     }
 
     /// Whether the delegation `lease` is still in force (a recall of it is still awaited).

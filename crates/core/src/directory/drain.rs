@@ -166,11 +166,25 @@ impl Directory {
         let node = *self.node_ids.get(name).ok_or_else(unknown)?;
         let session = self.nodes[node.0 as usize].session.ok_or_else(unknown)?;
         self.open_session(session).map_err(|_| unknown())?;
-        let record = self.drains.entry(node).or_insert(DrainRecord::new(session));
-        if record.session != session || !record.state.is_active() {
-            *record = DrainRecord::new(session);
+        let under_way = self
+            .drains
+            .get(&node)
+            .is_some_and(|record| record.session == session && record.state.is_active());
+        if !under_way {
+            self.drains.insert(node, DrainRecord::new(session));
+            // Its delegations would keep it waiting to their deadline: they go now, and
+            // it is granted none while draining.
+            self.recall_session_delegations(session);
         }
         Ok(self.drain_progress(node).unwrap_or_else(|| unreachable!()))
+    }
+
+    /// Whether `session_id` is being drained (granted no delegation meanwhile).
+    pub(super) fn draining(&self, session_id: SessionId) -> bool {
+        self.sessions
+            .get(&session_id)
+            .and_then(|session| self.drains.get(&session.node))
+            .is_some_and(|record| record.session == session_id && record.state.is_active())
     }
 
     /// The drain of node `node`, if one was started.
@@ -417,11 +431,7 @@ mod tests {
             fixture.directory.tick(fixture.now);
             let progress = fixture.directory.drain_progress(a.node).unwrap();
             assert_eq!(progress.state, DrainState::Relocating, "{progress:?}");
-            for task in fixture
-                .directory
-                .poll_tasks(fixture.now, a.session, 16)
-                .unwrap()
-            {
+            for task in fixture.poll(&a, 16) {
                 if let TaskKind::Demote { target, .. } = task.kind {
                     fixture.directory.abort(a.session, target).unwrap();
                     given_back += 1;

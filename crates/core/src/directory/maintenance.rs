@@ -1,7 +1,6 @@
 //! Time and pressure: `tick` (expiry of leases, reservations and silent sessions), eviction
 //! under pressure, the access history the policies learn from, and the reports for metrics.
 
-use super::delegations::RecallReason;
 use super::pools::PoolRecord;
 use super::quotas::QUOTA_SCAN_FACTOR;
 use super::{Directory, DirectoryCounts, PoolReport, ReplicaState, SessionState, TickReport};
@@ -147,29 +146,15 @@ impl Directory {
                     reuse_probability,
                     idle: Duration::from_millis(idle_ms),
                     age,
-                    // A replica being demoted is spoken for.
-                    leased: replica.lease_count > 0 || self.demoting.contains(&id),
+                    // A replica being demoted is spoken for, and one an engine reads is not
+                    // freed soon; one only delegations hold is freed once their recall
+                    // is answered, so it is chosen by the order like any other.
+                    leased: replica.lease_count > self.delegations_on(id)
+                        || self.demoting.contains(&id),
                 };
                 (id, candidate)
             })
             .collect()
-    }
-
-    /// Recalls the delegations of the replicas in an eviction window that only
-    /// delegations hold: once their holders release them, eviction may choose them.
-    pub(super) fn recall_cold_delegations(&mut self, window: &[(ReplicaId, VictimCandidate)]) {
-        for (id, candidate) in window {
-            if !candidate.leased || self.demoting.contains(id) {
-                continue;
-            }
-            let leases = self
-                .replicas
-                .get(*id)
-                .map_or(0, |replica| replica.lease_count);
-            if self.only_delegated(*id, leases) {
-                self.recall_delegations(*id, RecallReason::Evict);
-            }
-        }
     }
 
     /// Records an access to `object` in the history; returns its frequency class.

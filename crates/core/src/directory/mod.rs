@@ -58,7 +58,7 @@ mod transfer_tokens;
 
 pub use adoption::{AdoptOutcome, Holding};
 pub use config::{DirectoryConfig, RecomputeCost, TierQuota, CTL_MODEL, CTL_RECOMPUTE_US_PER_MIB};
-pub use delegations::{Delegation, LocalHits, RecallReason};
+pub use delegations::{LocalHits, RecallReason, OFFERS_QUEUED_MAX};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
 pub use locate::NodeRun;

@@ -299,6 +299,24 @@ pub enum TaskKind {
         delegation: LeaseId,
         replica: ReplicaId,
     },
+    /// A delegation on `object`'s READY replica (`lease` says which and where, and how
+    /// long a local lease under it lasts), granted when this task was handed out: the node
+    /// answers the object's hits under it from then on, as under a delegation an acquire
+    /// brought, measured from before it asked for its tasks. Never handed out again and
+    /// never acknowledged: lost, it ends at its deadline or with the session.
+    Delegate {
+        object: ObjectId,
+        lease: Lease,
+        delegation: Delegation,
+    },
+}
+
+/// A delegation granted with a lease: the node answers hits on the lease's replica under
+/// `lease` for `duration_ms`, measured on its clock from before it asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegation {
+    pub lease: LeaseId,
+    pub duration_ms: u64,
 }
 
 /// A queued task.

@@ -106,7 +106,6 @@ impl Directory {
         window: &[(ReplicaId, VictimCandidate)],
         victim_config: &KvtierConfig,
     ) -> Option<u64> {
-        self.recall_cold_delegations(window);
         let candidates: Vec<VictimCandidate> =
             window.iter().map(|(_, candidate)| *candidate).collect();
         let (Some(chosen), _) = kvtier::choose(&candidates, victim_config) else {

@@ -167,10 +167,10 @@ impl Directory {
         max: u32,
     ) -> Result<Vec<Task>, DirectoryError> {
         let node = self.open_session(session_id)?.node;
-        let count = max.min(self.config.tasks_per_poll_max) as usize;
+        let wanted = max.min(self.config.tasks_per_poll_max) as usize;
         let holding_reclaims = self.holding_reclaims_of(now, node);
         let record = &mut self.nodes[node.0 as usize];
-        let count = count.min(record.tasks.len());
+        let count = wanted.min(record.tasks.len());
         let tasks: Vec<Task> = if holding_reclaims {
             // Recovery: reclaims wait in the queue (see `adoption`); demotions go out.
             let (reclaims, others): (VecDeque<Task>, VecDeque<Task>) = record
@@ -189,6 +189,12 @@ impl Directory {
         record
             .handed_out
             .extend(tasks.iter().map(|task| (retry_at, *task)));
+        let mut tasks = tasks;
+        let room = wanted - tasks.len();
+        if room > 0 {
+            // Offers last, granted now and never handed out again.
+            tasks.extend(self.hand_out_offers(now, session_id, room));
+        }
         Ok(tasks)
     }
 
@@ -212,7 +218,11 @@ impl Directory {
         let Ok(session) = self.open_session(session_id) else {
             return false;
         };
-        let tasks = &self.nodes[session.node.0 as usize].tasks;
+        let record = &self.nodes[session.node.0 as usize];
+        if !record.offers.is_empty() {
+            return true;
+        }
+        let tasks = &record.tasks;
         if self.holding_reclaims_of(now, session.node) {
             tasks
                 .iter()
@@ -241,6 +251,8 @@ impl Directory {
                         awaited
                     }
                     TaskKind::Recall { delegation, .. } => self.delegation_live(delegation),
+                    // Never in `handed_out`: an offer is not handed out again.
+                    TaskKind::Delegate { .. } => false,
                     TaskKind::Demote { target, .. } => self.demotions.contains_key(&target),
                     TaskKind::Replicate { target, .. }
                     | TaskKind::Push { target, .. }

@@ -789,6 +789,9 @@ fn replication_target(kind: &TaskKind) -> Option<ReplicaId> {
         TaskKind::Replicate { target, .. }
         | TaskKind::Push { target, .. }
         | TaskKind::Receive { target, .. } => Some(target),
-        TaskKind::Reclaim { .. } | TaskKind::Demote { .. } | TaskKind::Recall { .. } => None,
+        TaskKind::Reclaim { .. }
+        | TaskKind::Demote { .. }
+        | TaskKind::Recall { .. }
+        | TaskKind::Delegate { .. } => None,
     }
 }

@@ -91,6 +91,7 @@ impl Directory {
             session: None,
             tasks: VecDeque::new(),
             handed_out: VecDeque::new(),
+            offers: VecDeque::new(),
             acknowledged_reclaims: 0,
             peer_endpoint: true,
             peer_address: None,

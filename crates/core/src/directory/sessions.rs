@@ -3,7 +3,7 @@
 
 use super::ledger::Ledger;
 use super::ops::{NamespaceAccess, Task};
-use crate::model::{DomainId, Epoch, Medium, NodeId, ReplicaId, SessionId, Timestamp};
+use crate::model::{DomainId, Epoch, Medium, NodeId, ObjectId, ReplicaId, SessionId, Timestamp};
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 
@@ -87,6 +87,10 @@ pub struct NodeRecord {
     /// [`NodeRecord::acknowledged_reclaims`]) or its time, and is then dropped, its replica
     /// gone.
     pub handed_out: VecDeque<(Timestamp, Task)>,
+    /// Delegations to offer this node at its next poll: replicas it maps that it is about
+    /// to read ([`super::Directory::offer_delegation`]). Bounded by
+    /// [`super::delegations::OFFERS_QUEUED_MAX`].
+    pub offers: VecDeque<(ObjectId, ReplicaId)>,
     /// Acknowledged reclaims still in `handed_out` (at most; some may have left on their
     /// time). Once they are more than half of it, and more than
     /// [`HANDED_OUT_COMPACTION_MIN`], one pass drops them: an acknowledgement costs O(1)

@@ -335,6 +335,7 @@ impl Directory {
         self.replicas.touch(replica_id, class);
         self.finish_demotion(replica_id);
         self.finish_replication(now, replica_id);
+        self.offer_to_domain(*object, replica_id);
     }
 
     /// Tells a node what became of an operation whose reply it lost, in `target` (its

@@ -85,14 +85,35 @@ impl Fixture {
         self.directory.tick(self.now)
     }
 
-    /// The kinds of the tasks `node` polls now.
+    /// The kinds of the tasks `node` polls now (see [`Fixture::poll`]).
     pub(super) fn polled(&mut self, node: &NodeHandle) -> Vec<TaskKind> {
-        self.directory
-            .poll_tasks(self.now, node.session, 64)
-            .unwrap()
+        self.poll(node, 64)
             .into_iter()
             .map(|task| task.kind)
             .collect()
+    }
+
+    /// Up to `max` of the tasks `node` polls now; the delegations offered with them are
+    /// given back at once, as by a node that takes no offer (`tests_delegations` takes
+    /// them).
+    pub(super) fn poll(&mut self, node: &NodeHandle, max: u32) -> Vec<Task> {
+        let (offered, tasks): (Vec<Task>, Vec<Task>) = self
+            .directory
+            .poll_tasks(self.now, node.session, max)
+            .unwrap()
+            .into_iter()
+            .partition(|task| matches!(task.kind, TaskKind::Delegate { .. }));
+        let leases: Vec<LeaseId> = offered
+            .iter()
+            .filter_map(|task| match task.kind {
+                TaskKind::Delegate { delegation, .. } => Some(delegation.lease),
+                _ => None,
+            })
+            .collect();
+        if !leases.is_empty() {
+            self.directory.release(node.session, &leases).unwrap();
+        }
+        tasks
     }
 
     pub(super) fn node(&mut self, name: &str, cpu_bytes: u64) -> NodeHandle {
@@ -688,14 +709,7 @@ fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
         AcquireOutcome::Miss,
         "retiring blocks new acquires"
     );
-    assert_eq!(
-        fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 10)
-            .unwrap(),
-        vec![],
-        "no reclaim while read"
-    );
+    assert_eq!(fixture.poll(&a, 10), vec![], "no reclaim while read");
     assert!(matches!(
         fixture.directory.reclaim_ack(a.session, replica),
         Err(DirectoryError::InvalidState { .. })
@@ -710,10 +724,7 @@ fn retire_blocks_acquires_and_frees_only_after_release_and_ack() {
         .directory
         .release(a.session, &[lease.lease])
         .unwrap();
-    let tasks = fixture
-        .directory
-        .poll_tasks(fixture.now, a.session, 10)
-        .unwrap();
+    let tasks = fixture.poll(&a, 10);
     assert!(
         matches!(tasks.as_slice(), [Task { kind: TaskKind::Reclaim { replica: r, .. }, .. }] if *r == replica)
     );
@@ -807,15 +818,7 @@ fn leases_and_reservations_expire() {
     let report = fixture.directory.tick(later);
     assert_eq!((report.expired_leases, report.expired_reservations), (1, 1));
     assert_eq!(fixture.directory.replica_state(reserved), None);
-    assert_eq!(
-        fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 10)
-            .unwrap()
-            .len(),
-        1,
-        "expiry queued the reclaim"
-    );
+    assert_eq!(fixture.poll(&a, 10).len(), 1, "expiry queued the reclaim");
     fixture.directory.check_invariants();
 }
 
@@ -1165,11 +1168,7 @@ fn pressure_evicts_the_least_valuable_unleased_replicas_down_to_the_low_watermar
         );
     }
     assert_eq!(
-        fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 100)
-            .unwrap()
-            .len(),
+        fixture.poll(&a, 100).len(),
         5,
         "reclaims queued for the owner"
     );
@@ -1188,14 +1187,7 @@ fn a_reclaim_acknowledged_before_a_restart_is_not_handed_to_the_new_incarnation(
     let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
     let (replica, _) = fixture.store(&a, fixture.object(1), 4096);
     fixture.directory.retire(Some(a.session), replica).unwrap();
-    assert_eq!(
-        fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 10)
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(fixture.poll(&a, 10).len(), 1);
     fixture.directory.reclaim_ack(a.session, replica).unwrap();
     let reopened = fixture
         .directory
@@ -1232,10 +1224,7 @@ fn acknowledged_reclaims_leave_the_handed_out_tasks_in_bounded_passes() {
     }
     let mut handed = Vec::new();
     while handed.len() < count as usize {
-        let tasks = fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 1000)
-            .unwrap();
+        let tasks = fixture.poll(&a, 1000);
         assert!(!tasks.is_empty());
         handed.extend(tasks);
     }
@@ -1423,10 +1412,7 @@ fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
     let report = fixture.directory.tick(fixture.now);
     assert_eq!(report.evicted, 2, "from 4 MiB down to 2 MiB");
     fixture.directory.check_invariants();
-    let tasks = fixture
-        .directory
-        .poll_tasks(fixture.now, a.session, 10)
-        .unwrap();
+    let tasks = fixture.poll(&a, 10);
     let demotions: Vec<(Location, ReplicaId, PoolId)> = tasks
         .iter()
         .filter_map(|task| match task.kind {
@@ -1485,10 +1471,7 @@ fn pressure_demotes_a_cpu_replica_into_shared_memory_instead_of_dropping_it() {
             .count(),
         1
     );
-    let reclaims = fixture
-        .directory
-        .poll_tasks(fixture.now, a.session, 10)
-        .unwrap();
+    let reclaims = fixture.poll(&a, 10);
     assert!(
         matches!(reclaims.as_slice(), [Task { kind: TaskKind::Reclaim { location, .. }, .. }] if *location == source)
     );
@@ -1546,9 +1529,7 @@ fn demotions_under_pressure(fixture: &mut Fixture, a: &NodeHandle) -> usize {
         .unwrap();
     assert_eq!(fixture.directory.tick(fixture.now).evicted, 2);
     fixture
-        .directory
-        .poll_tasks(fixture.now, a.session, 10)
-        .unwrap()
+        .poll(a, 10)
         .iter()
         .filter(|task| matches!(task.kind, TaskKind::Demote { .. }))
         .count()
@@ -1735,10 +1716,7 @@ fn replicas_past_their_tiers_time_to_live_leave_without_pressure() {
             [true, spill_on_expiry],
             "spill={spill_on_expiry}: a spilled replica stays readable until its copy commits"
         );
-        let tasks = fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 10)
-            .unwrap();
+        let tasks = fixture.poll(&a, 10);
         let demoted = tasks.iter().any(
             |task| matches!(task.kind, TaskKind::Demote { target_pool, .. } if target_pool == cxl),
         );
@@ -1748,10 +1726,7 @@ fn replicas_past_their_tiers_time_to_live_leave_without_pressure() {
         assert_eq!((demoted, reclaimed), (spill_on_expiry, !spill_on_expiry));
         // 34 s: the revived one's time is up too.
         assert_eq!(fixture.tick_after(18, &a, &objects[..1]), [spill_on_expiry]);
-        let tasks = fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 10)
-            .unwrap();
+        let tasks = fixture.poll(&a, 10);
         let first_leaves = tasks.iter().any(|task| match task.kind {
             TaskKind::Demote { source, .. } => spill_on_expiry && source == locations[0],
             TaskKind::Reclaim { location, .. } => !spill_on_expiry && location == locations[0],
@@ -2088,10 +2063,7 @@ fn a_shared_pool_is_priced_by_its_most_conservative_report() {
 
 /// Runs the demote tasks `node` has: each copy is committed into `cxl` at a fresh extent.
 pub(super) fn commit_demotions(fixture: &mut Fixture, node: &NodeHandle, cxl: PoolId) -> usize {
-    let tasks = fixture
-        .directory
-        .poll_tasks(fixture.now, node.session, 16)
-        .unwrap();
+    let tasks = fixture.poll(node, 16);
     let mut committed = 0;
     for task in tasks {
         let TaskKind::Demote { source, target, .. } = task.kind else {

@@ -1,10 +1,11 @@
-//! Delegations: granted with an acquire to a node that maps the replica, held as a lease
-//! (retire, eviction and reclaim wait for it), recalled before a retire or an eviction,
+//! Delegations: granted with an acquire to a node that maps the replica, or on offer to every
+//! node that maps a new shared replica; held as a lease (retire and reclaim wait for it),
+//! recalled before a retire or an eviction (which chooses delegated replicas like others),
 //! handed out again until released, and ended with their deadline.
 
 use super::tests::{Fixture, NodeHandle, MIB};
 use super::*;
-use crate::model::{LeaseId, ObjectId};
+use crate::model::{DomainId, LeaseId, Medium, ObjectId, ReplicaId};
 use std::time::Duration;
 
 fn acquire_delegating(
@@ -115,11 +116,12 @@ fn a_delegation_not_released_ends_at_its_deadline() {
 }
 
 #[test]
-fn eviction_recalls_the_cold_delegated_replicas_it_cannot_choose() {
+fn eviction_chooses_a_delegated_replica_by_its_order_and_frees_it_once_released() {
     let mut fixture = Fixture::with_watermarks(90, 50);
     let a = fixture.node("a", 10 * MIB);
+    let mut replicas = Vec::new();
     for index in 0..10 {
-        fixture.store(&a, fixture.object(index), MIB);
+        replicas.push(fixture.store(&a, fixture.object(index), MIB).0);
     }
     let mut delegations = Vec::new();
     for index in 0..10 {
@@ -130,23 +132,121 @@ fn eviction_recalls_the_cold_delegated_replicas_it_cannot_choose() {
             .unwrap();
         delegations.push(delegation.unwrap().lease);
     }
+    // An engine's lease on the coldest keeps it; the delegations alone keep nothing.
+    let AcquireOutcome::Leased(read) = fixture.acquire_one(&a, object(0)) else {
+        panic!("object 0 is READY");
+    };
+    let evicted = fixture.advance(Duration::from_secs(1), &a).evicted;
+    assert!(evicted > 0, "delegated replicas are chosen");
+    let kinds = fixture.polled(&a);
+    let recalled: Vec<LeaseId> = kinds
+        .iter()
+        .filter_map(|kind| match kind {
+            TaskKind::Recall { delegation, .. } => Some(*delegation),
+            _ => None,
+        })
+        .collect();
     assert_eq!(
-        fixture.advance(Duration::from_secs(1), &a).evicted,
-        0,
-        "all delegated"
+        recalled.len(),
+        evicted as usize,
+        "each victim's delegation recalled"
     );
-    let recalled = recalls(&mut fixture, &a);
-    assert!(!recalled.is_empty(), "the coldest are recalled");
-    assert!(recalled.iter().all(|lease| delegations.contains(lease)));
-    fixture.directory.release(a.session, &recalled).unwrap();
     assert!(
-        fixture.advance(Duration::from_secs(1), &a).evicted > 0,
-        "released, then evicted"
+        !recalled.contains(&delegations[0]),
+        "the replica an engine reads stays"
+    );
+    assert!(
+        !kinds
+            .iter()
+            .any(|kind| matches!(kind, TaskKind::Reclaim { .. })),
+        "nothing freed while a delegation holds it"
     );
     assert_eq!(
         fixture.directory.recalls_by_reason()[1].1,
-        recalled.len() as u64
+        u64::from(evicted)
     );
+    fixture.directory.release(a.session, &recalled).unwrap();
+    let reclaimed = fixture
+        .polled(&a)
+        .into_iter()
+        .filter(|kind| matches!(kind, TaskKind::Reclaim { .. }))
+        .count();
+    assert_eq!(reclaimed, evicted as usize, "freed once released");
+    fixture.directory.release(a.session, &[read.lease]).unwrap();
+    fixture.directory.check_invariants();
+}
+
+/// The `Delegate` tasks among `node`'s polled tasks: (object, replica, delegation).
+fn offered(fixture: &mut Fixture, node: &NodeHandle) -> Vec<(ObjectId, ReplicaId, LeaseId)> {
+    fixture
+        .directory
+        .poll_tasks(fixture.now, node.session, 64)
+        .unwrap()
+        .into_iter()
+        .filter_map(|task| match task.kind {
+            TaskKind::Delegate {
+                object,
+                lease,
+                delegation,
+            } => {
+                assert_eq!(lease.lease, delegation.lease);
+                Some((object, lease.replica, delegation.lease))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_replica_new_in_shared_memory_is_offered_to_every_node_that_maps_it() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(16 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node("b", MIB);
+    let c = fixture.node_with("c", MIB, vec![Medium::Cpu], vec![DomainId(1)]);
+    let object = fixture.object(1);
+    let (replica, _) = fixture.store(&a, object, MIB);
+    assert!(fixture.directory.has_tasks(fixture.now, b.session));
+    assert!(
+        !fixture.directory.has_tasks(fixture.now, c.session),
+        "c maps no such pool"
+    );
+    let to_b = offered(&mut fixture, &b);
+    assert_eq!(to_b.len(), 1);
+    assert_eq!((to_b[0].0, to_b[0].1), (object, replica));
+    assert_eq!(offered(&mut fixture, &a).len(), 1, "its writer's too");
+    assert!(
+        offered(&mut fixture, &b).is_empty(),
+        "never handed out again"
+    );
+    assert_eq!(fixture.directory.delegations_live(), 2);
+    assert_eq!(fixture.directory.delegations_offered(), 2);
+    // The offered delegation is a lease like an acquire's: a retire recalls it.
+    assert_eq!(
+        fixture.directory.retire(Some(a.session), replica),
+        Ok(RetireOutcome::AwaitingReaders { leases: 0 })
+    );
+    assert_eq!(recalls(&mut fixture, &b), vec![to_b[0].2]);
+    fixture.directory.check_invariants();
+}
+
+#[test]
+fn an_offer_that_no_longer_holds_is_dropped_and_host_memory_is_never_offered() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(16 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node("b", 4 * MIB);
+    let (replica, _) = fixture.store(&a, fixture.object(1), MIB);
+    fixture.directory.retire(Some(a.session), replica).unwrap();
+    assert!(
+        offered(&mut fixture, &b).is_empty(),
+        "retired before the poll"
+    );
+    // b's own CPU store is answered by b as its own, and offered to nobody.
+    fixture.store(&b, fixture.object(2), MIB);
+    assert!(offered(&mut fixture, &a).is_empty());
+    assert!(offered(&mut fixture, &b).is_empty());
+    assert_eq!(fixture.directory.delegations_live(), 0);
     fixture.directory.check_invariants();
 }
 
@@ -234,4 +334,29 @@ fn delegations_are_bounded_per_session_and_zero_turns_them_off() {
     let a = fixture.node("a", 16 * MIB);
     fixture.store(&a, fixture.object(1), MIB);
     assert!(acquire_delegating(&mut fixture, &a, object(1)).1.is_none());
+}
+
+#[test]
+fn a_drained_node_is_recalled_its_delegations_and_granted_none() {
+    let mut fixture = Fixture::new();
+    fixture.cxl(16 * MIB);
+    let a = fixture.node_with("a", MIB, vec![Medium::Cxl], vec![DomainId(0)]);
+    let b = fixture.node("b", MIB);
+    fixture.store(&a, fixture.object(1), MIB);
+    let held = offered(&mut fixture, &b);
+    assert_eq!(held.len(), 1);
+    fixture.directory.drain("b").unwrap();
+    assert_eq!(recalls(&mut fixture, &b), vec![held[0].2]);
+    assert_eq!(fixture.directory.recalls_by_reason()[2].1, 1);
+    // While it drains: no offer, and no delegation with an acquire.
+    let second = fixture.object(2);
+    fixture.store(&a, second, MIB);
+    assert!(offered(&mut fixture, &b).is_empty());
+    let (lease, delegation) = acquire_delegating(&mut fixture, &b, second);
+    assert_eq!(delegation, None);
+    fixture
+        .directory
+        .release(b.session, &[lease.lease])
+        .unwrap();
+    fixture.directory.check_invariants();
 }

@@ -26,10 +26,7 @@ fn no_network_copy_is_planned_to_or_from_a_node_without_a_peer_endpoint() {
         fixture.store(&a, object, MIB);
         assert_eq!(fixture.acquire_one(&b, object), AcquireOutcome::Miss);
         let both = a_serves && b_serves;
-        let tasks = fixture
-            .directory
-            .poll_tasks(fixture.now, a.session, 64)
-            .unwrap();
+        let tasks = fixture.poll(&a, 64);
         assert_eq!(tasks.len(), usize::from(both), "a {a_serves} b {b_serves}");
         let counts = fixture.directory.replication_counts();
         assert_eq!(counts.skipped[no_path], u64::from(!both));

@@ -38,10 +38,7 @@ fn skips_after_one_miss(
     object: ObjectId,
 ) -> [u64; 4] {
     assert_eq!(fixture.acquire_one(b, object), AcquireOutcome::Miss);
-    let tasks = fixture
-        .directory
-        .poll_tasks(fixture.now, a.session, 64)
-        .unwrap();
+    let tasks = fixture.poll(a, 64);
     assert!(tasks.is_empty(), "a skipped copy queued {tasks:?}");
     fixture.directory.check_invariants();
     fixture.directory.replication_counts().skipped

@@ -117,6 +117,7 @@ impl NodeDelegationMetrics {
 pub struct DirectoryRecallMetrics {
     recalls_total: IntCounterVec,
     delegations: IntGauge,
+    offered_total: IntCounter,
 }
 
 impl DirectoryRecallMetrics {
@@ -127,7 +128,7 @@ impl DirectoryRecallMetrics {
             recalls_total: IntCounterVec::new(
                 Opts::new(
                     "kvtier_directory_recalls_total",
-                    "Delegations the directory recalled, by reason (retire, evict).",
+                    "Delegations the directory recalled, by reason (retire, evict, drain).",
                 ),
                 &["reason"],
             )?,
@@ -135,17 +136,24 @@ impl DirectoryRecallMetrics {
                 "kvtier_directory_delegations",
                 "Delegations in force over all nodes.",
             )?,
+            offered_total: IntCounter::new(
+                "kvtier_directory_delegations_offered_total",
+                "Delegations granted on offer: on replicas new in shared memory, to the nodes about to read them.",
+            )?,
         };
         for reason in RecallReason::ALL {
             families.recalls_total.with_label_values(&[reason.label()]);
         }
         metrics.register(Box::new(families.recalls_total.clone()))?;
         metrics.register(Box::new(families.delegations.clone()))?;
+        metrics.register(Box::new(families.offered_total.clone()))?;
         Ok(families)
     }
 
-    /// Exports the directory's recall counts and delegations in force.
-    pub fn publish(&self, recalls: &[(RecallReason, u64)], live: u64) {
+    /// Exports the directory's recall counts, delegations in force and delegations granted
+    /// on offer.
+    pub fn publish(&self, recalls: &[(RecallReason, u64)], live: u64, offered: u64) {
+        catch_up(&self.offered_total, offered);
         for (reason, count) in recalls {
             catch_up(
                 &self.recalls_total.with_label_values(&[reason.label()]),
@@ -174,7 +182,7 @@ mod tests {
             reclaims_deferred: 5,
         };
         node.publish(&counts, 3, 8, &[Duration::from_millis(2)]);
-        directory.publish(&[(RecallReason::Retire, 1), (RecallReason::Evict, 4)], 3);
+        directory.publish(&[(RecallReason::Retire, 1), (RecallReason::Evict, 4)], 3, 6);
         let text = metrics.render();
         for line in [
             "kvtier_local_hits_total 7",
@@ -185,6 +193,8 @@ mod tests {
             "kvtier_delegations 3",
             "kvtier_reclaims_deferred_total 5",
             "kvtier_directory_recalls_total{reason=\"evict\"} 4",
+            "kvtier_directory_delegations 3",
+            "kvtier_directory_delegations_offered_total 6",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

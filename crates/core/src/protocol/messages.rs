@@ -36,8 +36,9 @@ use serde::{Deserialize, Serialize};
 /// lets a batch's commit say a store ended as pending or skipped (grants handed out before
 /// their reserve was answered); 16 writes the 128-bit identities (namespaces, prefix
 /// digests, salt groups) as one byte string each instead of 16 numbers
-/// ([`crate::model::object`]). An older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[16];
+/// ([`crate::model::object`]); 17 adds the `Delegate` task (a delegation on offer). An
+/// older peer is refused at hello rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[17];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 

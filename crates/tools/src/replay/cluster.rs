@@ -301,7 +301,12 @@ impl SimulatedCluster {
                     self.directory.reclaim_ack(session, replica)?;
                     continue;
                 }
-                // The replay's nodes ask for no delegation.
+                // The replay's nodes ask for no delegation, and give an offered one back at
+                // once: none is held, so none is recalled.
+                TaskKind::Delegate { delegation, .. } => {
+                    self.directory.release(session, &[delegation.lease])?;
+                    continue;
+                }
                 TaskKind::Recall { .. } => continue,
                 TaskKind::Demote {
                     source,

@@ -141,8 +141,10 @@ coverage! {
     early_grants_elsewhere,
     /// Reads whose bytes were checked against the object they claim.
     reads_verified,
-    /// Delegations granted to nodes, hits they answered under them, and recalls they got.
+    /// Delegations granted to nodes (those of them on offer, with a batch of tasks), hits
+    /// they answered under them, and recalls they got.
     delegations,
+    delegations_offered,
     local_hits,
     recalls,
     /// Replicas a node published in its CPU pool and answered hits on with no delegation,

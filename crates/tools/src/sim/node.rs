@@ -766,7 +766,7 @@ impl World {
                 self.acquired(node, &objects, reply, pending.purpose, pending.sent_at)
             }
             (DirectoryRequest::PollTasks { .. }, DirectoryReply::Tasks(tasks)) => {
-                self.run_tasks(node, tasks)
+                self.run_tasks(node, tasks, pending.sent_at)
             }
             (DirectoryRequest::Heartbeat { .. }, DirectoryReply::Alive(_)) => {
                 self.nodes[node].core.liveness.answered(pending.sent_at);

@@ -340,13 +340,38 @@ impl World {
         }
     }
 
-    /// Runs the tasks the directory handed node `node`; their reclaims are acknowledged
-    /// together after the batch, as the node does: one `ReclaimAck`, or one
-    /// `ReclaimAckMany` for several.
-    pub(super) fn run_tasks(&mut self, node: usize, tasks: Vec<Task>) {
+    /// Runs the tasks the directory handed node `node` (asked for at `asked`); their
+    /// delegations are taken first, and their reclaims are acknowledged together after the
+    /// batch, as the node does: one `ReclaimAck`, or one `ReclaimAckMany` for several.
+    pub(super) fn run_tasks(
+        &mut self,
+        node: usize,
+        tasks: Vec<Task>,
+        asked: kvtier_core::model::Timestamp,
+    ) {
+        let (offered, tasks): (Vec<Task>, Vec<Task>) = tasks
+            .into_iter()
+            .partition(|task| matches!(task.kind, TaskKind::Delegate { .. }));
+        for task in &offered {
+            if let TaskKind::Delegate {
+                object,
+                lease,
+                delegation,
+            } = task.kind
+            {
+                let core = &mut self.nodes[node].core;
+                core.delegations.granted(asked, object, &lease, delegation);
+                self.stats.covered.delegations += 1;
+                self.stats.covered.delegations_offered += 1;
+            }
+        }
+        if !offered.is_empty() {
+            self.send_delegation_releases(node);
+        }
         let mut reclaimed = Vec::new();
         for task in tasks {
             match task.kind {
+                TaskKind::Delegate { .. } => {}
                 TaskKind::Reclaim { replica, location } => {
                     if self.reclaim(node, replica, location) {
                         reclaimed.push(replica);

@@ -10,6 +10,7 @@ use super::reload;
 use crate::config::ClusterConfig;
 use crate::directory::reload::{ConfigChange, ReloadRefusal};
 use crate::directory::{Directory, DirectoryCounts, DrainState, PoolReport};
+use crate::metrics::delegation::DirectoryRecallMetrics;
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, Medium, PoolUsage, SessionId};
@@ -87,6 +88,7 @@ pub struct DirectoryActor {
     removed: HashMap<String, NodeGrant>,
     metrics: Arc<Metrics>,
     replication_metrics: ReplicationMetrics,
+    recall_metrics: DirectoryRecallMetrics,
     tick_interval: Duration,
     /// Sessions waiting for a task ([`WatchTasks`]): at most one watch per session, and a
     /// watch whose waiter gave up is dropped at the next wake, so this holds at most the
@@ -122,7 +124,7 @@ impl DirectoryActor {
         config: ClusterConfig,
         config_path: PathBuf,
         metrics: Arc<Metrics>,
-        replication_metrics: ReplicationMetrics,
+        (replication_metrics, recall_metrics): (ReplicationMetrics, DirectoryRecallMetrics),
         tick_interval: Duration,
         gate: Arc<ServingGate>,
     ) -> Self {
@@ -135,6 +137,7 @@ impl DirectoryActor {
             config_path,
             metrics,
             replication_metrics,
+            recall_metrics,
             tick_interval,
             task_watches: HashMap::new(),
             tasks_queued_seen: 0,
@@ -356,6 +359,11 @@ impl Actor for DirectoryActor {
             actor
                 .replication_metrics
                 .publish(&actor.core.replication_counts(), &latencies);
+            actor.recall_metrics.publish(
+                &actor.core.recalls_by_reason(),
+                actor.core.delegations_live(),
+                actor.core.delegations_offered(),
+            );
         });
     }
 }

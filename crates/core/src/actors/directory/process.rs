@@ -9,6 +9,7 @@ use crate::actors::process::{bind_metrics, serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
 use crate::directory::Directory;
+use crate::metrics::delegation::DirectoryRecallMetrics;
 use crate::metrics::election::ElectionMetrics;
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::Metrics;
@@ -85,13 +86,14 @@ pub async fn run(
     // Pools are formatted and registered before the endpoint accepts any node.
     let (core, created) = prepared_core(&config)?;
     let replication_metrics = ReplicationMetrics::register(&metrics)?;
+    let recall_metrics = DirectoryRecallMetrics::register(&metrics)?;
     let tick_interval = section.tick_interval();
     let directory = DirectoryActor::new(
         core,
         config,
         config_path.to_path_buf(),
         metrics,
-        replication_metrics,
+        (replication_metrics, recall_metrics),
         tick_interval,
         gate.clone(),
     )

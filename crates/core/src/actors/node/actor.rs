@@ -99,13 +99,17 @@ impl NodeActor {
         let services = self.services.clone();
         async move {
             let session = services.link.session();
+            let asked = TasksAsked {
+                at: services.clock.now(),
+                mark: services.core().delegations.session_mark(),
+            };
             let wait = DirectoryRequest::AwaitTasks {
                 max: TASKS_PER_POLL,
                 wait_ms: TASK_WAIT_MS,
             };
             match services.link.call_in(session, wait).await {
                 Ok(DirectoryReply::Tasks(tasks)) if !tasks.is_empty() => {
-                    run_batch(&services, session, tasks).await;
+                    run_batch(&services, session, asked, tasks).await;
                     true
                 }
                 _ => false,
@@ -335,10 +339,27 @@ async fn tidy_delegations(services: &NodeServices) {
     }
 }
 
-/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once. Its reclaims are
-/// acknowledged together once freed ([`reclaim_all`]): one request for the batch, not one
-/// per evicted replica.
-async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>) {
+/// When the node asked for a batch of tasks: on its clock, and in which of its sessions
+/// ([`crate::node::delegations::Delegations::session_mark`]).
+#[derive(Clone, Copy)]
+struct TasksAsked {
+    at: crate::model::Timestamp,
+    mark: u64,
+}
+
+/// Runs one batch of handed-out tasks, [`TASKS_IN_FLIGHT_MAX`] at once. Its delegations
+/// are taken first ([`take_offered`]). Its reclaims are acknowledged together once freed
+/// ([`reclaim_all`]): one request for the batch, not one per evicted replica.
+async fn run_batch(
+    services: &NodeServices,
+    session: SessionId,
+    asked: TasksAsked,
+    tasks: Vec<Task>,
+) {
+    let (offered, tasks): (Vec<Task>, Vec<Task>) = tasks
+        .into_iter()
+        .partition(|task| matches!(task.kind, TaskKind::Delegate { .. }));
+    take_offered(services, asked, &offered);
     let (reclaims, others): (Vec<Task>, Vec<Task>) = tasks
         .into_iter()
         .partition(|task| matches!(task.kind, TaskKind::Reclaim { .. }));
@@ -349,10 +370,39 @@ async fn run_batch(services: &NodeServices, session: SessionId, tasks: Vec<Task>
     futures_util::join!(reclaim_all(services, session, reclaims), others);
 }
 
-/// Carries out one task of `session` (a reclaim is [`reclaim_all`]'s).
+/// The delegations the directory granted on offer with a batch of tasks: each answers its
+/// object's hits from now on, measured from when the batch was asked for, unless the
+/// session they were granted in has ended since (they ended with it).
+fn take_offered(services: &NodeServices, asked: TasksAsked, offered: &[Task]) {
+    if offered.is_empty() {
+        return;
+    }
+    {
+        let mut core = services.core();
+        if core.delegations.session_mark() != asked.mark {
+            return;
+        }
+        for task in offered {
+            if let TaskKind::Delegate {
+                object,
+                lease,
+                delegation,
+            } = task.kind
+            {
+                core.delegations
+                    .granted(asked.at, object, &lease, delegation);
+            }
+        }
+    }
+    services.send_delegation_releases();
+}
+
+/// Carries out one task of `session` (a reclaim is [`reclaim_all`]'s, a delegation
+/// [`take_offered`]'s).
 async fn run_task(services: &NodeServices, session: SessionId, task: Task) {
     match task.kind {
         TaskKind::Reclaim { .. } => reclaim_all(services, session, vec![task]).await,
+        TaskKind::Delegate { .. } => {}
         TaskKind::Recall { delegation, .. } => {
             let now = services.clock.now();
             services.core().delegations.recall(now, delegation);

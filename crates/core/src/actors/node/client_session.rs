@@ -490,6 +490,7 @@ async fn acquire(
     answered: Vec<Option<Lease>>,
 ) -> (ClientReply, Change) {
     let sent = services.clock.now();
+    let mark = services.core().delegations.session_mark();
     let wanted = objects.len();
     let request = DirectoryRequest::AcquireDelegating {
         objects: objects.clone(),
@@ -500,7 +501,7 @@ async fn acquire(
             outcomes,
             delegations,
         }) => {
-            take_delegations(&services, sent, &objects, &outcomes, &delegations);
+            take_delegations(&services, (sent, mark), &objects, &outcomes, &delegations);
             let outcomes =
                 super::ssd_restore::restore_misses(&services, &objects, mode, outcomes).await;
             services.core().delegations.count_directory_lookup(
@@ -566,15 +567,21 @@ async fn probe_rest(
     }
 }
 
-/// Keeps the delegations an acquire brought: later hits on their objects are answered here.
+/// Keeps the delegations an acquire brought (asked for at a time and in a session:
+/// [`crate::node::delegations::Delegations::session_mark`]): later hits on their objects
+/// are answered here.
 fn take_delegations(
     services: &NodeServices,
-    asked: crate::model::Timestamp,
+    (asked, mark): (crate::model::Timestamp, u64),
     objects: &[ObjectId],
     outcomes: &[AcquireOutcome],
     delegations: &[Option<crate::directory::Delegation>],
 ) {
     let mut core = services.core();
+    if core.delegations.session_mark() != mark {
+        // Granted in a session that has ended since: they ended with it.
+        return;
+    }
     for ((object, outcome), delegation) in objects.iter().zip(outcomes).zip(delegations) {
         if let (AcquireOutcome::Leased(lease), Some(delegation)) = (outcome, delegation) {
             core.delegations.granted(asked, *object, lease, *delegation);
