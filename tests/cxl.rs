@@ -213,9 +213,15 @@ fn a_dropped_view_does_not_hold_up_its_own_clients_retire() {
         let views = a.load(&[id], AcquireMode::Each).await.unwrap();
         let replica = views[0].as_ref().unwrap().lease().replica;
         drop(views);
-        assert_eq!(
-            a.retire(id, replica).await.unwrap(),
-            RetireOutcome::Reclaimable
+        // No engine reads it any more: at most an idle delegation the other node was
+        // offered on the new shared replica holds it, for the round trip of its recall.
+        let retired = a.retire(id, replica).await.unwrap();
+        assert!(
+            matches!(
+                retired,
+                RetireOutcome::Reclaimable | RetireOutcome::AwaitingReaders { leases: 0 }
+            ),
+            "{retired:?}"
         );
     });
 }

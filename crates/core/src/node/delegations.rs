@@ -229,7 +229,9 @@ impl Delegations {
 
     /// A delegation arrived for `object` with `lease` (asked for at `asked`, on this
     /// node's clock). It answers the object's hits from now on; the one it supersedes is
-    /// released once no local lease under it is live.
+    /// released once no local lease under it is live. An object this node answers from a
+    /// replica in its own CPU pool (owned, not reclaimed) keeps it, the cheapest to read:
+    /// the delegation (one offered on a copy in shared memory) is released at once.
     pub fn granted(
         &mut self,
         asked: Timestamp,
@@ -241,7 +243,13 @@ impl Delegations {
             // The same grant twice: it is held already (releasing it would end it).
             return;
         }
+        let owned_answers = self
+            .index
+            .get(&object)
+            .and_then(|current| self.delegated.get(current))
+            .is_some_and(|current| current.owned && current.recalled.is_none());
         if self.early_recalls.remove(&delegation.lease).is_some()
+            || owned_answers
             || self.delegated.len() - self.owned.len() >= DELEGATIONS_MAX
         {
             self.releases.push(delegation.lease);

@@ -236,17 +236,23 @@ fn a_commit_answered_after_its_session_ended_records_nothing() {
 }
 
 #[test]
-fn an_object_answered_here_already_is_not_owned_twice_and_a_delegation_supersedes_it() {
+fn an_object_answered_here_already_is_not_owned_twice_and_an_owned_replica_outranks_a_delegation() {
     let mut delegations = delegated();
     let mark = delegations.session_mark();
     // Object 1 is delegated: owning another replica of it records nothing.
     delegations.owned(mark, object(1), lease(6));
     assert!(delegations.may_reclaim(at(1), ReplicaId(6)));
-    // An owned object whose delegation arrives: the delegation answers, the owned entry
-    // goes (idle), and its reclaim is not held back.
+    // An owned object whose delegation arrives (offered on a copy in shared memory): the
+    // owned replica keeps answering, and the delegation is released at once.
     delegations.owned(mark, object(2), lease(2));
     delegations.granted(at(2), object(2), &lease(12), delegation(8));
-    assert!(delegations.may_reclaim(at(3), ReplicaId(2)));
+    assert_eq!(delegations.take_releases(), vec![LeaseId(8)]);
     let leases = delegations.acquire(at(3), &[object(2)]).unwrap();
+    assert_eq!(leases[0].replica, ReplicaId(2));
+    assert!(delegations.release_local(at(3), leases[0].lease));
+    // Once the owned replica's reclaim came, a delegation answers in its place.
+    assert!(delegations.may_reclaim(at(4), ReplicaId(2)));
+    delegations.granted(at(4), object(2), &lease(12), delegation(9));
+    let leases = delegations.acquire(at(5), &[object(2)]).unwrap();
     assert_eq!(leases[0].replica, ReplicaId(12));
 }
