@@ -137,12 +137,7 @@ impl Directory {
             .iter()
             .map(|replica| {
                 let replica = (*replica)?;
-                let held = self
-                    .delegations
-                    .per_session
-                    .get(&session_id)
-                    .copied()
-                    .unwrap_or(0);
+                let held = self.delegations_held(session_id);
                 if held >= max
                     || draining
                     || !self.leases.has_room(1)
@@ -225,12 +220,7 @@ impl Directory {
                 self.check_namespaces(session, std::iter::once(object.namespace))
                     .is_ok()
             });
-            let held = self
-                .delegations
-                .per_session
-                .get(&session_id)
-                .copied()
-                .unwrap_or(0);
+            let held = self.delegations_held(session_id);
             if replica.object != object
                 || replica.state != ReplicaState::Ready
                 || view.rank(replica.pool).is_none()
@@ -266,6 +256,15 @@ impl Directory {
             self.delegations.offered += 1;
         }
         tasks
+    }
+
+    /// Delegations `session_id` holds.
+    fn delegations_held(&self, session_id: SessionId) -> u32 {
+        self.delegations
+            .per_session
+            .get(&session_id)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Delegations granted on offer so far.
