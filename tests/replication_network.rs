@@ -192,7 +192,6 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
             "the named sender's certificate without the token claimed a transfer: {as_a:?}"
         );
         assert_eq!(scraped(node_b, wrong_token), 1.0, "the refusal is counted");
-        signal(&a_pid, "-CONT");
         // The pending target is answered as every other: a wrong sender cannot tell which
         // replica ids are expected.
         assert!(
@@ -207,6 +206,8 @@ fn a_node_not_named_for_a_pending_transfer_cannot_push_it(netns: bool) {
             allocated_before,
             "B's pool is unchanged"
         );
+        // Only now may A run again: its push would fill B's target.
+        signal(&a_pid, "-CONT");
         // The named sender still delivers it.
         let (medium, exact) = load_until_hit(&b, id, &bytes).await;
         assert_eq!((medium, exact), (Medium::Cpu, true));
