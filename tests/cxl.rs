@@ -238,13 +238,17 @@ fn cxl_replicas_outlive_their_writer_and_retirement_waits_for_readers() {
             a.store(victim, &victim_bytes).await.unwrap(),
             StoreOutcome::Stored
         );
-        // B holds a zero-copy view while A retires the replica.
+        // B holds a zero-copy view while A retires the replica. B read it under the
+        // directory's lease, or under the delegation it was offered on the new shared
+        // replica (then the directory counts no lease of an engine: the recall waits for
+        // B's own); either way the retire waits for the reader.
         let views = b.load(&[victim], AcquireMode::Each).await.unwrap();
         let view = views[0].as_ref().unwrap();
         let replica = view.lease().replica;
-        assert_eq!(
-            a.retire(victim, replica).await.unwrap(),
-            RetireOutcome::AwaitingReaders { leases: 1 }
+        let retired = a.retire(victim, replica).await.unwrap();
+        assert!(
+            matches!(retired, RetireOutcome::AwaitingReaders { leases: 0 | 1 }),
+            "{retired:?}"
         );
         assert!(
             a.load(&[victim], AcquireMode::Each).await.unwrap()[0].is_none(),
