@@ -73,7 +73,22 @@ async fn store_on_each_node(
 
 #[test]
 fn a_directory_restart_keeps_the_cache_and_the_nodes() {
-    let spec = two_nodes_sharing_cxl(3_000, 600_000);
+    a_restart_keeps_the_cache(1);
+}
+
+/// The same over a directory of three shards: each shard adopts the replicas of its own
+/// objects, lending the others' free budget where its share of a pool is full, and the
+/// shared pool's extents are claimed in all of them alike.
+#[test]
+fn a_directory_of_three_shards_restarted_keeps_the_cache() {
+    a_restart_keeps_the_cache(3);
+}
+
+fn a_restart_keeps_the_cache(shards: u16) {
+    let spec = ClusterSpec {
+        directory_shards: shards,
+        ..two_nodes_sharing_cxl(3_000, 600_000)
+    };
     let mut cluster = LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_kvtier")), &spec).unwrap();
     let pids = [cluster.node_pid(0), cluster.node_pid(1)];
     assert!(pids.iter().all(Option::is_some));

@@ -184,6 +184,15 @@ pub struct DirectorySection {
     /// one that leads; standbys refuse connections.
     #[serde(default)]
     pub standbys: Vec<SocketAddr>,
+    /// Shards of the directory's state, 1 to 256 ([`crate::protocol::shards`]): each object
+    /// belongs to one by a keyed hash, and each reserves against its share of every pool.
+    /// In one process, on the directory actor's thread.
+    #[serde(default = "default_shards")]
+    pub shards: u16,
+}
+
+fn default_shards() -> u16 {
+    1
 }
 
 fn default_election() -> String {
@@ -387,6 +396,13 @@ impl ClusterConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         if !(1..=60).contains(&self.directory.lease_ttl_s) {
             bail!("directory.lease_ttl_s must be 1 to 60");
+        }
+        if !(1..=crate::model::SHARDS_MAX as u16).contains(&self.directory.shards) {
+            bail!(
+                "directory.shards must be 1 to {}, not {}",
+                crate::model::SHARDS_MAX,
+                self.directory.shards
+            );
         }
         if !self.directory.standbys.is_empty() && self.directory.etcd.is_empty() {
             bail!("directory.standbys needs directory.etcd: standbys are elected there");

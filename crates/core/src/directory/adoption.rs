@@ -70,6 +70,12 @@ impl Directory {
         Ok(())
     }
 
+    /// Rejoin items this core takes before the next tick. A sharded directory claims
+    /// extents (every shard's state) only when every shard has room for the claim.
+    pub fn adopt_budget(&self) -> u32 {
+        self.recovery.budget
+    }
+
     /// Refills the rejoin budget (each tick).
     pub(super) fn refill_adopt_budget(&mut self) {
         self.recovery.budget = self.config.adopt_items_per_tick;

@@ -150,7 +150,7 @@ impl Directory {
             + u128::from(record.ready_bytes)
             + u128::from(bytes))
             * 100;
-        record.free_bytes() >= bytes && after <= high * u128::from(record.spec.capacity_bytes)
+        record.free_bytes() >= bytes && after <= high * u128::from(record.budget_bytes)
     }
 
     /// Reserves the target and queues the copy for the owner. `false` when a bound refuses.

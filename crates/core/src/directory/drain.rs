@@ -235,6 +235,41 @@ impl Directory {
         }
     }
 
+    /// Whether node `node`'s drain has nothing left in this shard: no replica in its host
+    /// pools, no demotion out of them, no lease, no reservation. A sharded directory ends
+    /// the drain ([`Directory::end_drain`]) once every shard says so, so that the node's
+    /// session ends in all of them alike.
+    pub fn drain_may_end(&self, node: NodeId) -> bool {
+        let Some(record) = self
+            .drains
+            .get(&node)
+            .filter(|record| record.state.is_active())
+        else {
+            return false;
+        };
+        let open = self
+            .sessions
+            .get(&record.session)
+            .filter(|session| session.is_open());
+        open.is_some_and(|session| {
+            session.leases == 0
+                && session.reservations.is_empty()
+                && self.host_replicas_left(&self.host_pools_of(record.session)) == (0, 0)
+        })
+    }
+
+    /// Ends node `node`'s drain: its session ends `Drained`. The sharded directory's last
+    /// step of a drain every shard may end.
+    pub fn end_drain(&mut self, now: Timestamp, node: NodeId) {
+        if let Some(record) = self.drains.get(&node).copied() {
+            self.end_session(now, record.session, SessionState::Drained);
+            if let Some(drain) = self.drains.get_mut(&node) {
+                drain.state = DrainState::Drained;
+                drain.stall.stuck = None;
+            }
+        }
+    }
+
     /// Whether `session` is being drained: the directory places nothing new for it.
     pub(super) fn is_draining(&self, session: SessionId) -> bool {
         self.sessions
@@ -308,7 +343,8 @@ impl Directory {
         }
         let next = if left != (0, 0) {
             DrainState::Relocating
-        } else if leases > 0 || reservations > 0 {
+        } else if leases > 0 || reservations > 0 || self.shard.count > 1 {
+            // A shard of several waits here for the others: [`Directory::end_drain`].
             DrainState::AwaitingLeases
         } else {
             self.end_session(now, record.session, SessionState::Drained);

@@ -104,4 +104,12 @@ pub enum DirectoryError {
     /// No node of that name has an open session to drain.
     #[error("no node `{0}` with an open session")]
     UnknownNode(String),
+    /// A shard of a sharded directory answered its part of a batch with another number of
+    /// items than it was asked: a fault of the directory, never of the request.
+    #[error("shard {shard} answered {answered} items of {asked}")]
+    ShardAnswer {
+        shard: usize,
+        answered: usize,
+        asked: usize,
+    },
 }

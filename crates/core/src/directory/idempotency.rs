@@ -69,6 +69,15 @@ impl Directory {
         }
     }
 
+    /// Whether `session_id`'s ledger has room for `operation`'s outcome, or holds it
+    /// already: a sharded directory applies an operation every shard records (an extent's
+    /// grant or return) only when no shard's ledger would refuse it as full.
+    pub fn ledger_has_room(&self, session_id: SessionId, operation: OperationId) -> bool {
+        self.sessions
+            .get(&session_id)
+            .is_none_or(|session| session.ledger.check(operation) != LedgerCheck::Full)
+    }
+
     /// The epilogue of an idempotent operation that proceeded: records its outcome, so a
     /// retry is answered with it and `resolve` can report it.
     pub(super) fn record_outcome<T: Recorded>(

@@ -5,14 +5,93 @@ use super::pools::ExtentTable;
 use super::replicas::ReplicaState;
 use super::sessions::SessionState;
 use super::Directory;
-use crate::model::{PoolId, Scope};
+use crate::model::{Epoch, NamespaceId, NodeId, PoolId, PoolSpec, Scope, SessionId, Timestamp};
 use crate::policy::history::FREQUENCY_CLASSES;
 use std::collections::HashMap;
 
 /// Leases counted per replica and per session (by raw id).
 type LeaseCounts = (HashMap<u64, u32>, HashMap<u64, u32>);
 
+/// The state every shard of a sharded directory keeps alike
+/// ([`crate::protocol::shards::Shards::check_invariants`]): nodes, sessions with their
+/// states and epochs, pools and who registered them, namespaces. Ordered, for comparison.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicatedState {
+    pub nodes: Vec<(String, NodeId, Epoch, Option<SessionId>)>,
+    pub sessions: Vec<(SessionId, NodeId, Epoch, SessionState, Timestamp)>,
+    pub pools: Vec<(PoolId, PoolSpec, Option<SessionId>)>,
+    pub namespaces: Vec<NamespaceId>,
+    /// Each shared pool's extents ([`super::pools::ExtentTable::agreed`]).
+    pub extents: Vec<(PoolId, Vec<AgreedExtent>)>,
+}
+
+/// An extent as every shard must see it: owner, committed replicas over all shards,
+/// cooling deadline, whether it may be claimed, owner word.
+pub type AgreedExtent = (
+    Option<SessionId>,
+    u32,
+    Timestamp,
+    bool,
+    Option<crate::model::OwnerWord>,
+);
+
 impl Directory {
+    /// The state that is not per object, ordered ([`ReplicatedState`]).
+    pub fn replicated_state(&self) -> ReplicatedState {
+        let mut nodes: Vec<_> = self
+            .node_ids
+            .iter()
+            .map(|(name, node)| {
+                let record = &self.nodes[node.0 as usize];
+                (name.clone(), *node, record.epoch, record.session)
+            })
+            .collect();
+        nodes.sort();
+        let mut sessions: Vec<_> = self
+            .sessions
+            .iter()
+            .map(|(id, session)| {
+                (
+                    *id,
+                    session.node,
+                    session.epoch,
+                    session.state,
+                    session.last_heartbeat,
+                )
+            })
+            .collect();
+        sessions.sort_by_key(|session| session.0);
+        let pools = self
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(index, record)| {
+                (
+                    PoolId(index as u32),
+                    record.spec.clone(),
+                    record.owner_session,
+                )
+            })
+            .collect();
+        let mut namespaces: Vec<NamespaceId> = self.namespaces.keys().copied().collect();
+        namespaces.sort();
+        let extents = self
+            .pools
+            .iter()
+            .enumerate()
+            .filter_map(|(index, record)| {
+                Some((PoolId(index as u32), record.extents.as_ref()?.agreed()))
+            })
+            .collect();
+        ReplicatedState {
+            nodes,
+            sessions,
+            pools,
+            namespaces,
+            extents,
+        }
+    }
+
     /// Checks every cross-record invariant in O(records). Panics on the first violation.
     pub fn check_invariants(&self) {
         let (leases_per_replica, leases_per_session) = self.check_leases();
@@ -209,7 +288,7 @@ impl Directory {
                     .or_default() += 1;
             }
         }
-        for (extent, owner, count) in extents.replica_counts() {
+        for (extent, owner, count, elsewhere) in extents.replica_counts() {
             assert_eq!(
                 count,
                 extent_replicas.get(&extent).copied().unwrap_or(0),
@@ -221,7 +300,7 @@ impl Directory {
                     .get(&owner)
                     .is_some_and(|session| session.is_open());
                 assert!(
-                    open || count > 0,
+                    open || count + elsewhere > 0,
                     "extent {extent} of pool {index} held by an ended session with no replica"
                 );
             }
@@ -254,7 +333,7 @@ impl Directory {
             );
             assert_eq!(pool.pinned_bytes, pinned, "pinned bytes of pool {index}");
             assert!(
-                reserved + ready + retiring <= pool.spec.capacity_bytes,
+                reserved + ready + retiring <= pool.budget_bytes,
                 "pool {index} over capacity"
             );
         }

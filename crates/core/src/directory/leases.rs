@@ -6,7 +6,7 @@
 //! intrusive list through their slots, so ending a session costs what it holds, not a scan
 //! of every lease.
 
-use crate::model::{LeaseId, ReplicaId, SessionId, Timestamp};
+use crate::model::{shard_stamp, LeaseId, ReplicaId, SessionId, Timestamp, ID_GENERATION_BITS};
 use std::collections::{HashMap, VecDeque};
 
 const NONE: u32 = u32::MAX;
@@ -21,13 +21,15 @@ pub struct LeaseRecord {
     pub delegation: bool,
 }
 
+/// A slot's reuse count, below the shard bits of its ids ([`crate::model::SHARD_SHIFT`]).
 /// Lease ids leave their top bit clear: a node numbers its local leases with it set, so the
 /// two never meet ([`crate::node::delegations`]).
-const GENERATION_MASK: u32 = u32::MAX >> 1;
+const GENERATION_MASK: u32 = (1 << ID_GENERATION_BITS) - 1;
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     lease: Option<LeaseRecord>,
+    /// The shard's bits and the reuse count: the upper half of the slot's lease ids.
     generation: u32,
     next_free: u32,
     /// Neighbours among the leases of the same session (meaningful while live), or `NONE`.
@@ -48,6 +50,8 @@ pub struct LeaseTable {
     /// The first lease slot of each session holding a lease: at most one entry per live
     /// lease, removed with the session's last lease.
     session_heads: HashMap<SessionId, u32>,
+    /// The upper half of the ids of the shard that owns this table ([`shard_stamp`]).
+    stamp: u32,
 }
 
 fn split(id: LeaseId) -> (usize, u32) {
@@ -56,7 +60,7 @@ fn split(id: LeaseId) -> (usize, u32) {
 
 impl LeaseTable {
     /// An empty table holding at most `leases_max` live leases.
-    pub fn new(leases_max: u32) -> LeaseTable {
+    pub fn new(leases_max: u32, shard: usize) -> LeaseTable {
         LeaseTable {
             slots: Vec::new(),
             free_head: NONE,
@@ -65,6 +69,7 @@ impl LeaseTable {
             leases_max: leases_max.min(NONE - 1),
             deadlines: [VecDeque::new(), VecDeque::new()],
             session_heads: HashMap::new(),
+            stamp: (shard_stamp(shard) >> 32) as u32,
         }
     }
 
@@ -93,7 +98,7 @@ impl LeaseTable {
         } else {
             self.slots.push(Slot {
                 lease: Some(record),
-                generation: 0,
+                generation: self.stamp,
                 next_free: NONE,
                 session_previous: NONE,
                 session_next: NONE,
@@ -146,7 +151,7 @@ impl LeaseTable {
         }
         let slot = &mut self.slots[index];
         let record = slot.lease.take();
-        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        slot.generation = self.stamp | (slot.generation.wrapping_add(1) & GENERATION_MASK);
         slot.next_free = NONE;
         if self.free_tail == NONE {
             self.free_head = index as u32;

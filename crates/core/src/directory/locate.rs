@@ -48,6 +48,17 @@ impl Directory {
         session_id: SessionId,
         objects: &[ObjectId],
     ) -> Result<Vec<NodeRun>, DirectoryError> {
+        self.locate_in(session_id, objects, |_| self)
+    }
+
+    /// [`Directory::locate`] where `owner_of` names the core that holds each object's
+    /// replicas (a sharded directory's shard; nodes, sessions and pools are alike in all).
+    pub fn locate_in<'a>(
+        &self,
+        session_id: SessionId,
+        objects: &[ObjectId],
+        owner_of: impl Fn(&ObjectId) -> &'a Directory,
+    ) -> Result<Vec<NodeRun>, DirectoryError> {
         self.check_batch(objects.len())?;
         let session = self.open_session(session_id)?;
         self.check_namespaces(session, objects.iter().map(|object| object.namespace))?;
@@ -66,7 +77,7 @@ impl Directory {
         for object in objects {
             let mut any = false;
             for candidate in candidates.iter_mut().filter(|candidate| candidate.running) {
-                let tier = match self.probe_one(&candidate.view, object) {
+                let tier = match owner_of(object).probe_one(&candidate.view, object) {
                     ProbeOutcome::Hit { medium, .. } => Some(medium),
                     ProbeOutcome::OnSsd { .. } => Some(Medium::Ssd),
                     ProbeOutcome::Pending | ProbeOutcome::Miss => None,

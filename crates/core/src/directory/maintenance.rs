@@ -93,7 +93,7 @@ impl Directory {
         // In u128: capacities and byte counts times 100 cannot overflow.
         let used = u128::from(record.reserved_bytes) + u128::from(record.ready_bytes);
         used.saturating_sub(u128::from(leaving_bytes)) * 100
-            > u128::from(percent) * u128::from(record.spec.capacity_bytes)
+            > u128::from(percent) * u128::from(record.budget_bytes)
     }
 
     /// Bytes of `pool`'s replicas (of `group`'s objects, when given) being demoted.

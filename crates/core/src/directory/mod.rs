@@ -61,6 +61,7 @@ pub use config::{DirectoryConfig, RecomputeCost, TierQuota, CTL_MODEL, CTL_RECOM
 pub use delegations::{LocalHits, RecallReason, OFFERS_QUEUED_MAX};
 pub use drain::{DrainProgress, DrainState, DrainStuck};
 pub use error::{DirectoryError, Table};
+pub use invariants::ReplicatedState;
 pub use locate::NodeRun;
 pub use ops::*;
 pub use replicas::ReplicaState;
@@ -135,9 +136,34 @@ pub struct PoolReport {
     pub profile: TierProfile,
 }
 
+/// Which shard of a sharded directory a core is ([`crate::protocol::shards`]): each shard
+/// owns the objects a keyed hash gives it, issues ids that name it
+/// ([`crate::model::shard_stamp`]), and reserves against its share of every pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardPlace {
+    /// This shard, below `count`.
+    pub index: usize,
+    /// Shards of the directory, 1 to [`crate::model::SHARDS_MAX`].
+    pub count: usize,
+}
+
+impl ShardPlace {
+    /// The only shard of an unsharded directory.
+    pub const ALONE: ShardPlace = ShardPlace { index: 0, count: 1 };
+
+    /// This shard's part of `total` bytes: an equal share, the first shards taking one byte
+    /// more each until the shares add up to `total`.
+    pub fn share(self, total: u64) -> u64 {
+        let count = self.count.max(1) as u64;
+        total / count + u64::from((self.index as u64) < total % count)
+    }
+}
+
 /// The directory state machine. See the module documentation for its contract.
 pub struct Directory {
     config: DirectoryConfig,
+    /// Which shard this core is.
+    shard: ShardPlace,
     replicas: ReplicaTable,
     leases: LeaseTable,
     pools: Vec<PoolRecord>,
@@ -183,14 +209,44 @@ pub struct Directory {
     replication: replication::Replications,
     /// Delegations in force and recalled ([`delegations`]): each a live lease.
     delegations: delegations::Delegations,
+    /// In a shard of several: the replicas this shard committed into or freed from shared
+    /// pools' extents since the router last took them ([`Directory::take_extent_deltas`]).
+    /// Bounded by what one call does; empty in a directory of one shard.
+    extent_deltas: Vec<ExtentDelta>,
+}
+
+/// A change of an extent's committed replicas in one shard, which every other shard of a
+/// sharded directory applies ([`Directory::apply_extent_deltas`]) so that all of them
+/// release an extent at the same moment: when its last replica, of any shard, goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtentDelta {
+    pub pool: PoolId,
+    pub offset_bytes: u64,
+    /// A replica committed (`true`) or freed.
+    pub added: bool,
+    /// Until when the extent cools if this frees it.
+    pub cool_until: Timestamp,
 }
 
 impl Directory {
-    /// An empty directory.
+    /// An empty directory of one shard.
     pub fn new(config: DirectoryConfig) -> Directory {
+        Directory::new_shard(config, ShardPlace::ALONE)
+    }
+
+    /// An empty shard `shard` of a sharded directory: the ids it issues name it, and it
+    /// reserves against its share of each pool and of each salt group's quotas.
+    pub fn new_shard(config: DirectoryConfig, shard: ShardPlace) -> Directory {
+        let mut config = config;
+        config.group_quotas = shard_quotas(shard, &config.group_quotas);
         Directory {
-            replicas: ReplicaTable::new(config.replicas_max, config.hash_seed_or_random()),
-            leases: LeaseTable::new(config.leases_max),
+            shard,
+            replicas: ReplicaTable::new(
+                config.replicas_max,
+                config.hash_seed_or_random(),
+                shard.index,
+            ),
+            leases: LeaseTable::new(config.leases_max, shard.index),
             pools: Vec::new(),
             pool_ids: HashMap::new(),
             nodes: Vec::new(),
@@ -198,7 +254,7 @@ impl Directory {
             sessions: HashMap::default(),
             retired_sessions: VecDeque::new(),
             next_session: 1,
-            next_task: 1,
+            next_task: crate::model::shard_stamp(shard.index) | 1,
             tasks_queued: 0,
             namespaces: HashMap::default(),
             namespace_clock: 0,
@@ -219,6 +275,7 @@ impl Directory {
                 &config,
             )),
             delegations: delegations::Delegations::default(),
+            extent_deltas: Vec::new(),
             config,
         }
     }
@@ -236,14 +293,81 @@ impl Directory {
 
     /// Replaces the salt groups' quotas (a reload of the tenant rules' `cxl_bytes` and
     /// `ssd_bytes`): placement and eviction follow the new ones from the next call.
+    /// A sharded directory's shard keeps its share of each quota.
     pub fn set_group_quotas(&mut self, quotas: BTreeMap<crate::model::SaltGroup, TierQuota>) {
-        self.config.group_quotas = quotas;
+        self.config.group_quotas = shard_quotas(self.shard, &quotas);
+    }
+
+    /// Which shard this core is.
+    pub fn shard(&self) -> ShardPlace {
+        self.shard
+    }
+
+    /// The extent changes of this shard since the last call, for the other shards.
+    pub fn take_extent_deltas(&mut self) -> Vec<ExtentDelta> {
+        std::mem::take(&mut self.extent_deltas)
+    }
+
+    /// Applies another shard's extent changes: the replica counts of the other shards,
+    /// and the extents their last replica's free released.
+    pub fn apply_extent_deltas(&mut self, deltas: &[ExtentDelta]) {
+        for delta in deltas {
+            let Some(extents) = self
+                .pools
+                .get_mut(delta.pool.0 as usize)
+                .and_then(|record| record.extents.as_mut())
+            else {
+                continue;
+            };
+            if delta.added {
+                extents.add_elsewhere(delta.offset_bytes);
+            } else {
+                let sessions = &self.sessions;
+                extents.remove_replica(
+                    delta.offset_bytes,
+                    true,
+                    |session| {
+                        sessions
+                            .get(&session)
+                            .is_some_and(sessions::Session::is_open)
+                    },
+                    delta.cool_until,
+                );
+            }
+        }
+    }
+
+    /// Notes an extent change for the other shards (none in a directory of one shard).
+    fn note_extent_delta(&mut self, delta: ExtentDelta) {
+        if self.shard.count > 1 {
+            self.extent_deltas.push(delta);
+        }
     }
 
     /// The `now` of the latest `tick` (zero before the first): a time no later than now.
     pub fn latest_time(&self) -> Timestamp {
         self.latest_tick
     }
+}
+
+/// Shard `shard`'s part of each salt group's quotas.
+fn shard_quotas(
+    shard: ShardPlace,
+    quotas: &BTreeMap<crate::model::SaltGroup, TierQuota>,
+) -> BTreeMap<crate::model::SaltGroup, TierQuota> {
+    quotas
+        .iter()
+        .map(|(group, quota)| {
+            let share = |bytes: Option<u64>| bytes.map(|bytes| shard.share(bytes));
+            (
+                *group,
+                TierQuota {
+                    cxl_bytes: share(quota.cxl_bytes),
+                    ssd_bytes: share(quota.ssd_bytes),
+                },
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

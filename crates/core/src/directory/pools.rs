@@ -26,11 +26,28 @@ pub struct GrantedExtent {
     pub owner_word: Option<OwnerWord>,
 }
 
+impl ExtentSlot {
+    /// An extent given back: no owner, cooling until `cool_until`, its word kept.
+    fn released(cool_until: Timestamp, word: Option<OwnerWord>) -> ExtentSlot {
+        ExtentSlot {
+            owner: None,
+            replicas: 0,
+            elsewhere: 0,
+            cool_until,
+            claimable: false,
+            word,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct ExtentSlot {
     owner: Option<SessionId>,
-    /// Committed replicas inside.
+    /// Committed replicas inside, of this shard's objects.
     replicas: u32,
+    /// Committed replicas inside of the other shards' objects (a sharded directory keeps
+    /// each shard told, [`super::ExtentDelta`]): the extent is empty only when both are 0.
+    elsewhere: u32,
     /// Not granted again before this time.
     cool_until: Timestamp,
     /// Held at start because a previous incarnation may have granted it: the node that
@@ -48,6 +65,7 @@ impl ExtentTable {
         let free = ExtentSlot {
             owner: None,
             replicas: 0,
+            elsewhere: 0,
             cool_until: Timestamp::ZERO,
             claimable: false,
             word: None,
@@ -74,6 +92,7 @@ impl ExtentTable {
         self.slots[index] = ExtentSlot {
             owner: Some(session),
             replicas: 0,
+            elsewhere: 0,
             cool_until: Timestamp::ZERO,
             claimable: false,
             word: known.map(|word| word.taken_by(node)),
@@ -121,28 +140,36 @@ impl ExtentTable {
         }
     }
 
-    /// A committed replica at `offset_bytes` was freed; the extent is released (to cool
-    /// until `cool_until`) when it was the last one and its owner (per `open`) has ended.
+    /// A replica of another shard's object was committed at `offset_bytes`.
+    pub fn add_elsewhere(&mut self, offset_bytes: u64) {
+        let index = self.index_of(offset_bytes);
+        if let Some(slot) = self.slots.get_mut(index) {
+            slot.elsewhere += 1;
+        }
+    }
+
+    /// A committed replica at `offset_bytes` was freed (of this shard's objects, or of
+    /// another shard's when `elsewhere`); the extent is released (to cool until
+    /// `cool_until`) when it was the last one and its owner (per `open`) has ended.
     pub fn remove_replica(
         &mut self,
         offset_bytes: u64,
+        elsewhere: bool,
         open: impl Fn(SessionId) -> bool,
         cool_until: Timestamp,
     ) {
         let index = self.index_of(offset_bytes);
         if let Some(slot) = self.slots.get_mut(index) {
-            slot.replicas = slot
-                .replicas
+            let count = if elsewhere {
+                &mut slot.elsewhere
+            } else {
+                &mut slot.replicas
+            };
+            *count = count
                 .checked_sub(1)
                 .expect("extent replica count underflow");
-            if slot.replicas == 0 && slot.owner.is_some_and(|owner| !open(owner)) {
-                *slot = ExtentSlot {
-                    owner: None,
-                    replicas: 0,
-                    cool_until,
-                    claimable: false,
-                    word: slot.word,
-                };
+            if slot.replicas + slot.elsewhere == 0 && slot.owner.is_some_and(|owner| !open(owner)) {
+                *slot = ExtentSlot::released(cool_until, slot.word);
             }
         }
     }
@@ -151,16 +178,27 @@ impl ExtentTable {
     /// others wait for their replicas.
     pub fn release_empty(&mut self, session: SessionId, cool_until: Timestamp) {
         for slot in &mut self.slots {
-            if slot.owner == Some(session) && slot.replicas == 0 {
-                *slot = ExtentSlot {
-                    owner: None,
-                    replicas: 0,
-                    cool_until,
-                    claimable: false,
-                    word: slot.word,
-                };
+            if slot.owner == Some(session) && slot.replicas + slot.elsewhere == 0 {
+                *slot = ExtentSlot::released(cool_until, slot.word);
             }
         }
+    }
+
+    /// Every extent as the shards of a sharded directory must agree on it: its owner, its
+    /// committed replicas over all shards, its cooling and claim state, its owner word.
+    pub fn agreed(&self) -> Vec<super::invariants::AgreedExtent> {
+        self.slots
+            .iter()
+            .map(|slot| {
+                (
+                    slot.owner,
+                    slot.replicas + slot.elsewhere,
+                    slot.cool_until,
+                    slot.claimable,
+                    slot.word,
+                )
+            })
+            .collect()
     }
 
     /// The live owner gives back an extent it no longer allocates in: released to cool
@@ -175,16 +213,10 @@ impl ExtentTable {
         let index = self.index_of(offset_bytes);
         match self.slots.get_mut(index) {
             Some(slot) if slot.owner == Some(session) && offset_bytes % self.extent_bytes == 0 => {
-                if slot.replicas > 0 {
+                if slot.replicas + slot.elsewhere > 0 {
                     return ExtentReturn::InUse;
                 }
-                *slot = ExtentSlot {
-                    owner: None,
-                    replicas: 0,
-                    cool_until,
-                    claimable: false,
-                    word: slot.word,
-                };
+                *slot = ExtentSlot::released(cool_until, slot.word);
                 ExtentReturn::Returned
             }
             _ => ExtentReturn::NotOwner,
@@ -228,6 +260,7 @@ impl ExtentTable {
                 *slot = ExtentSlot {
                     owner: Some(session),
                     replicas: 0,
+                    elsewhere: 0,
                     cool_until: Timestamp::ZERO,
                     claimable: false,
                     word: slot.word,
@@ -254,12 +287,15 @@ impl ExtentTable {
         }
     }
 
-    /// Committed replicas per extent, for invariant checks.
-    pub fn replica_counts(&self) -> impl Iterator<Item = (usize, Option<SessionId>, u32)> + '_ {
+    /// Committed replicas per extent, this shard's and the other shards', for invariant
+    /// checks.
+    pub fn replica_counts(
+        &self,
+    ) -> impl Iterator<Item = (usize, Option<SessionId>, u32, u32)> + '_ {
         self.slots
             .iter()
             .enumerate()
-            .map(|(index, slot)| (index, slot.owner, slot.replicas))
+            .map(|(index, slot)| (index, slot.owner, slot.replicas, slot.elsewhere))
     }
 
     /// The extent index of `offset_bytes`.
@@ -296,14 +332,18 @@ pub struct PoolRecord {
     /// Live bytes (reserved and READY) of each salt group here, for the groups' quotas;
     /// only groups with bytes here (at most one per registered namespace).
     group_bytes: HashMap<SaltGroup, u64, foldhash::fast::RandomState>,
+    /// This shard's part of the capacity ([`super::ShardPlace::share`]): what it reserves
+    /// against. All of it when the directory has one shard.
+    pub budget_bytes: u64,
 }
 
 impl PoolRecord {
-    /// A pool with nothing in it.
+    /// A pool with nothing in it, of which this shard may use `budget_bytes`.
     pub fn new(
         spec: PoolSpec,
         owner_session: Option<SessionId>,
         profile: TierProfile,
+        budget_bytes: u64,
     ) -> PoolRecord {
         let extents = spec
             .extent_bytes
@@ -321,6 +361,7 @@ impl PoolRecord {
             reports: BTreeMap::new(),
             admit_after_accesses: None,
             group_bytes: HashMap::default(),
+            budget_bytes,
         }
     }
 
@@ -351,9 +392,9 @@ impl PoolRecord {
             .map(|(group, bytes)| (*group, *bytes))
     }
 
-    /// Bytes not reserved and not allocated.
+    /// Bytes of this shard's budget not reserved and not allocated.
     pub fn free_bytes(&self) -> u64 {
-        self.spec.capacity_bytes - self.reserved_bytes - self.ready_bytes - self.retiring_bytes
+        self.budget_bytes - self.reserved_bytes - self.ready_bytes - self.retiring_bytes
     }
 
     /// Grants `bytes`; the caller checked [`PoolRecord::free_bytes`].
@@ -394,14 +435,14 @@ impl PoolRecord {
             .expect("ready replicas underflow");
     }
 
-    /// About how many objects the pool holds when full: its capacity over the mean size of
-    /// its READY objects (over its page size while it holds none).
+    /// About how many objects this shard's budget holds when full: the budget over the mean
+    /// size of its READY objects (over its page size while it holds none).
     pub fn object_capacity(&self) -> u64 {
         let object_bytes = self
             .ready_bytes
             .checked_div(self.ready_replicas)
             .unwrap_or(self.spec.page_bytes);
-        self.spec.capacity_bytes / object_bytes.max(1)
+        self.budget_bytes / object_bytes.max(1)
     }
 
     /// A replica's storage was reclaimed (or dropped with its owner's epoch).
@@ -432,7 +473,7 @@ impl PoolRecord {
     pub fn usage(&self, owner_reachable: bool) -> PoolUsage {
         let allocated_bytes = self.ready_bytes + self.retiring_bytes;
         PoolUsage {
-            capacity_bytes: self.spec.capacity_bytes,
+            capacity_bytes: self.budget_bytes,
             reserved_bytes: self.reserved_bytes,
             allocated_bytes,
             ready_bytes: self.ready_bytes,

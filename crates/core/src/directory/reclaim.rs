@@ -362,9 +362,16 @@ impl Directory {
             let cool_until = self.latest_tick + self.config.reservation_duration;
             extents.remove_replica(
                 replica.offset_bytes,
+                false,
                 |session| sessions.get(&session).is_some_and(Session::is_open),
                 cool_until,
             );
+            self.note_extent_delta(super::ExtentDelta {
+                pool: replica.pool,
+                offset_bytes: replica.offset_bytes,
+                added: false,
+                cool_until,
+            });
         }
     }
 }

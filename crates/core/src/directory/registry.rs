@@ -25,6 +25,43 @@ impl Directory {
         }
     }
 
+    /// Pool `pool`'s description.
+    pub fn pool_spec(&self, pool: PoolId) -> Option<&PoolSpec> {
+        self.pools.get(pool.0 as usize).map(|record| &record.spec)
+    }
+
+    /// Pools registered or declared (their ids are `0..` this).
+    pub fn pool_count(&self) -> usize {
+        self.pools.len()
+    }
+
+    /// Pool `pool`'s budget in this shard and the bytes booked against it (reserved, READY
+    /// and retiring).
+    pub fn pool_budget(&self, pool: PoolId) -> Option<(u64, u64)> {
+        self.pools.get(pool.0 as usize).map(|record| {
+            let used = record.reserved_bytes + record.ready_bytes + record.retiring_bytes;
+            (record.budget_bytes, used)
+        })
+    }
+
+    /// Moves `bytes` of pool `pool`'s budget to this shard (`added`) or away from it: a
+    /// sharded directory lends room to the shard a rejoining node's replicas belong to, and
+    /// evens the shares out again. Never below what the shard has booked: `false` then.
+    pub fn move_pool_budget(&mut self, pool: PoolId, bytes: u64, added: bool) -> bool {
+        let Some(record) = self.pools.get_mut(pool.0 as usize) else {
+            return false;
+        };
+        if added {
+            record.budget_bytes += bytes;
+            return true;
+        }
+        if record.free_bytes() < bytes {
+            return false;
+        }
+        record.budget_bytes -= bytes;
+        true
+    }
+
     /// Registers a pool. A host pool must belong to the session's node; a node
     /// re-registering the same pool name after a restart gets the same pool id back.
     /// A shared (domain) pool is registered by the directory itself with `session = None`.
@@ -33,7 +70,32 @@ impl Directory {
         session: Option<SessionId>,
         spec: PoolSpec,
     ) -> Result<PoolId, DirectoryError> {
+        let in_use = self.pool_holds_bytes(&spec);
+        self.register_pool_held(session, spec, in_use)
+    }
+
+    /// Whether this core counts bytes in the pool `spec` names (reserved, READY or
+    /// retiring). A sharded directory asks every shard before a registration
+    /// ([`Directory::register_pool_held`]), so that all of them answer it alike.
+    pub fn pool_holds_bytes(&self, spec: &PoolSpec) -> bool {
+        self.pool_ids
+            .get(&(spec.scope, spec.name.clone()))
+            .map(|pool| &self.pools[pool.0 as usize])
+            .is_some_and(|record| {
+                record.reserved_bytes + record.ready_bytes + record.retiring_bytes > 0
+            })
+    }
+
+    /// [`Directory::register_pool`], where `held` says whether any shard holds bytes in
+    /// the pool: a pool in use keeps its record.
+    pub fn register_pool_held(
+        &mut self,
+        session: Option<SessionId>,
+        spec: PoolSpec,
+        held: bool,
+    ) -> Result<PoolId, DirectoryError> {
         check_pool_spec(&spec)?;
+
         match (session, spec.scope) {
             (Some(session), Scope::Host(node)) => {
                 if self.open_session(session)?.node != node {
@@ -57,9 +119,7 @@ impl Directory {
         let key = (spec.scope, spec.name.clone());
         if let Some(&pool) = self.pool_ids.get(&key) {
             let record = &mut self.pools[pool.0 as usize];
-            if record.owner_session.is_some()
-                || record.reserved_bytes + record.ready_bytes + record.retiring_bytes > 0
-            {
+            if record.owner_session.is_some() || held {
                 if record.spec == spec && record.owner_session == session {
                     return Ok(pool);
                 }
@@ -68,7 +128,8 @@ impl Directory {
                 ));
             }
             let profile = self.config.baseline_profile(spec.medium);
-            *record = PoolRecord::new(spec, session, profile);
+            let budget = self.shard.share(spec.capacity_bytes);
+            *record = PoolRecord::new(spec, session, profile, budget);
             return Ok(pool);
         }
         if self.pools.len() >= self.config.pools_max as usize {
@@ -87,7 +148,9 @@ impl Directory {
         }
         let pool = PoolId(self.pools.len() as u32);
         let profile = self.config.baseline_profile(spec.medium);
-        self.pools.push(PoolRecord::new(spec, session, profile));
+        let budget = self.shard.share(spec.capacity_bytes);
+        self.pools
+            .push(PoolRecord::new(spec, session, profile, budget));
         self.pool_ids.insert(key, pool);
         Ok(pool)
     }
@@ -123,7 +186,9 @@ impl Directory {
             }
             let pool = PoolId(self.pools.len() as u32);
             let profile = self.config.baseline_profile(spec.medium);
-            self.pools.push(PoolRecord::new(spec, None, profile));
+            let budget = self.shard.share(spec.capacity_bytes);
+            self.pools
+                .push(PoolRecord::new(spec, None, profile, budget));
             self.pool_ids.insert(key, pool);
         }
         Ok(node)

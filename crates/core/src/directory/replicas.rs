@@ -7,7 +7,8 @@
 //! Every live replica is on its pool's list, so dropping a pool costs what it holds.
 
 use crate::model::{
-    AllocationId, Generation, Location, NodeId, ObjectId, PoolId, ReplicaId, Timestamp,
+    shard_stamp, AllocationId, Generation, Location, NodeId, ObjectId, PoolId, ReplicaId,
+    Timestamp, ID_GENERATION_BITS,
 };
 use crate::policy::history::FREQUENCY_CLASSES;
 use hashbrown::HashTable;
@@ -64,6 +65,7 @@ pub struct Replica {
     pub allocation: AllocationId,
     pub generation: Generation,
     pub offset_bytes: u64,
+    /// The shard's bits and the reuse count: the upper half of the slot's replica ids.
     slot_generation: u32,
     /// Next replica of the same object, or next free slot.
     next: u32,
@@ -117,7 +119,13 @@ pub struct ReplicaTable {
     recency: Vec<[(u32, u32); FREQUENCY_CLASSES]>,
     /// Per pool: the first of its live replicas (a slot index), or `NONE`.
     pool_heads: Vec<u32>,
+    /// The upper half of the ids of the shard that owns this table ([`shard_stamp`]): a
+    /// replica id names its shard, and another shard's id never validates here.
+    stamp: u32,
 }
+
+/// A slot's reuse count, below the shard bits of its ids ([`crate::model::SHARD_SHIFT`]).
+const GENERATION_MASK: u32 = (1 << ID_GENERATION_BITS) - 1;
 
 fn split(id: ReplicaId) -> (u32, u32) {
     ((id.0 & u64::from(u32::MAX)) as u32, (id.0 >> 32) as u32)
@@ -125,7 +133,7 @@ fn split(id: ReplicaId) -> (u32, u32) {
 
 impl ReplicaTable {
     /// An empty table holding at most `replicas_max` live replicas.
-    pub fn new(replicas_max: u32, hash_seed: u64) -> ReplicaTable {
+    pub fn new(replicas_max: u32, hash_seed: u64, shard: usize) -> ReplicaTable {
         ReplicaTable {
             slots: Vec::new(),
             free_head: NONE,
@@ -136,6 +144,7 @@ impl ReplicaTable {
             replicas_max: replicas_max.min(NONE - 1),
             recency: Vec::new(),
             pool_heads: Vec::new(),
+            stamp: (shard_stamp(shard) >> 32) as u32,
         }
     }
 
@@ -225,7 +234,7 @@ impl ReplicaTable {
             allocation: AllocationId(0),
             generation: Generation(0),
             offset_bytes: 0,
-            slot_generation: 0,
+            slot_generation: self.stamp,
             next: head.unwrap_or(NONE),
             newer: NONE,
             older: NONE,
@@ -309,7 +318,8 @@ impl ReplicaTable {
         }
         let entry = &mut self.slots[slot as usize];
         entry.state = ReplicaState::Free;
-        entry.slot_generation = entry.slot_generation.wrapping_add(1);
+        entry.slot_generation =
+            self.stamp | (entry.slot_generation.wrapping_add(1) & GENERATION_MASK);
         entry.next = NONE;
         entry.lease_count = 0;
         if self.free_tail == NONE {

@@ -119,6 +119,13 @@ impl Directory {
         Ok(record.epoch)
     }
 
+    /// The leases and reservations `session` holds here, while it is open. A sharded
+    /// directory closes a session only when no shard's count is above 0.
+    pub fn session_holds(&self, session: SessionId) -> Option<(u32, u32)> {
+        let record = self.open_session(session).ok()?;
+        Some((record.leases, record.reservations.len() as u32))
+    }
+
     /// Closes a drained session (no leases, no reservations). Its host pools and their
     /// replicas are dropped: the node is leaving.
     pub fn close(&mut self, now: Timestamp, session: SessionId) -> Result<(), DirectoryError> {

@@ -189,10 +189,7 @@ impl Directory {
                         has_room: record.free_bytes() >= bytes
                             && self.within_quota_of(pool, group, bytes),
                     };
-                    (
-                        (pool, bytes, bytes <= record.spec.capacity_bytes),
-                        candidate,
-                    )
+                    ((pool, bytes, bytes <= record.budget_bytes), candidate)
                 })
         };
         let incoming = Incoming {
@@ -329,6 +326,12 @@ impl Directory {
             record.commit(bytes);
             if let Some(extents) = &mut record.extents {
                 extents.add_replica(location.offset_bytes);
+                self.note_extent_delta(super::ExtentDelta {
+                    pool: location.pool,
+                    offset_bytes: location.offset_bytes,
+                    added: true,
+                    cool_until: Timestamp::ZERO,
+                });
             }
         }
         let class = self.access_class(object);

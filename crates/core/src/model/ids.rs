@@ -100,3 +100,33 @@ id_type!(
     /// answers a repeated operation id with the first outcome, so retries are idempotent.
     OperationId(u64)
 );
+
+/// Directory shards at most: a shard's index fits the 8 bits of the ids it issues.
+pub const SHARDS_MAX: usize = 256;
+/// Where a replica, lease or task id names the directory shard that issued it: bits 55–62
+/// (bit 63 of a lease id marks a node's own local lease, [`crate::node::delegations`]).
+pub const SHARD_SHIFT: u32 = 55;
+/// Bits of a replica's or lease's slot generation (bits 32–54 of its id).
+pub const ID_GENERATION_BITS: u32 = SHARD_SHIFT - 32;
+/// The bits of an id that name its shard.
+pub const SHARD_MASK: u64 = 0xff << SHARD_SHIFT;
+
+/// The bits shard `shard` sets in every id it issues (0 for the first shard, so a
+/// directory of one shard issues the ids it always did).
+pub fn shard_stamp(shard: usize) -> u64 {
+    debug_assert!(shard < SHARDS_MAX);
+    ((shard as u64) & 0xff) << SHARD_SHIFT
+}
+
+macro_rules! sharded_id {
+    ($($name:ident),*) => {$(
+        impl $name {
+            /// The index of the directory shard that issued this id.
+            pub fn shard(self) -> usize {
+                ((self.0 & SHARD_MASK) >> SHARD_SHIFT) as usize
+            }
+        }
+    )*};
+}
+
+sharded_id!(ReplicaId, LeaseId, TaskId);

@@ -13,8 +13,8 @@ pub mod time;
 pub use demo::demo_namespace;
 pub use extent_owner::{OwnerTable, OwnerWord};
 pub use ids::{
-    AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId, ReplicaId,
-    SessionId, TaskId, TransferToken,
+    shard_stamp, AllocationId, DomainId, Epoch, Generation, LeaseId, NodeId, OperationId, PoolId,
+    ReplicaId, SessionId, TaskId, TransferToken, ID_GENERATION_BITS, SHARDS_MAX, SHARD_SHIFT,
 };
 pub use namespace::{
     KvDtype, NamespaceDescriptor, NamespaceError, NamespaceId, NAMESPACE_TEXT_BYTES_MAX,

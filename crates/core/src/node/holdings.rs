@@ -6,7 +6,7 @@
 use crate::directory::Holding;
 use crate::model::Timestamp;
 use crate::model::{AllocationId, Location, NamespaceDescriptor, NamespaceId, PoolId};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 /// Namespaces a node remembers for re-registration: the directory's own table bound.
 pub const NAMESPACES_MAX: usize = 1024;
@@ -24,13 +24,45 @@ pub struct Holdings {
     /// given time: an engine may still read them under a lease of the previous incarnation.
     /// In time order; bounded by the replicas a rejoin reports.
     refused: VecDeque<(Timestamp, Location)>,
+    /// Pages freed before their replica was published here: a reclaim that overtook its
+    /// commit's answer (the directory retired the replica meanwhile), or a store that
+    /// failed. A publication that comes after is not held. The latest
+    /// [`FREED_UNPUBLISHED_MAX`], oldest first.
+    freed_unpublished: VecDeque<FreedPlace>,
+    freed_unpublished_set: HashSet<FreedPlace>,
 }
 
+/// A location's pool, allocation, generation and offset: what tells two occupancies apart.
+type FreedPlace = (PoolId, AllocationId, crate::model::Generation, u64);
+
+fn freed_place(location: &Location) -> FreedPlace {
+    (
+        location.pool,
+        location.allocation,
+        location.generation,
+        location.offset_bytes,
+    )
+}
+
+/// Locations freed before their publication that a node remembers: far more than the
+/// commits it has in flight at once.
+pub const FREED_UNPUBLISHED_MAX: usize = 4096;
+
 impl Holdings {
-    /// A replica was published at its location.
-    pub fn published(&mut self, holding: Holding) {
+    /// A replica was published at its location: held from now on, unless its pages were
+    /// freed already (`false`: a reclaim overtook the commit's answer, and nothing here
+    /// may answer for it).
+    pub fn published(&mut self, holding: Holding) -> bool {
+        if self
+            .freed_unpublished_set
+            .remove(&freed_place(&holding.location))
+        {
+            // Its entry in the queue goes when it comes to the front.
+            return false;
+        }
         let key = (holding.location.pool, holding.location.allocation);
         self.replicas.insert(key, holding);
+        true
     }
 
     /// The pages at `location` were freed (reclaimed, or the store failed): no longer held.
@@ -42,6 +74,13 @@ impl Holdings {
             .is_some_and(|held| same_place(&held.location, location))
         {
             self.replicas.remove(&key);
+        } else if self.freed_unpublished_set.insert(freed_place(location)) {
+            if self.freed_unpublished.len() >= FREED_UNPUBLISHED_MAX {
+                if let Some(oldest) = self.freed_unpublished.pop_front() {
+                    self.freed_unpublished_set.remove(&oldest);
+                }
+            }
+            self.freed_unpublished.push_back(freed_place(location));
         }
     }
 
@@ -195,6 +234,28 @@ mod tests {
         );
         holdings.freed(&holding(0, 1, 5, 0).location);
         assert_eq!(holdings.replica_count(), 0);
+    }
+
+    /// Found by the simulation over directory shards, where pools' shares fill fast: the
+    /// reclaim of a replica (retired and evicted at once) reached the node before its
+    /// commit's answer. The pages were freed; the late answer must not make the node hold
+    /// them again (it would report them on rejoining, and answer hits on them).
+    #[test]
+    fn pages_freed_before_their_publication_are_not_held_after_it() {
+        let mut holdings = Holdings::default();
+        let late = holding(0, 1, 5, 0);
+        holdings.freed(&late.location);
+        assert!(!holdings.published(late), "a reclaim overtook the commit");
+        assert_eq!(holdings.replica_count(), 0);
+        // The allocation's next occupancy (a new generation) is held as usual.
+        assert!(holdings.published(holding(0, 1, 6, 0)));
+        assert_eq!(holdings.replica_count(), 1);
+        // The remembered places are bounded.
+        for allocation in 0..2 * FREED_UNPUBLISHED_MAX as u64 {
+            holdings.freed(&holding(1, allocation, 1, 0).location);
+        }
+        assert_eq!(holdings.freed_unpublished.len(), FREED_UNPUBLISHED_MAX);
+        assert_eq!(holdings.freed_unpublished_set.len(), FREED_UNPUBLISHED_MAX);
     }
 
     /// Found by the simulation: a restarted node numbers its allocations from the start, so

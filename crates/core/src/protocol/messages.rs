@@ -36,9 +36,11 @@ use serde::{Deserialize, Serialize};
 /// lets a batch's commit say a store ended as pending or skipped (grants handed out before
 /// their reserve was answered); 16 writes the 128-bit identities (namespaces, prefix
 /// digests, salt groups) as one byte string each instead of 16 numbers
-/// ([`crate::model::object`]); 17 adds the `Delegate` task (a delegation on offer). An
-/// older peer is refused at hello rather than misread.
-pub const SUPPORTED_VERSIONS: &[u16] = &[17];
+/// ([`crate::model::object`]); 17 adds the `Delegate` task (a delegation on offer); 18 adds
+/// the refusal of a sharded directory's shard that answered a batch short
+/// ([`crate::directory::DirectoryError::ShardAnswer`]). An older peer is refused at hello
+/// rather than misread.
+pub const SUPPORTED_VERSIONS: &[u16] = &[18];
 /// Capabilities this build offers; the connection uses the intersection with the peer's.
 pub const CAPABILITIES: &[&str] = &["batch-probe", "manifest-acquire", "resolve"];
 
@@ -570,6 +572,7 @@ impl ProtocolError {
                 Error::Paced => "paced",
                 Error::Drained => "drained",
                 Error::UnknownNode(_) => "unknown_node",
+                Error::ShardAnswer { .. } => "shard_answer",
             },
             ProtocolError::UnsupportedVersion { .. } => "unsupported_version",
             ProtocolError::Sequence(_) => "sequence",

@@ -7,3 +7,4 @@
 pub mod directory;
 pub mod messages;
 pub mod node;
+pub mod shards;

@@ -110,6 +110,8 @@ pub struct ClusterSpec {
     pub standby_directories: usize,
     /// The leader lease, in seconds (with `etcd`).
     pub lease_ttl_s: u64,
+    /// The directory's shards (`[directory] shards`).
+    pub directory_shards: u16,
 }
 
 impl Default for ClusterSpec {
@@ -146,6 +148,7 @@ impl Default for ClusterSpec {
             etcd: Vec::new(),
             standby_directories: 0,
             lease_ttl_s: 2,
+            directory_shards: 1,
         }
     }
 }
@@ -288,6 +291,9 @@ fn directory_toml(
             spec.lease_ttl_s,
             directory_address.port(),
         ));
+    }
+    if spec.directory_shards != 1 {
+        metrics.push_str(&format!("shards = {}\n", spec.directory_shards));
     }
     let mut toml = format!(
         "[directory]\nlisten = \"{}\"\ncerts = \"certs\"\n{}\n[directory.limits]\nsuspect_after_ms = {}\nfence_after_ms = {}\nhigh_watermark_percent = {}\nlow_watermark_percent = {}\npolicy_time_scale = {:?}\nreservation_duration_ms = {}\nreplicate_after_misses = {}\ndrain_stall_ms = {}\n",

@@ -58,6 +58,9 @@ pub struct SimArgs {
     /// Steps per seed.
     #[arg(long, default_value_t = 2_500)]
     pub steps: u32,
+    /// Shards of the directory ([`kvtier_core::protocol::shards`]), 1 to 256.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub shards: u16,
     /// Print one JSON object (`seeds`, `steps`, `violations`, `first_failing_seed`, ...).
     #[arg(long)]
     pub json: bool,
@@ -68,15 +71,16 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let bar = Progress::bar("sim: seeds", args.seeds, Unit::Items, args.json);
     let mut done = 0;
     let mut violations = 0;
-    let summary = run_seeds(args.first_seed, args.seeds, args.steps, |report| {
+    let shards = usize::from(args.shards);
+    let summary = run_seeds(args.first_seed, args.seeds, args.steps, shards, |report| {
         done += 1;
         violations += u64::from(report.violation.is_some());
         bar.set(done);
         bar.message(format!("{violations} violations"));
         if let Some(violation) = &report.violation {
             eprintln!(
-                "seed={} failed (replay: kvtier sim --first-seed {} --seeds 1 --steps {}): {violation}",
-                report.seed, report.seed, report.steps
+                "seed={} failed (replay: kvtier sim --first-seed {} --seeds 1 --steps {} --shards {}): {violation}",
+                report.seed, report.seed, report.steps, shards
             );
         }
     });
@@ -105,9 +109,10 @@ fn summary_text(summary: &SimSummary) -> anyhow::Result<String> {
         .map(|(name, count)| format!("{} {count}", name.replace('_', " ")))
         .collect();
     Ok(format!(
-        "{} seeds x {} steps in {:.1} s: {} violations; {}; nearest storm to its bound: {:?}",
+        "{} seeds x {} steps, {} shard(s), in {:.1} s: {} violations; {}; nearest storm to its bound: {:?}",
         summary.seeds,
         summary.steps,
+        summary.shards,
         summary.elapsed_ms as f64 / 1e3,
         summary.violations,
         counters.join(", "),
@@ -180,6 +185,9 @@ coverage! {
     replicas_refused_for_reservations,
     /// Replicas a node held when the directory was killed, lost with their extent.
     replicas_lost_with_extents,
+    /// Replicas a node held when the directory was killed, freed before its rejoin on a
+    /// reclaim the killed incarnation asked for.
+    replicas_reclaimed_since_the_kill,
     /// Shared extents nodes gave up or were refused on rejoining.
     extents_lost,
     /// Extents a node claimed back from a new directory incarnation after a silence past
@@ -252,6 +260,8 @@ pub struct SeedReport {
 pub struct SimSummary {
     pub seeds: u64,
     pub steps: u32,
+    /// Shards of the directory.
+    pub shards: usize,
     /// Seeds that broke an invariant (0 when all hold).
     pub violations: u64,
     pub first_failing_seed: Option<u64>,
@@ -263,15 +273,16 @@ pub struct SimSummary {
     pub elapsed_ms: u64,
 }
 
-/// Runs one seed for `steps` steps, then a rejoin storm on a cluster of its own. A broken
-/// invariant ends the run and is reported, never propagated as a panic.
-pub fn run_seed(seed: u64, steps: u32) -> SeedReport {
+/// Runs one seed for `steps` steps against a directory of `shards` shards, then a rejoin
+/// storm on a cluster of its own. A broken invariant ends the run and is reported, never
+/// propagated as a panic.
+pub fn run_seed(seed: u64, steps: u32, shards: usize) -> SeedReport {
     let outcome = std::panic::catch_unwind(|| {
-        let mut world = world::World::new(seed);
+        let mut world = world::World::new(seed, shards);
         for _ in 0..steps {
             world.step();
         }
-        let mut storm = world::World::new(seed);
+        let mut storm = world::World::new(seed, shards);
         let stormed = storm.storm();
         world.stats.covered.add(&storm.stats.covered);
         SeedReport {
@@ -294,11 +305,13 @@ pub fn run_seed(seed: u64, steps: u32) -> SeedReport {
     })
 }
 
-/// Runs seeds `first..first + seeds`, each for `steps` steps, calling `progress` after each.
+/// Runs seeds `first..first + seeds`, each for `steps` steps against `shards` shards,
+/// calling `progress` after each.
 pub fn run_seeds(
     first: u64,
     seeds: u64,
     steps: u32,
+    shards: usize,
     mut progress: impl FnMut(&SeedReport),
 ) -> SimSummary {
     let started = Instant::now();
@@ -308,6 +321,7 @@ pub fn run_seeds(
     let mut summary = SimSummary {
         seeds,
         steps,
+        shards,
         violations: 0,
         first_failing_seed: None,
         first_violation: None,
@@ -316,7 +330,7 @@ pub fn run_seeds(
         elapsed_ms: 0,
     };
     for seed in first..first.saturating_add(seeds) {
-        let report = run_seed(seed, steps);
+        let report = run_seed(seed, steps, shards);
         progress(&report);
         summary.covered.add(&report.covered);
         let share = |storm: &storm::StormReport| storm.took_ms * 1000 / storm.bound_ms.max(1);

@@ -67,9 +67,20 @@ pub struct HeldAtKill {
     adopted: Vec<Location>,
     superseded: Vec<Location>,
     crowded: Vec<Location>,
+    /// Freed since by a reclaim the killed incarnation had asked for (one that waited for
+    /// the node's own readers to go).
+    reclaimed: Vec<Location>,
 }
 
 impl SimNode {
+    /// The node freed `location` on a reclaim: a replica it held when the directory was
+    /// killed is then not reported on rejoining.
+    pub(super) fn reclaimed(&mut self, location: Location) {
+        if let Some(held) = self.held_at_kill.as_mut() {
+            held.reclaimed.push(location);
+        }
+    }
+
     /// The directory was killed: a node that is up remembers what it holds, to check its
     /// rejoin against.
     pub(super) fn directory_killed(&mut self) {
@@ -409,6 +420,7 @@ impl World {
         // Refused for room: the pool's books are full of reservations of the new
         // incarnation, though the node's extent holds the replica (a known gap:
         // adoption counts reservations that will be aborted).
+        // Over all shards: a shard lends another its free budget for a rejoin.
         let crowded = self.directory.usage().iter().any(|report| {
             report.pool == holding.location.pool
                 && report.usage.reserved_bytes > 0
@@ -465,8 +477,9 @@ impl World {
             }
             reply => {
                 self.tick_items += items as u32;
+                // Each shard paces the items of its own objects.
                 assert!(
-                    self.tick_items <= ADOPT_ITEMS_PER_TICK,
+                    self.tick_items <= ADOPT_ITEMS_PER_TICK * self.shards as u32,
                     "seed={}: the directory took {} rejoin items in one tick",
                     self.stats.seed,
                     self.tick_items
@@ -494,6 +507,8 @@ impl World {
                 self.stats.covered.replicas_superseded += 1;
             } else if held.crowded.contains(&location) {
                 self.stats.covered.replicas_refused_for_reservations += 1;
+            } else if held.reclaimed.contains(&location) {
+                self.stats.covered.replicas_reclaimed_since_the_kill += 1;
             } else if held.lost_extents.iter().any(|(pool, offset, length)| {
                 location.pool == *pool
                     && location.offset_bytes >= *offset

@@ -182,9 +182,10 @@ impl World {
                 self.stats.covered.stores_committed += 1;
                 self.nodes[node].committed.push((object, replica));
                 let holding = Holding { object, location };
-                self.nodes[node].core.holdings.published(holding);
+                // A reclaim that overtook this answer freed the pages already.
+                let held = self.nodes[node].core.holdings.published(holding);
                 let in_cpu = matches!(self.spaces.get(&location.pool), Some(Space::Cpu { .. }));
-                if let (Some(mark), true) = (owned_mark, in_cpu) {
+                if let (Some(mark), true, true) = (owned_mark, in_cpu, held) {
                     let template = Lease {
                         lease: LeaseId(0),
                         duration_ms: self.config.lease_duration.as_millis() as u64,
@@ -429,7 +430,12 @@ impl World {
             .iter()
             .flat_map(|node| node.leases.iter())
             .chain(self.orphan_leases.iter())
-            .filter(|held| held.lease.replica == replica && held.trusted_until > now)
+            // By replica and location: ids of another directory incarnation repeat.
+            .filter(|held| {
+                held.lease.replica == replica
+                    && held.lease.location == location
+                    && held.trusted_until > now
+            })
             .count();
         assert_eq!(
             readers, 0,
@@ -440,6 +446,7 @@ impl World {
         self.nodes[node]
             .committed
             .retain(|(_, kept)| *kept != replica);
+        self.nodes[node].reclaimed(location);
         reclaim_done(&freed)
     }
 

@@ -6,15 +6,16 @@ use super::election::Election;
 use super::network::{Faults, Message, Network, Payload};
 use super::node::{HeldLease, SimNode};
 use super::SeedReport;
-use kvtier_core::directory::{Directory, DirectoryConfig, DirectoryError, NamespaceAccess};
+use kvtier_core::directory::{DirectoryConfig, DirectoryError, NamespaceAccess};
 use kvtier_core::model::extent_owner::OwnerWordsInMemory;
 use kvtier_core::model::{
     DomainId, Medium, NamespaceId, ObjectId, PoolId, PoolSpec, PrefixDigest, Scope, SessionId,
     Timestamp,
 };
 use kvtier_core::policy::lifecycle::LifecyclePolicy;
-use kvtier_core::protocol::directory::{handle, NodeGrant, PeerRole};
+use kvtier_core::protocol::directory::{NodeGrant, PeerRole};
 use kvtier_core::protocol::messages::{DirectoryReply, ProtocolError};
+use kvtier_core::protocol::shards::Shards;
 use kvtier_core::rng::SplitMix64;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -63,8 +64,11 @@ pub enum Space {
 pub struct World {
     pub rng: SplitMix64,
     pub now: Timestamp,
-    pub directory: Directory,
+    /// The directory's shards (one unless `kvtier sim --shards`).
+    pub directory: Shards,
     pub(super) config: DirectoryConfig,
+    /// How many shards each directory incarnation has.
+    pub(super) shards: usize,
     /// Whether the seed's faults (directory restarts, node crashes) happen.
     pub faults: bool,
     /// Rejoin report items the directory took since its last tick.
@@ -119,14 +123,16 @@ fn config(seed: u64) -> DirectoryConfig {
 }
 
 impl World {
-    /// A cluster of `NODE_DOMAINS.len()` nodes, none started, and a fresh directory.
-    pub fn new(seed: u64) -> World {
+    /// A cluster of `NODE_DOMAINS.len()` nodes, none started, and a fresh directory of
+    /// `shards` shards.
+    pub fn new(seed: u64, shards: usize) -> World {
         let config = config(seed);
         let mut world = World {
             rng: SplitMix64::new(seed),
             now: Timestamp::ZERO,
-            directory: Directory::new(config.clone()),
+            directory: Shards::new(config.clone(), shards),
             config,
+            shards,
             faults: true,
             tick_items: 0,
             network: Network::new(Faults {
@@ -200,7 +206,7 @@ impl World {
             };
             let pool = self
                 .directory
-                .register_pool(None, spec)
+                .register_shared_pool(spec)
                 .expect("a valid shared pool registers");
             self.cxl_pools.insert(pool, domain);
             self.spaces.insert(pool, Space::Cxl(domain));
@@ -223,7 +229,7 @@ impl World {
     /// shared pools, holding their extents for its recovery window.
     pub(super) fn new_incarnation(&mut self) {
         self.config.incarnation = self.config.incarnation.wrapping_add(1).max(1);
-        self.directory = Directory::new(self.config.clone());
+        self.directory = Shards::new(self.config.clone(), self.shards);
         let before = std::mem::take(&mut self.cxl_pools);
         self.register_cxl_pools();
         assert_eq!(
@@ -369,7 +375,9 @@ impl World {
         let peer = self.nodes[node].name.clone();
         let role = PeerRole::Node(self.grant(node));
         match self.bound_session(node) {
-            Ok(session) => handle(&mut self.directory, self.now, &peer, role, session, request),
+            Ok(session) => self
+                .directory
+                .handle(self.now, &peer, role, session, request),
             Err(refusal) => refusal,
         }
     }

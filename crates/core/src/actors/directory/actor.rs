@@ -9,14 +9,15 @@ use super::process::add_cxl_pool;
 use super::reload;
 use crate::config::ClusterConfig;
 use crate::directory::reload::{ConfigChange, ReloadRefusal};
-use crate::directory::{Directory, DirectoryCounts, DrainState, PoolReport};
+use crate::directory::{DirectoryCounts, DrainState};
 use crate::metrics::delegation::DirectoryRecallMetrics;
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::{Metrics, Operation, PoolByteState, SessionState as SessionLabel};
 use crate::model::{Clock, Medium, PoolUsage, SessionId};
-use crate::policy::profiles::Measurement;
 use crate::protocol::directory::{NodeGrant, PeerRole};
+use crate::protocol::messages::PoolUsageReport;
 use crate::protocol::messages::{DirectoryReply, DirectoryRequest, ProtocolError};
+use crate::protocol::shards::Shards;
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -76,7 +77,9 @@ impl Message for Reload {
 
 /// The directory actor. See the module documentation.
 pub struct DirectoryActor {
-    core: Directory,
+    /// The directory's shards (one unless `[directory] shards` says more), on this actor's
+    /// thread.
+    core: Shards,
     clock: Clock,
     /// The configuration in force and the file it came from.
     config: ClusterConfig,
@@ -120,7 +123,7 @@ fn grants_of(config: &ClusterConfig) -> HashMap<String, NodeGrant> {
 impl DirectoryActor {
     /// An actor owning `core`, serving `config` (loaded from `config_path`).
     pub fn new(
-        core: Directory,
+        core: Shards,
         config: ClusterConfig,
         config_path: PathBuf,
         metrics: Arc<Metrics>,
@@ -247,7 +250,7 @@ impl DirectoryActor {
 
     /// Exports how many drains are in each state and what the active ones wait for.
     fn publish_drains(&self) {
-        let statuses = self.core.node_statuses();
+        let statuses = self.core.cluster_status().nodes;
         let drains = statuses.iter().filter_map(|status| status.drain.as_ref());
         let (mut replicas, mut leases, mut reservations) = (0, 0, 0);
         let mut per_state = [0u64; DrainState::ALL.len()];
@@ -286,11 +289,11 @@ impl DirectoryActor {
             .set_sessions(SessionLabel::Suspect, sessions_suspect);
         self.metrics
             .set_sessions(SessionLabel::Fenced, sessions_fenced);
-        for node in self.core.node_statuses() {
+        for node in self.core.cluster_status().nodes {
             self.metrics.set_node_epoch(&node.name, node.epoch.0);
         }
         let mut per_medium: HashMap<Medium, PoolUsage> = HashMap::new();
-        for PoolReport {
+        for PoolUsageReport {
             pool,
             spec,
             usage,
@@ -300,8 +303,7 @@ impl DirectoryActor {
             per_medium.entry(spec.medium).or_default().add(&usage);
             self.metrics
                 .set_pool_capacity(pool, spec.medium, usage.capacity_bytes);
-            self.metrics
-                .set_pool_profile(pool, &Measurement::of(&profile));
+            self.metrics.set_pool_profile(pool, &profile);
             for (state, bytes) in [
                 (PoolByteState::Reserved, usage.reserved_bytes),
                 (PoolByteState::Allocated, usage.allocated_bytes),
@@ -416,8 +418,7 @@ impl Handler<Call> for DirectoryActor {
                     Err(refusal) => DirectoryReply::Error(ProtocolError::Reload(refusal)),
                 }
             } else {
-                crate::protocol::directory::handle(
-                    &mut self.core,
+                self.core.handle(
                     self.clock.now(),
                     &call.peer,
                     role,

@@ -8,12 +8,12 @@ use crate::actors::node::host_files::OwnedFile;
 use crate::actors::process::{bind_metrics, serve_metrics, shutdown_signal};
 use crate::backends::{PoolError, SharedMemory};
 use crate::config::{ClusterConfig, CxlPoolSection};
-use crate::directory::Directory;
 use crate::metrics::delegation::DirectoryRecallMetrics;
 use crate::metrics::election::ElectionMetrics;
 use crate::metrics::replication::ReplicationMetrics;
 use crate::metrics::Metrics;
 use crate::model::{DomainId, Medium, PoolSpec, Scope};
+use crate::protocol::shards::Shards;
 use crate::wire::admission::ConnectionCounts;
 use crate::wire::certs::{RetiredCertificates, CERTIFICATE_RETIRED};
 use crate::wire::etcd::EtcdClient;
@@ -157,10 +157,10 @@ async fn stand_for_election(
 /// The directory core of a new incarnation: the configured CXL pools formatted or adopted
 /// (with the files this process created), then the nodes and their pools declared in
 /// configuration order, so each gets the id it had in the previous incarnation.
-fn prepared_core(config: &ClusterConfig) -> anyhow::Result<(Directory, Vec<OwnedFile>)> {
+fn prepared_core(config: &ClusterConfig) -> anyhow::Result<(Shards, Vec<OwnedFile>)> {
     let mut limits = config.directory.limits.clone();
     limits.incarnation = fresh_incarnation();
-    let mut core = Directory::new(limits);
+    let mut core = Shards::new(limits, usize::from(config.directory.shards));
     let mut created = Vec::new();
     for pool in &config.cxl_pools {
         if add_cxl_pool(&mut core, pool)? == Prepared::Created {
@@ -173,7 +173,8 @@ fn prepared_core(config: &ClusterConfig) -> anyhow::Result<(Directory, Vec<Owned
             .with_context(|| format!("declaring node `{}`", node.name))?;
         core.set_peer_endpoint(&node.name, node.peer_listen.and(node.peer_reachable_at()));
     }
-    core.recover_until(crate::model::Timestamp::ZERO + core.recovery_window());
+    let until = crate::model::Timestamp::ZERO + core.recovery_window();
+    core.recover_until(until);
     Ok((core, created))
 }
 
@@ -265,10 +266,7 @@ async fn reload_on_hangup(directory: Addr<DirectoryActor>) {
 /// Formats (when new) and registers a CXL pool of the configuration: at start, and when a
 /// reload adds it. A pool that already held data reuses nothing before the recovery window.
 /// Says what it found at the pool's path.
-pub(super) fn add_cxl_pool(
-    core: &mut Directory,
-    pool: &CxlPoolSection,
-) -> anyhow::Result<Prepared> {
+pub(super) fn add_cxl_pool(core: &mut Shards, pool: &CxlPoolSection) -> anyhow::Result<Prepared> {
     let prepared = prepare_cxl_pool(pool)?;
     let spec = PoolSpec {
         name: pool.name.clone(),
@@ -280,13 +278,13 @@ pub(super) fn add_cxl_pool(
         tenancy: crate::model::PoolTenancy::Shared,
     };
     let id = core
-        .register_pool(None, spec)
+        .register_shared_pool(spec)
         .with_context(|| format!("registering CXL pool `{}`", pool.name))?;
     if prepared == Prepared::Existing {
         // A previous incarnation may have granted extents and leases here: reuse nothing
         // until they have all run out. The actor's clock starts after this at the earliest,
         // so its zero is no later than now and the hold errs on the long side.
-        let until = core.latest_time() + core.recovery_window();
+        let until = core.cores()[0].latest_time() + core.recovery_window();
         core.hold_extents_until(id, until)?;
         tracing::info!(pool = %pool.name, window = ?core.recovery_window(), "CXL pool held data: no extent is granted during the recovery window");
     }

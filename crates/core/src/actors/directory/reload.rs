@@ -75,6 +75,7 @@ fn check_directory_section(
         ("directory.election", old.election == new.election),
         ("directory.lease_ttl_s", old.lease_ttl_s == new.lease_ttl_s),
         ("directory.standbys", old.standbys == new.standbys),
+        ("directory.shards", old.shards == new.shards),
         ("directory.certs", old.certs == new.certs),
         (
             "directory.tick_interval_ms",

@@ -145,11 +145,12 @@ impl NodeServices {
     }
 
     /// A replica this node wrote was published at `location`: the node holds it, and
-    /// reports it when it rejoins.
-    pub fn published(&self, object: ObjectId, location: Location) {
+    /// reports it when it rejoins; `false` when its pages were freed already (a reclaim
+    /// overtook the commit's answer: [`crate::node::Holdings::published`]).
+    pub fn published(&self, object: ObjectId, location: Location) -> bool {
         self.core()
             .holdings
-            .published(crate::directory::Holding { object, location });
+            .published(crate::directory::Holding { object, location })
     }
 
     /// What [`NodeServices::own`] is given for a commit, read before the commit is sent:

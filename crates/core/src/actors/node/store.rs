@@ -591,8 +591,8 @@ async fn settle(
     match after_commit(commit_result(committed)) {
         PagesAfterCommit::Published => {
             if published {
-                services.published(granted.object, granted.location);
-                if let Reservation::Made { replica, .. } = granted.reservation {
+                let held = services.published(granted.object, granted.location);
+                if let (true, Reservation::Made { replica, .. }) = (held, granted.reservation) {
                     services.own(mark, granted.object, replica, granted.location);
                 }
                 services
