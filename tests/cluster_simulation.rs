@@ -9,17 +9,18 @@
 //! partition each, whose engines now and then name the other's objects.
 //! `KVTIER_SIM_SEED=N cargo test --test cluster_simulation` replays one seed.
 
-use kvtier_tools::sim::{run_seed, run_seeds};
+use kvtier_tools::sim::{run_seed, run_seeds, SimSummary};
 
-#[test]
-fn the_simulated_cluster_keeps_every_invariant() {
+/// Runs seeds `first..first + seeds` of 2,500 steps against `shards` shards (or the one
+/// seed `KVTIER_SIM_SEED` names: then `None`) and checks that none broke an invariant.
+fn run_checked(first: u64, seeds: u64, shards: usize) -> Option<SimSummary> {
     if let Ok(seed) = std::env::var("KVTIER_SIM_SEED") {
         let seed: u64 = seed.parse().expect("KVTIER_SIM_SEED must be a u64");
-        let report = run_seed(seed, 2_500, 1);
+        let report = run_seed(seed, 2_500, shards);
         assert_eq!(report.violation, None, "seed={seed}");
-        return;
+        return None;
     }
-    let summary = run_seeds(1, 24, 2_500, 1, |report| {
+    let summary = run_seeds(first, seeds, 2_500, shards, |report| {
         if let Some(violation) = &report.violation {
             eprintln!("seed={} failed: {violation}", report.seed);
         }
@@ -29,6 +30,14 @@ fn the_simulated_cluster_keeps_every_invariant() {
         "first failing seed {:?}: {:?} (replay with KVTIER_SIM_SEED)",
         summary.first_failing_seed, summary.first_violation
     );
+    Some(summary)
+}
+
+#[test]
+fn the_simulated_cluster_keeps_every_invariant() {
+    let Some(summary) = run_checked(1, 24, 1) else {
+        return;
+    };
     let covered = [
         ("stores committed", summary.covered.stores_committed, 1_000),
         ("reads verified", summary.covered.reads_verified, 10_000),
@@ -109,22 +118,9 @@ fn the_simulated_cluster_keeps_every_invariant() {
 /// and their adoptions, extents given back, delegations). `KVTIER_SIM_SEED=N` replays one.
 #[test]
 fn the_simulated_cluster_keeps_every_invariant_over_three_shards() {
-    if let Ok(seed) = std::env::var("KVTIER_SIM_SEED") {
-        let seed: u64 = seed.parse().expect("KVTIER_SIM_SEED must be a u64");
-        let report = run_seed(seed, 2_500, 3);
-        assert_eq!(report.violation, None, "seed={seed}");
+    let Some(summary) = run_checked(101, 12, 3) else {
         return;
-    }
-    let summary = run_seeds(101, 12, 2_500, 3, |report| {
-        if let Some(violation) = &report.violation {
-            eprintln!("seed={} failed: {violation}", report.seed);
-        }
-    });
-    assert_eq!(
-        summary.violations, 0,
-        "first failing seed {:?}: {:?} (replay with KVTIER_SIM_SEED)",
-        summary.first_failing_seed, summary.first_violation
-    );
+    };
     let covered = [
         ("stores committed", summary.covered.stores_committed, 500),
         ("holdings adopted", summary.covered.adopted, 200),

@@ -288,7 +288,8 @@ pub fn cluster_status(core: &Directory) -> ClusterStatus {
     }
 }
 
-fn usage(core: &Directory) -> Vec<PoolUsageReport> {
+/// Every pool of `core` and its usage, as `usage` reports it.
+pub(crate) fn usage(core: &Directory) -> Vec<PoolUsageReport> {
     core.usage()
         .into_iter()
         .map(|report| PoolUsageReport {

@@ -4,8 +4,8 @@ use super::*;
 use crate::directory::{AcquireMode, AcquireOutcome};
 use crate::directory::{CommitOutcome, NamespaceAccess, ReserveItem, ReserveOutcome};
 use crate::model::{
-    AllocationId, DomainId, Generation, KvDtype, Location, Medium, NamespaceDescriptor,
-    OperationId, PoolId, PoolSpec, PoolTenancy, PrefixDigest, Scope,
+    AllocationId, DomainId, Generation, Location, Medium, OperationId, PoolId, PoolSpec,
+    PoolTenancy, PrefixDigest, Scope,
 };
 use crate::model::{LeaseId, ReplicaId};
 const MIB: u64 = 1 << 20;
@@ -20,25 +20,6 @@ struct Cluster {
     cxl: PoolId,
     namespace: crate::model::NamespaceId,
     operation: u64,
-}
-
-fn descriptor() -> NamespaceDescriptor {
-    NamespaceDescriptor {
-        model: "llama".into(),
-        revision: "r1".into(),
-        adapter: None,
-        kv_dtype: KvDtype::BFloat16,
-        quantization: None,
-        layers: 2,
-        kv_heads: 2,
-        head_dim: 64,
-        block_tokens: 16,
-        format_version: 1,
-        chunk_tokens: 256,
-        tensor_parallel: 1,
-        pipeline_parallel: 1,
-        salt: None,
-    }
 }
 
 fn grant() -> PeerRole {
@@ -72,7 +53,7 @@ impl Cluster {
             sessions: Vec::new(),
             cpu: Vec::new(),
             cxl,
-            namespace: descriptor().id().unwrap(),
+            namespace: crate::model::demo_namespace().id().unwrap(),
             operation: 1,
         };
         for name in ["a", "b"] {
@@ -104,7 +85,10 @@ impl Cluster {
                 DirectoryReply::Pool(pool) => cluster.cpu.push(pool),
                 other => panic!("pool refused: {other:?}"),
             }
-            let registered = cluster.call(node, DirectoryRequest::RegisterNamespace(descriptor()));
+            let registered = cluster.call(
+                node,
+                DirectoryRequest::RegisterNamespace(crate::model::demo_namespace()),
+            );
             assert!(
                 matches!(registered, DirectoryReply::Namespace(_)),
                 "{registered:?}"

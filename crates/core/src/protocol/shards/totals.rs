@@ -3,7 +3,6 @@
 use super::{merge_drains, Shards};
 use crate::directory::{Directory, DirectoryCounts, DrainProgress};
 use crate::model::{NodeId, SessionId, Timestamp};
-use crate::policy::profiles::Measurement;
 use crate::protocol::messages::{ClusterStatus, PoolUsageReport};
 
 impl Shards {
@@ -93,16 +92,7 @@ impl Shards {
 
     /// Every pool with its usage summed over the shards (each holds its share).
     pub fn usage(&self) -> Vec<PoolUsageReport> {
-        let mut reports: Vec<PoolUsageReport> = self.cores[0]
-            .usage()
-            .into_iter()
-            .map(|report| PoolUsageReport {
-                pool: report.pool,
-                spec: report.spec,
-                usage: report.usage,
-                profile: Measurement::of(&report.profile),
-            })
-            .collect();
+        let mut reports = crate::protocol::directory::usage(&self.cores[0]);
         for core in &self.cores[1..] {
             for report in core.usage() {
                 if let Some(merged) = reports.iter_mut().find(|merged| merged.pool == report.pool) {
