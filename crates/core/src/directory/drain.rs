@@ -235,6 +235,15 @@ impl Directory {
         }
     }
 
+    /// The nodes whose drain is under way (at most `nodes_max`).
+    pub fn active_drains(&self) -> Vec<NodeId> {
+        self.drains
+            .iter()
+            .filter(|(_, record)| record.state.is_active())
+            .map(|(node, _)| *node)
+            .collect()
+    }
+
     /// Whether node `node`'s drain has nothing left in this shard: no replica in its host
     /// pools, no demotion out of them, no lease, no reservation. A sharded directory ends
     /// the drain ([`Directory::end_drain`]) once every shard says so, so that the node's

@@ -250,7 +250,7 @@ impl DirectoryActor {
 
     /// Exports how many drains are in each state and what the active ones wait for.
     fn publish_drains(&self) {
-        let statuses = self.core.cluster_status().nodes;
+        let statuses = self.core.node_statuses();
         let drains = statuses.iter().filter_map(|status| status.drain.as_ref());
         let (mut replicas, mut leases, mut reservations) = (0, 0, 0);
         let mut per_state = [0u64; DrainState::ALL.len()];
@@ -289,7 +289,7 @@ impl DirectoryActor {
             .set_sessions(SessionLabel::Suspect, sessions_suspect);
         self.metrics
             .set_sessions(SessionLabel::Fenced, sessions_fenced);
-        for node in self.core.cluster_status().nodes {
+        for node in self.core.node_statuses() {
             self.metrics.set_node_epoch(&node.name, node.epoch.0);
         }
         let mut per_medium: HashMap<Medium, PoolUsage> = HashMap::new();

@@ -240,14 +240,15 @@ impl Shards {
     /// every shard), the counts summed and the drains as the least advanced shard has them.
     /// A drain ends here once every shard may end it.
     pub fn tick(&mut self, now: Timestamp) -> TickReport {
+        if self.cores.len() == 1 {
+            return self.cores[0].tick(now);
+        }
         let mut reports = Vec::with_capacity(self.cores.len());
         for shard in 0..self.cores.len() {
             reports.push(self.cores[shard].tick(now));
             self.propagate(shard);
         }
-        if self.cores.len() > 1 {
-            self.even_budgets();
-        }
+        self.even_budgets();
         let mut reports = reports.into_iter();
         let mut merged = reports.next().unwrap_or_default();
         let mut changed: Vec<NodeId> = merged.drains.iter().map(|(node, _)| *node).collect();
@@ -258,18 +259,7 @@ impl Shards {
             merged.expired += report.expired;
             changed.extend(report.drains.iter().map(|(node, _)| *node));
         }
-        let draining: Vec<NodeId> = self.cores[0]
-            .node_statuses()
-            .into_iter()
-            .filter(|status| {
-                status
-                    .drain
-                    .as_ref()
-                    .is_some_and(|drain| drain.state.is_active())
-            })
-            .map(|status| status.node)
-            .collect();
-        for node in draining {
+        for node in self.cores[0].active_drains() {
             if self.cores.iter().all(|core| core.drain_may_end(node)) {
                 for shard in 0..self.cores.len() {
                     self.cores[shard].end_drain(now, node);

@@ -103,14 +103,21 @@ impl Shards {
         reports
     }
 
+    /// Every node the directory has seen, its drain over every shard.
+    pub fn node_statuses(&self) -> Vec<crate::directory::NodeStatus> {
+        let mut nodes = self.cores[0].node_statuses();
+        if self.cores.len() > 1 {
+            for status in &mut nodes {
+                status.drain = self.drain_progress(status.node);
+            }
+        }
+        nodes
+    }
+
     /// Every node and pool, as `kvtier ctl status` shows them.
     pub fn cluster_status(&self) -> ClusterStatus {
-        let mut nodes = self.cores[0].node_statuses();
-        for status in &mut nodes {
-            status.drain = self.drain_progress(status.node);
-        }
         ClusterStatus {
-            nodes,
+            nodes: self.node_statuses(),
             pools: self.usage(),
         }
     }
